@@ -1,0 +1,39 @@
+# Thin wrapper over CMake. `make` builds into build/ (the command is build/kdloss);
+# `make test` builds and runs every test (also under ASan+UBSan); `make bench` runs the main job.
+BUILD      ?= build
+BUILD_SAN  ?= build-san
+BUILD_CUDA ?= build-cuda
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+.PHONY: all deps build test test-c test-san bench cuda clean
+
+all: build
+
+deps:
+	@bash scripts/deps.sh c
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+test-c: build
+	cd $(BUILD) && ctest --output-on-failure
+
+test-san: deps
+	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DKDLOSS_SANITIZE=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD_SAN) -j $(JOBS)
+	cd $(BUILD_SAN) && KDLOSS_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure
+
+test: test-c test-san
+
+# Benchmarks run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset (they slow OpenBLAS ~2x here).
+bench: build
+	env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE bash bench/run_main.sh $(BUILD)
+
+cuda: deps
+	cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD_CUDA) -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_CUDA)

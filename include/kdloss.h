@@ -1,0 +1,295 @@
+/*
+ * kdloss: fused loss kernels for knowledge distillation.
+ *
+ * The whole public API of the library is in this header. Everything is C11, prefixed `kdloss_`.
+ *
+ * Conventions (read once, they hold for every function):
+ *  - The STUDENT comes first and the TEACHER second (PyTorch KLDivLoss order: input, target).
+ *  - Rows are tokens (BT of them), columns are the vocabulary (V). Every matrix is row-major and
+ *    carries its own leading dimension `ld` (elements between the starts of consecutive rows),
+ *    so padded or sliced tensors need no copy. `ld = 0` means contiguous (ld = number of columns).
+ *  - All sizes and indices are int64_t: BT x V above 2^31 elements works.
+ *  - Every function returns a kdloss_status. On any error nothing is written to any output.
+ *    The library never exits, aborts or prints; kdloss_status_string() gives a message per code.
+ *  - Losses are returned in fp32 and accumulated in fp32 vectors over short tiles, then in double.
+ *    Gradients are written in the dtype of the tensor they belong to.
+ *  - Results are bitwise identical from run to run and do not depend on the number of threads.
+ *  - CPU functions use OpenMP over rows (OMP_NUM_THREADS controls the thread count).
+ */
+#ifndef KDLOSS_H
+#define KDLOSS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32) && defined(KDLOSS_BUILD_SHARED)
+#define KDLOSS_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define KDLOSS_API __attribute__((visibility("default")))
+#else
+#define KDLOSS_API
+#endif
+
+#define KDLOSS_VERSION_MAJOR 0
+#define KDLOSS_VERSION_MINOR 1
+#define KDLOSS_VERSION_PATCH 0
+
+/* "0.1.0" */
+KDLOSS_API const char *kdloss_version(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes                                                                                */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum kdloss_status {
+    KDLOSS_OK = 0,
+    KDLOSS_ERR_NULL_POINTER = -1,      /* a required pointer (params, input, output) is NULL */
+    KDLOSS_ERR_INVALID_SIZE = -2,      /* a size is zero or negative, or sizes overflow int64 bytes */
+    KDLOSS_ERR_INVALID_DTYPE = -3,     /* unknown dtype, or a dtype not allowed for that operand */
+    KDLOSS_ERR_INVALID_REDUCTION = -4, /* unknown reduction */
+    KDLOSS_ERR_INVALID_PARAM = -5,     /* a parameter is out of range (beta, eps, temperature, ...) */
+    KDLOSS_ERR_INVALID_STRIDE = -6,    /* a leading dimension is negative or below the row length */
+    KDLOSS_ERR_ALIASING = -7,          /* an output overlaps an input or another output */
+    KDLOSS_ERR_LABEL_OUT_OF_RANGE = -8,/* a label is neither ignore_index nor in [0, V) */
+    KDLOSS_ERR_SHAPE_MISMATCH = -9,    /* operands disagree (e.g. bias given without its weight) */
+    KDLOSS_ERR_NO_OUTPUT = -10,        /* every output pointer is NULL: nothing to compute */
+    KDLOSS_ERR_OUT_OF_MEMORY = -11,    /* the library could not allocate its working space */
+    KDLOSS_ERR_WORKSPACE_TOO_SMALL = -12, /* caller's workspace is smaller than *_workspace_size() */
+    KDLOSS_ERR_UNSUPPORTED = -13,      /* not available in this build or on this machine */
+    KDLOSS_ERR_BLAS = -14,             /* the BLAS library reported a failure */
+    KDLOSS_ERR_CUDA = -15,             /* a CUDA runtime, cuBLAS or cuBLASLt call failed */
+    KDLOSS_ERR_INTERNAL = -16          /* a bug in kdloss: please report it */
+} kdloss_status;
+
+/* A static, human-readable message for a status code ("invalid size: ..."). Never NULL. */
+KDLOSS_API const char *kdloss_status_string(kdloss_status status);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Data types and matrix views                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum kdloss_dtype {
+    KDLOSS_F32 = 0,  /* IEEE binary32 */
+    KDLOSS_BF16 = 1, /* bfloat16 (upper half of a binary32) */
+    KDLOSS_F16 = 2,  /* IEEE binary16 */
+    KDLOSS_I32 = 3,  /* labels only */
+    KDLOSS_I64 = 4   /* labels only */
+} kdloss_dtype;
+
+/* Size in bytes of one element of `dtype`, 0 for an unknown dtype. */
+KDLOSS_API size_t kdloss_dtype_size(kdloss_dtype dtype);
+
+/* A read-only row-major matrix: element (r, c) is at data + (r * ld + c) * dtype_size.
+ * Its row and column counts come from the function it is passed to. ld = 0 means contiguous. */
+typedef struct kdloss_cmat {
+    const void *data;
+    kdloss_dtype dtype;
+    int64_t ld;
+} kdloss_cmat;
+
+/* A writable row-major matrix, same layout rules as kdloss_cmat. data = NULL means "not wanted". */
+typedef struct kdloss_mat {
+    void *data;
+    kdloss_dtype dtype;
+    int64_t ld;
+} kdloss_mat;
+
+/* A vector of BT labels (token ids), KDLOSS_I64 or KDLOSS_I32. data = NULL means "no labels". */
+typedef struct kdloss_labels {
+    const void *data;
+    kdloss_dtype dtype;
+} kdloss_labels;
+
+typedef enum kdloss_reduction {
+    KDLOSS_REDUCTION_NONE = 0,     /* elementwise BT x V loss */
+    KDLOSS_REDUCTION_SUM = 1,      /* sum over all elements */
+    KDLOSS_REDUCTION_MEAN = 2,     /* sum / (BT * V) : the torch module's default */
+    KDLOSS_REDUCTION_BATCHMEAN = 3 /* sum / BT : the mathematically correct KL per token */
+} kdloss_reduction;
+
+/* ------------------------------------------------------------------------------------------ */
+/* CPU code paths                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The CPU kernels exist as one generic source compiled per instruction set. The best path the
+ * CPU supports is chosen on first use; the environment variable KDLOSS_CPU_ISA=scalar|avx2|avx512
+ * forces one (an unsupported or unknown value falls back to automatic choice). */
+typedef enum kdloss_cpu_isa {
+    KDLOSS_ISA_AUTO = 0,
+    KDLOSS_ISA_SCALAR = 1, /* portable C, libm */
+    KDLOSS_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C, SLEEF 8-lane exp/log */
+    KDLOSS_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ, SLEEF 16-lane exp/log */
+} kdloss_cpu_isa;
+
+/* 1 if this CPU (and this build) can run `isa`, else 0. KDLOSS_ISA_AUTO and SCALAR: always 1. */
+KDLOSS_API int kdloss_cpu_isa_supported(kdloss_cpu_isa isa);
+/* Force a path for every later call in the process (AUTO = best supported). Not thread-safe
+ * against calls running at the same time. Returns KDLOSS_ERR_UNSUPPORTED if the CPU cannot run it. */
+KDLOSS_API kdloss_status kdloss_cpu_set_isa(kdloss_cpu_isa isa);
+/* The path the next call will use (never AUTO). */
+KDLOSS_API kdloss_cpu_isa kdloss_cpu_get_isa(void);
+/* "scalar", "avx2", "avx512", "auto"; "unknown" otherwise. */
+KDLOSS_API const char *kdloss_cpu_isa_name(kdloss_cpu_isa isa);
+
+/* ------------------------------------------------------------------------------------------ */
+/* KL divergence: PyTorch KLDivLoss semantics                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct kdloss_kl_params {
+    kdloss_reduction reduction; /* default KDLOSS_REDUCTION_MEAN (torch's default)            */
+    int log_target;             /* 0: target holds probabilities; 1: target holds log-probs    */
+    double eps;                 /* clamp inside log(max(t, eps)), >= 0; default 1e-10           */
+    double grad_scale;          /* upstream gradient (dL_outer/dloss), folded into the gradient;
+                                   default 1. Must be finite.                                    */
+} kdloss_kl_params;
+
+KDLOSS_API void kdloss_kl_params_default(kdloss_kl_params *params);
+
+/*
+ * KL(target || input), elementwise per PyTorch KLDivLoss:
+ *   log_target = 0: l = t * (log(max(t, eps)) - y), and 0 where t == 0
+ *   log_target = 1: l = exp(t) * (t - y),           and 0 where t == -inf
+ * Shapes: input y (BT x V) student log-probs, any float dtype; target t (BT x V), any float dtype.
+ * Outputs (each optional, at least one required):
+ *   loss      [1] fp32: the reduced loss; must be NULL when reduction is NONE.
+ *   row_loss  [BT] fp32: per-row sum of l (no reduction scale).
+ *   elem_loss (BT x V) fp32, reduction NONE only: l itself.
+ *   grad      (BT x V) in the input's dtype: dloss/dy = -t (or -exp(t)) times the reduction scale
+ *             (1, 1/(BT*V), 1/BT; 1 for NONE) times grad_scale. It is produced in the same pass
+ *             as the loss. grad.data may equal input.data (same ld): the gradient then overwrites
+ *             the input in place. Any other overlap between outputs and inputs is an error.
+ */
+KDLOSS_API kdloss_status kdloss_kl_div(const kdloss_kl_params *params, int64_t bt, int64_t v,
+                                       kdloss_cmat input, kdloss_cmat target, float *loss,
+                                       float *row_loss, kdloss_mat elem_loss, kdloss_mat grad);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Generalized Jensen-Shannon divergence JSD(beta)                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct kdloss_jsd_params {
+    double beta;          /* in [0, 1]; 0 = forward KL(P||Q), 1 = reverse KL(Q||P); default 0.5 */
+    int64_t ignore_index; /* rows whose label equals it are skipped; default -100                 */
+    double grad_scale;    /* upstream gradient, folded in; default 1                               */
+} kdloss_jsd_params;
+
+KDLOSS_API void kdloss_jsd_params_default(kdloss_jsd_params *params);
+
+/*
+ * Per row, with X = student log-probs (Q = exp X) and Y = teacher log-probs (P = exp Y):
+ *   M = beta P + (1-beta) Q,  JSD = beta KL(P||M) + (1-beta) KL(Q||M)
+ *   beta = 0: KL(P||Q) = sum P (Y - X);  beta = 1: KL(Q||P) = sum Q (X - Y)
+ * log M is formed in log space, so rows far below exp's range (log-probs of -1e4) stay finite.
+ * Shapes: student (BT x V) any float dtype; teacher (BT x V) any float dtype;
+ *         labels [BT] optional (I64 or I32): rows whose label == ignore_index count nowhere,
+ *         every other label must be in [0, V).
+ * Outputs (each optional, at least one required):
+ *   loss     [1] fp32: sum of row JSDs / n_valid (n_valid = non-ignored rows; BT without labels);
+ *            0 when every row is ignored.
+ *   row_loss [BT] fp32: each row's JSD (0 for ignored rows), not divided by n_valid.
+ *   grad     (BT x V) in the student's dtype: dloss/dX * grad_scale, treating log-probs as free:
+ *            (1-beta) Q (X - log M); beta = 0: -P; beta = 1: Q (X - Y + 1). Zero on ignored rows.
+ *            grad.data may equal student.data (same ld, in place).
+ */
+KDLOSS_API kdloss_status kdloss_jsd(const kdloss_jsd_params *params, int64_t bt, int64_t v,
+                                    kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                                    float *loss, float *row_loss, kdloss_mat grad);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fused-linear distillation loss (student and teacher hidden states in, never full logits)   */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct kdloss_fljsd_params {
+    double beta;             /* JSD beta in [0, 1]; default 0.5                                   */
+    double temperature;      /* divides both logit sets for the soft loss, > 0; default 1 (no T^2) */
+    double weight_hard_loss; /* >= 0; default 0.5. 0 skips all cross-entropy work                 */
+    double weight_soft_loss; /* >= 0; default 0.5                                                 */
+    int64_t ignore_index;    /* default -100                                                      */
+    int64_t chunk_size;      /* rows per chunk; 0 = automatic from shapes and memory_budget       */
+    size_t memory_budget;    /* bytes of working space the automatic chunk may use; 0 = 256 MiB   */
+    double grad_scale;       /* upstream gradient, folded into every gradient; default 1          */
+} kdloss_fljsd_params;
+
+KDLOSS_API void kdloss_fljsd_params_default(kdloss_fljsd_params *params);
+
+/* Outputs of the fused-linear loss; any pointer may be NULL (not wanted), at least one not NULL.
+ * If dxs, dws and dbs are all NULL the call is forward-only and does no gradient work. */
+typedef struct kdloss_fljsd_out {
+    float *loss;      /* [1] w_hard * hard + w_soft * soft                                       */
+    float *soft_loss; /* [1] soft (JSD) part, already divided by n_valid, before its weight      */
+    float *hard_loss; /* [1] hard (CE) part, already divided by n_valid, before its weight       */
+    kdloss_mat dxs;   /* (BT x Hs), dtype of xs                                                  */
+    kdloss_mat dws;   /* (V x Hs), dtype of ws; accumulated in fp32 across chunks, cast once     */
+    void *dbs;        /* [V], dtype of ws; requires a student bias                               */
+} kdloss_fljsd_out;
+
+/*
+ * Chunked fused-linear JSD distillation loss (REFERENCE.md section 4):
+ *   zs = xs ws^T + bs, zt = xt wt^T + bt (fp32, straight from the GEMM accumulator)
+ *   hard = sum over valid rows of CE(zs, label);  soft = sum of JSD(beta)(log_softmax(zs/T), log_softmax(zt/T))
+ *   loss = (w_hard * hard + w_soft * soft) / max(1, n_valid)
+ * Shapes: xs (BT x Hs), ws (V x Hs), bs [V] optional (dtype of ws), xt (BT x Ht), wt (V x Ht),
+ *   bt [V] optional (dtype of wt), labels [BT] required (I64 or I32). xs/ws share a dtype (F32 or
+ *   BF16), xt/wt share a dtype (F32 or BF16).
+ * Working space: O(chunk x V) floats plus an fp32 (V x Hs) dW accumulator when ws is not fp32;
+ *   kdloss_fljsd_workspace_size() tells the exact bytes. workspace = NULL lets the library
+ *   allocate and free it itself.
+ */
+KDLOSS_API kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
+                                                     int64_t hs, int64_t ht, int64_t v,
+                                                     kdloss_dtype student_dtype,
+                                                     int want_grad, size_t *bytes);
+
+KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t bt,
+                                                 int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs,
+                                                 kdloss_cmat ws, const void *bs, kdloss_cmat xt,
+                                                 kdloss_cmat wt, const void *bt_bias,
+                                                 kdloss_labels labels, kdloss_fljsd_out *out,
+                                                 void *workspace, size_t workspace_bytes);
+
+/* ------------------------------------------------------------------------------------------ */
+/* CUDA backend (declared always; returns KDLOSS_ERR_UNSUPPORTED when built without CUDA)     */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Owns the cuBLAS/cuBLASLt handles for one device. Create once per device, reuse for every call. */
+typedef struct kdloss_cuda_context kdloss_cuda_context;
+
+KDLOSS_API int kdloss_cuda_available(void); /* 1 if built with CUDA and a device is visible */
+KDLOSS_API kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx);
+KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
+
+/* Same semantics and argument rules as the CPU functions; all pointers are device pointers,
+ * `stream` is a cudaStream_t (NULL = legacy default stream). The scalar outputs are written on the
+ * device: no host synchronization happens inside. Workspace is caller-provided device memory of
+ * at least *_workspace_size() bytes (these functions never allocate). */
+KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
+                                            const kdloss_kl_params *params, int64_t bt, int64_t v,
+                                            kdloss_cmat input, kdloss_cmat target, float *loss,
+                                            float *row_loss, kdloss_mat elem_loss, kdloss_mat grad,
+                                            void *workspace, size_t workspace_bytes);
+KDLOSS_API kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
+                                         const kdloss_jsd_params *params, int64_t bt, int64_t v,
+                                         kdloss_cmat student, kdloss_cmat teacher,
+                                         kdloss_labels labels, float *loss, float *row_loss,
+                                         kdloss_mat grad, void *workspace, size_t workspace_bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params,
+                                                          int64_t bt, int64_t hs, int64_t ht,
+                                                          int64_t v, kdloss_dtype student_dtype,
+                                                          int want_grad, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_jsd(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fljsd_params *params, int64_t bt,
+    int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
+    kdloss_fljsd_out *out, void *workspace, size_t workspace_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KDLOSS_H */

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what kdloss needs when it is missing, so the README's two commands work on a fresh
+# machine. `deps.sh c` : compiler, CMake, OpenBLAS, SLEEF (Debian packages, via apt-get).
+#           `deps.sh py`: a virtual environment at $KDLOSS_VENV with torch, numpy, pytest, matplotlib
+#                         (and Liger-Kernel for the peer harness), from PyPI.
+set -euo pipefail
+what=${1:-c}
+
+need_pkgs=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+if [ "$what" = c ]; then
+    for p in build-essential cmake libopenblas-dev libsleef-dev pkg-config; do
+        have_pkg "$p" || need_pkgs+=("$p")
+    done
+    if [ ${#need_pkgs[@]} -gt 0 ]; then
+        echo "deps: installing ${need_pkgs[*]}"
+        SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+    fi
+    exit 0
+fi
+
+if [ "$what" = py ]; then
+    venv=${KDLOSS_VENV:-$HOME/.cache/kdloss/venv}
+    if [ ! -x "$venv/bin/python" ]; then
+        have_pkg python3-venv || python3 -m venv --help >/dev/null 2>&1 || {
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
+        mkdir -p "$(dirname "$venv")"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip
+    fi
+    if ! "$venv/bin/python" -c "import torch, numpy, pytest, matplotlib" >/dev/null 2>&1; then
+        echo "deps: installing torch, numpy, pytest, matplotlib into $venv (several GB the first time)"
+        "$venv/bin/pip" install -q torch numpy pytest matplotlib
+    fi
+    if [ "${2:-}" = peers ] && ! "$venv/bin/python" -c "import liger_kernel" >/dev/null 2>&1; then
+        echo "deps: installing liger-kernel into $venv"
+        "$venv/bin/pip" install -q liger-kernel || echo "deps: liger-kernel could not be installed"
+    fi
+    echo "$venv"
+    exit 0
+fi
+echo "deps.sh: unknown target '$what' (use c or py)" >&2
+exit 2

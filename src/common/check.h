@@ -1,0 +1,39 @@
+/* Argument checks shared by every backend. Each returns KDLOSS_OK or the status the public
+ * function must return; none writes anything the caller owns. */
+#ifndef KDLOSS_CHECK_H
+#define KDLOSS_CHECK_H
+
+#include "kdloss.h"
+
+/* Bytes [lo, hi) a matrix view spans; lo == hi for an absent view. */
+typedef struct kd_span {
+    const char *lo;
+    const char *hi;
+} kd_span;
+
+/* 1 for F32, BF16, F16. */
+int kd_is_float_dtype(kdloss_dtype dt);
+
+/* Checks a (rows x cols) view whose data must be non-NULL: dtype in the allowed float set,
+ * ld >= cols (0 means cols), byte size representable. Writes the effective ld and the span. */
+kdloss_status kd_check_fmat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
+                            int64_t ld, int64_t *ld_out, kd_span *span);
+
+/* Span of a contiguous vector of n elements of `elem` bytes (NULL data gives an empty span). */
+kd_span kd_vec_span(const void *data, int64_t n, size_t elem);
+
+/* 1 if the two spans share a byte. Empty spans overlap nothing. */
+int kd_spans_overlap(kd_span a, kd_span b);
+
+/* Checks labels (I64 or I32, non-NULL) : each is ignore_index or in [0, v).
+ * Counts the rows that are not ignored into *n_valid. */
+kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64_t ignore_index,
+                              int64_t *n_valid);
+
+/* Label of row r as int64 (labels already checked). */
+static inline int64_t kd_label_at(kdloss_labels labels, int64_t r) {
+    return labels.dtype == KDLOSS_I64 ? ((const int64_t *)labels.data)[r]
+                                      : (int64_t)((const int32_t *)labels.data)[r];
+}
+
+#endif /* KDLOSS_CHECK_H */

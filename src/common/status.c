@@ -1,0 +1,43 @@
+#include "kdloss.h"
+
+const char *kdloss_version(void) { return "0.1.0"; }
+
+const char *kdloss_status_string(kdloss_status status) {
+    switch (status) {
+    case KDLOSS_OK: return "ok";
+    case KDLOSS_ERR_NULL_POINTER: return "null pointer: a required argument is NULL";
+    case KDLOSS_ERR_INVALID_SIZE:
+        return "invalid size: sizes must be positive and the tensors addressable in 64 bits";
+    case KDLOSS_ERR_INVALID_DTYPE: return "invalid dtype: unknown, or not allowed for this operand";
+    case KDLOSS_ERR_INVALID_REDUCTION: return "invalid reduction: use none, sum, mean or batchmean";
+    case KDLOSS_ERR_INVALID_PARAM:
+        return "invalid parameter: beta must be in [0,1], eps >= 0, temperature > 0, "
+               "weights >= 0, chunk_size >= 0, grad_scale finite";
+    case KDLOSS_ERR_INVALID_STRIDE:
+        return "invalid stride: a leading dimension is below the row length";
+    case KDLOSS_ERR_ALIASING:
+        return "aliasing: an output overlaps an input or another output";
+    case KDLOSS_ERR_LABEL_OUT_OF_RANGE:
+        return "label out of range: a label is neither ignore_index nor in [0, V)";
+    case KDLOSS_ERR_SHAPE_MISMATCH: return "shape mismatch: operands do not agree";
+    case KDLOSS_ERR_NO_OUTPUT: return "no output: every output pointer is NULL";
+    case KDLOSS_ERR_OUT_OF_MEMORY: return "out of memory: working space could not be allocated";
+    case KDLOSS_ERR_WORKSPACE_TOO_SMALL: return "workspace too small: see *_workspace_size()";
+    case KDLOSS_ERR_UNSUPPORTED: return "unsupported: not available in this build or machine";
+    case KDLOSS_ERR_BLAS: return "BLAS failure";
+    case KDLOSS_ERR_CUDA: return "CUDA failure (runtime, cuBLAS or cuBLASLt)";
+    case KDLOSS_ERR_INTERNAL: return "internal error in kdloss";
+    }
+    return "unknown status code";
+}
+
+size_t kdloss_dtype_size(kdloss_dtype dtype) {
+    switch (dtype) {
+    case KDLOSS_F32: return 4;
+    case KDLOSS_BF16: return 2;
+    case KDLOSS_F16: return 2;
+    case KDLOSS_I32: return 4;
+    case KDLOSS_I64: return 8;
+    }
+    return 0;
+}

@@ -1,0 +1,71 @@
+#include "dispatch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* 0 = not decided yet; otherwise a kdloss_cpu_isa. Reads and writes are single aligned ints. */
+static volatile int g_isa = 0;
+
+static int cpu_has(kdloss_cpu_isa isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    switch (isa) {
+    case KDLOSS_ISA_AVX2:
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    case KDLOSS_ISA_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    default: return isa == KDLOSS_ISA_SCALAR || isa == KDLOSS_ISA_AUTO;
+    }
+#else
+    return isa == KDLOSS_ISA_SCALAR || isa == KDLOSS_ISA_AUTO;
+#endif
+}
+
+static kdloss_cpu_isa best_isa(void) {
+    if (cpu_has(KDLOSS_ISA_AVX512)) return KDLOSS_ISA_AVX512;
+    if (cpu_has(KDLOSS_ISA_AVX2)) return KDLOSS_ISA_AVX2;
+    return KDLOSS_ISA_SCALAR;
+}
+
+int kdloss_cpu_isa_supported(kdloss_cpu_isa isa) {
+    if (isa < KDLOSS_ISA_AUTO || isa > KDLOSS_ISA_AVX512) return 0;
+    return cpu_has(isa);
+}
+
+kdloss_cpu_isa kd_cpu_isa(void) {
+    int isa = g_isa;
+    if (isa) return (kdloss_cpu_isa)isa;
+    kdloss_cpu_isa chosen = best_isa();
+    const char *env = getenv("KDLOSS_CPU_ISA");
+    if (env) {
+        kdloss_cpu_isa want = KDLOSS_ISA_AUTO;
+        if (!strcmp(env, "scalar")) want = KDLOSS_ISA_SCALAR;
+        else if (!strcmp(env, "avx2")) want = KDLOSS_ISA_AVX2;
+        else if (!strcmp(env, "avx512")) want = KDLOSS_ISA_AVX512;
+        if (want != KDLOSS_ISA_AUTO && cpu_has(want)) chosen = want;
+    }
+    g_isa = (int)chosen;
+    return chosen;
+}
+
+kdloss_status kdloss_cpu_set_isa(kdloss_cpu_isa isa) {
+    if (isa < KDLOSS_ISA_AUTO || isa > KDLOSS_ISA_AVX512) return KDLOSS_ERR_INVALID_PARAM;
+    if (!cpu_has(isa)) return KDLOSS_ERR_UNSUPPORTED;
+    g_isa = isa == KDLOSS_ISA_AUTO ? (int)best_isa() : (int)isa;
+    return KDLOSS_OK;
+}
+
+kdloss_cpu_isa kdloss_cpu_get_isa(void) { return kd_cpu_isa(); }
+
+const char *kdloss_cpu_isa_name(kdloss_cpu_isa isa) {
+    switch (isa) {
+    case KDLOSS_ISA_AUTO: return "auto";
+    case KDLOSS_ISA_SCALAR: return "scalar";
+    case KDLOSS_ISA_AVX2: return "avx2";
+    case KDLOSS_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}

@@ -1,0 +1,53 @@
+/* Built when KDLOSS_CUDA is OFF: every CUDA entry point exists and says it is unsupported. */
+#include "kdloss.h"
+
+int kdloss_cuda_available(void) { return 0; }
+
+kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx) {
+    (void)device;
+    if (ctx) *ctx = NULL;
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx) { (void)ctx; }
+
+kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
+                                 const kdloss_kl_params *params, int64_t bt, int64_t v,
+                                 kdloss_cmat input, kdloss_cmat target, float *loss,
+                                 float *row_loss, kdloss_mat elem_loss, kdloss_mat grad,
+                                 void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
+                              const kdloss_jsd_params *params, int64_t bt, int64_t v,
+                              kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                              float *loss, float *row_loss, kdloss_mat grad, void *workspace,
+                              size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
+                                               int64_t hs, int64_t ht, int64_t v,
+                                               kdloss_dtype student_dtype, int want_grad,
+                                               size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *stream,
+                                           const kdloss_fljsd_params *params, int64_t bt,
+                                           int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs,
+                                           kdloss_cmat ws, const void *bs, kdloss_cmat xt,
+                                           kdloss_cmat wt, const void *bt_bias,
+                                           kdloss_labels labels, kdloss_fljsd_out *out,
+                                           void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
