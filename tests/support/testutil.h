@@ -1,0 +1,64 @@
+/* Test helpers: a seeded RNG that draws fresh inputs each run (seed printed, overridable with
+ * KDLOSS_TEST_SEED), the row generators the tests share, dtype packing, comparisons with stated
+ * tolerances, and failure counting. Every test binary ends with kt_finish(), whose exit code is
+ * non-zero on any failure. */
+#ifndef KDLOSS_TESTUTIL_H
+#define KDLOSS_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kdloss.h"
+
+/* ---- RNG (xoshiro256**-style, own implementation) ---- */
+typedef struct kt_rng {
+    uint64_t s[4];
+} kt_rng;
+void kt_rng_seed(kt_rng *r, uint64_t seed);
+uint64_t kt_next(kt_rng *r);
+double kt_uniform(kt_rng *r);                /* [0, 1) */
+double kt_normal(kt_rng *r);                 /* N(0, 1) */
+int64_t kt_randint(kt_rng *r, int64_t n);    /* [0, n) */
+/* The run's base seed: KDLOSS_TEST_SEED if set, else time-based; printed once. */
+uint64_t kt_base_seed(void);
+/* 1 when KDLOSS_TEST_QUICK is set (sanitizer runs use smaller grids). */
+int kt_quick(void);
+
+/* ---- row generators (double, row-major, ld = v) ---- */
+/* Kinds of rows, cycled by row index so every batch holds all of them. */
+enum {
+    KT_ROW_NORMAL = 0, /* log_softmax(randn * 2) */
+    KT_ROW_PEAKED,     /* one token holds almost all mass */
+    KT_ROW_VERYNEG,    /* log-probs down to about -1e4 (exp underflows) */
+    KT_ROW_FLAT,       /* uniform-ish */
+    KT_ROW_NINF,       /* some entries exactly -inf (only when allow_ninf) */
+    KT_ROW_KINDS
+};
+/* Fills logp (bt x v) with log-probs (log_softmax of generated logits), row kind = (r + shift) % kinds. */
+void kt_gen_logprobs(kt_rng *rng, double *logp, int64_t bt, int64_t v, int allow_ninf, int shift);
+/* Rounds each value to what `dt` can hold (bf16/f16 rounding), in place. */
+void kt_round_to(double *x, int64_t n, kdloss_dtype dt);
+
+/* ---- packing to library dtypes with a row stride ---- */
+/* Allocates (bt x ld) elements of dt (zero-filled padding holds a poison pattern) and packs src (bt x v). */
+void *kt_pack(const double *src, int64_t bt, int64_t v, int64_t ld, kdloss_dtype dt);
+/* Reads element (r, c) of a packed matrix as double. */
+double kt_get(const void *p, kdloss_dtype dt, int64_t ld, int64_t r, int64_t c);
+/* Fills n elements of dt with a recognisable poison value (a NaN payload for floats). */
+void kt_poison(void *p, int64_t n, kdloss_dtype dt);
+/* 1 if the n elements of dt still hold the poison pattern. */
+int kt_is_poison(const void *p, int64_t n, kdloss_dtype dt);
+double kt_eps(kdloss_dtype dt); /* unit roundoff: 2^-24, 2^-8, 2^-11 */
+const char *kt_dtype_name(kdloss_dtype dt);
+
+/* ---- checks ---- */
+extern int kt_failures;
+extern int kt_checks;
+/* Passes when |got - want| <= atol + rtol * |want| (NaN/inf must match exactly). Prints on failure. */
+int kt_close(double got, double want, double atol, double rtol, const char *what, ...);
+#define KT_CHECK(cond, ...) kt_check_((cond), __FILE__, __LINE__, __VA_ARGS__)
+int kt_check_(int cond, const char *file, int line, const char *fmt, ...);
+/* Prints "N passed, N failed" and returns the process exit code. */
+int kt_finish(const char *suite);
+
+#endif
