@@ -38,6 +38,7 @@ static void flush_caches(unsigned char *buf, size_t n, unsigned pass) {
 
 kdloss_status kb_time(kb_call_fn fn, void *ctx, int64_t warmup, int64_t reps,
                       size_t working_set_bytes, kb_stats *out) {
+    if (reps < 1 || warmup < 0) return KDLOSS_ERR_INVALID_PARAM; /* no samples, no median */
     unsigned char *flush = NULL;
     if (working_set_bytes < KB_FLUSH_BELOW) flush = kb_alloc(KB_FLUSH_BYTES, "cache flush buffer");
     double *ns = malloc((size_t)reps * sizeof *ns);
