@@ -1,6 +1,8 @@
 /* `kdloss bench`: parses the shared flags, hands the rest to the chosen kernel, runs it, then
  * adds what every run reports (peak RSS, streaming bandwidth, time stamp), prints the table
  * row and writes the record. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, gmtime_r under strict -std=c11 */
+
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>

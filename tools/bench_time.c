@@ -1,4 +1,6 @@
 /* The timing loop shared by every kernel benchmark, its statistics, and peak RSS. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, gmtime_r under strict -std=c11 */
+
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
