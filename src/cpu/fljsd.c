@@ -10,7 +10,10 @@
  *                                      workspace accumulator cast once at the end for bf16)
  *   dxs rows = dzs ws                  sgemm
  * Every BLAS call is made from the calling thread outside any OpenMP region: OpenBLAS runs its
- * own thread pool, and the two pools must never nest. Per-row losses are summed in row order in
+ * own thread pool, and the two pools must never nest. They must not take turns too often either:
+ * after a region libgomp's threads spin for a while, and a GEMM started then shares the cores
+ * with them, so the only OpenMP region between the GEMMs of a chunk is its row pass (plus the
+ * dbs column sums); the conversions that sit between GEMMs run on the calling thread. Per-row losses are summed in row order in
  * double, so the loss does not depend on the thread count, and on the chunk size only through
  * the GEMMs' rounding.
  *
@@ -51,7 +54,7 @@ static const float *w_rows(const wsrc *w, int64_t r0, int64_t n, int64_t *ld) {
     }
     *ld = w->cols;
     if (w->f32) return w->f32 + r0 * w->cols;
-    kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel);
+    kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel, 0);
     return w->panel;
 }
 
@@ -89,7 +92,7 @@ static const float *x_rows(kdloss_cmat x, int64_t r0, int64_t n, int64_t cols, f
         *ld = x.ld;
         return (const float *)x.data + r0 * x.ld;
     }
-    kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf);
+    kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf, 0);
     *ld = cols;
     return buf;
 }
@@ -109,7 +112,7 @@ static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int firs
 /* fp32 vector -> n elements of dt (F32 or BF16) at dst. */
 static void store_vec(const float *src, int64_t n, kdloss_dtype dt, void *dst) {
     if (dt == KDLOSS_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else kd_f32_rows_to_bf16(src, n, 1, n, (uint16_t *)dst, n);
+    else kd_f32_rows_to_bf16(src, n, 1, n, (uint16_t *)dst, n, 0);
 }
 
 /* Fills a (rows x cols, ld) matrix of dt with zeros (+0 is all-zero bits in fp32 and bf16). */
@@ -137,7 +140,7 @@ static void write_zero(const kd_fljsd_call *k) {
 /* [v] bias of dtype dt as fp32 (into buf when it is bf16); NULL stays NULL. */
 static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *buf) {
     if (!b || dt == KDLOSS_F32) return (const float *)b;
-    kd_bf16_rows_to_f32((const uint16_t *)b, v, 1, v, buf);
+    kd_bf16_rows_to_f32((const uint16_t *)b, v, 1, v, buf, 0);
     return buf;
 }
 
@@ -172,12 +175,12 @@ static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
     wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, ht, NULL, panel, pl->vp};
     if (pl->whole && w_s.dt == KDLOSS_BF16) {
         float *c = (float *)(base + pl->off_ws32);
-        kd_bf16_rows_to_f32((const uint16_t *)w_s.data, w_s.ld, v, hs, c);
+        kd_bf16_rows_to_f32((const uint16_t *)w_s.data, w_s.ld, v, hs, c, 1);
         w_s.f32 = c;
     }
     if (pl->whole && soft && w_t.dt == KDLOSS_BF16) {
         float *c = (float *)(base + pl->off_wt32);
-        kd_bf16_rows_to_f32((const uint16_t *)w_t.data, w_t.ld, v, ht, c);
+        kd_bf16_rows_to_f32((const uint16_t *)w_t.data, w_t.ld, v, ht, c, 1);
         w_t.f32 = c;
     }
 
@@ -229,11 +232,11 @@ static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
         } else if (o->dxs.data) {
             gemm_dx(n, zs, &w_s, xconv, hs); /* the teacher rows in xconv are spent */
             kd_f32_rows_to_bf16(xconv, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld,
-                                o->dxs.ld);
+                                o->dxs.ld, 0);
         }
     }
     if (o->dws.data && sb)
-        kd_f32_rows_to_bf16(dws_acc, hs, v, hs, (uint16_t *)o->dws.data, o->dws.ld);
+        kd_f32_rows_to_bf16(dws_acc, hs, v, hs, (uint16_t *)o->dws.data, o->dws.ld, 1);
     if (o->dbs) store_vec(dbs, v, k->ws.dtype, o->dbs);
     double soft_mean = soft ? soft_sum / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
     write_losses(o,
