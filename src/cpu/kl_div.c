@@ -60,6 +60,7 @@ kdloss_status kdloss_kl_div(const kdloss_kl_params *p, int64_t bt, int64_t v, kd
     double scale = reduction_scale(p->reduction, bt, v);
     job.gscale = (float)(scale * p->grad_scale);
     job.want_loss = loss || row_loss;
+    job.stream_grad = grad.data && bt * v * (int64_t)kdloss_dtype_size(job.xdt) > KD_STREAM_BYTES;
     job.log_target = p->log_target;
     job.eps = (float)p->eps;
     double total = kd_rows_sum(bt, kd_kl_row_fn(), &job, row_loss);
