@@ -59,6 +59,12 @@ KD_INLINE vf kd_vkl_prob(vf y, vf t, vf eps, vf *grad) {
     return vf_keep(vm_ne(t, vf_zero()), vf_mul(t, vf_sub(vf_log(vf_max(t, eps)), y)));
 }
 
+/* The same with eps >= FLT_MIN, so log's argument is always a normal float (or inf). */
+KD_INLINE vf kd_vkl_prob_normal(vf y, vf t, vf eps, vf *grad) {
+    *grad = vf_neg(t);
+    return vf_keep(vm_ne(t, vf_zero()), vf_mul(t, vf_sub(vf_log_normal(vf_max(t, eps)), y)));
+}
+
 /* KLDivLoss element with log target: e^t (t - y), 0 where e^t == 0; grad -e^t. */
 KD_INLINE vf kd_vkl_log(vf y, vf t, vf *grad) {
     vf et = vf_exp(t);

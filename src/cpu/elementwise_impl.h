@@ -77,11 +77,13 @@ KD_INLINE void store_tile(char *dst, kdloss_dtype dt, const float *buf, int64_t 
 #define JSD_REV(x, y, g) kd_vjsd_rev(x, y, g)
 #define JSD_MIX(x, y, g) kd_vjsd_mix(k, x, y, g)
 #define KL_PROB(y, t, g) kd_vkl_prob(y, t, eps, g)
+#define KL_PROB_NORMAL(y, t, g) kd_vkl_prob_normal(y, t, eps, g)
 #define KL_LOG(y, t, g) kd_vkl_log(y, t, g)
 KD_TILE_FN(tile_jsd_fwd, JSD_FWD)
 KD_TILE_FN(tile_jsd_rev, JSD_REV)
 KD_TILE_FN(tile_jsd_mix, JSD_MIX)
 KD_TILE_FN(tile_kl_prob, KL_PROB)
+KD_TILE_FN(tile_kl_prob_normal, KL_PROB_NORMAL)
 KD_TILE_FN(tile_kl_log, KL_LOG)
 
 /* KL gradient alone (-t or -e^t, scaled): the input is not needed, so it is not read. */
@@ -115,6 +117,7 @@ double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
     float bx[KD_TILE], bt[KD_TILE], bg[KD_TILE];
     vf sc = vf_set1(j->gscale), eps = vf_set1(j->eps);
     int grad_only = !j->want_loss && !erow, nt = use_nt(j, grow);
+    int normal_log = j->eps >= 1.17549435e-38f; /* log(max(t, eps)) never sees a subnormal */
     double sum = 0.0;
     for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
         int64_t n = j->v - c0 < KD_TILE ? j->v - c0 : KD_TILE;
@@ -125,8 +128,9 @@ double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
         } else {
             const float *a = load_tile(xrow + c0 * xes, j->xdt, n, bx);
             float *ed = erow ? erow + c0 : NULL;
-            vf acc = j->log_target ? tile_kl_log(a, b, gd, ed, n, sc, NULL, eps, nt)
-                                   : tile_kl_prob(a, b, gd, ed, n, sc, NULL, eps, nt);
+            vf acc = j->log_target   ? tile_kl_log(a, b, gd, ed, n, sc, NULL, eps, nt)
+                     : normal_log ? tile_kl_prob_normal(a, b, gd, ed, n, sc, NULL, eps, nt)
+                                  : tile_kl_prob(a, b, gd, ed, n, sc, NULL, eps, nt);
             sum += vf_hsum(acc);
         }
         if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
