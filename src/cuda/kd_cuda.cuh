@@ -332,6 +332,14 @@ kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t b
                                   float *row_loss, float *loss, double *blk, double host_denom,
                                   int use_n_valid, kd_ws_header *hdr);
 
+/* One GEMM (gemm.cu): D (m x n, ldd) = op(A) op(B) + beta D, column-major, fp32 accumulation;
+ * ws is GEMM scratch inside the caller's workspace (256-byte aligned). */
+kdloss_status kd_gemm(kdloss_cuda_context *ctx, cudaStream_t st, void *ws, size_t ws_bytes,
+                      cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                      const void *A, cudaDataType_t at, int64_t lda, const void *B,
+                      cudaDataType_t bt, int64_t ldb, float beta, void *D, cudaDataType_t dt,
+                      int64_t ldd);
+
 #define KD_ROWS_THREADS 256
 static inline int64_t kd_rows_blocks(int64_t bt) {
     return (bt + KD_ROWS_THREADS - 1) / KD_ROWS_THREADS;
