@@ -60,10 +60,20 @@ static void *dalloc(size_t n) {
     CK(cudaMalloc(&p, n ? n : 1));
     return p;
 }
-static void h2d(void *d, const void *h, size_t n) { CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }
+/* The library runs on g_st, a non-blocking stream, which does not wait for the legacy default
+ * stream that cudaMemcpy/cudaMemset use (and a pageable host-to-device copy may still be in
+ * flight when cudaMemcpy returns): the setup helpers therefore end with a device-wide sync, and
+ * results are read only after cudaStreamSynchronize(g_st). */
+static void h2d(void *d, const void *h, size_t n) {
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+}
 static void d2h(void *h, const void *d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
 /* 0xFF bytes are NaN in every float dtype: an element still NaN afterwards was never written */
-static void dpoison(void *d, size_t n) { CK(cudaMemset(d, 0xFF, n)); }
+static void dpoison(void *d, size_t n) {
+    CK(cudaMemset(d, 0xFF, n));
+    CK(cudaDeviceSynchronize());
+}
 
 static double unit(kdloss_dtype d) { return kt_eps(d); }
 
@@ -114,6 +124,16 @@ static void cmp_norm(const char *what, const double *got, const double *ref, int
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     KT_CHECK(nonfinite == 0 && rel <= tol, "%s: normwise error %.3g (tol %.3g), %lld non-finite",
              what, rel, tol, (long long)nonfinite);
+}
+
+/* 1 if the padding columns [v, ld) of every row still hold the 0xFF poison. */
+static int pad_untouched(const void *h, kdloss_dtype dt, int64_t bt, int64_t v, int64_t ld) {
+    const size_t es = kdloss_dtype_size(dt);
+    const unsigned char *b = h;
+    for (int64_t r = 0; r < bt; r++)
+        for (size_t i = (size_t)(r * ld + v) * es; i < (size_t)((r + 1) * ld) * es; i++)
+            if (b[i] != 0xFF) return 0;
+    return 1;
 }
 
 static void cmp_bits(const char *what, const void *a, const void *b, size_t n) {
@@ -261,12 +281,14 @@ static void test_kl_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype di, kd
         snprintf(what, sizeof what, "%s grad", tag);
         cmp_arr(what, gg, rg, n, 1e-6 * max_abs(rg, n) + (di == KDLOSS_F16 ? 6e-8 : 0),
                 2 * unit(di) + 1e-5);
+        if (!in_place) KT_CHECK(pad_untouched(hg, di, bt, v, ld), "%s: grad padding written", tag);
         if (de) {
             float *he = xmalloc((size_t)(bt * ld) * 4);
             d2h(he, de, (size_t)(bt * ld) * 4);
             double *ee = to_double(he, KDLOSS_F32, bt, v, ld);
             snprintf(what, sizeof what, "%s elem_loss", tag);
             cmp_arr(what, ee, rl, n, 1e-5 * max_abs(rl, n), 1e-5);
+            KT_CHECK(pad_untouched(he, KDLOSS_F32, bt, v, ld), "%s: elem_loss padding written", tag);
             free(ee);
             free(he);
         }
@@ -372,8 +394,10 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
     const int64_t ld = v + pad, n = bt * v;
     const size_t es = kdloss_dtype_size(ds), et = kdloss_dtype_size(dt);
     double *x = xmalloc((size_t)n * 8), *y = xmalloc((size_t)n * 8);
-    kt_gen_logprobs(rng, x, bt, v, 1, 0);
-    kt_gen_logprobs(rng, y, bt, v, 1, 3);
+    /* -inf entries everywhere except where they make the loss infinite (and every tolerance
+     * meaningless): student -inf under forward KL, teacher -inf under reverse KL */
+    kt_gen_logprobs(rng, x, bt, v, beta != 0.0, 0);
+    kt_gen_logprobs(rng, y, bt, v, beta != 1.0, 3);
     kt_round_to(x, n, ds);
     kt_round_to(y, n, dt);
     void *hx = kt_pack(x, bt, v, ld, ds), *hy = kt_pack(y, bt, v, ld, dt);
@@ -458,6 +482,7 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
         snprintf(what, sizeof what, "%s grad", tag);
         cmp_arr(what, gg, rg, n, 1e-5 * max_abs(rg, n) + (ds == KDLOSS_F16 ? 6e-8 : 0),
                 2 * unit(ds) + 1e-5);
+        if (!in_place) KT_CHECK(pad_untouched(hg, ds, bt, v, ld), "%s: grad padding written", tag);
         float *hrow = xmalloc((size_t)bt * 4);
         d2h(hrow, drow, (size_t)bt * 4);
         double *grow = to_double(hrow, KDLOSS_F32, 1, bt, bt);
@@ -723,6 +748,7 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
             double tol = k->ds == KDLOSS_BF16 ? 1.5e-2 : 1e-4;
             void *h1 = xmalloc((size_t)(bt * ldxs) * es);
             d2h(h1, gdxs, (size_t)(bt * ldxs) * es);
+            KT_CHECK(pad_untouched(h1, k->ds, bt, hs, ldxs), "%s: dxs padding written", tag);
             double *got = to_double(h1, k->ds, bt, hs, ldxs);
             char what[300];
             snprintf(what, sizeof what, "%s dxs", tag);
@@ -730,6 +756,7 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
             free(got);
             void *h2 = xmalloc((size_t)(v * ldws) * es);
             d2h(h2, gdws, (size_t)(v * ldws) * es);
+            KT_CHECK(pad_untouched(h2, k->ds, v, hs, ldws), "%s: dws padding written", tag);
             got = to_double(h2, k->ds, v, hs, ldws);
             snprintf(what, sizeof what, "%s dws", tag);
             cmp_norm(what, got, rdw, v * hs, tol);
@@ -1130,7 +1157,10 @@ static void test_errors(void) {
     g_har = xmalloc(AR_BYTES);
     memset(g_har, 0, AR_BYTES);
     g_ar = g_gpu ? dalloc(AR_BYTES) : g_har;
-    if (g_gpu) CK(cudaMemset(g_ar, 0, AR_BYTES));
+    if (g_gpu) {
+        CK(cudaMemset(g_ar, 0, AR_BYTES));
+        CK(cudaDeviceSynchronize());
+    }
     /* without a GPU: a zeroed stand-in for the context, never used on the error paths */
     static char fake_ctx[4096];
     g_actx = g_gpu ? g_ctx : (kdloss_cuda_context *)(void *)fake_ctx;
