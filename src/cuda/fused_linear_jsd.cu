@@ -355,10 +355,10 @@ kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params
                                                int64_t hs, int64_t ht, int64_t v,
                                                kdloss_dtype student_dtype, int want_grad,
                                                size_t *bytes) {
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = kd_args_fl_params(params);
+    if (s == KDLOSS_OK) s = kd_args_fl_sizes(bt, hs, ht, v);
     if (s != KDLOSS_OK) return s;
-    if (!bytes) return KDLOSS_ERR_NULL_POINTER;
-    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
     if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
         return KDLOSS_ERR_INVALID_DTYPE;
     fl_plan P;
@@ -386,7 +386,7 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
     fl_plan P;
     if ((s = fl_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P)) != KDLOSS_OK)
         return s;
-    if ((s = kd_args_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
+    if ((s = kd_args_fl_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
         return s;
     fl_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
 

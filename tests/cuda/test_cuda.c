@@ -994,8 +994,12 @@ static void test_errors_kl(void) {
     c = b; c.ld_t = 5; kl_err("kl ld < v", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
     c = b; c.loss = c.row = c.grad = 0; kl_err("kl no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
     c = b; c.dg = KDLOSS_BF16; kl_err("kl grad dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
-    c = b; c.elem = 1; kl_err("kl elem with batchmean", &c, KDLOSS_ERR_INVALID_REDUCTION, 1);
-    c = b; c.p.reduction = KDLOSS_REDUCTION_NONE; kl_err("kl loss with none", &c, KDLOSS_ERR_INVALID_REDUCTION, 1);
+    c = b; c.elem = 1; kl_err("kl elem with batchmean", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.reduction = KDLOSS_REDUCTION_NONE; kl_err("kl loss with none", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.log_target = 2; kl_err("kl log_target 2", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.eps = INFINITY; kl_err("kl eps inf", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.bt = 0; c.p.reduction = (kdloss_reduction)9; kl_err("kl bt 0 and bad reduction", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.loss = c.row = c.grad = 0; c.ld_t = 5; kl_err("kl no output and bad ld", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
     c = b; c.p.reduction = KDLOSS_REDUCTION_NONE; c.loss = 0; c.elem = 1; c.de = KDLOSS_BF16;
     kl_err("kl elem not fp32", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
     c = b; c.g_off = AR_T + 16; kl_err("kl grad overlaps target", &c, KDLOSS_ERR_ALIASING, 1);
@@ -1151,6 +1155,9 @@ static void test_errors_fl(void) {
     c = b; c.dx_off = AR_T; fl_err("fljsd dxs on xt", &c, KDLOSS_ERR_ALIASING, 1);
     c = b; c.dx_off = AR_LOSS - 32; fl_err("fljsd dxs overlaps loss", &c, KDLOSS_ERR_ALIASING, 1);
     c = b; c.ws_bytes -= 256; fl_err("fljsd workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.ws_bytes -= 256; c.dx_off = AR_T;
+    fl_err("fljsd workspace small and dxs on xt", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.dxs = KDLOSS_F16; c.labels = 0; fl_err("fljsd f16 xs and no labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
 }
 
 static void test_errors(void) {
