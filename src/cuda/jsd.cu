@@ -203,7 +203,7 @@ kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
     }
     if (s == KDLOSS_OK)
         s = kd_cuda_finish_rows(st, plan.part, bt, plan.ntiles, row_loss, loss, plan.blk,
-                                (double)bt, labels.data != NULL, plan.hdr);
+                                (double)bt, 1, labels.data != NULL, plan.hdr);
     kd_dev_leave(&dg);
     return s;
 }

@@ -325,12 +325,13 @@ kdloss_status kd_cuda_count_labels(cudaStream_t st, const void *labels, int is64
 
 /* Second and third passes of the elementwise losses. part is (bt x ntiles) doubles of block
  * partial sums; writes row_loss [bt] (optional) and, when loss is not NULL,
- *   loss = sum / denom, with denom = host_denom, or max(1, hdr->n_valid) when use_n_valid.
+ *   loss = sum * host_factor, or sum / host_factor (host_divides), or sum / max(1, n_valid)
+ *   (use_n_valid: hdr->n_valid, counted on the device).
  * Writes hdr->status always (LABEL_OUT_OF_RANGE and NaN loss when hdr->n_bad > 0 and
  * use_n_valid). blk is scratch of kd_rows_blocks(bt) doubles. */
 kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t bt, int64_t ntiles,
-                                  float *row_loss, float *loss, double *blk, double host_denom,
-                                  int use_n_valid, kd_ws_header *hdr);
+                                  float *row_loss, float *loss, double *blk, double host_factor,
+                                  int host_divides, int use_n_valid, kd_ws_header *hdr);
 
 /* One GEMM (gemm.cu): D (m x n, ldd) = op(A) op(B) + beta D, column-major, fp32 accumulation;
  * ws is GEMM scratch inside the caller's workspace (256-byte aligned). */

@@ -141,10 +141,11 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
         return s;
     kd_ew_plan_make(bt, v, workspace, &plan);
 
-    double denom = 1.0;
+    /* the CPU's arithmetic: a reduction scale, multiplied */
+    double scale = 1.0;
     switch (params->reduction) {
-    case KDLOSS_REDUCTION_MEAN: denom = (double)bt * (double)v; break;
-    case KDLOSS_REDUCTION_BATCHMEAN: denom = (double)bt; break;
+    case KDLOSS_REDUCTION_MEAN: scale = 1.0 / ((double)bt * (double)v); break;
+    case KDLOSS_REDUCTION_BATCHMEAN: scale = 1.0 / (double)bt; break;
     default: break;
     }
 
@@ -162,7 +163,7 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
     a.v = v;
     a.ntiles = plan.ntiles;
     a.eps = (float)params->eps;
-    a.gscale = (float)(params->grad_scale / denom);
+    a.gscale = (float)(scale * params->grad_scale);
     a.log_target = params->log_target != 0;
     size_t ei = kdloss_dtype_size(input.dtype), et = kdloss_dtype_size(target.dtype);
     bool vec = kd_aligned16(input.data, g.ld_in, ei) && kd_aligned16(target.data, g.ld_t, et) &&
@@ -179,8 +180,8 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
     }
     s = kd_launch_status();
     if (s == KDLOSS_OK)
-        s = kd_cuda_finish_rows(st, plan.part, bt, plan.ntiles, row_loss, loss, plan.blk, denom, 0,
-                                plan.hdr);
+        s = kd_cuda_finish_rows(st, plan.part, bt, plan.ntiles, row_loss, loss, plan.blk, scale, 0,
+                                0, plan.hdr);
     kd_dev_leave(&dg);
     return s;
 }

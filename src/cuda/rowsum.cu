@@ -61,8 +61,8 @@ kd_rows_kernel(const double *part, int64_t bt, int64_t ntiles, float *row_loss, 
 
 /* blk [nblk] -> loss (one block, fixed order), and the call's status word. */
 __global__ void __launch_bounds__(KD_FINAL_THREADS)
-kd_final_kernel(const double *blk, int64_t nblk, float *loss, double host_denom, int use_n_valid,
-                kd_ws_header *hdr) {
+kd_final_kernel(const double *blk, int64_t nblk, float *loss, double host_factor, int host_divides,
+                int use_n_valid, kd_ws_header *hdr) {
     __shared__ double red[32];
     double s = 0.0;
     if (loss)
@@ -71,17 +71,19 @@ kd_final_kernel(const double *blk, int64_t nblk, float *loss, double host_denom,
     if (threadIdx.x == 0) {
         int bad = use_n_valid && hdr->n_bad > 0;
         if (loss) {
-            double denom = host_denom;
-            if (use_n_valid) denom = hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0;
-            *loss = bad ? __int_as_float(0x7fc00000) : (float)(s / denom);
+            /* the CPU functions' arithmetic: KL multiplies by its reduction scale, JSD divides by
+             * n_valid (bt without labels) */
+            double l = host_divides ? s / host_factor : s * host_factor;
+            if (use_n_valid) l = s / (hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0);
+            *loss = bad ? __int_as_float(0x7fc00000) : (float)l;
         }
         hdr->status = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)KDLOSS_OK;
     }
 }
 
 kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t bt, int64_t ntiles,
-                                  float *row_loss, float *loss, double *blk, double host_denom,
-                                  int use_n_valid, kd_ws_header *hdr) {
+                                  float *row_loss, float *loss, double *blk, double host_factor,
+                                  int host_divides, int use_n_valid, kd_ws_header *hdr) {
     if (row_loss || loss) {
         int64_t nb = kd_rows_blocks(bt);
         kd_rows_kernel<<<kd_grid(nb), KD_ROWS_THREADS, 0, st>>>(part, bt, ntiles, row_loss,
@@ -89,7 +91,7 @@ kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t b
         kdloss_status s = kd_launch_status();
         if (s != KDLOSS_OK) return s;
     }
-    kd_final_kernel<<<1, KD_FINAL_THREADS, 0, st>>>(blk, kd_rows_blocks(bt), loss, host_denom,
-                                                    use_n_valid, hdr);
+    kd_final_kernel<<<1, KD_FINAL_THREADS, 0, st>>>(blk, kd_rows_blocks(bt), loss, host_factor,
+                                                    host_divides, use_n_valid, hdr);
     return kd_launch_status();
 }
