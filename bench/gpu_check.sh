@@ -9,7 +9,9 @@
 #   3. time kdloss with bench/gpu_check/gpu_bench.cu (KL full, fused-linear JSD at the seed shape
 #      at three memory budgets, the four bare GEMMs), and, when python3 has torch, eager torch
 #      and Liger-Kernel on the same workloads (Liger from wheels in .whl/ if carried there)
-#   4. print one table; the log and a JSON summary go to $OUT (or bench/out/gpu_check)
+#   4. print one table; the log and a JSON summary go to $OUT (or bench/out/gpu_check): at most
+#      five files (gpu_check.log, gpu_check.json, test_cuda.log, sanitizer.log, build.log on a
+#      build failure), since the device tool brings back at most 8
 # Every step has a time limit so the whole script ends within 8 minutes.
 # Exit code: 0 when the build, the test and the kdloss benchmark all succeeded.
 set -uo pipefail
@@ -17,6 +19,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUTDIR=${OUT:-$ROOT/bench/out/gpu_check}
 mkdir -p "$OUTDIR"
+WORK=$(mktemp -d) # step logs; the ones worth keeping are copied to $OUTDIR at the end
 exec > >(tee "$OUTDIR/gpu_check.log") 2>&1
 export PATH=/usr/local/cuda/bin:$PATH
 START=$(date +%s)
@@ -38,13 +41,13 @@ nvcc --version | tail -1
 step "build"
 LIBDIR="" TEST=""
 if timeout "$(limit 200)" bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release \
-      -DKDLOSS_CUDA=ON -DKDLOSS_CUDA_ARCHS=90 >'$OUTDIR/cmake.log' 2>&1 &&
-    cmake --build build-cuda -j$JOBS --target kdloss test_cuda >'$OUTDIR/build.log' 2>&1"; then
+      -DKDLOSS_CUDA=ON -DKDLOSS_CUDA_ARCHS=90 >'$WORK/cmake.log' 2>&1 &&
+    cmake --build build-cuda -j$JOBS --target kdloss test_cuda >'$WORK/build.log' 2>&1"; then
   LIBDIR=$ROOT/build-cuda TEST=$ROOT/build-cuda/test_cuda status_build=cmake
   echo "CMake build ok"
 else
   echo "CMake build failed; last lines:"
-  tail -n 8 "$OUTDIR/cmake.log" "$OUTDIR/build.log" 2>/dev/null
+  tail -n 8 "$WORK/cmake.log" "$WORK/build.log" 2>/dev/null
   echo "building the CUDA backend alone with nvcc (no CPU kernels: no OpenBLAS/SLEEF needed)"
   B=$ROOT/build-cuda-only
   rm -rf "$B" && mkdir -p "$B/obj"
@@ -60,27 +63,27 @@ else
       gcc -std=c11 -O2 -Iinclude -Itests/support -Isrc/common tests/cuda/test_cuda.c \
           tests/support/testutil.c -o $B/test_cuda -L$B -lkdloss -L/usr/local/cuda/lib64 \
           -lcudart -lm -Wl,-rpath,$B -Wl,-rpath,/usr/local/cuda/lib64
-    " >"$OUTDIR/build_nvcc.log" 2>&1; then
+    " >"$WORK/build_nvcc.log" 2>&1; then
     LIBDIR=$B TEST=$B/test_cuda status_build=nvcc-only
     echo "nvcc build ok"
   else
     echo "nvcc build FAILED:"
-    tail -n 30 "$OUTDIR/build_nvcc.log"
+    tail -n 30 "$WORK/build_nvcc.log"
   fi
 fi
 
 # ---- 2. test ---------------------------------------------------------------------------------
 if [ -n "$TEST" ]; then
   step "CUDA test"
-  if timeout "$(limit 90)" "$TEST" >"$OUTDIR/test_cuda.log" 2>&1; then status_test=pass; else status_test="FAIL($?)"; fi
-  grep -E "^(seed|CPU functions|FAIL|skipped|test_cuda|[0-9]+ passed)" "$OUTDIR/test_cuda.log" | head -60
+  if timeout "$(limit 90)" "$TEST" >"$WORK/test_cuda.log" 2>&1; then status_test=pass; else status_test="FAIL($?)"; fi
+  grep -E "^(seed|CPU functions|FAIL|skipped|test_cuda|[0-9]+ passed)" "$WORK/test_cuda.log" | head -60
   if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
       if [ "$(left)" -lt 200 ]; then echo "no time left for $tool"; break; fi
       step "compute-sanitizer --tool $tool (quick test subset)"
       if KDLOSS_TEST_QUICK=1 timeout "$(limit 75)" compute-sanitizer --tool $tool --error-exitcode 3 \
-          "$TEST" >"$OUTDIR/sanitizer_$tool.log" 2>&1; then r=pass; else r="FAIL($?)"; fi
-      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|passed, " "$OUTDIR/sanitizer_$tool.log" | head -12
+          "$TEST" >"$WORK/sanitizer_$tool.log" 2>&1; then r=pass; else r="FAIL($?)"; fi
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|passed, " "$WORK/sanitizer_$tool.log" | head -12
       [ "$tool" = memcheck ] && status_memcheck=$r || status_racecheck=$r
     done
   fi
@@ -90,12 +93,12 @@ fi
 if [ -n "$LIBDIR" ]; then
   step "kdloss timings"
   if nvcc -std=c++17 -O2 -arch=sm_90 -Iinclude bench/gpu_check/gpu_bench.cu -o "$LIBDIR/gpu_bench" \
-      -L"$LIBDIR" -lkdloss -lcublas -Xlinker -rpath="$LIBDIR" >"$OUTDIR/bench_build.log" 2>&1; then
-    if timeout "$(limit 90)" "$LIBDIR/gpu_bench" "$OUTDIR/kdloss_bench.json"; then status_bench=pass
+      -L"$LIBDIR" -lkdloss -lcublas -Xlinker -rpath="$LIBDIR" >"$WORK/bench_build.log" 2>&1; then
+    if timeout "$(limit 90)" "$LIBDIR/gpu_bench" "$WORK/kdloss_bench.json"; then status_bench=pass
     else status_bench="FAIL($?)"; fi
   else
     status_bench="build-fail"
-    tail -n 20 "$OUTDIR/bench_build.log"
+    tail -n 20 "$WORK/bench_build.log"
   fi
 fi
 
@@ -107,7 +110,7 @@ if command -v python3 >/dev/null && python3 -c "import torch; assert torch.cuda.
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     fi
     if PYTHONUNBUFFERED=1 timeout "$(limit 150)" python3 bench/gpu_check/torch_bench.py \
-        "$OUTDIR/peer_bench.json"; then status_torch=pass; else status_torch="FAIL($?)"; fi
+        "$WORK/peer_bench.json"; then status_torch=pass; else status_torch="FAIL($?)"; fi
   else
     echo "no time left for the torch/Liger timings"
   fi
@@ -117,15 +120,15 @@ fi
 
 # ---- 4. summary ------------------------------------------------------------------------------
 step "summary"
-cat >"$OUTDIR/status.json" <<EOF
+cat >"$WORK/status.json" <<EOF
 {"build": "$status_build", "test": "$status_test", "memcheck": "$status_memcheck",
  "racecheck": "$status_racecheck", "bench": "$status_bench", "peers": "$status_torch",
  "seconds": $(($(date +%s) - START))}
 EOF
 if command -v python3 >/dev/null; then
-  python3 - "$OUTDIR" <<'PY'
+  python3 - "$WORK" "$OUTDIR" <<'PY'
 import json, os, sys
-d = sys.argv[1]
+d, outdir = sys.argv[1], sys.argv[2]
 rows = []
 for f in ("kdloss_bench.json", "peer_bench.json"):
     p = os.path.join(d, f)
@@ -136,7 +139,7 @@ for f in ("kdloss_bench.json", "peer_bench.json"):
             print(f"{f}: unreadable ({e})")
 status = json.load(open(os.path.join(d, "status.json")))
 summary = {"status": status, "results": rows}
-json.dump(summary, open(os.path.join(d, "gpu_check.json"), "w"), indent=1)
+json.dump(summary, open(os.path.join(outdir, "gpu_check.json"), "w"), indent=1)
 print(f"{'workload':46s} {'median ms':>10s} {'p20':>9s} {'p80':>9s} {'peak MB':>9s}")
 for r in rows:
     if "ms" in r:
@@ -146,6 +149,17 @@ for r in rows:
 print("status: " + ", ".join(f"{k} {v}" for k, v in status.items()))
 PY
 else
-  cat "$OUTDIR/status.json"
+  cat "$WORK/status.json"
+  cp "$WORK/status.json" "$OUTDIR/gpu_check.json"
 fi
+# keep: the test log, the sanitizer logs (one file, each cut at 4 MB), the build log on failure
+[ -f "$WORK/test_cuda.log" ] && head -c 8000000 "$WORK/test_cuda.log" >"$OUTDIR/test_cuda.log"
+for f in "$WORK"/sanitizer_*.log; do
+  [ -f "$f" ] && { echo "==== $(basename "$f")"; head -c 4000000 "$f"; }
+done >"$OUTDIR/sanitizer.log"
+[ -s "$OUTDIR/sanitizer.log" ] || rm -f "$OUTDIR/sanitizer.log"
+if [ "$status_build" = fail ]; then
+  cat "$WORK"/cmake.log "$WORK"/build.log "$WORK"/build_nvcc.log 2>/dev/null | tail -c 4000000 >"$OUTDIR/build.log"
+fi
+rm -rf "$WORK"
 [ "$status_build" != fail ] && [ "$status_test" = pass ] && [ "$status_bench" = pass ]
