@@ -7,6 +7,8 @@ import kdloss
 from kdloss import _lib
 from kdloss.torch import _backend
 
+from conftest import require
+
 
 def test_version_and_library():
     assert kdloss.version() == kdloss.__version__ == "0.1.0"
@@ -41,6 +43,7 @@ def test_cuda_tensors_raise_a_clear_error_without_a_cuda_build():
     assert e.value.status_name == "KDLOSS_ERR_UNSUPPORTED"
 
 
+@require("kdloss_kl_div")
 def test_register_backend_hook():
     calls = []
 
