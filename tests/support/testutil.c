@@ -160,6 +160,10 @@ double kt_eps(kdloss_dtype dt) {
     return dt == KDLOSS_BF16 ? 0x1p-8 : dt == KDLOSS_F16 ? 0x1p-11 : 0x1p-24;
 }
 
+double kt_tiny(kdloss_dtype dt) {
+    return dt == KDLOSS_BF16 ? 0x1p-132 : dt == KDLOSS_F16 ? 0x1p-23 : 0x1p-148;
+}
+
 const char *kt_dtype_name(kdloss_dtype dt) {
     switch (dt) {
     case KDLOSS_F32: return "fp32";

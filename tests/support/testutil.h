@@ -49,6 +49,9 @@ void kt_poison(void *p, int64_t n, kdloss_dtype dt);
 /* 1 if the n elements of dt still hold the poison pattern. */
 int kt_is_poison(const void *p, int64_t n, kdloss_dtype dt);
 double kt_eps(kdloss_dtype dt); /* unit roundoff: 2^-24, 2^-8, 2^-11 */
+/* Absolute resolution near zero: two subnormal steps of dt (fp32 2^-148, bf16 2^-132, fp16 2^-23),
+ * the error of a result that underflows there. */
+double kt_tiny(kdloss_dtype dt);
 const char *kt_dtype_name(kdloss_dtype dt);
 
 /* ---- checks ---- */

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The main benchmark job: `make bench` or `bash bench/run_main.sh BUILD_DIR`.
+# Runs `kdloss bench` for kl_div and jsd at the reference shape (BT 16384, V 4096, fp32, full),
+# distill_jsd when the tool lists it, then bench/peers.sh when present and executable, writing
+# JSON records to bench/out/. Ends with one combined table; exits 1 if any benchmark failed.
+set -uo pipefail
+
+build=${1:-build}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+out="$here/out"
+kd="$build/kdloss"
+if [ ! -x "$kd" ]; then
+    echo "run_main.sh: $kd not found or not executable (build first: make build)" >&2
+    exit 2
+fi
+mkdir -p "$out"
+stamp=$(date -u +%Y%m%d-%H%M%S)
+logdir="$out/logs-$stamp"
+mkdir -p "$logdir"
+
+echo "== kdloss main benchmark job, $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//'), $(nproc) online CPUs, OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}"
+echo "note: the Makefile's bench target unsets OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE (they slow"
+echo "      OpenBLAS ~2x here); now: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}, OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE:-unset}"
+echo "records: $out   logs: $logdir"
+"$kd" info | sed 's/^/  /'
+
+failed=()
+logs=()
+
+# run NAME CMD...: runs a benchmark with its output shown and kept; notes a failure.
+run() {
+    local name=$1
+    shift
+    local log="$logdir/$name.log"
+    echo
+    echo "== $name: $*"
+    "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    logs+=("$log")
+    if [ "$rc" -ne 0 ]; then
+        echo "!! $name failed (exit $rc)"
+        failed+=("$name")
+    fi
+}
+
+for k in kl_div jsd; do
+    run "$k" "$kd" bench "$k" --mode full --bt 16384 --vocab 4096 --dtype fp32 \
+        --json "$out/$k-full-$stamp.json"
+done
+
+if "$kd" bench --list | awk '{print $1}' | grep -qx distill_jsd; then
+    run distill_jsd "$kd" bench distill_jsd --mode full --json "$out/distill_jsd-full-$stamp.json"
+else
+    echo
+    echo "== distill_jsd: not in 'kdloss bench --list', skipped"
+fi
+
+if [ -x "$here/peers.sh" ]; then
+    run peers "$here/peers.sh" "$build" "$out"
+else
+    echo
+    echo "== peers: bench/peers.sh absent or not executable, skipped"
+fi
+
+# Combined table: the header once, then from every log the non-blank lines that follow a
+# line starting with "kernel " (the row format of kdloss bench; peers.sh may print the same).
+echo
+echo "== combined results ($stamp)"
+hdr=$(grep -h -m1 '^kernel ' "${logs[@]}" 2>/dev/null | head -1)
+[ -n "$hdr" ] && echo "$hdr"
+for log in "${logs[@]}"; do
+    awk '/^kernel /{t=1; next} t && NF == 0 {t=0} t {print}' "$log"
+done
+
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "all benchmarks passed"

@@ -1,0 +1,62 @@
+/* Row kernels of the elementwise divergences (KL, JSD) on the CPU. One job describes a whole
+ * call; a row function processes one row and returns that row's loss sum (in double). */
+#ifndef KDLOSS_CPU_ELEMENTWISE_H
+#define KDLOSS_CPU_ELEMENTWISE_H
+
+#include "div_math.h"
+#include "kdloss.h"
+
+/* Columns per tile: inputs in bf16/fp16 are converted tile by tile into fp32 stack buffers
+ * (3 x 4 KiB, stays in L1), and each tile's fp32 lane sums go into a double, so no fp32
+ * accumulator ever sums more than TILE / lanes terms. */
+#define KD_TILE 1024
+
+typedef struct kd_ew_job {
+    int64_t v;
+    const char *x; /* KL input y / JSD student X, (BT x V) of xdt with row stride ldx */
+    kdloss_dtype xdt;
+    int64_t ldx;
+    const char *t; /* KL target / JSD teacher Y, (BT x V) of tdt */
+    kdloss_dtype tdt;
+    int64_t ldt;
+    char *g; /* gradient (BT x V) of xdt, or NULL */
+    int64_t ldg;
+    float *elem; /* KL reduction "none": elementwise loss (BT x V) fp32, or NULL */
+    int64_t lde;
+    float gscale;  /* multiplies every gradient element */
+    int want_loss; /* 0: only the gradient is wanted (KL then never reads x) */
+    int stream_grad; /* gradient larger than the caches: write it with non-temporal stores */
+    int log_target;
+    float eps;
+    kd_jsd_coef coef;
+    kdloss_labels labels; /* labels.data NULL: no labels */
+    int64_t ignore_index;
+} kd_ew_job;
+
+typedef double (*kd_row_fn)(const kd_ew_job *job, int64_t row);
+
+double kd_kl_row_scalar(const kd_ew_job *job, int64_t row);
+double kd_kl_row_avx2(const kd_ew_job *job, int64_t row);
+double kd_kl_row_avx512(const kd_ew_job *job, int64_t row);
+double kd_jsd_row_scalar(const kd_ew_job *job, int64_t row);
+double kd_jsd_row_avx2(const kd_ew_job *job, int64_t row);
+double kd_jsd_row_avx512(const kd_ew_job *job, int64_t row);
+
+/* Gradients above this many bytes are streamed (non-temporal stores): larger than this CPU
+ * family's last-level cache, they would be evicted before anyone reads them anyway. */
+#define KD_STREAM_BYTES ((int64_t)32 << 20)
+
+/* Runs fn over rows [0, bt) on OpenMP threads and returns the sum of the row values, added in
+ * an order that depends on bt alone (so results do not change with the thread count).
+ * row_loss, if not NULL, receives each row's value as fp32. */
+double kd_rows_sum(int64_t bt, kd_row_fn fn, const kd_ew_job *job, float *row_loss);
+
+/* 1 if row r is skipped because its label is ignore_index. */
+static inline int kd_row_ignored(const kd_ew_job *j, int64_t r) {
+    if (!j->labels.data) return 0;
+    int64_t y = j->labels.dtype == KDLOSS_I64 ? ((const int64_t *)j->labels.data)[r]
+                                               : (int64_t)((const int32_t *)j->labels.data)[r];
+    return y == j->ignore_index;
+}
+
+#endif

@@ -1,0 +1,2 @@
+#define KD_ISA_AVX512 1
+#include "elementwise_impl.h"

@@ -1,0 +1,172 @@
+/* Generic vector source of the KL and JSD row kernels, compiled once per instruction set by
+ * elementwise_avx2.c and elementwise_avx512.c (which define KD_ISA_* first). The arithmetic is
+ * div_simd.h's; this file only walks a row in tiles:
+ *   load tile (fp32 in place, or bf16/fp16 converted into a stack buffer)
+ *   -> elementwise loss + gradient, lane sums in fp32 -> tile sum into a double
+ *   -> gradient stored scaled (fp32 in place, or through a buffer converted with RNE).
+ * In-place use (grad == input) is safe: every element is read before it is written. */
+#include <string.h>
+
+#include "div_simd.h"
+#include "elementwise.h"
+#include "half.h"
+
+/* Row segment of n elements of dt as fp32: the data itself for F32, else converted into buf. */
+KD_INLINE const float *load_tile(const char *src, kdloss_dtype dt, int64_t n, float *buf) {
+    if (dt == KDLOSS_F32) return (const float *)src;
+    const uint16_t *h = (const uint16_t *)src;
+    int64_t i = 0;
+    if (dt == KDLOSS_BF16) {
+        for (; i + VL <= n; i += VL) vf_store(buf + i, vf_load_bf16(h + i));
+        for (; i < n; i++) buf[i] = kd_bf16_to_f32(h[i]);
+    } else {
+        for (; i + VL <= n; i += VL) vf_store(buf + i, vf_load_f16(h + i));
+        for (; i < n; i++) buf[i] = kd_f16_to_f32(h[i]);
+    }
+    return buf;
+}
+
+/* n fp32 values of buf into dst of dt (BF16 or F16), rounded to nearest even. */
+KD_INLINE void store_tile(char *dst, kdloss_dtype dt, const float *buf, int64_t n) {
+    uint16_t *h = (uint16_t *)dst;
+    int64_t i = 0;
+    if (dt == KDLOSS_BF16) {
+        for (; i + VL <= n; i += VL) vf_store_bf16(h + i, vf_load(buf + i));
+        for (; i < n; i++) h[i] = kd_f32_to_bf16(buf[i]);
+    } else {
+        for (; i + VL <= n; i += VL) vf_store_f16(h + i, vf_load(buf + i));
+        for (; i < n; i++) h[i] = kd_f32_to_f16(buf[i]);
+    }
+}
+
+/* One tile of n elements: a = x tile, b = t tile, gd = gradient tile or NULL, ed = elementwise
+ * loss tile or NULL. ELEM(a, b, &g) yields the loss vector and the raw gradient. Tail lanes
+ * run the same arithmetic on zeros and are masked out of the sum. */
+#define KD_TILE_LOOP(ELEM)                                                                     \
+    do {                                                                                       \
+        int64_t i = 0;                                                                         \
+        for (; i + VL <= n; i += VL) {                                                         \
+            vf gr, l = ELEM(vf_load(a + i), vf_load(b + i), &gr);                               \
+            acc = vf_add(acc, l);                                                              \
+            if (ed) vf_store(ed + i, l);                                                       \
+            if (gd) {                                                                          \
+                if (nt) vf_stream(gd + i, vf_mul(gr, sc));                                      \
+                else vf_store(gd + i, vf_mul(gr, sc));                                          \
+            }                                                                                  \
+        }                                                                                      \
+        if (i < n) {                                                                           \
+            int64_t rem = n - i;                                                               \
+            vf gr, l = ELEM(vf_load_n(a + i, rem), vf_load_n(b + i, rem), &gr);                 \
+            acc = vf_add(acc, vf_keep(vm_first_n(rem), l));                                    \
+            if (ed) vf_store_n(ed + i, l, rem);                                                \
+            if (gd) vf_store_n(gd + i, vf_mul(gr, sc), rem);                                   \
+        }                                                                                      \
+    } while (0)
+
+#define KD_TILE_FN(name, ELEM)                                                                 \
+    static vf name(const float *a, const float *b, float *gd, float *ed, int64_t n, vf sc,    \
+                   const kd_vjsd *k, vf eps, int nt) {                                         \
+        vf acc = vf_zero();                                                                    \
+        (void)k;                                                                               \
+        (void)eps;                                                                             \
+        KD_TILE_LOOP(ELEM);                                                                    \
+        return acc;                                                                            \
+    }
+
+#define JSD_FWD(x, y, g) kd_vjsd_fwd(x, y, g)
+#define JSD_REV(x, y, g) kd_vjsd_rev(x, y, g)
+#define JSD_MIX(x, y, g) kd_vjsd_mix(k, x, y, g)
+#define KL_PROB(y, t, g) kd_vkl_prob(y, t, eps, g)
+#define KL_PROB_NORMAL(y, t, g) kd_vkl_prob_normal(y, t, eps, g)
+#define KL_LOG(y, t, g) kd_vkl_log(y, t, g)
+KD_TILE_FN(tile_jsd_fwd, JSD_FWD)
+KD_TILE_FN(tile_jsd_rev, JSD_REV)
+KD_TILE_FN(tile_jsd_mix, JSD_MIX)
+KD_TILE_FN(tile_kl_prob, KL_PROB)
+KD_TILE_FN(tile_kl_prob_normal, KL_PROB_NORMAL)
+KD_TILE_FN(tile_kl_log, KL_LOG)
+
+/* KL gradient alone (-t or -e^t, scaled): the input is not needed, so it is not read. */
+static void tile_kl_grad_only(const float *b, float *gd, int64_t n, vf sc, int log_target, int nt) {
+    vf nsc = vf_neg(sc);
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) {
+        vf t = vf_load(b + i);
+        vf g = vf_mul(log_target ? vf_exp(t) : t, nsc);
+        if (nt) vf_stream(gd + i, g);
+        else vf_store(gd + i, g);
+    }
+    if (i < n) {
+        vf t = vf_load_n(b + i, n - i);
+        vf_store_n(gd + i, vf_mul(log_target ? vf_exp(t) : t, nsc), n - i);
+    }
+}
+
+/* Non-temporal stores for an fp32 gradient the caller asked to stream, when the row is aligned:
+ * they skip reading the gradient's lines before writing them (a third less traffic). */
+KD_INLINE int use_nt(const kd_ew_job *j, const char *grow) {
+    return grow && j->stream_grad && j->xdt == KDLOSS_F32 && ((uintptr_t)grow % KD_VBYTES) == 0;
+}
+
+double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
+    size_t xes = kdloss_dtype_size(j->xdt), tes = kdloss_dtype_size(j->tdt);
+    const char *xrow = j->x + (size_t)(r * j->ldx) * xes;
+    const char *trow = j->t + (size_t)(r * j->ldt) * tes;
+    char *grow = j->g ? j->g + (size_t)(r * j->ldg) * xes : NULL;
+    float *erow = j->elem ? j->elem + r * j->lde : NULL;
+    float bx[KD_TILE], bt[KD_TILE], bg[KD_TILE];
+    vf sc = vf_set1(j->gscale), eps = vf_set1(j->eps);
+    int grad_only = !j->want_loss && !erow, nt = use_nt(j, grow);
+    int normal_log = j->eps >= 1.17549435e-38f; /* log(max(t, eps)) never sees a subnormal */
+    double sum = 0.0;
+    for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
+        int64_t n = j->v - c0 < KD_TILE ? j->v - c0 : KD_TILE;
+        const float *b = load_tile(trow + c0 * tes, j->tdt, n, bt);
+        float *gd = !grow ? NULL : j->xdt == KDLOSS_F32 ? (float *)grow + c0 : bg;
+        if (grad_only) {
+            tile_kl_grad_only(b, gd, n, sc, j->log_target, nt);
+        } else {
+            const float *a = load_tile(xrow + c0 * xes, j->xdt, n, bx);
+            float *ed = erow ? erow + c0 : NULL;
+            vf acc = j->log_target   ? tile_kl_log(a, b, gd, ed, n, sc, NULL, eps, nt)
+                     : normal_log ? tile_kl_prob_normal(a, b, gd, ed, n, sc, NULL, eps, nt)
+                                  : tile_kl_prob(a, b, gd, ed, n, sc, NULL, eps, nt);
+            sum += vf_hsum(acc);
+        }
+        if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
+    }
+    if (nt) _mm_sfence(); /* order the streamed stores before the caller reads them */
+    return sum;
+}
+
+double KD_SFX(kd_jsd_row)(const kd_ew_job *j, int64_t r) {
+    size_t xes = kdloss_dtype_size(j->xdt), tes = kdloss_dtype_size(j->tdt);
+    char *grow = j->g ? j->g + (size_t)(r * j->ldg) * xes : NULL;
+    if (kd_row_ignored(j, r)) {
+        if (grow) memset(grow, 0, (size_t)j->v * xes);
+        return 0.0;
+    }
+    const char *xrow = j->x + (size_t)(r * j->ldx) * xes;
+    const char *trow = j->t + (size_t)(r * j->ldt) * tes;
+    float bx[KD_TILE], bt[KD_TILE], bg[KD_TILE];
+    kd_vjsd k = kd_vjsd_make(j->coef);
+    vf sc = vf_set1(j->gscale), eps = vf_zero();
+    int nt = use_nt(j, grow);
+    double sum = 0.0;
+    for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
+        int64_t n = j->v - c0 < KD_TILE ? j->v - c0 : KD_TILE;
+        const float *a = load_tile(xrow + c0 * xes, j->xdt, n, bx);
+        const float *b = load_tile(trow + c0 * tes, j->tdt, n, bt);
+        float *gd = !grow ? NULL : j->xdt == KDLOSS_F32 ? (float *)grow + c0 : bg;
+        vf acc;
+        switch (k.mode) {
+        case KD_JSD_FORWARD_KL: acc = tile_jsd_fwd(a, b, gd, NULL, n, sc, &k, eps, nt); break;
+        case KD_JSD_REVERSE_KL: acc = tile_jsd_rev(a, b, gd, NULL, n, sc, &k, eps, nt); break;
+        default: acc = tile_jsd_mix(a, b, gd, NULL, n, sc, &k, eps, nt); break;
+        }
+        sum += vf_hsum(acc);
+        if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
+    }
+    if (nt) _mm_sfence();
+    return sum;
+}

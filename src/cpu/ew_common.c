@@ -1,0 +1,53 @@
+#include "ew_common.h"
+
+#include "dispatch.h"
+
+kdloss_status kd_ew_check_pair(int64_t bt, int64_t v, kdloss_cmat x, kdloss_cmat t, kdloss_mat g,
+                               kd_ew_job *job, kd_span spans[3]) {
+    kdloss_status st;
+    if ((st = kd_check_fmat(bt, v, x.data, x.dtype, x.ld, &job->ldx, &spans[0]))) return st;
+    if ((st = kd_check_fmat(bt, v, t.data, t.dtype, t.ld, &job->ldt, &spans[1]))) return st;
+    job->v = v;
+    job->x = x.data;
+    job->xdt = x.dtype;
+    job->t = t.data;
+    job->tdt = t.dtype;
+    job->g = NULL;
+    job->ldg = 0;
+    spans[2].lo = spans[2].hi = NULL;
+    if (g.data) {
+        if (g.dtype != x.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        if ((st = kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &spans[2]))) return st;
+        job->g = g.data;
+    }
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_ew_check_overlap(const kd_span *ins, int n_in, const kd_span *outs, int n_out,
+                                  int grad_in_place) {
+    for (int o = 0; o < n_out; o++) {
+        for (int i = 0; i < n_in; i++) {
+            if (o == 0 && i == 0 && grad_in_place) continue;
+            if (kd_spans_overlap(outs[o], ins[i])) return KDLOSS_ERR_ALIASING;
+        }
+        for (int p = o + 1; p < n_out; p++)
+            if (kd_spans_overlap(outs[o], outs[p])) return KDLOSS_ERR_ALIASING;
+    }
+    return KDLOSS_OK;
+}
+
+kd_row_fn kd_kl_row_fn(void) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return kd_kl_row_avx512;
+    case KDLOSS_ISA_AVX2: return kd_kl_row_avx2;
+    default: return kd_kl_row_scalar;
+    }
+}
+
+kd_row_fn kd_jsd_row_fn(void) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return kd_jsd_row_avx512;
+    case KDLOSS_ISA_AVX2: return kd_jsd_row_avx2;
+    default: return kd_jsd_row_scalar;
+    }
+}

@@ -1,0 +1,22 @@
+/* Shared argument handling of the elementwise losses (KL, JSD) on the CPU. */
+#ifndef KDLOSS_CPU_EW_COMMON_H
+#define KDLOSS_CPU_EW_COMMON_H
+
+#include "check.h"
+#include "elementwise.h"
+
+/* Checks the (BT x V) input pair and the optional gradient (dtype of x; may equal x exactly),
+ * filling the job's x/t/g fields. `spans` gets the input spans [0], [1] and the gradient [2]. */
+kdloss_status kd_ew_check_pair(int64_t bt, int64_t v, kdloss_cmat x, kdloss_cmat t, kdloss_mat g,
+                               kd_ew_job *job, kd_span spans[3]);
+
+/* ALIASING if any output span overlaps an input span or another output span. The gradient
+ * (outs[0]) may coincide exactly with the first input (in place), which `grad_in_place` says. */
+kdloss_status kd_ew_check_overlap(const kd_span *ins, int n_in, const kd_span *outs, int n_out,
+                                  int grad_in_place);
+
+/* The row function of the path in force. */
+kd_row_fn kd_kl_row_fn(void);
+kd_row_fn kd_jsd_row_fn(void);
+
+#endif

@@ -1,0 +1,51 @@
+/* kdloss_jsd on the CPU: validation (labels included) before anything is written, then one
+ * parallel pass over the rows that writes the gradient while it sums the loss. */
+#include <math.h>
+
+#include "ew_common.h"
+
+void kdloss_jsd_params_default(kdloss_jsd_params *p) {
+    if (!p) return;
+    p->beta = 0.5;
+    p->ignore_index = -100;
+    p->grad_scale = 1.0;
+}
+
+/* Shapes: student, teacher, grad (BT x V); labels, row_loss [BT]; loss [1]. */
+kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdloss_cmat student,
+                         kdloss_cmat teacher, kdloss_labels labels, float *loss, float *row_loss,
+                         kdloss_mat grad) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (!(p->beta >= 0.0 && p->beta <= 1.0) || !isfinite(p->grad_scale))
+        return KDLOSS_ERR_INVALID_PARAM;
+
+    kd_ew_job job = {0};
+    kd_span ins[3], outs[3], sp[3];
+    kdloss_status st = kd_ew_check_pair(bt, v, student, teacher, grad, &job, sp);
+    if (st) return st;
+    int64_t n_valid = bt;
+    if (labels.data) {
+        if ((st = kd_check_labels(labels, bt, v, p->ignore_index, &n_valid))) return st;
+        job.labels = labels;
+        job.ignore_index = p->ignore_index;
+    }
+    if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
+    ins[0] = sp[0];
+    ins[1] = sp[1];
+    ins[2] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
+    outs[0] = sp[2];
+    outs[1] = kd_vec_span(row_loss, bt, sizeof(float));
+    outs[2] = kd_vec_span(loss, 1, sizeof(float));
+    int in_place = grad.data && grad.data == student.data && job.ldg == job.ldx;
+    if ((st = kd_ew_check_overlap(ins, 3, outs, 3, in_place))) return st;
+
+    double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
+    job.gscale = (float)(p->grad_scale / denom);
+    job.want_loss = loss || row_loss;
+    job.stream_grad = grad.data && bt * v * (int64_t)kdloss_dtype_size(job.xdt) > KD_STREAM_BYTES;
+    job.coef = kd_jsd_coef_make(p->beta);
+    double total = kd_rows_sum(bt, kd_jsd_row_fn(), &job, row_loss);
+    if (loss) *loss = (float)(total / denom);
+    return KDLOSS_OK;
+}

@@ -1,0 +1,177 @@
+/* Bad input: every error code of the elementwise losses is returned, and every output is left
+ * exactly as it was (outputs are poisoned first and checked byte for byte afterwards). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "testutil.h"
+
+enum { BT = 6, V = 10 };
+
+static float x[BT * V], t[BT * V], g[BT * V], rows[BT], elem[BT * V], loss;
+static int64_t labels[BT];
+
+static void poison_outputs(void) {
+    kt_poison(g, BT * V, KDLOSS_F32);
+    kt_poison(rows, BT, KDLOSS_F32);
+    kt_poison(elem, BT * V, KDLOSS_F32);
+    kt_poison(&loss, 1, KDLOSS_F32);
+}
+
+static int outputs_untouched(void) {
+    return kt_is_poison(g, BT * V, KDLOSS_F32) && kt_is_poison(rows, BT, KDLOSS_F32) &&
+           kt_is_poison(elem, BT * V, KDLOSS_F32) && kt_is_poison(&loss, 1, KDLOSS_F32);
+}
+
+static const kdloss_mat NOMAT = {NULL, KDLOSS_F32, 0};
+
+/* One KL call expected to fail with `want`. */
+static void kl_expect(const char *what, kdloss_status want, const kdloss_kl_params *p, int64_t bt,
+                      int64_t v, kdloss_cmat in, kdloss_cmat tg, float *l, float *r, kdloss_mat em,
+                      kdloss_mat gm) {
+    poison_outputs();
+    kdloss_status st = kdloss_kl_div(p, bt, v, in, tg, l, r, em, gm);
+    KT_CHECK(st == want, "kl %s: got %d (%s), want %d (%s)", what, st, kdloss_status_string(st), want,
+             kdloss_status_string(want));
+    KT_CHECK(outputs_untouched(), "kl %s: an output was written", what);
+}
+
+static void jsd_expect(const char *what, kdloss_status want, const kdloss_jsd_params *p, int64_t bt,
+                       int64_t v, kdloss_cmat s, kdloss_cmat te, kdloss_labels lab, float *l,
+                       float *r, kdloss_mat gm) {
+    poison_outputs();
+    kdloss_status st = kdloss_jsd(p, bt, v, s, te, lab, l, r, gm);
+    KT_CHECK(st == want, "jsd %s: got %d (%s), want %d (%s)", what, st, kdloss_status_string(st),
+             want, kdloss_status_string(want));
+    KT_CHECK(outputs_untouched(), "jsd %s: an output was written", what);
+}
+
+static void kl_errors(void) {
+    kdloss_kl_params p, q;
+    kdloss_kl_params_default(&p);
+    kdloss_cmat in = {x, KDLOSS_F32, 0}, tg = {t, KDLOSS_F32, 0};
+    kdloss_mat gm = {g, KDLOSS_F32, 0}, em = {elem, KDLOSS_F32, 0};
+    kl_expect("params NULL", KDLOSS_ERR_NULL_POINTER, NULL, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    kl_expect("input NULL", KDLOSS_ERR_NULL_POINTER, &p, BT, V, (kdloss_cmat){NULL, KDLOSS_F32, 0}, tg, &loss, rows, NOMAT, gm);
+    kl_expect("target NULL", KDLOSS_ERR_NULL_POINTER, &p, BT, V, in, (kdloss_cmat){NULL, KDLOSS_F32, 0}, &loss, rows, NOMAT, gm);
+    kl_expect("bt 0", KDLOSS_ERR_INVALID_SIZE, &p, 0, V, in, tg, &loss, rows, NOMAT, gm);
+    kl_expect("v negative", KDLOSS_ERR_INVALID_SIZE, &p, BT, -3, in, tg, &loss, rows, NOMAT, gm);
+    kl_expect("bt huge", KDLOSS_ERR_INVALID_SIZE, &p, INT64_MAX / 2, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.reduction = (kdloss_reduction)7;
+    kl_expect("reduction 7", KDLOSS_ERR_INVALID_REDUCTION, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.reduction = (kdloss_reduction)-1;
+    kl_expect("reduction -1", KDLOSS_ERR_INVALID_REDUCTION, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.log_target = 2;
+    kl_expect("log_target 2", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.eps = -1e-10;
+    kl_expect("eps negative", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.eps = NAN;
+    kl_expect("eps NaN", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.grad_scale = INFINITY;
+    kl_expect("grad_scale inf", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.reduction = KDLOSS_REDUCTION_NONE;
+    kl_expect("scalar loss with none", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, em, gm);
+    kl_expect("elem loss without none", KDLOSS_ERR_INVALID_PARAM, &p, BT, V, in, tg, &loss, rows, em, gm);
+    kl_expect("elem loss bf16", KDLOSS_ERR_INVALID_DTYPE, &q, BT, V, in, tg, NULL, rows,
+              (kdloss_mat){elem, KDLOSS_BF16, 0}, gm);
+    kl_expect("input dtype int32", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, (kdloss_cmat){x, KDLOSS_I32, 0}, tg, &loss, rows, NOMAT, gm);
+    kl_expect("target dtype 99", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, in, (kdloss_cmat){t, (kdloss_dtype)99, 0}, &loss, rows, NOMAT, gm);
+    kl_expect("grad dtype differs from input", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, in, tg, &loss, rows, NOMAT,
+              (kdloss_mat){g, KDLOSS_BF16, 0});
+    kl_expect("input ld < V", KDLOSS_ERR_INVALID_STRIDE, &p, BT, V, (kdloss_cmat){x, KDLOSS_F32, V - 1}, tg, &loss, rows, NOMAT, gm);
+    kl_expect("target ld negative", KDLOSS_ERR_INVALID_STRIDE, &p, BT, V, in, (kdloss_cmat){t, KDLOSS_F32, -V}, &loss, rows, NOMAT, gm);
+    kl_expect("grad ld < V", KDLOSS_ERR_INVALID_STRIDE, &p, BT, V, in, tg, &loss, rows, NOMAT, (kdloss_mat){g, KDLOSS_F32, 3});
+    kl_expect("no output", KDLOSS_ERR_NO_OUTPUT, &p, BT, V, in, tg, NULL, NULL, NOMAT, NOMAT);
+    /* aliasing: gradient over the target; gradient shifted by one element over the input;
+     * row loss inside the gradient; loss inside the row loss */
+    kl_expect("grad over target", KDLOSS_ERR_ALIASING, &p, BT, V, (kdloss_cmat){g, KDLOSS_F32, 0}, tg, &loss, rows, NOMAT,
+              (kdloss_mat){(void *)t, KDLOSS_F32, 0});
+    kl_expect("grad shifted over input", KDLOSS_ERR_ALIASING, &p, BT - 1, V, (kdloss_cmat){g, KDLOSS_F32, 0}, tg, &loss,
+              rows, NOMAT, (kdloss_mat){g + 1, KDLOSS_F32, 0});
+    kl_expect("grad in place but other ld", KDLOSS_ERR_ALIASING, &p, BT / 2, V, (kdloss_cmat){g, KDLOSS_F32, V}, tg,
+              &loss, rows, NOMAT, (kdloss_mat){g, KDLOSS_F32, 2 * V});
+    kl_expect("row_loss inside grad", KDLOSS_ERR_ALIASING, &p, BT, V, in, tg, &loss, g + 5, NOMAT, gm);
+    kl_expect("loss inside row_loss", KDLOSS_ERR_ALIASING, &p, BT, V, in, tg, rows + 2, rows, NOMAT, gm);
+    kl_expect("row_loss inside input", KDLOSS_ERR_ALIASING, &p, BT, V, in, tg, &loss, x + 3, NOMAT, NOMAT);
+}
+
+static void jsd_errors(void) {
+    kdloss_jsd_params p, q;
+    kdloss_jsd_params_default(&p);
+    kdloss_cmat s = {x, KDLOSS_F32, 0}, te = {t, KDLOSS_F32, 0};
+    kdloss_mat gm = {g, KDLOSS_F32, 0};
+    kdloss_labels lab = {labels, KDLOSS_I64}, nol = {NULL, KDLOSS_I64};
+    for (int r = 0; r < BT; r++) labels[r] = r % 2 ? -100 : r;
+    jsd_expect("params NULL", KDLOSS_ERR_NULL_POINTER, NULL, BT, V, s, te, lab, &loss, rows, gm);
+    jsd_expect("student NULL", KDLOSS_ERR_NULL_POINTER, &p, BT, V, (kdloss_cmat){NULL, KDLOSS_F32, 0}, te, lab, &loss, rows, gm);
+    jsd_expect("v 0", KDLOSS_ERR_INVALID_SIZE, &p, BT, 0, s, te, lab, &loss, rows, gm);
+    q = p, q.beta = -0.1;
+    jsd_expect("beta -0.1", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, s, te, lab, &loss, rows, gm);
+    q = p, q.beta = 1.5;
+    jsd_expect("beta 1.5", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, s, te, lab, &loss, rows, gm);
+    q = p, q.beta = NAN;
+    jsd_expect("beta NaN", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, s, te, lab, &loss, rows, gm);
+    q = p, q.grad_scale = NAN;
+    jsd_expect("grad_scale NaN", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, s, te, lab, &loss, rows, gm);
+    jsd_expect("teacher fp16 ld < V", KDLOSS_ERR_INVALID_STRIDE, &p, BT, V, s, (kdloss_cmat){t, KDLOSS_F16, 2}, lab, &loss, rows, gm);
+    jsd_expect("labels float", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, s, te, (kdloss_labels){labels, KDLOSS_F32}, &loss, rows, gm);
+    labels[3] = V;
+    jsd_expect("label == V", KDLOSS_ERR_LABEL_OUT_OF_RANGE, &p, BT, V, s, te, lab, &loss, rows, gm);
+    labels[3] = -2;
+    jsd_expect("label -2", KDLOSS_ERR_LABEL_OUT_OF_RANGE, &p, BT, V, s, te, lab, &loss, rows, gm);
+    labels[3] = 3;
+    int32_t l32[BT] = {0, 1, 2, -100, 4, 1 << 30};
+    jsd_expect("int32 label 2^30", KDLOSS_ERR_LABEL_OUT_OF_RANGE, &p, BT, V, s, te, (kdloss_labels){l32, KDLOSS_I32}, &loss, rows, gm);
+    jsd_expect("no output", KDLOSS_ERR_NO_OUTPUT, &p, BT, V, s, te, lab, NULL, NULL, NOMAT);
+    jsd_expect("grad over teacher", KDLOSS_ERR_ALIASING, &p, BT, V, (kdloss_cmat){g, KDLOSS_F32, 0}, te, nol, &loss, rows,
+               (kdloss_mat){(void *)t, KDLOSS_F32, 0});
+    jsd_expect("row_loss over labels", KDLOSS_ERR_ALIASING, &p, BT, V, s, te, lab, &loss, (float *)labels, gm);
+    jsd_expect("grad dtype differs", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, s, te, lab, &loss, rows, (kdloss_mat){g, KDLOSS_F16, 0});
+}
+
+static void misc(void) {
+    /* every status has its own message; unknown codes get one too */
+    const char *seen[32] = {0};
+    for (int c = 0; c >= KDLOSS_ERR_INTERNAL; c--) {
+        const char *m = kdloss_status_string((kdloss_status)c);
+        KT_CHECK(m && *m && strcmp(m, "unknown status code"), "status %d has no message", c);
+        for (int d = 0; d < -c; d++) KT_CHECK(strcmp(seen[d], m) != 0, "status %d repeats a message", c);
+        seen[-c] = m;
+    }
+    KT_CHECK(!strcmp(kdloss_status_string((kdloss_status)-99), "unknown status code"), "unknown code");
+    KT_CHECK(kdloss_cpu_set_isa((kdloss_cpu_isa)9) == KDLOSS_ERR_INVALID_PARAM, "set_isa(9)");
+    for (int i = KDLOSS_ISA_SCALAR; i <= KDLOSS_ISA_AVX512; i++) {
+        kdloss_status st = kdloss_cpu_set_isa((kdloss_cpu_isa)i);
+        KT_CHECK(st == (kdloss_cpu_isa_supported((kdloss_cpu_isa)i) ? KDLOSS_OK : KDLOSS_ERR_UNSUPPORTED),
+                 "set_isa(%d) gave %d", i, st);
+        if (st == KDLOSS_OK) KT_CHECK(kdloss_cpu_get_isa() == (kdloss_cpu_isa)i, "get_isa after set %d", i);
+    }
+    KT_CHECK(kdloss_cpu_set_isa(KDLOSS_ISA_AUTO) == KDLOSS_OK, "set_isa(auto)");
+    KT_CHECK(kdloss_cpu_get_isa() != KDLOSS_ISA_AUTO, "get_isa never returns auto");
+    KT_CHECK(kdloss_dtype_size((kdloss_dtype)42) == 0, "unknown dtype size");
+    KT_CHECK(kdloss_dtype_size(KDLOSS_BF16) == 2 && kdloss_dtype_size(KDLOSS_I64) == 8, "dtype sizes");
+    /* the defaults are PyTorch's / Liger's */
+    kdloss_kl_params kp;
+    kdloss_kl_params_default(&kp);
+    KT_CHECK(kp.reduction == KDLOSS_REDUCTION_MEAN && kp.log_target == 0 && kp.eps == 1e-10 &&
+                 kp.grad_scale == 1.0, "kl defaults");
+    kdloss_jsd_params jp;
+    kdloss_jsd_params_default(&jp);
+    KT_CHECK(jp.beta == 0.5 && jp.ignore_index == -100 && jp.grad_scale == 1.0, "jsd defaults");
+    kdloss_kl_params_default(NULL);
+    kdloss_jsd_params_default(NULL);
+    /* without a CUDA build (or GPU), the CUDA entry points say so and never crash */
+    if (!kdloss_cuda_available()) {
+        kdloss_cuda_context *ctx = (kdloss_cuda_context *)&jp;
+        KT_CHECK(kdloss_cuda_context_create(0, &ctx) != KDLOSS_OK, "cuda context without a device");
+    }
+}
+
+int main(void) {
+    for (int i = 0; i < BT * V; i++) x[i] = -2.3f, t[i] = 0.1f;
+    kl_errors();
+    jsd_errors();
+    misc();
+    return kt_finish("test_errors");
+}

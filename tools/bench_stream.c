@@ -1,0 +1,77 @@
+/* The machine's streaming bandwidth, measured in the benchmark's own process and thread count
+ * so that "fraction of streaming bandwidth" compares like with like. STREAM's "add" kernel
+ * (two reads, one write) matches the read/read/write mix of a fused loss + gradient call. */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "bench.h"
+
+#define KB_STREAM_MIN_TOTAL ((size_t)256 << 20)
+
+/* c = a + b over [0, n) with plain stores: the compiler's vector code. The write-allocate read
+ * of c is real traffic but, as in STREAM, not counted. */
+static void add_plain(const float *a, const float *b, float *c, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) c[i] = a[i] + b[i];
+}
+
+/* One thread's share with non-temporal stores: the lines of c go straight to memory without
+ * being read first. p, q, r are 32-byte aligned and len a multiple of 8. Compiled for AVX2
+ * alone so the rest of the tool stays baseline x86-64; only called after a CPU check. */
+__attribute__((target("avx2"))) static void add_nt_span(const float *a, const float *b, float *c,
+                                                       size_t len) {
+    for (size_t i = 0; i < len; i += 8)
+        _mm256_stream_ps(c + i, _mm256_add_ps(_mm256_load_ps(a + i), _mm256_load_ps(b + i)));
+    _mm_sfence(); /* make the streamed lines globally visible before the thread leaves */
+}
+
+/* Splits [0, n) into per-thread spans of whole 8-float vectors (n is a multiple of 8). */
+static void add_nt(const float *a, const float *b, float *c, size_t n) {
+#pragma omp parallel
+    {
+        size_t vecs = n / 8, nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+        size_t lo = vecs * t / nt * 8, hi = vecs * (t + 1) / nt * 8;
+        if (hi > lo) add_nt_span(a + lo, b + lo, c + lo, hi - lo);
+    }
+}
+
+typedef void (*add_fn)(const float *, const float *, float *, size_t);
+
+/* Median GB/s of reps runs, counting 3 x array bytes per run (one warm-up first). */
+static double median_gbs(add_fn fn, const float *a, const float *b, float *c, size_t n, int reps) {
+    double *t = malloc((size_t)reps * sizeof *t);
+    if (!t) return 0;
+    fn(a, b, c, n);
+    for (int k = 0; k < reps; k++) {
+        double t0 = kb_now_ns();
+        fn(a, b, c, n);
+        t[k] = kb_now_ns() - t0;
+    }
+    double med = kb_quantile(t, reps, 0.5);
+    free(t);
+    return 3.0 * (double)n * sizeof(float) / med;
+}
+
+void kb_stream_measure(size_t total_bytes, int reps, kb_stream *out) {
+    if (total_bytes < KB_STREAM_MIN_TOTAL) total_bytes = KB_STREAM_MIN_TOTAL;
+    size_t n = total_bytes / 3 / sizeof(float) / 16 * 16; /* whole vectors, 64-byte multiples */
+    float *a = kb_alloc(n * sizeof(float), "stream array a");
+    float *b = kb_alloc(n * sizeof(float), "stream array b");
+    float *c = kb_alloc(n * sizeof(float), "stream array c");
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        a[i] = 1.0f;
+        b[i] = 2.0f;
+    }
+    out->array_bytes = n * sizeof(float);
+    out->threads = omp_get_max_threads();
+    out->plain_gbs = median_gbs(add_plain, a, b, c, n, reps);
+    __builtin_cpu_init();
+    out->nt_used = __builtin_cpu_supports("avx2");
+    out->nt_gbs = out->nt_used ? median_gbs(add_nt, a, b, c, n, reps) : 0.0;
+    out->gbs = out->nt_gbs > out->plain_gbs ? out->nt_gbs : out->plain_gbs;
+    kb_free(a);
+    kb_free(b);
+    kb_free(c);
+}
