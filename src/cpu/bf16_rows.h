@@ -1,0 +1,16 @@
+/* Row-block conversions between bf16 matrices (with a row stride) and contiguous fp32, OpenMP
+ * over rows. Never called inside another parallel region or while BLAS runs. */
+#ifndef KDLOSS_BF16_ROWS_H
+#define KDLOSS_BF16_ROWS_H
+
+#include <stdint.h>
+
+/* dst (rows x cols, ld cols) = src (rows x cols, ld src_ld), exactly. */
+void kd_bf16_rows_to_f32(const uint16_t *src, int64_t src_ld, int64_t rows, int64_t cols,
+                         float *dst);
+/* dst (rows x cols, ld dst_ld) = src (rows x cols, ld src_ld) rounded to nearest even;
+ * the padding of dst between rows is left alone. */
+void kd_f32_rows_to_bf16(const float *src, int64_t src_ld, int64_t rows, int64_t cols,
+                         uint16_t *dst, int64_t dst_ld);
+
+#endif

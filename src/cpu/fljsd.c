@@ -1,0 +1,265 @@
+/* CPU driver of the chunked fused-linear JSD distillation loss (REFERENCE.md section 4).
+ *
+ * Per chunk of rows [r0, r0 + n):
+ *   zt = xt wt^T, zs = xs ws^T         two sgemm into the workspace, fp32 straight from the
+ *                                      accumulator (bf16 operands are widened first, never the
+ *                                      logits narrowed)
+ *   row pass (fljsd_rows_*)            bias, softmaxes, JSD, CE, per-row losses, dzs over zs
+ *   dbs += column sums of dzs          row order, so it does not depend on the thread count
+ *   dWs += dzs^T xs                    sgemm, fp32 across chunks (the caller's fp32 dws, or the
+ *                                      workspace accumulator cast once at the end for bf16)
+ *   dxs rows = dzs ws                  sgemm
+ * Every BLAS call is made from the calling thread outside any OpenMP region: OpenBLAS runs its
+ * own thread pool, and the two pools must never nest. Per-row losses are summed in row order in
+ * double, so the loss does not depend on the thread count, and on the chunk size only through
+ * the GEMMs' rounding.
+ *
+ * bf16 weights (measured on this 2-core AVX2 machine, OpenBLAS 0.3.21):
+ *  - cblas_sbgemm is declared by cblas.h but the Debian build of OpenBLAS 0.3.21 does not export
+ *    it (built without BUILD_BFLOAT16; `nm -D libopenblasp-r0.3.21.so` has no sbgemm), so the
+ *    logits GEMMs always widen bf16 to fp32 and call sgemm.
+ *  - bf16 weights are widened once per call into whole fp32 copies when those fit in half the
+ *    memory budget, else 16 MiB panel by panel per GEMM (see fljsd_plan.c for the figures). */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16_rows.h"
+#include "dispatch.h"
+#include "fljsd.h"
+#include "fljsd_rows.h"
+#include "half.h"
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* A weight matrix W (rows x cols) as the GEMMs read it: the caller's fp32 in place, a whole
+ * fp32 copy, or bf16 widened panel by panel into `panel` (vp x cols). */
+typedef struct wsrc {
+    const void *data;
+    kdloss_dtype dt;
+    int64_t ld, rows, cols;
+    const float *f32; /* whole fp32 copy, or NULL */
+    float *panel;
+    int64_t vp;
+} wsrc;
+
+/* Rows [r0, r0 + n) of W as fp32; *ld gets their row stride. */
+static const float *w_rows(const wsrc *w, int64_t r0, int64_t n, int64_t *ld) {
+    if (w->dt == KDLOSS_F32) {
+        *ld = w->ld;
+        return (const float *)w->data + r0 * w->ld;
+    }
+    *ld = w->cols;
+    if (w->f32) return w->f32 + r0 * w->cols;
+    kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel);
+    return w->panel;
+}
+
+/* Rows of W one GEMM reads: all of them unless W is widened panel by panel. */
+static int64_t w_step(const wsrc *w) {
+    return w->dt == KDLOSS_F32 || w->f32 ? w->rows : w->vp;
+}
+
+/* z (n x V, ld V) = a (n x H, lda) W^T: a chunk's logits before the bias. */
+static void gemm_logits(int64_t n, const float *a, int64_t lda, const wsrc *w, float *z) {
+    int64_t step = w_step(w), ldw;
+    for (int64_t p0 = 0; p0 < w->rows; p0 += step) {
+        int64_t np = min64(step, w->rows - p0);
+        const float *wp = w_rows(w, p0, np, &ldw);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)np, (int)w->cols, 1.0f,
+                    a, (int)lda, wp, (int)ldw, 0.0f, z + p0, (int)w->rows);
+    }
+}
+
+/* dx (n x H, ldd) = dz (n x V, ld V) W; over panels the GEMM accumulates the K split in fp32. */
+static void gemm_dx(int64_t n, const float *dz, const wsrc *w, float *dx, int64_t ldd) {
+    int64_t step = w_step(w), ldw;
+    for (int64_t p0 = 0; p0 < w->rows; p0 += step) {
+        int64_t np = min64(step, w->rows - p0);
+        const float *wp = w_rows(w, p0, np, &ldw);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)w->cols, (int)np, 1.0f,
+                    dz + p0, (int)w->rows, wp, (int)ldw, p0 ? 1.0f : 0.0f, dx, (int)ldd);
+    }
+}
+
+/* Rows [r0, r0 + n) of x (cols wide) as fp32: in place, or widened into buf; *ld their stride. */
+static const float *x_rows(kdloss_cmat x, int64_t r0, int64_t n, int64_t cols, float *buf,
+                           int64_t *ld) {
+    if (x.dtype == KDLOSS_F32) {
+        *ld = x.ld;
+        return (const float *)x.data + r0 * x.ld;
+    }
+    kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf);
+    *ld = cols;
+    return buf;
+}
+
+/* acc[c] (= or +=) sum over rows i of dz[i][c], dz (n x v): each column summed in row order
+ * (OpenMP over column blocks), so the result does not depend on the thread count. */
+static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int first) {
+#pragma omp parallel for schedule(static) if (n * v >= KD_FLJSD_PAR_MIN)
+    for (int64_t c0 = 0; c0 < v; c0 += 512) {
+        int64_t c1 = min64(c0 + 512, v);
+        if (first) memset(acc + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t c = c0; c < c1; c++) acc[c] += dz[i * v + c];
+    }
+}
+
+/* fp32 vector -> n elements of dt (F32 or BF16) at dst. */
+static void store_vec(const float *src, int64_t n, kdloss_dtype dt, void *dst) {
+    if (dt == KDLOSS_F32) memcpy(dst, src, (size_t)n * sizeof(float));
+    else kd_f32_rows_to_bf16(src, n, 1, n, (uint16_t *)dst, n);
+}
+
+/* Fills a (rows x cols, ld) matrix of dt with zeros (+0 is all-zero bits in fp32 and bf16). */
+static void zero_mat(kdloss_mat m, int64_t rows, int64_t cols) {
+    size_t es = kdloss_dtype_size(m.dtype);
+    for (int64_t r = 0; r < rows; r++)
+        memset((char *)m.data + (size_t)(r * m.ld) * es, 0, (size_t)cols * es);
+}
+
+static void write_losses(const kdloss_fljsd_out *o, float loss, float soft, float hard) {
+    if (o->loss) *o->loss = loss;
+    if (o->soft_loss) *o->soft_loss = soft;
+    if (o->hard_loss) *o->hard_loss = hard;
+}
+
+/* Every row ignored, or nothing weighted or asked for: loss 0 and zero gradients. */
+static void write_zero(const kd_fljsd_call *k) {
+    const kdloss_fljsd_out *o = &k->out;
+    write_losses(o, 0.0f, 0.0f, 0.0f);
+    if (o->dxs.data) zero_mat(o->dxs, k->bt, k->hs);
+    if (o->dws.data) zero_mat(o->dws, k->v, k->hs);
+    if (o->dbs) memset(o->dbs, 0, (size_t)k->v * kdloss_dtype_size(k->ws.dtype));
+}
+
+/* [v] bias of dtype dt as fp32 (into buf when it is bf16); NULL stays NULL. */
+static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *buf) {
+    if (!b || dt == KDLOSS_F32) return (const float *)b;
+    kd_bf16_rows_to_f32((const uint16_t *)b, v, 1, v, buf);
+    return buf;
+}
+
+static void (*row_kernel(void))(const kd_fljsd_rows *) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return kd_fljsd_rows_avx512;
+    case KDLOSS_ISA_AVX2: return kd_fljsd_rows_avx2;
+    default: return kd_fljsd_rows_scalar;
+    }
+}
+
+/* The computation of a checked call in the workspace at `base` (aligned). */
+static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
+    const kdloss_fljsd_params *p = &k->p;
+    const kdloss_fljsd_out *o = &k->out;
+    int64_t bt = k->bt, hs = k->hs, ht = k->ht, v = k->v;
+    int sb = k->xs.dtype == KDLOSS_BF16;
+    int soft = p->weight_soft_loss > 0.0 || o->soft_loss;
+    int hard = p->weight_hard_loss > 0.0 || o->hard_loss;
+    if (k->n_valid == 0 || (!soft && !hard)) {
+        write_zero(k);
+        return;
+    }
+    double nv = (double)k->n_valid;
+    float *zs = (float *)(base + pl->off_zs), *zt = (float *)(base + pl->off_zt);
+    float *xconv = (float *)(base + pl->off_xconv), *xs32 = (float *)(base + pl->off_xs32);
+    float *panel = (float *)(base + pl->off_panel), *bias = (float *)(base + pl->off_bias);
+    float *dbs = (float *)(base + pl->off_dbs), *dws_acc = (float *)(base + pl->off_dws);
+    double *row_soft = (double *)(base + pl->off_rows), *row_hard = row_soft + pl->chunk;
+
+    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp};
+    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, ht, NULL, panel, pl->vp};
+    if (pl->whole && w_s.dt == KDLOSS_BF16) {
+        float *c = (float *)(base + pl->off_ws32);
+        kd_bf16_rows_to_f32((const uint16_t *)w_s.data, w_s.ld, v, hs, c);
+        w_s.f32 = c;
+    }
+    if (pl->whole && soft && w_t.dt == KDLOSS_BF16) {
+        float *c = (float *)(base + pl->off_wt32);
+        kd_bf16_rows_to_f32((const uint16_t *)w_t.data, w_t.ld, v, ht, c);
+        w_t.f32 = c;
+    }
+
+    kd_fljsd_rows r;
+    r.v = v;
+    r.zs = zs;
+    r.zt = zt;
+    r.bs = bias_f32(k->bs, k->ws.dtype, v, bias);
+    r.bt = soft ? bias_f32(k->bt_bias, k->wt.dtype, v, bias + v) : NULL;
+    r.labels = k->labels;
+    r.ignore_index = p->ignore_index;
+    r.coef = kd_jsd_coef_make(p->beta);
+    r.inv_t = (float)(1.0 / p->temperature);
+    r.soft = soft;
+    r.hard = hard;
+    r.grad = k->grad;
+    r.gs = k->grad ? (float)(p->grad_scale * p->weight_soft_loss / (nv * p->temperature)) : 0.0f;
+    r.gh = k->grad ? (float)(p->grad_scale * p->weight_hard_loss / nv) : 0.0f;
+    r.row_soft = row_soft;
+    r.row_hard = row_hard;
+    void (*rows)(const kd_fljsd_rows *) = row_kernel();
+
+    double soft_sum = 0.0, hard_sum = 0.0;
+    for (int64_t r0 = 0; r0 < bt; r0 += pl->chunk) {
+        int64_t n = min64(pl->chunk, bt - r0), lda;
+        if (soft) {
+            const float *at = x_rows(k->xt, r0, n, ht, xconv, &lda);
+            gemm_logits(n, at, lda, &w_t, zt);
+        }
+        const float *as = x_rows(k->xs, r0, n, hs, xs32, &lda);
+        gemm_logits(n, as, lda, &w_s, zs);
+        r.n = n;
+        r.row0 = r0;
+        rows(&r);
+        for (int64_t i = 0; i < n; i++) {
+            soft_sum += row_soft[i];
+            hard_sum += row_hard[i];
+        }
+        if (!k->grad) continue;
+        if (o->dbs) col_sums(zs, n, v, dbs, r0 == 0);
+        if (o->dws.data) {
+            float *c = sb ? dws_acc : (float *)o->dws.data;
+            int64_t ldc = sb ? hs : o->dws.ld;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)v, (int)hs, (int)n, 1.0f, zs,
+                        (int)v, as, (int)lda, r0 ? 1.0f : 0.0f, c, (int)ldc);
+        }
+        if (o->dxs.data && !sb) {
+            gemm_dx(n, zs, &w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
+        } else if (o->dxs.data) {
+            gemm_dx(n, zs, &w_s, xconv, hs); /* the teacher rows in xconv are spent */
+            kd_f32_rows_to_bf16(xconv, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld,
+                                o->dxs.ld);
+        }
+    }
+    if (o->dws.data && sb)
+        kd_f32_rows_to_bf16(dws_acc, hs, v, hs, (uint16_t *)o->dws.data, o->dws.ld);
+    if (o->dbs) store_vec(dbs, v, k->ws.dtype, o->dbs);
+    double soft_mean = soft ? soft_sum / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
+    write_losses(o,
+                 (float)(p->weight_hard_loss * hard_mean + p->weight_soft_loss * soft_mean),
+                 (float)soft_mean, (float)hard_mean);
+}
+
+kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
+                                      int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
+                                      const void *bs, kdloss_cmat xt, kdloss_cmat wt,
+                                      const void *bt_bias, kdloss_labels labels,
+                                      kdloss_fljsd_out *out, void *workspace,
+                                      size_t workspace_bytes) {
+    kd_fljsd_call call;
+    kd_fljsd_plan plan;
+    kdloss_status st = kd_fljsd_check(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels,
+                                      out, workspace, workspace_bytes, &call, &plan);
+    if (st != KDLOSS_OK) return st;
+    void *mem = NULL;
+    if (!workspace) {
+        mem = malloc(plan.bytes);
+        if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
+        workspace = mem;
+    }
+    uintptr_t a = ((uintptr_t)workspace + KD_FLJSD_ALIGN - 1) & ~(uintptr_t)(KD_FLJSD_ALIGN - 1);
+    run(&call, &plan, (char *)a);
+    free(mem);
+    return KDLOSS_OK;
+}

@@ -1,0 +1,77 @@
+/* Internals of the CPU fused-linear distillation loss: the checked form of a call and the
+ * workspace plan (fljsd_check.c), used by the driver (fljsd.c). */
+#ifndef KDLOSS_FLJSD_H
+#define KDLOSS_FLJSD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kdloss.h"
+
+/* Alignment of every workspace region (a cache line, and an AVX-512 vector). */
+#define KD_FLJSD_ALIGN 64
+
+/*
+ * Workspace layout, region by region, each starting on a 64-byte boundary of the (aligned)
+ * workspace; `chunk` rows per chunk, H = max(Hs, Ht), sb = student is bf16:
+ *   zs     chunk x V   fp32  student logits of the chunk, then dzs in place
+ *   zt     chunk x V   fp32  teacher logits of the chunk, then the JSD gradient g
+ *   xconv  chunk x Hx  fp32  teacher rows converted from bf16; then, for a bf16 student, dxs
+ *                            before its cast (Hx = H when sb and gradients, else Ht)
+ *   xs32   chunk x Hs  fp32  student rows converted from bf16 (sb only); kept for dWs
+ *   panel  vp x H      fp32  one panel of vp bf16 weight rows converted (not when whole)
+ *   ws32   V x Hs      fp32  whole fp32 copy of a bf16 ws (whole only)
+ *   wt32   V x Ht      fp32  whole fp32 copy of a bf16 wt (whole only)
+ *   bias   2 x V       fp32  bs and bt converted to fp32
+ *   dbs    V           fp32  dbs accumulator (gradients only)
+ *   rows   2 x chunk   f64   per-row soft and hard loss terms of the chunk
+ *   dws    V x Hs      fp32  dWs accumulator across chunks (sb and gradients only)
+ * The teacher's dtype is not an argument of kdloss_fljsd_workspace_size(), so the layout
+ * reserves the teacher's conversion space (xconv, panel, wt32) whatever that dtype is.
+ * `whole` (bf16 weights converted once per call) is chosen only for a bf16 student, and only
+ * when both copies take at most half the memory budget; otherwise bf16 weights are converted
+ * panel by panel, once per GEMM that reads them.
+ */
+typedef struct kd_fljsd_plan {
+    int64_t chunk;   /* rows per chunk, 1..BT */
+    int64_t vp;      /* weight rows per converted panel (V when whole) */
+    int whole;       /* bf16 weights converted once into ws32 / wt32 */
+    int64_t xconv_cols;
+    size_t off_zs, off_zt, off_xconv, off_xs32, off_panel, off_ws32, off_wt32, off_bias, off_dbs,
+        off_rows, off_dws;
+    size_t bytes;    /* total, including KD_FLJSD_ALIGN - 1 bytes to align the caller's pointer */
+} kd_fljsd_plan;
+
+/* Lays the workspace out for these arguments (see above). Errors: KDLOSS_ERR_INVALID_SIZE
+ * when the byte counts overflow. */
+kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
+                                 int64_t v, kdloss_dtype student_dtype, int want_grad,
+                                 kd_fljsd_plan *plan);
+
+/* Parameter checks (beta, temperature, weights, grad_scale, chunk_size): KDLOSS_ERR_INVALID_PARAM. */
+kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p);
+/* Sizes > 0 (KDLOSS_ERR_INVALID_SIZE); Hs, Ht, V within a CBLAS int (KDLOSS_ERR_UNSUPPORTED). */
+kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
+
+/* A call whose every argument has been checked: matrix views carry their effective ld. */
+typedef struct kd_fljsd_call {
+    kdloss_fljsd_params p;
+    int64_t bt, hs, ht, v;
+    kdloss_cmat xs, ws, xt, wt;
+    const void *bs, *bt_bias;
+    kdloss_labels labels;
+    kdloss_fljsd_out out;
+    int64_t n_valid; /* rows whose label is not ignore_index */
+    int grad;        /* some gradient output is wanted */
+} kd_fljsd_call;
+
+/* Checks every argument (params, sizes, dtypes, strides, labels, aliasing, workspace size) and
+ * fills *call and *plan. Writes nothing the caller owns. */
+kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int64_t hs, int64_t ht,
+                             int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                             kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
+                             kdloss_labels labels, const kdloss_fljsd_out *out,
+                             const void *workspace, size_t workspace_bytes, kd_fljsd_call *call,
+                             kd_fljsd_plan *plan);
+
+#endif /* KDLOSS_FLJSD_H */

@@ -1,0 +1,144 @@
+/* Parameters, chunk choice and workspace layout of the CPU fused-linear distillation loss
+ * (the layout itself is documented in fljsd.h). */
+#include <math.h>
+#include <stdint.h>
+
+#include "fljsd.h"
+
+#define KD_DEFAULT_BUDGET ((size_t)256 << 20)
+/* A converted weight panel holds at most this many bytes, and at most 1/8 of the budget (so a
+ * small budget also gives small panels, which the tests rely on to cover the panel loop):
+ * OpenBLAS sgemm on this 2-core AVX2 machine runs at 97% of its whole-matrix speed with 16 MiB
+ * panels (N = 2048 at K = 2048) and 92% with 2 MiB ones, and the bf16 -> fp32 conversion of a
+ * panel was within the timing noise of the GEMM that reads it (microbenchmark 704 x 32768 x
+ * 2048: 0.69-0.73 s with panels of 2048 rows converted, 0.71 s for one whole fp32 GEMM). */
+#define KD_PANEL_BYTES ((size_t)16 << 20)
+
+void kdloss_fljsd_params_default(kdloss_fljsd_params *p) {
+    if (!p) return;
+    p->beta = 0.5;
+    p->temperature = 1.0;
+    p->weight_hard_loss = 0.5;
+    p->weight_soft_loss = 0.5;
+    p->ignore_index = -100;
+    p->chunk_size = 0;
+    p->memory_budget = 0;
+    p->grad_scale = 1.0;
+}
+
+/* a * b * c bytes, 0 on overflow (every caller's count is positive when valid). */
+static size_t mul3(size_t a, size_t b, size_t c) {
+    size_t ab, abc;
+    if (__builtin_mul_overflow(a, b, &ab) || __builtin_mul_overflow(ab, c, &abc)) return 0;
+    return abc;
+}
+
+/* Appends a region of `bytes` at the next aligned offset; sets *ok = 0 on overflow. */
+static size_t take(size_t *end, size_t bytes, int *ok) {
+    size_t off = (*end + KD_FLJSD_ALIGN - 1) & ~(size_t)(KD_FLJSD_ALIGN - 1);
+    if (off < *end || __builtin_add_overflow(off, bytes, end)) *ok = 0;
+    return off;
+}
+
+/* Rows per chunk when chunk_size is 0: the largest multiple of 16 whose per-row buffers fit in
+ * what the budget leaves, at least 1, at most BT; then spread evenly over the same number of
+ * chunks (still a multiple of 16), so the last chunk is not a sliver: fewer bytes, same GEMMs. */
+static int64_t auto_chunk(int64_t bt, size_t avail, size_t per_row) {
+    size_t fit = avail / per_row;
+    int64_t cmax = fit >= 16 ? (int64_t)(fit / 16 * 16) : fit > 0 ? (int64_t)fit : 1;
+    if (cmax >= bt) return bt;
+    int64_t nch = (bt + cmax - 1) / cmax;
+    int64_t c = (bt + nch - 1) / nch;
+    if (cmax >= 16) c = (c + 15) / 16 * 16; /* <= cmax, a multiple of 16 */
+    return c < bt ? c : bt;
+}
+
+kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
+                                 int64_t v, kdloss_dtype student_dtype, int want_grad,
+                                 kd_fljsd_plan *plan) {
+    const size_t f4 = sizeof(float);
+    int sb = student_dtype == KDLOSS_BF16;
+    int64_t h = hs > ht ? hs : ht;
+    size_t budget = p->memory_budget ? p->memory_budget : KD_DEFAULT_BUDGET;
+    int ok = 1;
+
+    /* whole fp32 weight copies: only a bf16 student, only if they take half the budget at most */
+    size_t copies = mul3((size_t)v, (size_t)(hs + ht), f4);
+    plan->whole = sb && copies && copies <= budget / 2;
+    size_t panel_bytes = budget / 8 < KD_PANEL_BYTES ? budget / 8 : KD_PANEL_BYTES;
+    int64_t vp = (int64_t)(panel_bytes / ((size_t)h * f4)) / 16 * 16;
+    plan->vp = plan->whole ? v : vp < 16 ? (v < 16 ? v : 16) : vp < v ? vp : v;
+    plan->xconv_cols = sb && want_grad ? h : ht;
+
+    /* bytes that do not scale with the chunk (the dWs accumulator is output-sized state, so it
+     * is not counted against the budget) */
+    size_t fixed = plan->whole ? copies : mul3((size_t)plan->vp, (size_t)h, f4);
+    fixed += mul3((size_t)v, want_grad ? 3 : 2, f4);
+    size_t per_row = mul3((size_t)v, 2, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
+                     (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double);
+    if (!copies || !fixed || !per_row) return KDLOSS_ERR_INVALID_SIZE;
+
+    int64_t chunk = p->chunk_size > 0 ? p->chunk_size
+                                      : auto_chunk(bt, budget > fixed ? budget - fixed : 0, per_row);
+    if (chunk > bt) chunk = bt;
+    if (chunk > INT32_MAX) chunk = INT32_MAX; /* a GEMM dimension (CBLAS int) */
+    plan->chunk = chunk;
+
+    size_t end = 0, c = (size_t)chunk;
+    plan->off_zs = take(&end, mul3(c, (size_t)v, f4), &ok);
+    plan->off_zt = take(&end, mul3(c, (size_t)v, f4), &ok);
+    plan->off_xconv = take(&end, mul3(c, (size_t)plan->xconv_cols, f4), &ok);
+    plan->off_xs32 = take(&end, sb ? mul3(c, (size_t)hs, f4) : 0, &ok);
+    plan->off_panel = take(&end, plan->whole ? 0 : mul3((size_t)plan->vp, (size_t)h, f4), &ok);
+    plan->off_ws32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
+    plan->off_wt32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)ht, f4) : 0, &ok);
+    plan->off_bias = take(&end, mul3((size_t)v, 2, f4), &ok);
+    plan->off_dbs = take(&end, want_grad ? mul3((size_t)v, 1, f4) : 0, &ok);
+    plan->off_rows = take(&end, mul3(c, 2, sizeof(double)), &ok);
+    plan->off_dws = take(&end, sb && want_grad ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
+    /* a zero from mul3 where a region must be non-empty means overflow */
+    if (!mul3(c, (size_t)v, f4) || (sb && want_grad && !mul3((size_t)v, (size_t)hs, f4))) ok = 0;
+    if (!ok || __builtin_add_overflow(end, (size_t)KD_FLJSD_ALIGN - 1, &plan->bytes))
+        return KDLOSS_ERR_INVALID_SIZE;
+    return KDLOSS_OK;
+}
+
+/* Parameter checks shared by the size query and the call. */
+kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p) {
+    if (!(p->beta >= 0.0 && p->beta <= 1.0)) return KDLOSS_ERR_INVALID_PARAM; /* NaN fails too */
+    if (!(p->temperature > 0.0) || !isfinite(p->temperature)) return KDLOSS_ERR_INVALID_PARAM;
+    if (!(p->weight_hard_loss >= 0.0) || !isfinite(p->weight_hard_loss))
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (!isfinite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
+    /* 1/T must be a normal fp32 and T > 0 must stay so in fp32 */
+    if (!((float)p->temperature > 0.0f) || !isfinite((float)(1.0 / p->temperature)))
+        return KDLOSS_ERR_INVALID_PARAM;
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
+    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    /* GEMM dimensions are CBLAS ints */
+    if (hs > INT32_MAX || ht > INT32_MAX || v > INT32_MAX) return KDLOSS_ERR_UNSUPPORTED;
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
+                                          int64_t hs, int64_t ht, int64_t v,
+                                          kdloss_dtype student_dtype, int want_grad,
+                                          size_t *bytes) {
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_fljsd_check_params(params);
+    if (st != KDLOSS_OK) return st;
+    st = kd_fljsd_check_sizes(bt, hs, ht, v);
+    if (st != KDLOSS_OK) return st;
+    if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
+        return KDLOSS_ERR_INVALID_DTYPE;
+    kd_fljsd_plan plan;
+    st = kd_fljsd_plan_make(params, bt, hs, ht, v, student_dtype, want_grad != 0, &plan);
+    if (st != KDLOSS_OK) return st;
+    *bytes = plan.bytes;
+    return KDLOSS_OK;
+}

@@ -1,0 +1,54 @@
+/* The row work of one chunk of the fused-linear distillation loss (REFERENCE.md section 4),
+ * shared by the scalar, AVX2 and AVX-512 row kernels and the driver (fljsd.c).
+ *
+ * The driver has put the chunk's fp32 logits (straight from the GEMM, bias not yet added) in
+ * zs and zt; one call does everything that needs whole rows, one row at a time, in a fixed
+ * order of operations that does not depend on the thread count:
+ *   1. add the bias and take the row max of zs and zt;
+ *   2. sum-exp of zs/T and zt/T (and of zs itself for the cross-entropy when T != 1);
+ *   3. the JSD element terms on X = log_softmax(zs/T), Y = log_softmax(zt/T), their sum, and
+ *      the element gradients g = dJSD/dX (stored over zt) with sum(g);
+ *   4. dzs = gh (softmax(zs) - onehot(y)) + gs (g - softmax(zs/T) sum(g)), written over zs.
+ * Ignored rows get zero loss terms and, when gradients are wanted, a zero dzs row. */
+#ifndef KDLOSS_FLJSD_ROWS_H
+#define KDLOSS_FLJSD_ROWS_H
+
+#include <stdint.h>
+
+#include "div_math.h"
+#include "kdloss.h"
+
+/* Row reductions run in fp32 vectors over tiles of this many columns, then in double: the
+ * fp32 rounding error of a sum stays that of a 1024-term sum whatever V is. A multiple of 16,
+ * so only the last tile of a row has a partial vector. */
+#define KD_FLJSD_TILE 1024
+
+/* A chunk with fewer elements than this runs its rows on the calling thread: waking an OpenMP
+ * team (and, on a busy machine, waiting for it) costs more than the row work itself. */
+#define KD_FLJSD_PAR_MIN (1 << 16)
+
+typedef struct kd_fljsd_rows {
+    int64_t n, v;          /* rows in this chunk, vocabulary size */
+    int64_t row0;          /* batch index of the chunk's first row (to read labels) */
+    float *zs;             /* (n x v), ld v: student logits in; dzs out when grad */
+    float *zt;             /* (n x v), ld v: teacher logits in, g after; unused when !soft */
+    const float *bs, *bt;  /* [v] fp32 biases, or NULL */
+    kdloss_labels labels;  /* checked: ignore_index or in [0, v) */
+    int64_t ignore_index;
+    kd_jsd_coef coef;      /* JSD(beta) constants */
+    float inv_t;           /* 1 / temperature */
+    int soft;              /* compute the JSD terms (needs zt) */
+    int hard;              /* compute the cross-entropy terms */
+    int grad;              /* write dzs over zs */
+    float gs;              /* soft gradient factor grad_scale * w_soft / (n_valid T); 0 = none */
+    float gh;              /* hard gradient factor grad_scale * w_hard / n_valid; 0 = none */
+    double *row_soft;      /* [n] out: each row's JSD (0 for ignored rows) */
+    double *row_hard;      /* [n] out: each row's cross-entropy (0 for ignored rows) */
+} kd_fljsd_rows;
+
+/* Run the row work of one chunk, OpenMP over rows. Never calls BLAS. */
+void kd_fljsd_rows_scalar(const kd_fljsd_rows *a);
+void kd_fljsd_rows_avx2(const kd_fljsd_rows *a);
+void kd_fljsd_rows_avx512(const kd_fljsd_rows *a);
+
+#endif /* KDLOSS_FLJSD_ROWS_H */

@@ -1,0 +1,6 @@
+/* AVX-512 build of the fused-linear row kernel (16 lanes, SLEEF u10 exp/log). Compiled on
+ * every x86-64 build; dispatch.c runs it only on CPUs that have AVX-512 F/BW/VL/DQ. */
+#define KD_ISA_AVX512 1
+#include "simd.h"
+#include "div_simd.h"
+#include "fljsd_rows_impl.h"

@@ -1,0 +1,196 @@
+/* Generic vector row kernel of the fused-linear distillation loss (see fljsd_rows.h for the
+ * four passes). Included by fljsd_rows_avx2.c and fljsd_rows_avx512.c after they define
+ * KD_ISA_* and include simd.h and div_simd.h; KD_SFX names the entry point per ISA.
+ *
+ * A row of V fp32 logits (128 KiB at V = 32768) stays in L2 between passes, so each pass is
+ * bound by its exp/log count, not by memory: pass 2 costs 2 exps an element (3 with a separate
+ * cross-entropy normaliser when T != 1), pass 3 1 to 3 transcendentals (div_simd.h), pass 4 one
+ * exp for softmax(zs/T) and one more for softmax(zs) only when T != 1.
+ *
+ * Every pass runs the row's last partial vector through the same arithmetic as its body
+ * (vf_load_n / vf_store_n) and masks the lanes past the end out of every sum. */
+#include <math.h>
+#include <string.h>
+
+#include "check.h"
+#include "fljsd_rows.h"
+
+/* Adds the bias (when given) to z[0..v) in place and returns the row max. */
+static float KD_SFX(fold_max)(float *z, const float *b, int64_t v) {
+    vf m = vf_set1(-INFINITY);
+    int64_t c = 0;
+    for (; c + VL <= v; c += VL) {
+        vf x = vf_load(z + c);
+        if (b) {
+            x = vf_add(x, vf_load(b + c));
+            vf_store(z + c, x);
+        }
+        m = vf_max(m, x);
+    }
+    if (c < v) {
+        int64_t k = v - c;
+        vf x = vf_load_n(z + c, k);
+        if (b) {
+            x = vf_add(x, vf_load_n(b + c, k));
+            vf_store_n(z + c, x, k);
+        }
+        m = vf_max(m, vf_select(vm_first_n(k), x, vf_set1(-INFINITY)));
+    }
+    return vf_hmax(m);
+}
+
+/* sum over the row of exp((z - m) s): fp32 vectors within a tile, double across tiles. */
+static double KD_SFX(sum_exp)(const float *z, int64_t v, float m, float s) {
+    vf vmax = vf_set1(m), vs = vf_set1(s);
+    double sum = 0.0;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
+        int64_t t1 = v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : v;
+        vf acc = vf_zero();
+        int64_t c = t0;
+        for (; c + VL <= t1; c += VL)
+            acc = vf_add(acc, vf_exp(vf_mul(vf_sub(vf_load(z + c), vmax), vs)));
+        if (c < t1) {
+            vf e = vf_exp(vf_mul(vf_sub(vf_load_n(z + c, t1 - c), vmax), vs));
+            acc = vf_add(acc, vf_keep(vm_first_n(t1 - c), e));
+        }
+        sum += (double)vf_hsum(acc);
+    }
+    return sum;
+}
+
+/* Row constants of the log-softmaxes: X = (zs - ms) it - lss, Y = (zt - mt) it - lst. */
+typedef struct KD_SFX(rowc) {
+    vf ms, mt, it, lss, lst;
+} KD_SFX(rowc);
+
+/* One vector of JSD terms at columns [c, c + VL) (k live lanes); g is dJSD/dX. */
+KD_INLINE vf KD_SFX(jsd_at)(const kd_vjsd *k, int mode, const KD_SFX(rowc) *r, vf zs, vf zt,
+                            vf *g) {
+    vf x = vf_sub(vf_mul(vf_sub(zs, r->ms), r->it), r->lss);
+    vf y = vf_sub(vf_mul(vf_sub(zt, r->mt), r->it), r->lst);
+    if (mode == KD_JSD_FORWARD_KL) return kd_vjsd_fwd(x, y, g);
+    if (mode == KD_JSD_REVERSE_KL) return kd_vjsd_rev(x, y, g);
+    return kd_vjsd_mix(k, x, y, g);
+}
+
+/* Pass 3 for one JSD mode (a constant once inlined): returns the row's JSD; when store_g,
+ * writes g over zt and its row sum to *sum_g. */
+KD_INLINE double KD_SFX(jsd_pass)(const kd_vjsd *k, int mode, const KD_SFX(rowc) *r,
+                                  const float *zs, float *zt, int64_t v, int store_g,
+                                  double *sum_g) {
+    double loss = 0.0, gsum = 0.0;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
+        int64_t t1 = v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : v;
+        vf lacc = vf_zero(), gacc = vf_zero(), g;
+        int64_t c = t0;
+        for (; c + VL <= t1; c += VL) {
+            lacc = vf_add(lacc, KD_SFX(jsd_at)(k, mode, r, vf_load(zs + c), vf_load(zt + c), &g));
+            if (store_g) {
+                vf_store(zt + c, g);
+                gacc = vf_add(gacc, g);
+            }
+        }
+        if (c < t1) {
+            int64_t n = t1 - c;
+            vm live = vm_first_n(n);
+            vf l = KD_SFX(jsd_at)(k, mode, r, vf_load_n(zs + c, n), vf_load_n(zt + c, n), &g);
+            lacc = vf_add(lacc, vf_keep(live, l));
+            if (store_g) {
+                vf_store_n(zt + c, g, n);
+                gacc = vf_add(gacc, vf_keep(live, g));
+            }
+        }
+        loss += (double)vf_hsum(lacc);
+        gsum += (double)vf_hsum(gacc);
+    }
+    *sum_g = gsum;
+    return loss;
+}
+
+/* One vector of dzs: gs (g - q sum_g) + gh p with q = softmax(zs/T), p = softmax(zs). */
+KD_INLINE vf KD_SFX(dz_at)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, vf z, vf g, vf sg,
+                           vf gs, vf gh, vf lsh, int share) {
+    vf d = vf_zero(), q = vf_zero();
+    if (a->gs != 0.0f) {
+        q = vf_exp(vf_sub(vf_mul(vf_sub(z, r->ms), r->it), r->lss));
+        d = vf_mul(gs, vf_sub(g, vf_mul(q, sg)));
+    }
+    if (a->gh != 0.0f) {
+        vf p = share ? q : vf_exp(vf_sub(vf_sub(z, r->ms), lsh));
+        d = vf_add(d, vf_mul(gh, p));
+    }
+    return d;
+}
+
+/* Pass 4: dzs over zs. share: softmax(zs) equals softmax(zs/T) (T = 1, q computed). */
+static void KD_SFX(grad_pass)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, float *zs,
+                              const float *zt, double sum_g, float lsh, int share) {
+    vf sg = vf_set1((float)sum_g), gs = vf_set1(a->gs), gh = vf_set1(a->gh);
+    vf vlsh = vf_set1(lsh), g = vf_zero();
+    int64_t v = a->v, c = 0;
+    for (; c + VL <= v; c += VL) {
+        if (a->gs != 0.0f) g = vf_load(zt + c);
+        vf_store(zs + c, KD_SFX(dz_at)(a, r, vf_load(zs + c), g, sg, gs, gh, vlsh, share));
+    }
+    if (c < v) {
+        int64_t n = v - c;
+        if (a->gs != 0.0f) g = vf_load_n(zt + c, n);
+        vf_store_n(zs + c, KD_SFX(dz_at)(a, r, vf_load_n(zs + c, n), g, sg, gs, gh, vlsh, share), n);
+    }
+}
+
+/* Everything for row i of the chunk. */
+static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vjsd *k, int64_t i) {
+    int64_t v = a->v;
+    float *zs = a->zs + i * v;
+    float *zt = a->soft ? a->zt + i * v : NULL;
+    int64_t y = kd_label_at(a->labels, a->row0 + i);
+    a->row_soft[i] = 0.0;
+    a->row_hard[i] = 0.0;
+    if (y == a->ignore_index) {
+        if (a->grad) memset(zs, 0, (size_t)v * sizeof(float));
+        return;
+    }
+    /* pass 1 */
+    float ms = KD_SFX(fold_max)(zs, a->bs, v);
+    float mt = a->soft ? KD_SFX(fold_max)(zt, a->bt, v) : 0.0f;
+    float zy = zs[y];
+    /* pass 2 */
+    KD_SFX(rowc) r;
+    r.ms = vf_set1(ms);
+    r.mt = vf_set1(mt);
+    r.it = vf_set1(a->inv_t);
+    double lss = a->soft ? log(KD_SFX(sum_exp)(zs, v, ms, a->inv_t)) : 0.0;
+    double lst = a->soft ? log(KD_SFX(sum_exp)(zt, v, mt, a->inv_t)) : 0.0;
+    int share = a->soft && a->inv_t == 1.0f; /* softmax(zs) = softmax(zs/T) */
+    double lsh = !a->hard ? 0.0 : share ? lss : log(KD_SFX(sum_exp)(zs, v, ms, 1.0f));
+    r.lss = vf_set1((float)lss);
+    r.lst = vf_set1((float)lst);
+    if (a->hard) a->row_hard[i] = ((double)ms - (double)zy) + lsh;
+    /* pass 3 */
+    double sum_g = 0.0;
+    int store_g = a->grad && a->gs != 0.0f;
+    if (a->soft) {
+        switch (k->mode) {
+        case KD_JSD_FORWARD_KL:
+            a->row_soft[i] = KD_SFX(jsd_pass)(k, KD_JSD_FORWARD_KL, &r, zs, zt, v, store_g, &sum_g);
+            break;
+        case KD_JSD_REVERSE_KL:
+            a->row_soft[i] = KD_SFX(jsd_pass)(k, KD_JSD_REVERSE_KL, &r, zs, zt, v, store_g, &sum_g);
+            break;
+        default:
+            a->row_soft[i] = KD_SFX(jsd_pass)(k, KD_JSD_MIXED, &r, zs, zt, v, store_g, &sum_g);
+            break;
+        }
+    }
+    /* pass 4 */
+    if (!a->grad) return;
+    KD_SFX(grad_pass)(a, &r, zs, zt, sum_g, (float)lsh, share && a->gs != 0.0f);
+    if (a->gh != 0.0f) zs[y] -= a->gh;
+}
+
+void KD_SFX(kd_fljsd_rows)(const kd_fljsd_rows *a) {
+    kd_vjsd k = kd_vjsd_make(a->coef);
+#pragma omp parallel for schedule(static) if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN)
+    for (int64_t i = 0; i < a->n; i++) KD_SFX(one_row)(a, &k, i);
+}

@@ -1,0 +1,343 @@
+/* kdloss_fused_linear_jsd against the double-precision reference (tests/support/ref_fljsd.c),
+ * on every CPU path this machine runs, plus chunk-size invariance, run-to-run and thread-count
+ * bit identity, caller workspace and the bf16 panel path.
+ *
+ * Tolerances (got vs reference):
+ *  quantity              | bound                               | why
+ *  loss, soft, hard      | 1e-6 + 1e-4 |want|                  | logits come from fp32 GEMMs over H (relative
+ *                        |                                     | error ~ sqrt(H) 2^-24), softmax/JSD use SLEEF
+ *                        |                                     | 1-ULP exp/log in fp32; row sums go to double.
+ *                        |                                     | bf16 inputs are rounded to bf16 in the reference
+ *                        |                                     | too, so the same bound holds.
+ *  dxs, dws, dbs (fp32)  | 1e-4 mag                            | elementwise; mag = the same product computed
+ *                        |                                     | on the sizes of dz's terms and |ws|, |xs|
+ *                        |                                     | (kt_ref_fljsd_dz's dz_mag): dz = g - q sum(g)
+ *                        |                                     | cancels to nearly 0 on peaked rows, so only
+ *                        |                                     | the terms' size bounds the fp32 error, which is
+ *                        |                                     | ~2^-24 per term plus the logits' error.
+ *  the same in bf16      | 1e-4 mag + 2^-8 |want|              | plus one cast to bf16 (half-ULP 2^-9)
+ *  any gradient element  | + 1e-30 absolute                    | fp32 exp underflows below 2^-126
+ *  chunk 1 / 7 vs BT     | loss 1e-5 rel, grads 1e-5 of max    | same math; only the GEMM blocking and the
+ *                        | (+ 2^-7 for two bf16 casts)         | order dWs and dbs sum the chunks differ
+ *  repeat, 1 vs N threads| bitwise                             | fixed-order reductions by design
+ * The largest gradient error seen, as a fraction of its bound, is printed at the end.
+ */
+#include <omp.h>
+#include <time.h>
+
+#include "fljsd_common.h"
+
+#define TOL_LOSS_REL 1e-4
+#define TOL_LOSS_ABS 1e-6
+#define TOL_GRAD 1e-4
+#define TOL_CHUNK 1e-5
+
+typedef struct ref_res {
+    double loss, soft, hard;
+    int64_t stride;             /* dxs, dws formed on rows r % stride == 0 only */
+    double *dxs, *dws, *dbs;    /* the reference gradients */
+    double *mxs, *mws, *mbs;    /* their error scales (see the table above) */
+} ref_res;
+
+static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
+
+/* The reference for problem p (its logits zs, zt already formed) under cfg. */
+static ref_res ref_run(const kt_fljsd_problem *p, const kt_fljsd_cfg *cfg, const double *zs,
+                       const double *zt, int64_t stride) {
+    ref_res r;
+    r.stride = stride;
+    double *dz = dalloc(p->bt * p->v), *dz_mag = dalloc(p->bt * p->v);
+    r.dxs = dalloc(p->bt * p->hs);
+    r.dws = dalloc(p->v * p->hs);
+    r.dbs = dalloc(p->v);
+    r.mxs = dalloc(p->bt * p->hs);
+    r.mws = dalloc(p->v * p->hs);
+    r.mbs = dalloc(p->v);
+    kt_ref_fljsd_dz(cfg, p->bt, p->v, zs, zt, p->labels, &r.loss, &r.soft, &r.hard, dz, dz_mag);
+    kt_ref_fljsd_grads(p->bt, p->hs, p->v, dz, p->xs, p->ws, 0, stride, r.dxs, r.dws, r.dbs);
+    kt_ref_fljsd_grads(p->bt, p->hs, p->v, dz_mag, p->xs, p->ws, 1, stride, r.mxs, r.mws, r.mbs);
+    free(dz);
+    free(dz_mag);
+    return r;
+}
+
+static void ref_free(ref_res *r) {
+    double *all[] = {r->dxs, r->dws, r->dbs, r->mxs, r->mws, r->mbs};
+    for (int i = 0; i < 6; i++) free(all[i]);
+}
+
+static void check_vs_ref(const char *ctx, const kt_fljsd_problem *p, const fl_res *g,
+                         const ref_res *w) {
+    if (!KT_CHECK(g->st == KDLOSS_OK, "%s: status %d (%s)", ctx, g->st,
+                  kdloss_status_string(g->st)))
+        return;
+    kt_close(g->loss, w->loss, TOL_LOSS_ABS, TOL_LOSS_REL, "%s loss", ctx);
+    kt_close(g->soft, w->soft, TOL_LOSS_ABS, TOL_LOSS_REL, "%s soft", ctx);
+    kt_close(g->hard, w->hard, TOL_LOSS_ABS, TOL_LOSS_REL, "%s hard", ctx);
+    if (!g->dxs) return;
+    double rt = p->ds == KDLOSS_BF16 ? 0x1p-8 : 0.0;
+    int64_t s = w->stride;
+    fl_cmp_mat(ctx, "dxs", g->dxs, p->ds, g->ld_dxs, w->dxs, w->mxs, p->bt, p->hs, s, TOL_GRAD, rt);
+    fl_cmp_mat(ctx, "dws", g->dws, p->ds, g->ld_dws, w->dws, w->mws, p->v, p->hs, s, TOL_GRAD, rt);
+    if (g->dbs)
+        fl_cmp_mat(ctx, "dbs", g->dbs, p->ds, p->v, w->dbs, w->mbs, 1, p->v, 1, TOL_GRAD, rt);
+}
+
+/* Results of two chunk sizes agree within rounding. */
+static void check_chunks(const char *ctx, const kt_fljsd_problem *p, const fl_res *a,
+                         const fl_res *b) {
+    if (a->st != KDLOSS_OK || b->st != KDLOSS_OK) return;
+    kt_close(a->loss, b->loss, 1e-7, TOL_CHUNK, "%s chunk invariance loss", ctx);
+    double rt = TOL_CHUNK + (p->ds == KDLOSS_BF16 ? 0x1p-7 : 0.0); /* two bf16 casts */
+    KT_CHECK(fl_rel_diff(a->dxs, b->dxs, p->ds, a->ld_dxs, p->bt, p->hs) <= rt,
+             "%s chunk invariance dxs", ctx);
+    KT_CHECK(fl_rel_diff(a->dws, b->dws, p->ds, a->ld_dws, p->v, p->hs) <= rt,
+             "%s chunk invariance dws", ctx);
+}
+
+static const kdloss_cpu_isa all_isas[] = {KDLOSS_ISA_SCALAR, KDLOSS_ISA_AVX2, KDLOSS_ISA_AVX512};
+
+/* Grid over beta, T, weights, chunk sizes and CPU paths on one problem. */
+static void grid(const char *name, const kt_fljsd_problem *p, const double *betas, int nb,
+                 const double *temps, int nt, int full_chunks) {
+    static const double wpairs[3][2] = {{1.0, 0.0}, {0.0, 1.0}, {0.5, 0.5}}; /* hard, soft */
+    double *zs = malloc(sizeof(double) * (size_t)(p->bt * p->v));
+    double *zt = malloc(sizeof(double) * (size_t)(p->bt * p->v));
+    kt_ref_logits(p->bt, p->hs, p->v, p->xs, p->ws, p->bias_s, zs);
+    kt_ref_logits(p->bt, p->ht, p->v, p->xt, p->wt, p->bias_t, zt);
+    int64_t chunks[4] = {0, 1, 7, p->bt + 5};
+    int n_chunks = full_chunks ? 4 : 1;
+    static int counter = 0;
+    for (int ib = 0; ib < nb; ib++)
+        for (int it = 0; it < nt; it++)
+            for (int iw = 0; iw < 3; iw++) {
+                kt_fljsd_cfg cfg = {betas[ib], temps[it], wpairs[iw][0], wpairs[iw][1],
+                                    (counter % 3 == 1) ? 0.75 : (counter % 3 == 2) ? 2.5 : 1.0,
+                                    p->ignore_index};
+                counter++;
+                ref_res w = ref_run(p, &cfg, zs, zt, 1);
+                kdloss_fljsd_params prm;
+                kdloss_fljsd_params_default(&prm);
+                prm.beta = cfg.beta;
+                prm.temperature = cfg.temperature;
+                prm.weight_hard_loss = cfg.w_hard;
+                prm.weight_soft_loss = cfg.w_soft;
+                prm.grad_scale = cfg.grad_scale;
+                prm.ignore_index = cfg.ignore_index;
+                for (size_t ii = 0; ii < sizeof(all_isas) / sizeof(all_isas[0]); ii++) {
+                    if (!kdloss_cpu_isa_supported(all_isas[ii])) continue;
+                    kdloss_cpu_set_isa(all_isas[ii]);
+                    fl_res res[4];
+                    for (int ic = 0; ic < n_chunks; ic++) {
+                        char ctx[256];
+                        int l32 = (counter + ic) & 1;
+                        snprintf(ctx, sizeof ctx,
+                                 "%s %s/%s bias %d beta %g T %g w %g/%g gs %g chunk %lld %s %s",
+                                 name, kt_dtype_name(p->ds), kt_dtype_name(p->dt), p->bias_s != NULL,
+                                 cfg.beta, cfg.temperature, cfg.w_hard, cfg.w_soft,
+                                 cfg.grad_scale, (long long)chunks[ic],
+                                 kdloss_cpu_isa_name(all_isas[ii]), l32 ? "i32" : "i64");
+                        prm.chunk_size = chunks[ic];
+                        res[ic] = fl_run(p, &prm, 1, l32, NULL, 0);
+                        check_vs_ref(ctx, p, &res[ic], &w);
+                        if (ic > 0) check_chunks(ctx, p, &res[ic], &res[0]);
+                    }
+                    /* forward only: the same losses, bit for bit, with no gradient work */
+                    prm.chunk_size = 0;
+                    fl_res fw = fl_run(p, &prm, 0, 0, NULL, 0);
+                    KT_CHECK(fw.st == KDLOSS_OK && !memcmp(&fw.loss, &res[0].loss, 4) &&
+                                 !memcmp(&fw.soft, &res[0].soft, 4) &&
+                                 !memcmp(&fw.hard, &res[0].hard, 4),
+                             "%s beta %g T %g %s: forward-only losses differ from the full call",
+                             name, cfg.beta, cfg.temperature, kdloss_cpu_isa_name(all_isas[ii]));
+                    fl_res_free(&fw);
+                    for (int ic = 0; ic < n_chunks; ic++) fl_res_free(&res[ic]);
+                }
+                ref_free(&w);
+            }
+    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+    free(zs);
+    free(zt);
+}
+
+/* Small shape: the whole grid. */
+static void small_shapes(kt_rng *rng) {
+    static const double betas[] = {0.0, 0.2, 0.5, 0.8, 1.0}, temps[] = {0.5, 1.0, 2.0};
+    int quick = kt_quick();
+    static const kdloss_dtype pairs[4][2] = {{KDLOSS_F32, KDLOSS_F32},
+                                             {KDLOSS_BF16, KDLOSS_BF16},
+                                             {KDLOSS_BF16, KDLOSS_F32},
+                                             {KDLOSS_F32, KDLOSS_BF16}};
+    for (int ip = 0; ip < 4; ip++)
+        for (int bias = 0; bias <= 1; bias++) {
+            if (ip >= 2 && !bias) continue; /* mixed dtypes: one problem each */
+            kt_fljsd_problem p;
+            /* padding on the biased problems; ignore_index 5 (a real class id) on one */
+            kt_fljsd_problem_make(&p, rng, 141, 15, 31, 123, pairs[ip][0], pairs[ip][1], bias,
+                                  3.0, 5, ip == 1 && bias ? 5 : -100, bias ? 3 : 0);
+            int full = !quick && ip < 2;
+            grid("small", &p, betas, full ? 5 : 2, temps, full ? 3 : 2, !quick || ip == 0);
+            kt_fljsd_problem_free(&p);
+        }
+}
+
+/* Peaked logits (spread 25, up to 200 after T = 0.5): softmaxes near one-hot, exps underflowing. */
+static void peaked(kt_rng *rng) {
+    static const double betas[] = {0.0, 0.5, 1.0}, temps[] = {0.5, 2.0};
+    kt_fljsd_problem p;
+    kt_fljsd_problem_make(&p, rng, 37, 16, 24, 257, KDLOSS_F32, KDLOSS_F32, 1, 25.0, 4, -100, 0);
+    grid("peaked", &p, betas, 3, temps, 2, 0);
+    kt_fljsd_problem_free(&p);
+}
+
+/* All rows ignored: loss 0, exactly zero gradients. */
+static void all_ignored(kt_rng *rng) {
+    kt_fljsd_problem p;
+    kt_fljsd_problem_make(&p, rng, 20, 8, 12, 50, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 1, -100, 2);
+    kdloss_fljsd_params prm;
+    kdloss_fljsd_params_default(&prm);
+    prm.chunk_size = 7;
+    fl_res r = fl_run(&p, &prm, 1, 0, NULL, 0);
+    KT_CHECK(r.st == KDLOSS_OK && r.loss == 0.0f && r.soft == 0.0f && r.hard == 0.0f,
+             "all ignored: status %d, losses %g %g %g", r.st, r.loss, r.soft, r.hard);
+    int zero = 1;
+    for (int64_t i = 0; i < p.bt; i++)
+        for (int64_t k = 0; k < p.hs; k++) zero &= kt_get(r.dxs, p.ds, r.ld_dxs, i, k) == 0.0;
+    for (int64_t c = 0; c < p.v; c++) {
+        for (int64_t k = 0; k < p.hs; k++) zero &= kt_get(r.dws, p.ds, r.ld_dws, c, k) == 0.0;
+        zero &= kt_get(r.dbs, p.ds, p.v, 0, c) == 0.0;
+    }
+    KT_CHECK(zero, "all ignored: a gradient is not zero");
+    KT_CHECK(fl_padding_intact(r.dxs, p.ds, p.bt, p.hs, r.ld_dxs) &&
+                 fl_padding_intact(r.dws, p.ds, p.v, p.hs, r.ld_dws),
+             "all ignored: padding written");
+    fl_res_free(&r);
+    kt_fljsd_problem_free(&p);
+}
+
+/* Bitwise: the same call twice, one thread vs all, caller workspace (misaligned on purpose)
+ * vs the library's own. */
+static void determinism(kt_rng *rng) {
+    kt_fljsd_problem p;
+    kt_fljsd_problem_make(&p, rng, 150, 40, 56, 517, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 6, -100, 1);
+    kdloss_fljsd_params prm;
+    kdloss_fljsd_params_default(&prm);
+    prm.beta = 0.3;
+    prm.temperature = 1.5;
+    prm.chunk_size = 64;
+    for (size_t ii = 0; ii < sizeof(all_isas) / sizeof(all_isas[0]); ii++) {
+        if (!kdloss_cpu_isa_supported(all_isas[ii])) continue;
+        kdloss_cpu_set_isa(all_isas[ii]);
+        const char *isa = kdloss_cpu_isa_name(all_isas[ii]);
+        fl_res a = fl_run(&p, &prm, 1, 0, NULL, 0), b = fl_run(&p, &prm, 1, 1, NULL, 0);
+        KT_CHECK(a.st == KDLOSS_OK && b.st == KDLOSS_OK && fl_same_bits(&p, &a, &b),
+                 "%s: two identical calls differ", isa);
+        int nthreads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        fl_res c = fl_run(&p, &prm, 1, 0, NULL, 0);
+        omp_set_num_threads(nthreads);
+        KT_CHECK(c.st == KDLOSS_OK && fl_same_bits(&p, &a, &c),
+                 "%s: 1 thread differs from %d threads", isa, nthreads);
+        size_t need = 0;
+        KT_CHECK(kdloss_fljsd_workspace_size(&prm, p.bt, p.hs, p.ht, p.v, p.ds, 1, &need) ==
+                     KDLOSS_OK, "workspace size");
+        char *buf = malloc(need + 8);
+        fl_res d = fl_run(&p, &prm, 1, 0, buf + 4, need);
+        KT_CHECK(d.st == KDLOSS_OK && fl_same_bits(&p, &a, &d),
+                 "%s: caller workspace (%zu bytes, misaligned) differs", isa, need);
+        free(buf);
+        fl_res_free(&a);
+        fl_res_free(&b);
+        fl_res_free(&c);
+        fl_res_free(&d);
+    }
+    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+    kt_fljsd_problem_free(&p);
+}
+
+/* The larger shape: two problems, two configurations each; the double reference costs seconds
+ * per problem, so its gradients are formed (and checked) on every 4th row of dxs and dws. A small
+ * memory budget sends the bf16 weights through the panel loop and the automatic chunk below BT. */
+static void large_shape(kt_rng *rng) {
+    int quick = kt_quick();
+    int64_t bt = quick ? 96 : 1024, hs = quick ? 64 : 512, ht = quick ? 80 : 1024,
+            v = quick ? 1000 : 4096, stride = quick ? 1 : 4;
+    typedef struct {
+        double beta, temp, wh, wsoft, gs;
+        int64_t chunk;
+        size_t budget;
+        kdloss_cpu_isa isa;
+        int l32;
+    } lcase;
+    static const lcase f32_cases[2] = {
+        {0.5, 1.0, 0.5, 0.5, 1.0, 0, 0, KDLOSS_ISA_AUTO, 0},
+        {0.0, 2.0, 1.0, 0.0, 2.0, 100000, 0, KDLOSS_ISA_SCALAR, 1},
+    };
+    static const lcase bf16_cases[2] = {
+        {0.2, 0.5, 0.5, 0.5, 0.75, 0, 8u << 20, KDLOSS_ISA_AUTO, 1},
+        {1.0, 1.0, 0.0, 1.0, 1.0, 7, 0, KDLOSS_ISA_AUTO, 0},
+    };
+    double *zs = malloc(sizeof(double) * (size_t)(bt * v));
+    double *zt = malloc(sizeof(double) * (size_t)(bt * v));
+    for (int prob = 0; prob < 2; prob++) {
+        kdloss_dtype dt = prob ? KDLOSS_BF16 : KDLOSS_F32;
+        const lcase *cases = prob ? bf16_cases : f32_cases;
+        kt_fljsd_problem p;
+        kt_fljsd_problem_make(&p, rng, bt, hs, ht, v, dt, dt, !prob, 3.0, 7, -100, prob ? 4 : 0);
+        kt_ref_logits(bt, hs, v, p.xs, p.ws, p.bias_s, zs);
+        kt_ref_logits(bt, ht, v, p.xt, p.wt, p.bias_t, zt);
+        for (int i = 0; i < (quick ? 1 : 2); i++) {
+            const lcase *c = &cases[i];
+            kt_fljsd_cfg cfg = {c->beta, c->temp, c->wh, c->wsoft, c->gs, -100};
+            ref_res w = ref_run(&p, &cfg, zs, zt, stride);
+            kdloss_fljsd_params prm;
+            kdloss_fljsd_params_default(&prm);
+            prm.beta = cfg.beta;
+            prm.temperature = cfg.temperature;
+            prm.weight_hard_loss = cfg.w_hard;
+            prm.weight_soft_loss = cfg.w_soft;
+            prm.grad_scale = cfg.grad_scale;
+            prm.chunk_size = c->chunk;
+            prm.memory_budget = c->budget;
+            kdloss_cpu_set_isa(c->isa);
+            char ctx[200];
+            snprintf(ctx, sizeof ctx, "large %lldx%lldx%lldx%lld %s beta %g T %g chunk %lld %s",
+                     (long long)bt, (long long)hs, (long long)ht, (long long)v, kt_dtype_name(dt),
+                     cfg.beta, cfg.temperature, (long long)c->chunk,
+                     kdloss_cpu_isa_name(kdloss_cpu_get_isa()));
+            fl_res r = fl_run(&p, &prm, 1, c->l32, NULL, 0);
+            check_vs_ref(ctx, &p, &r, &w);
+            fl_res_free(&r);
+            kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+            ref_free(&w);
+        }
+        kt_fljsd_problem_free(&p);
+    }
+    free(zs);
+    free(zt);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+#define TIMED(call)                                                                            \
+    do {                                                                                       \
+        double t0_ = now();                                                                    \
+        call;                                                                                  \
+        printf("%-24s %6.1f s\n", #call, now() - t0_);                                         \
+    } while (0)
+
+int main(void) {
+    kt_rng rng;
+    kt_rng_seed(&rng, kt_base_seed());
+    TIMED(small_shapes(&rng));
+    TIMED(peaked(&rng));
+    TIMED(all_ignored(&rng));
+    TIMED(determinism(&rng));
+    TIMED(large_shape(&rng));
+    printf("largest gradient error: %.3g of its bound\n", fl_worst_seen);
+    return kt_finish("test_fljsd");
+}
