@@ -10,7 +10,7 @@ Protocol (REFERENCE.md section 5, adapted to a CPU):
     the timed region, so every run pays the same;
   * peak memory: each (provider, point) runs in a fresh child process; the child reads its
     resident set before creating any input (after all imports) and the RSS high-water mark
-    (getrusage ru_maxrss) at the end. "peak MB" = high-water - that baseline: inputs, outputs,
+    (getrusage ru_maxrss) at the end. "peak MiB" = high-water - that baseline: inputs, outputs,
     gradients and working space of all modes (full dominates), without the Python/torch runtime.
     Peaks of different providers never mix.
   * every provider gets the same inputs from the same seed, and the same input pipeline: for KL the
@@ -338,8 +338,10 @@ def protocol_obj(mode, args):
             "spec": {"harness": {"name": "kdloss bench/peers.py", "repository": "kdloss"},
                      "measurement": {"timer": "time.perf_counter_ns", "primaryStatistic": "median",
                                      "warmup": f"full passes for >= {args.warmup_s}s (1-3 runs)",
-                                     "repeats": f"{args.min_reps}..{args.max_reps} timed runs, "
-                                                f"about {args.target_s}s per mode",
+                                     "repeats": f"{args.min_reps} (distillation "
+                                                f"{min(args.min_reps, args.distill_min_reps)})"
+                                                f"..{args.max_reps} timed runs, about "
+                                                f"{args.target_s}s per mode",
                                      "memory": "ru_maxrss of a fresh child process per (provider,"
                                                " point) minus its RSS before any input exists"},
                      "comparability": {
@@ -385,7 +387,7 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
         spec["measurements"] = [
             {"unit": "ns", "value": round(q["ms_20"] * 1e6), "metric": "latency", "statistic": "p20"},
             {"unit": "ns", "value": round(q["ms_80"] * 1e6), "metric": "latency", "statistic": "p80"},
-            {"unit": "MB", "value": round(res["peak_mb"], 1), "metric": "peak_memory",
+            {"unit": "MiB", "value": round(res["peak_mb"], 1), "metric": "peak_memory",
              "statistic": "max"}]
         native["metrics"] = {**q, "peak_mb": res["peak_mb"], "peak_rss_mb": res["peak_rss_mb"],
                              "baseline_rss_mb": res["baseline_rss_mb"], "loss": res.get("loss"),
@@ -423,18 +425,27 @@ def run_child(spec, timeout):
     return res
 
 
+ALL_MODES = ["forward", "backward", "full"]
+
+
 def plan(args):
-    """[(workload, point, modes)] for this run."""
+    """[(workload, point, modes, min_reps)] for this run. forward/backward run at the points
+    named by --kl-all-modes and at BT <= --distill-all-modes-max-bt; full runs everywhere."""
     jobs = []
     if "kl_div" in args.workloads:
         for bt, v in args.kl_points:
-            jobs.append(("kl_div", {"tokens": bt, "vocab": v, "dtype": "fp32"}, args.kl_modes))
+            modes = ALL_MODES if (bt, v) in args.kl_all_modes else ["full"]
+            if args.quick:
+                modes = ["full"]
+            jobs.append(("kl_div", {"tokens": bt, "vocab": v, "dtype": "fp32"}, modes,
+                         args.min_reps))
     if "distill_jsd_loss" in args.workloads:
         for bt in args.distill_bt:
-            modes = args.distill_modes if bt <= args.distill_all_modes_max_bt else ["full"]
+            modes = ALL_MODES if bt <= args.distill_all_modes_max_bt and not args.quick else ["full"]
             jobs.append(("distill_jsd_loss", {"tokens": bt, "hidden_student": args.hs,
                                               "hidden_teacher": args.ht, "vocab": args.vocab,
-                                              "dtype": args.dtype}, modes))
+                                              "dtype": args.dtype}, modes,
+                         min(args.min_reps, args.distill_min_reps)))
     return jobs
 
 
@@ -454,7 +465,7 @@ def table(results, providers):
         pts = [p for (w, m, _, p) in results if (w, m) == (wl, mode)]
         pts = list(dict.fromkeys(pts))
         head = ["point"] + [f"{p} ms [p20–p80]" for p in providers] + \
-               [f"{p} peak MB" for p in providers] + \
+               [f"{p} peak MiB" for p in providers] + \
                ["kdloss speed-up vs torch", "vs fastest peer", "torch/kdloss memory", "max loss rel. diff vs torch"]
         lines += [f"\n### {wl} · {mode}\n", "| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
@@ -508,7 +519,7 @@ def plots(results, providers, out_dir, kl_bt):
             hi = [q["ms_80"] - q["ms_50"] for _, q, _ in pts]
             a1.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=prov)
             a2.plot(xs, [m for _, _, m in pts], marker="o", label=prov)
-        for ax, yl in ((a1, "full (fwd+bwd) median ms, p20–p80"), (a2, "peak memory above baseline, MB")):
+        for ax, yl in ((a1, "full (fwd+bwd) median ms, p20–p80"), (a2, "peak memory above baseline, MiB")):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel(xlabel)
@@ -573,6 +584,8 @@ def parse(argv):
     ap.add_argument("--ht", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--kl-all-modes", default="16384x4096",
+                    help="KL points (BTxV) that also get forward and backward modes")
     ap.add_argument("--distill-all-modes-max-bt", type=int, default=512,
                     help="forward and backward modes only up to this BT (full everywhere)")
     ap.add_argument("--no-liger-compile", action="store_true",
@@ -580,6 +593,8 @@ def parse(argv):
     ap.add_argument("--warmup-s", type=float, default=1.0)
     ap.add_argument("--target-s", type=float, default=3.0, help="timed seconds per mode, about")
     ap.add_argument("--min-reps", type=int, default=5)
+    ap.add_argument("--distill-min-reps", type=int, default=3,
+                    help="fewer timed runs for the GEMM-bound distillation points")
     ap.add_argument("--max-reps", type=int, default=30)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per child process")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -590,12 +605,10 @@ def parse(argv):
     a.providers = a.providers.split(",")
     a.kl_points = [tuple(int(x) for x in s.split("x")) for s in a.kl_points.split(",") if s]
     a.distill_bt = [int(x) for x in a.distill_bt.split(",") if x]
-    a.kl_modes = ["forward", "backward", "full"]
-    a.distill_modes = ["forward", "backward", "full"]
+    a.kl_all_modes = [tuple(int(x) for x in s.split("x")) for s in a.kl_all_modes.split(",") if s]
     if a.quick:
         a.kl_points = [(16384, 4096)]
         a.distill_bt = [256]
-        a.kl_modes = a.distill_modes = ["full"]
         a.min_reps, a.max_reps, a.target_s, a.warmup_s = 3, 5, 1.0, 0.0
     return a
 
@@ -612,21 +625,28 @@ def main(argv):
     print(f"# kdloss peers on {cpu['model']} ({cpu['cores']} cores, {cpu['isa']}), "
           f"torch {sw.get('torch')}, liger-kernel {sw.get('liger_kernel')}, kdloss {sw.get('kdloss')} "
           f"({sw.get('kdloss_cpu_isa')})", flush=True)
-    results, t_start = {}, time.time()
-    for wl, point, modes in plan(args):
+    results, t_start, failed_at = {}, time.time(), {}
+    for wl, point, modes, min_reps in plan(args):
         ps = point_slug(wl, point)
         for prov in args.providers:
             spec = {"workload": wl, "provider": prov, "point": point, "modes": modes, "seed": 0,
                     "warmup_s": args.warmup_s, "target_s": args.target_s,
-                    "min_reps": args.min_reps, "max_reps": args.max_reps,
+                    "min_reps": min_reps, "max_reps": args.max_reps,
                     "liger_compiled": not args.no_liger_compile}
-            res = run_child(spec, args.timeout)
+            if (wl, prov) in failed_at:  # failed at a smaller point: do not retry bigger ones
+                first, err = failed_at[(wl, prov)]
+                res = {"status": "failed", "modes": {}, "skipped": True,
+                       "error": f"not run (failed at {first}): {err}"[:400]}
+            else:
+                res = run_child(spec, args.timeout)
+                if res.get("status") != "passed":
+                    failed_at[(wl, prov)] = (ps, res.get("error", ""))
             res["point"] = point
             res["observedAt"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             summary = ", ".join(f"{m} {fmt_ms(q)} ms" for m, q in res.get("modes", {}).items()) \
                 or res.get("error", "")
             print(f"[{time.time() - t_start:6.0f}s] {wl} {ps} {prov}: {summary}"
-                  + (f"; peak {res['peak_mb']:.0f} MB" if res.get("modes") else ""), flush=True)
+                  + (f"; peak {res['peak_mb']:.0f} MiB" if res.get("modes") else ""), flush=True)
             for mode in modes:
                 results[(wl, mode, prov, ps)] = res
                 rec = record(wl, mode, prov, point, res, cpu, env_obj, args, stamp)
@@ -639,7 +659,49 @@ def main(argv):
     print(table(results, args.providers))
     print(targets(results))
     print("\nrecords: " + args.out + "/*.json" + ("; plots: " + ", ".join(pngs) if pngs else ""))
+    print()
+    print(combined_rows(results))
+    bad = sorted({f"{wl}/{prov}" for (wl, _, prov, _), r in results.items()
+                  if r.get("status") != "passed" and not expected_failure(wl, prov, r)})
+    if bad:
+        print("FAILED: " + ", ".join(bad))
+        return 1
     return 0
+
+
+def expected_failure(wl, prov, res):
+    """Liger's KL module is a Triton kernel: without a GPU it cannot run, and that is recorded,
+    not counted as a failure. Its chunked distillation loss is plain torch and must run."""
+    return prov == "liger" and wl == "kl_div"
+
+
+def combined_rows(results):
+    """Rows for bench/run_main.sh's combined table, in `kdloss bench`'s column order. The
+    implementation column names the provider (torch, liger, kdloss-py: the PyTorch module);
+    RSS_MiB is the peak above the child's baseline (see the protocol), GB/s and stream are not
+    measured here."""
+    names = {"kl_div": "kl_div", "distill_jsd_loss": "distill_jsd"}
+    impl = {"torch": "torch", "liger": "liger", "kdloss": "kdloss-py"}
+    out = [f"{'kernel':<12} {'mode':<8} {'BT':>8} {'V':>7} {'dtype':<5} {'isa':<9} "
+           f"{'median_ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8} {'stream':>6} "
+           f"{'RSS_MiB':>8} {'loss':>13}  note"]
+    for (wl, mode, prov, ps), r in sorted(results.items(), key=lambda kv: (
+            kv[0][0], ALL_MODES.index(kv[0][1]), kv[1]["point"]["tokens"],
+            kv[1]["point"]["vocab"], kv[0][2])):
+        p, q = r["point"], r.get("modes", {}).get(mode)
+        head = (f"{names[wl]:<12} {mode:<8} {p['tokens']:>8} {p['vocab']:>7} {p['dtype']:<5} "
+                f"{impl[prov]:<9} ")
+        note = "peers.py" + (f", Hs {p['hidden_student']} Ht {p['hidden_teacher']}"
+                             if wl != "kl_div" else "") + ", RSS above baseline"
+        if q:
+            loss = r.get("loss")
+            out.append(head + f"{q['ms_50']:>10.3f} {q['ms_20']:>10.3f} {q['ms_80']:>10.3f} "
+                       f"{'-':>8} {'-':>6} {r['peak_mb']:>8.0f} "
+                       f"{(f'{loss:.7g}' if loss is not None else '-'):>13}  {note}")
+        else:
+            out.append(head + f"{'-':>10} {'-':>10} {'-':>10} {'-':>8} {'-':>6} {'-':>8} "
+                       f"{'-':>13}  failed: {r.get('error', '')[:80]}")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
