@@ -376,7 +376,10 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
             "apiVersion": API}
     ext = f"{wl}/{mode}/{prov}/{cpu['slug']}/{ps}/{stamp}"
     q = res.get("modes", {}).get(mode)
+    # workload and implementation ride inside run.spec (as in `kdloss bench` records) so their
+    # digests can be checked; the seed records carry only the digests.
     spec = {"status": "passed" if q else "failed", "observedAt": res["observedAt"],
+            "workload": wobj, "implementation": impl,
             "protocolDigest": digest(pobj), "workloadDigest": digest(wobj),
             "environmentDigest": digest(env_obj), "implementationDigest": digest(impl)}
     native = {"source": "kdloss-bench-peers", "benchmark": f"{wl}/{mode}", "externalId": ext,
@@ -387,7 +390,7 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
         spec["measurements"] = [
             {"unit": "ns", "value": round(q["ms_20"] * 1e6), "metric": "latency", "statistic": "p20"},
             {"unit": "ns", "value": round(q["ms_80"] * 1e6), "metric": "latency", "statistic": "p80"},
-            {"unit": "MiB", "value": round(res["peak_mb"], 1), "metric": "peak_memory",
+            {"unit": "bytes", "value": round(res["peak_mb"] * 2 ** 20), "metric": "peak_memory",
              "statistic": "max"}]
         native["metrics"] = {**q, "peak_mb": res["peak_mb"], "peak_rss_mb": res["peak_rss_mb"],
                              "baseline_rss_mb": res["baseline_rss_mb"], "loss": res.get("loss"),
@@ -403,8 +406,7 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
                         "labels": {k: str(v) for k, v in env_obj["spec"]["software"].items()
                                    if k in ("torch", "liger_kernel", "kdloss")}},
            "apiVersion": API}
-    return {"run": run, "protocol": pobj, "environment": env_obj, "workload": wobj,
-            "implementation": impl}
+    return {"run": run, "protocol": pobj, "environment": env_obj}
 
 
 def run_child(spec, timeout):
@@ -500,8 +502,11 @@ def plots(results, providers, out_dir, kl_bt):
     for wl, xkey, xlabel, keep in (
             ("kl_div", "vocab", f"vocabulary V (BT = {kl_bt})", lambda p: p["tokens"] == kl_bt),
             ("distill_jsd_loss", "tokens", "tokens BT", lambda p: True)):
-        series = {}
+        series, failed = {}, {}
         for (w, mode, prov, ps), res in results.items():
+            if w == wl and mode == "full" and not res.get("modes", {}).get("full") \
+                    and not res.get("skipped"):
+                failed.setdefault(prov, f"{prov}: {res.get('error', 'failed')[:90]}")
             if w != wl or mode != "full" or not res.get("modes", {}).get("full") or not keep(res["point"]):
                 continue
             q = res["modes"]["full"]
@@ -530,7 +535,10 @@ def plots(results, providers, out_dir, kl_bt):
         shape = (f"fp32, batchmean" if wl == "kl_div" else
                  f"Hs {p['hidden_student']}, Ht {p['hidden_teacher']}, V {p['vocab']}, {p['dtype']}")
         fig.suptitle(f"{wl} · {shape} · {cpu_info()['model']}, {os.cpu_count()} cores")
-        fig.tight_layout()
+        if failed:
+            fig.text(0.01, 0.01, "did not run: " + "; ".join(failed.values()), fontsize=8,
+                     color="dimgray")
+        fig.tight_layout(rect=(0, 0.04 if failed else 0, 1, 1))
         path = os.path.join(out_dir, f"peers-{wl}.png")
         fig.savefig(path, dpi=120)
         plt.close(fig)
@@ -553,7 +561,7 @@ def targets(results):
         s = tseed["modes"]["full"]["ms_50"] / seed["modes"]["full"]["ms_50"]
         lines.append(f"- KL full at the seed shape (BT 16384, V 4096, fp32): kdloss {s:.2f}x faster "
                      f"than eager torch (target >= 3x): {'MET' if s >= 3 else 'NOT MET'}")
-    for (wl, mode, prov, ps), res in sorted(results.items()):
+    for (wl, mode, prov, ps), res in sorted(results.items(), key=lambda kv: kv[1]["point"]["tokens"]):
         if wl != "distill_jsd_loss" or mode != "full" or prov != "kdloss" or not res.get("modes", {}).get("full"):
             continue
         k = res["modes"]["full"]["ms_50"]
@@ -586,7 +594,7 @@ def parse(argv):
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--kl-all-modes", default="16384x4096",
                     help="KL points (BTxV) that also get forward and backward modes")
-    ap.add_argument("--distill-all-modes-max-bt", type=int, default=512,
+    ap.add_argument("--distill-all-modes-max-bt", type=int, default=256,
                     help="forward and backward modes only up to this BT (full everywhere)")
     ap.add_argument("--no-liger-compile", action="store_true",
                     help="run Liger's chunked loss with compiled=False (its default is True)")

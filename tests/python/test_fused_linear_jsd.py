@@ -181,20 +181,26 @@ def test_all_rows_ignored(gen):
     assert all(bool((g == 0).all()) for g in grads.values())
 
 
-def test_row_strided_student_input_is_not_copied(spy, gen):
+def test_row_strided_inputs_and_weights_are_not_copied(spy, gen):
     t = make(gen)
     big = torch.randn(BT, HS + 9, generator=gen)
-    xs = big[:, 4:4 + HS]
-    fused_linear_jsd_loss(xs, t["ws"], t["xt"], t["wt"], t["labels"])
-    xs_view = spy.calls[-1][1][6]
-    assert xs_view.data == xs.data_ptr() and xs_view.ld == HS + 9
+    xs = big[:, 4:4 + HS]  # ld HS + 9
+    wbig = torch.zeros(V, HT + 5)
+    wbig[:, 5:] = t["wt"]
+    wt = wbig[:, 5:]  # teacher weight with ld HT + 5
+    fused_linear_jsd_loss(xs, t["ws"], t["xt"], wt, t["labels"])
+    args = spy.calls[-1][1]
+    assert args[6].data == xs.data_ptr() and args[6].ld == HS + 9
+    assert args[10].data == wt.data_ptr() and args[10].ld == HT + 5
     t["xs"] = xs.clone()
     want = reference(t)
     xs = xs.detach().requires_grad_()
-    loss = fused_linear_jsd_loss(xs, t["ws"], t["xt"], t["wt"], t["labels"])
+    ws = t["ws"].detach().requires_grad_()
+    loss = fused_linear_jsd_loss(xs, ws, t["xt"], wt, t["labels"])
     loss.backward()
     assert_close(loss, want[0], 1e-4, what="loss")
     assert_close(xs.grad, want[3]["xs"], 1e-4, what="dxs")
+    assert_close(ws.grad, want[3]["ws"], 1e-4, what="dws")
 
 
 def test_gradcheck_fp32(gen):
@@ -222,6 +228,8 @@ def test_errors(gen):
     assert e.value.status_name == "KDLOSS_ERR_LABEL_OUT_OF_RANGE"
     with pytest.raises(kdloss.KdlossError, match="invalid dtype"):  # C: F32 or BF16 only
         f(xs.half(), ws.half(), xt, wt, labels)
+    with pytest.raises(kdloss.KdlossError, match="null pointer"):
+        f(xs, ws, xt, wt, None)  # the hard loss needs labels
     with pytest.raises(kdloss.KdlossError, match="invalid parameter"):
         FusedLinearJSDLoss(temperature=0)
     with pytest.raises(kdloss.KdlossError, match="invalid parameter"):  # C checks T > 0

@@ -254,6 +254,9 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
     Returns the loss, or (loss, soft_loss, hard_loss) when return_soft_hard_loss."""
     if temperature == 0:
         raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+    if true_labels is None and weight_hard_loss != 0:
+        raise KdlossError(_lib.ERR_NULL_POINTER,
+                          "true_labels is required when weight_hard_loss != 0")
     loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
                               true_labels, student_bias, teacher_bias, beta, temperature,
                               weight_hard_loss, weight_soft_loss, ignore_index, chunk_size)
