@@ -37,7 +37,11 @@ else
 	@echo "test-cuda: nvcc not found, CUDA build check skipped"
 endif
 
-test: test-c test-san test-cuda
+# The PyTorch binding: a venv with torch (created when missing), pip install ., pytest.
+test-py: deps
+	bash scripts/test_python.sh
+
+test: test-c test-san test-cuda test-py
 
 # Benchmarks run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset (they slow OpenBLAS ~2x here).
 bench: build
