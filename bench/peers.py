@@ -290,6 +290,7 @@ def software_versions():
     except (IndexError, ValueError):
         v = {"error": out.stderr[-300:]}
     v["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS")
+    v["THP_MEM_ALLOC_ENABLE"] = "1" if THP else None
     return v
 
 
@@ -302,7 +303,12 @@ def child_env():
     # frees and mid-size tensors linger in the heap, which made small points read 100+ MB high.
     # Blocks >= 32 MiB, i.e. every big tensor, are mmapped either way, so timings barely move.)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(4 << 20))
+    if THP:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     return env
+
+
+THP = False  # --thp: torch's CPU allocator asks for transparent huge pages (every provider)
 
 
 def point_slug(wl, p):
@@ -596,6 +602,9 @@ def parse(argv):
                     help="KL points (BTxV) that also get forward and backward modes")
     ap.add_argument("--distill-all-modes-max-bt", type=int, default=256,
                     help="forward and backward modes only up to this BT (full everywhere)")
+    ap.add_argument("--thp", action="store_true",
+                    help="THP_MEM_ALLOC_ENABLE=1 for every provider: torch's CPU allocator "
+                         "madvises huge pages, so fresh big tensors fault 512x fewer pages")
     ap.add_argument("--no-liger-compile", action="store_true",
                     help="run Liger's chunked loss with compiled=False (its default is True)")
     ap.add_argument("--warmup-s", type=float, default=1.0)
@@ -622,10 +631,12 @@ def parse(argv):
 
 
 def main(argv):
+    global THP
     args = parse(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return 0
+    THP = args.thp
     os.makedirs(args.out, exist_ok=True)
     cpu, sw = cpu_info(), software_versions()
     env_obj = environment_obj(cpu, sw)
