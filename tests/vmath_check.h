@@ -35,6 +35,7 @@ static double d_log1p(double x) { return log1p(x); }
 static double sweep(vfn f, dfn ref, uint32_t lo, uint32_t hi, uint32_t step, int sign, float *worst) {
     float in[VL], out[VL];
     double maxe = 0;
+    if (kt_quick()) step *= 16; /* sanitizer builds run unoptimized */
     int k = 0;
     for (uint64_t b = lo;; b += step) {
         if (b > hi) b = hi;

@@ -1,0 +1,273 @@
+/* `kdloss bench distill_jsd`: kdloss_fused_linear_jsd on the reference distillation workload
+ * (REFERENCE.md section 5): torch.rand hidden states, nn.Linear default weights (uniform in
+ * +-1/sqrt(H), no bias), labels randint(0, V), no ignored rows, beta 0.5, T 1, weights 0.5/0.5.
+ *
+ * Besides the kernel's latency it reports, from the same run:
+ *  - the GEMM floor: the four GEMMs (student logits, teacher logits, dXs, dWs) at full size,
+ *    fp32 sgemm on fp32 copies through the same BLAS, timed in a forked child (so their
+ *    buffers, two BT x V fp32 matrices, never count in this process's peak RSS) in rounds that
+ *    alternate with the timed kdloss calls (so both see the same load on a shared machine);
+ *    and the ratio of the medians kdloss / sum(GEMMs) (target <= 1.2 in full mode; forward
+ *    mode compares with the two logits GEMMs only);
+ *  - memory: what this process holds (inputs, outputs, the library's workspace, allocated
+ *    once here and passed to every call as a training loop would) against the 2 x BT x V fp32
+ *    logits a materializing implementation needs on top of the same inputs and outputs. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bench_gemm_floor.h"
+#include "half.h"
+
+typedef struct dj_opts {
+    int64_t hs, ht, chunk;
+} dj_opts;
+
+typedef struct dj_ctx {
+    kdloss_fljsd_params params;
+    int64_t bt, hs, ht, v;
+    kdloss_cmat xs, ws, xt, wt;
+    kdloss_labels labels;
+    kdloss_fljsd_out out;
+    float loss;
+    void *work;
+    size_t work_bytes;
+} dj_ctx;
+
+static void dj_defaults(kb_options *o, void *kopts) {
+    dj_opts *k = kopts;
+    o->bt = 2048;
+    o->vocab = 32768;
+    o->dtype = KDLOSS_BF16;
+    o->reps = 3; /* one default-shape call is seconds of GEMM on a small CPU */
+    o->warmup = 1;
+    k->hs = 1024;
+    k->ht = 2048;
+    k->chunk = 0;
+}
+
+static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
+    dj_opts *k = kopts;
+    int r;
+    if ((r = kb_flag_i64(argc, argv, i, "--hs", 1, &k->hs))) return r;
+    if ((r = kb_flag_i64(argc, argv, i, "--ht", 1, &k->ht))) return r;
+    if ((r = kb_flag_i64(argc, argv, i, "--chunk", 0, &k->chunk))) return r;
+    if (strcmp(argv[i], "--seed-shape") == 0) { /* the reference record's shape */
+        o->bt = 8192;
+        o->vocab = 128256;
+        k->hs = 2048;
+        k->ht = 4096;
+        return 1;
+    }
+    return 0;
+}
+
+static int dj_check(const kb_options *o, const void *kopts) {
+    const dj_opts *k = kopts;
+    if (o->dtype == KDLOSS_F16) return kb_arg_error("distill_jsd: --dtype must be fp32 or bf16");
+    if (k->hs > 0x7fffffff || k->ht > 0x7fffffff || o->vocab > 0x7fffffff)
+        return kb_arg_error("distill_jsd: --hs, --ht and --vocab must fit a CBLAS int");
+    return 0;
+}
+
+static kdloss_status dj_call(void *p) {
+    dj_ctx *c = p;
+    return kdloss_fused_linear_jsd(&c->params, c->bt, c->hs, c->ht, c->v, c->xs, c->ws, NULL,
+                                   c->xt, c->wt, NULL, c->labels, &c->out, c->work,
+                                   c->work_bytes);
+}
+
+/* A uniform [0, 1) from (seed, i) alone, so any thread count fills the same tensor. */
+static float uniform_at(uint64_t seed, uint64_t i) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * 0x1p-24f;
+}
+
+/* n elements of dt: lo + (hi - lo) * uniform, rounded to dt. */
+static void fill_uniform(void *dst, kdloss_dtype dt, size_t n, float lo, float hi, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = lo + (hi - lo) * uniform_at(seed, i);
+        if (dt == KDLOSS_F32) ((float *)dst)[i] = x;
+        else ((uint16_t *)dst)[i] = kd_f32_to_bf16(x);
+    }
+}
+
+static void dj_describe(const kb_options *o, const dj_opts *k, kb_workload *w) {
+    kb_workload_init(w, "distill_jsd", "Fused-linear JSD distillation loss", o->dtype, o->bt,
+                     o->vocab);
+    kb_wl_int(w, "hidden_student", k->hs, 1);
+    kb_wl_int(w, "hidden_teacher", k->ht, 1);
+    kb_wl_num(w, "beta", 0.5);
+    kb_wl_num(w, "temperature", 1.0);
+    kb_wl_num(w, "weight_hard_loss", 0.5);
+    kb_wl_num(w, "weight_soft_loss", 0.5);
+    kb_wl_int(w, "chunk_size", k->chunk, 0);
+    kb_wl_bool(w, "bias", 0);
+    kb_wl_str(w, "inputs", "rand; nn.Linear init; randint labels");
+}
+
+static double mb(double bytes) { return bytes / 1048576.0; }
+
+/* Median of n samples (sorted in place). */
+static double median(double *x, int64_t n) { return kb_quantile(x, n, 0.5); }
+
+/* Times `reps` kdloss calls (after o->warmup untimed ones) alternating with GEMM-floor rounds
+ * when the floor child runs, so both see the same machine load. Fills res->t; floor_sum[r] and
+ * gemm_ns[g * reps + r] get the floor's per-round sum (of the GEMMs this mode needs) and times
+ * (floor_sum[0] < 0 when not measured). */
+static kdloss_status time_alternating(const kb_options *o, dj_ctx *c, kb_floor *fl,
+                                      kb_result *res, double *kd, double *floor_sum,
+                                      double *gemm_ns) {
+    int64_t reps = o->reps;
+    int n_gemm = o->mode == KB_MODE_FORWARD ? 2 : KB_GEMM_COUNT;
+    floor_sum[0] = -1.0;
+    for (int64_t r = 0; r < reps; r++) {
+        kb_stats one;
+        kdloss_status st = kb_time(dj_call, c, r == 0 ? o->warmup : 0, 1, res->working_set, &one);
+        if (st != KDLOSS_OK) return st;
+        kd[r] = one.median_ns;
+        double ns[KB_GEMM_COUNT];
+        if (!fl->pid || kb_floor_round(fl, ns) != 0) {
+            kb_floor_stop(fl);
+            continue;
+        }
+        floor_sum[r] = 0.0;
+        for (int g = 0; g < KB_GEMM_COUNT; g++) gemm_ns[g * reps + r] = ns[g];
+        for (int g = 0; g < n_gemm; g++) floor_sum[r] += ns[g];
+    }
+    res->t.n = reps;
+    res->t.min_ns = kb_quantile(kd, reps, 0.0);
+    res->t.max_ns = kb_quantile(kd, reps, 1.0);
+    res->t.p20_ns = kb_quantile(kd, reps, 0.2);
+    res->t.median_ns = kb_quantile(kd, reps, 0.5);
+    res->t.p80_ns = kb_quantile(kd, reps, 0.8);
+    return KDLOSS_OK;
+}
+
+/* Prints and records the floor, the ratio and the memory figures. */
+static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_result *res,
+                   double *floor_sum, double *gemm_ns, double in_bytes, double out_bytes) {
+    int64_t reps = o->reps;
+    printf("memory: inputs %.1f MiB, outputs %.1f MiB, library workspace %.1f MiB; "
+           "materializing BT x V fp32 logits for both models would add %.1f MiB\n",
+           mb(in_bytes), mb(out_bytes), mb((double)c->work_bytes),
+           mb(2.0 * 4.0 * (double)o->bt * (double)o->vocab));
+    kb_result_add_measure(res, "workspace", "bytes", "B", (double)c->work_bytes);
+    if (floor_sum[0] < 0.0 || floor_sum[reps - 1] < 0.0) {
+        snprintf(res->note, sizeof res->note, "hs%lld ht%lld gemm floor not measured",
+                 (long long)k->hs, (long long)k->ht);
+        return;
+    }
+    printf("gemm floor (fp32 sgemm in a forked child, rounds alternating with the kdloss calls, "
+           "median of %lld):", (long long)reps);
+    double med[KB_GEMM_COUNT];
+    for (int g = 0; g < KB_GEMM_COUNT; g++) {
+        med[g] = median(gemm_ns + g * reps, reps);
+        printf(" %s %.3f s;", kb_gemm_name(g), med[g] * 1e-9);
+    }
+    double kd_med = res->t.median_ns, fl_med = median(floor_sum, reps);
+    int full = o->mode != KB_MODE_FORWARD;
+    printf(" sum%s %.3f s\n", full ? "" : " of the two logits GEMMs", fl_med * 1e-9);
+    printf("kdloss / gemm floor = %.3f (kdloss median %.3f s)\n", kd_med / fl_med, kd_med * 1e-9);
+    kb_result_add_measure(res, "gemm_floor_latency", "median", "ns", fl_med);
+    kb_result_add_measure(res, "gemm_student_logits", "median", "ns", med[KB_GEMM_ZS]);
+    kb_result_add_measure(res, "gemm_teacher_logits", "median", "ns", med[KB_GEMM_ZT]);
+    kb_result_add_measure(res, "gemm_dxs", "median", "ns", med[KB_GEMM_DXS]);
+    kb_result_add_measure(res, "gemm_dws", "median", "ns", med[KB_GEMM_DWS]);
+    kb_result_add_measure(res, "gemm_floor_ratio", "median", "x", kd_med / fl_med);
+    snprintf(res->note, sizeof res->note, "hs%lld ht%lld floor %.2fs %.2fx", (long long)k->hs,
+             (long long)k->ht, fl_med * 1e-9, kd_med / fl_med);
+}
+
+static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
+    const dj_opts *k = kopts;
+    int64_t bt = o->bt, v = o->vocab;
+    int grad = o->mode != KB_MODE_FORWARD, loss = o->mode != KB_MODE_BACKWARD;
+    size_t bxs = kb_matrix_bytes(bt, k->hs, o->dtype), bws = kb_matrix_bytes(v, k->hs, o->dtype);
+    size_t bxt = kb_matrix_bytes(bt, k->ht, o->dtype), bwt = kb_matrix_bytes(v, k->ht, o->dtype);
+    if (!bxs || !bws || !bxt || !bwt) {
+        kb_arg_error("distill_jsd: shape too large");
+        return 2;
+    }
+    dj_ctx c;
+    memset(&c, 0, sizeof c);
+    kdloss_fljsd_params_default(&c.params);
+    c.params.chunk_size = k->chunk;
+    c.bt = bt;
+    c.hs = k->hs;
+    c.ht = k->ht;
+    c.v = v;
+
+    void *xs = kb_alloc(bxs, "xs"), *ws = kb_alloc(bws, "ws");
+    void *xt = kb_alloc(bxt, "xt"), *wt = kb_alloc(bwt, "wt");
+    int64_t *labels = kb_alloc((size_t)bt * sizeof(int64_t), "labels");
+    fill_uniform(xs, o->dtype, bxs / kdloss_dtype_size(o->dtype), 0.0f, 1.0f, o->seed);
+    fill_uniform(xt, o->dtype, bxt / kdloss_dtype_size(o->dtype), 0.0f, 1.0f, o->seed + 1);
+    float as = 1.0f / sqrtf((float)k->hs), at = 1.0f / sqrtf((float)k->ht);
+    fill_uniform(ws, o->dtype, bws / kdloss_dtype_size(o->dtype), -as, as, o->seed + 2);
+    fill_uniform(wt, o->dtype, bwt / kdloss_dtype_size(o->dtype), -at, at, o->seed + 3);
+    for (int64_t r = 0; r < bt; r++)
+        labels[r] = (int64_t)((double)uniform_at(o->seed + 4, (uint64_t)r) * (double)v) % v;
+    c.xs = (kdloss_cmat){xs, o->dtype, 0};
+    c.ws = (kdloss_cmat){ws, o->dtype, 0};
+    c.xt = (kdloss_cmat){xt, o->dtype, 0};
+    c.wt = (kdloss_cmat){wt, o->dtype, 0};
+    c.labels = (kdloss_labels){labels, KDLOSS_I64};
+
+    void *dxs = grad ? kb_alloc(bxs, "dxs") : NULL, *dws = grad ? kb_alloc(bws, "dws") : NULL;
+    c.out.dxs = (kdloss_mat){dxs, o->dtype, 0};
+    c.out.dws = (kdloss_mat){dws, o->dtype, 0};
+    c.out.loss = loss ? &c.loss : NULL;
+    kdloss_status st = kdloss_fljsd_workspace_size(&c.params, bt, k->hs, k->ht, v, o->dtype, grad,
+                                                   &c.work_bytes);
+    if (st == KDLOSS_OK) c.work = kb_alloc(c.work_bytes, "workspace");
+
+    dj_describe(o, k, &res->wl);
+    double in_bytes = (double)(bxs + bws + bxt + bwt) + 8.0 * (double)bt;
+    double out_bytes = grad ? (double)(bxs + bws) : 0.0;
+    res->bytes = in_bytes + out_bytes;
+    res->working_set = (size_t)res->bytes + c.work_bytes;
+    double *kd = malloc(sizeof(double) * (size_t)o->reps * (2 + KB_GEMM_COUNT));
+    if (!kd) {
+        fprintf(stderr, "kdloss bench: out of memory\n");
+        exit(1);
+    }
+    kb_floor fl;
+    if (kb_floor_start(&fl, bt, k->hs, k->ht, v, o->dtype, xs, ws, xt, wt) != 0)
+        printf("gemm floor: not measured (see above)\n");
+    if (st == KDLOSS_OK)
+        st = time_alternating(o, &c, &fl, res, kd, kd + o->reps, kd + 2 * o->reps);
+    kb_floor_stop(&fl);
+    res->loss = c.loss;
+    res->has_loss = loss;
+    if (st == KDLOSS_OK) report(o, k, &c, res, kd + o->reps, kd + 2 * o->reps, in_bytes, out_bytes);
+    free(kd);
+    void *all[] = {xs, ws, xt, wt, labels, dxs, dws, c.work};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kb_free(all[i]);
+    if (st != KDLOSS_OK) {
+        kb_report_status("kdloss_fused_linear_jsd", st);
+        return 1;
+    }
+    return 0;
+}
+
+const kb_kernel kb_kernel_distill_jsd = {
+    .name = "distill_jsd",
+    .summary = "chunked fused-linear JSD + CE distillation loss, with its GEMM floor",
+    .flags_help =
+        "  --hs N          student hidden size, default 1024 (--bt default 2048, --vocab 32768,\n"
+        "                  --dtype bf16, --reps 3, --warmup 1 for this kernel)\n"
+        "  --ht N          teacher hidden size, default 2048\n"
+        "  --chunk N       rows per chunk, default 0 (automatic, 256 MiB budget)\n"
+        "  --seed-shape    BT 8192, Hs 2048, Ht 4096, V 128256 (later flags override)\n",
+    .opts_size = sizeof(dj_opts),
+    .defaults = dj_defaults,
+    .parse_flag = dj_parse,
+    .check = dj_check,
+    .run = dj_run,
+};
