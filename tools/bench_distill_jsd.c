@@ -21,7 +21,7 @@
 #include "half.h"
 
 typedef struct dj_opts {
-    int64_t hs, ht, chunk;
+    int64_t hs, ht, chunk, budget_mib;
 } dj_opts;
 
 typedef struct dj_ctx {
@@ -53,6 +53,7 @@ static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
     if ((r = kb_flag_i64(argc, argv, i, "--hs", 1, &k->hs))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--ht", 1, &k->ht))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--chunk", 0, &k->chunk))) return r;
+    if ((r = kb_flag_i64(argc, argv, i, "--budget", 0, &k->budget_mib))) return r;
     if (strcmp(argv[i], "--seed-shape") == 0) { /* the reference record's shape */
         o->bt = 8192;
         o->vocab = 128256;
@@ -66,6 +67,7 @@ static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
 static int dj_check(const kb_options *o, const void *kopts) {
     const dj_opts *k = kopts;
     if (o->dtype == KDLOSS_F16) return kb_arg_error("distill_jsd: --dtype must be fp32 or bf16");
+    if (k->budget_mib > ((int64_t)1 << 40)) return kb_arg_error("distill_jsd: --budget too large");
     if (k->hs > 0x7fffffff || k->ht > 0x7fffffff || o->vocab > 0x7fffffff)
         return kb_arg_error("distill_jsd: --hs, --ht and --vocab must fit a CBLAS int");
     return 0;
@@ -107,6 +109,7 @@ static void dj_describe(const kb_options *o, const dj_opts *k, kb_workload *w) {
     kb_wl_num(w, "weight_hard_loss", 0.5);
     kb_wl_num(w, "weight_soft_loss", 0.5);
     kb_wl_int(w, "chunk_size", k->chunk, 0);
+    kb_wl_int(w, "memory_budget_mib", k->budget_mib ? k->budget_mib : 256, 0);
     kb_wl_bool(w, "bias", 0);
     kb_wl_str(w, "inputs", "rand; nn.Linear init; randint labels");
 }
@@ -198,6 +201,7 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     memset(&c, 0, sizeof c);
     kdloss_fljsd_params_default(&c.params);
     c.params.chunk_size = k->chunk;
+    c.params.memory_budget = (size_t)k->budget_mib << 20;
     c.bt = bt;
     c.hs = k->hs;
     c.ht = k->ht;
@@ -263,7 +267,8 @@ const kb_kernel kb_kernel_distill_jsd = {
         "  --hs N          student hidden size, default 1024 (--bt default 2048, --vocab 32768,\n"
         "                  --dtype bf16, --reps 3, --warmup 1 for this kernel)\n"
         "  --ht N          teacher hidden size, default 2048\n"
-        "  --chunk N       rows per chunk, default 0 (automatic, 256 MiB budget)\n"
+        "  --chunk N       rows per chunk, default 0 (automatic from the memory budget)\n"
+        "  --budget MiB    the library's memory_budget, default 0 (= 256 MiB)\n"
         "  --seed-shape    BT 8192, Hs 2048, Ht 4096, V 128256 (later flags override)\n",
     .opts_size = sizeof(dj_opts),
     .defaults = dj_defaults,

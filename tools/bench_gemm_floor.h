@@ -28,8 +28,8 @@ typedef struct kb_floor {
     int to_child, from_child;
 } kb_floor;
 
-/* Forks the child, which builds its buffers and runs one untimed round. Returns 0, or -1 after
- * printing why (fork failure, the child out of memory). */
+/* Forks the child, which builds its buffers and runs one untimed round (none when a round is
+ * over a TFLOP). Returns 0, or -1 after printing why (fork failure, the child out of memory). */
 int kb_floor_start(kb_floor *f, int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_dtype dt,
                    const void *xs, const void *ws, const void *xt, const void *wt);
 /* One timed round: ns[i] = time of GEMM i. Returns 0, or -1 after printing why. */

@@ -10,7 +10,10 @@
  *                                      workspace accumulator cast once at the end for bf16)
  *   dxs rows = dzs ws                  sgemm
  * Every BLAS call is made from the calling thread outside any OpenMP region: OpenBLAS runs its
- * own thread pool, and the two pools must never nest. Per-row losses are summed in row order in
+ * own thread pool, and the two pools must never nest. They must not take turns too often either:
+ * after a region libgomp's threads spin for a while, and a GEMM started then shares the cores
+ * with them, so the only OpenMP region between the GEMMs of a chunk is its row pass (plus the
+ * dbs column sums); the conversions that sit between GEMMs run on the calling thread. Per-row losses are summed in row order in
  * double, so the loss does not depend on the thread count, and on the chunk size only through
  * the GEMMs' rounding.
  *
@@ -51,7 +54,7 @@ static const float *w_rows(const wsrc *w, int64_t r0, int64_t n, int64_t *ld) {
     }
     *ld = w->cols;
     if (w->f32) return w->f32 + r0 * w->cols;
-    kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel);
+    kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel, 0);
     return w->panel;
 }
 
@@ -89,7 +92,7 @@ static const float *x_rows(kdloss_cmat x, int64_t r0, int64_t n, int64_t cols, f
         *ld = x.ld;
         return (const float *)x.data + r0 * x.ld;
     }
-    kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf);
+    kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf, 0);
     *ld = cols;
     return buf;
 }
@@ -109,7 +112,7 @@ static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int firs
 /* fp32 vector -> n elements of dt (F32 or BF16) at dst. */
 static void store_vec(const float *src, int64_t n, kdloss_dtype dt, void *dst) {
     if (dt == KDLOSS_F32) memcpy(dst, src, (size_t)n * sizeof(float));
-    else kd_f32_rows_to_bf16(src, n, 1, n, (uint16_t *)dst, n);
+    else kd_f32_rows_to_bf16(src, n, 1, n, (uint16_t *)dst, n, 0);
 }
 
 /* Fills a (rows x cols, ld) matrix of dt with zeros (+0 is all-zero bits in fp32 and bf16). */
@@ -137,7 +140,7 @@ static void write_zero(const kd_fljsd_call *k) {
 /* [v] bias of dtype dt as fp32 (into buf when it is bf16); NULL stays NULL. */
 static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *buf) {
     if (!b || dt == KDLOSS_F32) return (const float *)b;
-    kd_bf16_rows_to_f32((const uint16_t *)b, v, 1, v, buf);
+    kd_bf16_rows_to_f32((const uint16_t *)b, v, 1, v, buf, 0);
     return buf;
 }
 
@@ -149,12 +152,54 @@ static void (*row_kernel(void))(const kd_fljsd_rows *) {
     }
 }
 
+/* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole). */
+static void widen_whole(const kd_fljsd_plan *pl, char *base, int soft, wsrc *w_s, wsrc *w_t) {
+    if (!pl->whole) return;
+    if (w_s->dt == KDLOSS_BF16) {
+        float *c = (float *)(base + pl->off_ws32);
+        kd_bf16_rows_to_f32((const uint16_t *)w_s->data, w_s->ld, w_s->rows, w_s->cols, c, 1);
+        w_s->f32 = c;
+    }
+    if (soft && w_t->dt == KDLOSS_BF16) {
+        float *c = (float *)(base + pl->off_wt32);
+        kd_bf16_rows_to_f32((const uint16_t *)w_t->data, w_t->ld, w_t->rows, w_t->cols, c, 1);
+        w_t->f32 = c;
+    }
+}
+
+/* The gradients of chunk rows [r0, r0 + n) from its dzs (n x V, over zs): dbs += column sums,
+ * dWs (+)= dzs^T xs (as: the chunk's fp32 xs rows, stride lda), dxs rows = dzs ws. */
+static void chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base,
+                        const wsrc *w_s, const float *dz, const float *as, int64_t lda, int64_t r0,
+                        int64_t n) {
+    const kdloss_fljsd_out *o = &k->out;
+    int64_t hs = k->hs, v = k->v;
+    int sb = k->xs.dtype == KDLOSS_BF16;
+    if (o->dbs) col_sums(dz, n, v, (float *)(base + pl->off_dbs), r0 == 0);
+    if (o->dws.data) {
+        float *c = sb ? (float *)(base + pl->off_dws) : (float *)o->dws.data;
+        int64_t ldc = sb ? hs : o->dws.ld;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)v, (int)hs, (int)n, 1.0f, dz,
+                    (int)v, as, (int)lda, r0 ? 1.0f : 0.0f, c, (int)ldc);
+    }
+    if (o->dxs.data && !sb) {
+        gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
+    } else if (o->dxs.data) {
+        float *tmp = (float *)(base + pl->off_xconv); /* the chunk's teacher rows are spent */
+        gemm_dx(n, dz, w_s, tmp, hs);
+        kd_f32_rows_to_bf16(tmp, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld,
+                            0);
+    }
+}
+
 /* The computation of a checked call in the workspace at `base` (aligned). */
 static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
     const kdloss_fljsd_params *p = &k->p;
     const kdloss_fljsd_out *o = &k->out;
     int64_t bt = k->bt, hs = k->hs, ht = k->ht, v = k->v;
-    int sb = k->xs.dtype == KDLOSS_BF16;
+    /* A loss part is computed when it is weighted or asked for: weight_hard_loss = 0 skips all
+     * cross-entropy work unless the caller wants hard_loss itself (its gradient is skipped
+     * then too); the same for the soft part, which also skips the teacher GEMM. */
     int soft = p->weight_soft_loss > 0.0 || o->soft_loss;
     int hard = p->weight_hard_loss > 0.0 || o->hard_loss;
     if (k->n_valid == 0 || (!soft && !hard)) {
@@ -162,29 +207,15 @@ static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
         return;
     }
     double nv = (double)k->n_valid;
-    float *zs = (float *)(base + pl->off_zs), *zt = (float *)(base + pl->off_zt);
-    float *xconv = (float *)(base + pl->off_xconv), *xs32 = (float *)(base + pl->off_xs32);
     float *panel = (float *)(base + pl->off_panel), *bias = (float *)(base + pl->off_bias);
-    float *dbs = (float *)(base + pl->off_dbs), *dws_acc = (float *)(base + pl->off_dws);
-    double *row_soft = (double *)(base + pl->off_rows), *row_hard = row_soft + pl->chunk;
-
     wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp};
     wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, ht, NULL, panel, pl->vp};
-    if (pl->whole && w_s.dt == KDLOSS_BF16) {
-        float *c = (float *)(base + pl->off_ws32);
-        kd_bf16_rows_to_f32((const uint16_t *)w_s.data, w_s.ld, v, hs, c);
-        w_s.f32 = c;
-    }
-    if (pl->whole && soft && w_t.dt == KDLOSS_BF16) {
-        float *c = (float *)(base + pl->off_wt32);
-        kd_bf16_rows_to_f32((const uint16_t *)w_t.data, w_t.ld, v, ht, c);
-        w_t.f32 = c;
-    }
+    widen_whole(pl, base, soft, &w_s, &w_t);
 
     kd_fljsd_rows r;
     r.v = v;
-    r.zs = zs;
-    r.zt = zt;
+    r.zs = (float *)(base + pl->off_zs);
+    r.zt = (float *)(base + pl->off_zt);
     r.bs = bias_f32(k->bs, k->ws.dtype, v, bias);
     r.bt = soft ? bias_f32(k->bt_bias, k->wt.dtype, v, bias + v) : NULL;
     r.labels = k->labels;
@@ -196,45 +227,32 @@ static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
     r.grad = k->grad;
     r.gs = k->grad ? (float)(p->grad_scale * p->weight_soft_loss / (nv * p->temperature)) : 0.0f;
     r.gh = k->grad ? (float)(p->grad_scale * p->weight_hard_loss / nv) : 0.0f;
-    r.row_soft = row_soft;
-    r.row_hard = row_hard;
+    r.row_soft = (double *)(base + pl->off_rows);
+    r.row_hard = r.row_soft + pl->chunk;
     void (*rows)(const kd_fljsd_rows *) = row_kernel();
 
     double soft_sum = 0.0, hard_sum = 0.0;
     for (int64_t r0 = 0; r0 < bt; r0 += pl->chunk) {
         int64_t n = min64(pl->chunk, bt - r0), lda;
         if (soft) {
-            const float *at = x_rows(k->xt, r0, n, ht, xconv, &lda);
-            gemm_logits(n, at, lda, &w_t, zt);
+            const float *at = x_rows(k->xt, r0, n, ht, (float *)(base + pl->off_xconv), &lda);
+            gemm_logits(n, at, lda, &w_t, r.zt);
         }
-        const float *as = x_rows(k->xs, r0, n, hs, xs32, &lda);
-        gemm_logits(n, as, lda, &w_s, zs);
+        const float *as = x_rows(k->xs, r0, n, hs, (float *)(base + pl->off_xs32), &lda);
+        gemm_logits(n, as, lda, &w_s, r.zs);
         r.n = n;
         r.row0 = r0;
         rows(&r);
-        for (int64_t i = 0; i < n; i++) {
-            soft_sum += row_soft[i];
-            hard_sum += row_hard[i];
+        for (int64_t i = 0; i < n; i++) { /* row order: the sums do not depend on the chunk */
+            soft_sum += r.row_soft[i];
+            hard_sum += r.row_hard[i];
         }
-        if (!k->grad) continue;
-        if (o->dbs) col_sums(zs, n, v, dbs, r0 == 0);
-        if (o->dws.data) {
-            float *c = sb ? dws_acc : (float *)o->dws.data;
-            int64_t ldc = sb ? hs : o->dws.ld;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)v, (int)hs, (int)n, 1.0f, zs,
-                        (int)v, as, (int)lda, r0 ? 1.0f : 0.0f, c, (int)ldc);
-        }
-        if (o->dxs.data && !sb) {
-            gemm_dx(n, zs, &w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
-        } else if (o->dxs.data) {
-            gemm_dx(n, zs, &w_s, xconv, hs); /* the teacher rows in xconv are spent */
-            kd_f32_rows_to_bf16(xconv, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld,
-                                o->dxs.ld);
-        }
+        if (k->grad) chunk_grads(k, pl, base, &w_s, r.zs, as, lda, r0, n);
     }
-    if (o->dws.data && sb)
-        kd_f32_rows_to_bf16(dws_acc, hs, v, hs, (uint16_t *)o->dws.data, o->dws.ld);
-    if (o->dbs) store_vec(dbs, v, k->ws.dtype, o->dbs);
+    if (o->dws.data && k->xs.dtype == KDLOSS_BF16)
+        kd_f32_rows_to_bf16((const float *)(base + pl->off_dws), hs, v, hs,
+                            (uint16_t *)o->dws.data, o->dws.ld, 1);
+    if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
     double soft_mean = soft ? soft_sum / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
     write_losses(o,
                  (float)(p->weight_hard_loss * hard_mean + p->weight_soft_loss * soft_mean),
