@@ -36,11 +36,29 @@ class BuildWithCMake(build_py):
 
 
 class BinaryDistribution(Distribution):
-    """The wheel carries a native library: tag it for this platform, not py3-none-any."""
+    """The wheel carries a native library: it is not pure Python."""
 
     def has_ext_modules(self):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithCMake}, distclass=BinaryDistribution,
+cmdclass = {"build_py": BuildWithCMake}
+try:  # setuptools >= 70.1 has bdist_wheel; older ones take it from the `wheel` package
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:
+        bdist_wheel = None
+if bdist_wheel is not None:
+    class PlatformWheel(bdist_wheel):
+        """Tag py3-none-<platform>: libkdloss.so is loaded with ctypes, so the wheel works with
+        any Python 3 on this platform (it is not a CPython extension tied to one ABI)."""
+
+        def get_tag(self):
+            return ("py3", "none") + tuple(super().get_tag()[2:])
+
+    cmdclass["bdist_wheel"] = PlatformWheel
+
+setup(cmdclass=cmdclass, distclass=BinaryDistribution,
       options={"build": {"build_base": "build-py"}})

@@ -2,17 +2,23 @@
 """Peer comparison on the CPU: eager PyTorch, Liger-Kernel and kdloss on the seed workloads.
 
 Protocol (REFERENCE.md section 5, adapted to a CPU):
-  * modes: forward (the loss call alone), backward (loss.backward(retain_graph=True) on one
-    forward's graph, repeated), full (forward + backward, what the seed records time);
-  * warm-up runs first (for Liger's torch.compile path that includes compiling), then repeated
-    timed runs with time.perf_counter_ns; reported: median with p20/p80 (linear interpolation,
-    as triton.testing.do_bench's quantiles); gradients are reset to None between runs, outside
-    the timed region, so every run pays the same;
-  * peak memory: each (provider, point) runs in a fresh child process; the child reads its
-    resident set before creating any input (after all imports) and the RSS high-water mark
-    (getrusage ru_maxrss) at the end. "peak MiB" = high-water - that baseline: inputs, outputs,
-    gradients and working space of all modes (full dominates), without the Python/torch runtime.
-    Peaks of different providers never mix.
+  * timing: all providers side by side in ONE process (this one), on the same input tensors.
+    modes: forward (the loss call alone), backward (loss.backward(retain_graph=True) on one
+    forward's graph, repeated), full (forward + backward, what the seed records time). Each
+    provider first gets warm-up full passes (Liger's torch.compile runs there), then the timed
+    runs are interleaved round-robin across providers (torch, liger, kdloss, torch, ...) with a
+    short untimed pause before each, so a change in machine load or a thread pool still spinning
+    from the previous provider's call is shared out instead of landing on one provider. Timer
+    time.perf_counter_ns; reported: median with p20/p80 (linear interpolation, as the quantiles
+    of triton.testing.do_bench); gradients are reset to None between runs, outside the timed
+    region, so every run pays the same;
+  * peak memory: a fresh child process per (provider, point), so peaks never mix. The child runs
+    the provider once on a tiny problem (thread pools, BLAS buffers, libraries), reads its RSS,
+    creates the inputs, runs one full pass (warm-up; compilation), resets the RSS high-water mark
+    (/proc/self/clear_refs 5) and runs a second full pass. "peak MiB" = the high-water mark after
+    it (VmHWM; getrusage's ru_maxrss is not reset by clear_refs, so it is only the fallback) - the
+    RSS before the inputs existed: inputs, outputs,
+    gradients and working space of a steady-state full pass, without the Python/torch runtime;
   * every provider gets the same inputs from the same seed, and the same input pipeline: for KL the
     input is randn(BT,V).log_softmax(-1) of a leaf that requires grad (so "full" includes the
     log_softmax backward for everyone); for distillation torch.rand hidden states, nn.Linear
@@ -48,7 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SLOW_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # make OpenBLAS ~2x slower on this CPU
 
 # ---------------------------------------------------------------------------------------------------
-# child side: one provider at one point, in its own process
+# inputs and providers
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -61,7 +67,25 @@ def rss_now_mb():
 
 
 def rss_peak_mb():
+    """The RSS high-water mark: VmHWM (which /proc/self/clear_refs resets), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def reset_rss_peak():
+    """Reset the RSS high-water mark to the current RSS (Linux >= 4.0). False if unavailable."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def torch_distill_loss(xs, ws, xt, wt, labels, beta=0.5, temperature=1.0, w_hard=0.5,
@@ -87,17 +111,31 @@ def torch_distill_loss(xs, ws, xt, wt, labels, beta=0.5, temperature=1.0, w_hard
     return w_hard * hard + w_soft * soft
 
 
-def build(spec):
-    """(fwd, grad_leaves, retain, implementation-dict). fwd() returns the scalar loss."""
+def make_inputs(wl, p, seed=0):
+    """The tensors every provider of a point shares. `leaves` get their .grad reset."""
     import torch
-    torch.manual_seed(spec["seed"])
-    wl, prov, p = spec["workload"], spec["provider"], spec["point"]
+    torch.manual_seed(seed)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[p["dtype"]]
     if wl == "kl_div":
         bt, v = p["tokens"], p["vocab"]
         leaf = torch.randn(bt, v, dtype=dtype, requires_grad=True)
-        x = leaf.log_softmax(-1)
-        t = torch.randn(bt, v, dtype=dtype).softmax(-1)
+        return {"leaf": leaf, "x": leaf.log_softmax(-1),
+                "t": torch.randn(bt, v, dtype=dtype).softmax(-1), "leaves": [leaf], "retain": True}
+    bt, hs, ht, v = p["tokens"], p["hidden_student"], p["hidden_teacher"], p["vocab"]
+    xs = torch.rand(bt, hs, dtype=dtype, requires_grad=True)
+    xt = torch.rand(bt, ht, dtype=dtype)
+    ws = torch.nn.Linear(hs, v, bias=False, dtype=dtype).weight  # a Parameter: requires grad
+    wt = torch.nn.Linear(ht, v, bias=False, dtype=dtype).weight.detach()  # frozen teacher
+    labels = torch.randint(0, v, (bt,))
+    return {"xs": xs, "ws": ws, "xt": xt, "wt": wt, "labels": labels, "leaves": [xs, ws],
+            "retain": False}
+
+
+def make_provider(wl, prov, inp, liger_compiled=True):
+    """(fwd, implementation-dict): fwd() returns the scalar loss on the shared inputs."""
+    import torch
+    if wl == "kl_div":
+        x, t = inp["x"], inp["t"]
         if prov == "torch":
             fn, impl = torch.nn.KLDivLoss(reduction="batchmean"), "torch.nn.KLDivLoss"
         elif prov == "liger":
@@ -106,30 +144,27 @@ def build(spec):
         else:
             import kdloss.torch
             fn, impl = kdloss.torch.KLDivLoss(reduction="batchmean"), "kdloss.torch.KLDivLoss"
-        return (lambda: fn(x, t)), [leaf], True, {"module": impl, "options": {"reduction": "batchmean"}}
-    bt, hs, ht, v = p["tokens"], p["hidden_student"], p["hidden_teacher"], p["vocab"]
-    xs = torch.rand(bt, hs, dtype=dtype, requires_grad=True)
-    xt = torch.rand(bt, ht, dtype=dtype)
-    ws = torch.nn.Linear(hs, v, bias=False, dtype=dtype).weight  # a Parameter: requires grad
-    wt = torch.nn.Linear(ht, v, bias=False, dtype=dtype).weight.detach()  # frozen teacher
-    labels = torch.randint(0, v, (bt,))
+        return (lambda: fn(x, t)), {"module": impl, "options": {"reduction": "batchmean"}}
+    xs, ws, xt, wt, labels = (inp[k] for k in ("xs", "ws", "xt", "wt", "labels"))
     opts = {"weight_hard_loss": 0.5, "weight_soft_loss": 0.5, "beta": 0.5, "temperature": 1.0}
     if prov == "torch":
         impl = "eager torch: fp32 logits + F.cross_entropy + JSD (bench/peers.py)"
-        fn = lambda: torch_distill_loss(xs, ws, xt, wt, labels)
-    elif prov == "liger":
+        return (lambda: torch_distill_loss(xs, ws, xt, wt, labels)), {"module": impl,
+                                                                       "options": opts}
+    if prov == "liger":
         from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
-        opts["compiled"] = spec["liger_compiled"]
+        opts["compiled"] = liger_compiled
         m = LigerFusedLinearJSDLoss(**opts)
         impl = "liger_kernel.chunked_loss.LigerFusedLinearJSDLoss"
-        fn = lambda: m(xs, ws, xt, wt, labels)
     else:
         import kdloss.torch
         m = kdloss.torch.FusedLinearJSDLoss(**opts)
         opts["chunk_size"] = m.chunk_size
         impl = "kdloss.torch.FusedLinearJSDLoss"
-        fn = lambda: m(xs, ws, xt, wt, labels)
-    return fn, [xs, ws], False, {"module": impl, "options": opts}
+    return (lambda: m(xs, ws, xt, wt, labels)), {"module": impl, "options": opts}
+
+
+TINY = {"tokens": 8, "vocab": 64, "hidden_student": 16, "hidden_teacher": 32}
 
 
 def quantiles(ns):
@@ -139,97 +174,141 @@ def quantiles(ns):
     return {"ms_20": float(p20), "ms_50": float(p50), "ms_80": float(p80), "runs": len(ns)}
 
 
-def child(spec):
+def error_text(exc):
+    msg = f"{type(exc).__name__}: {exc}".strip()
+    return msg.splitlines()[0][:400] if msg else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------------
+# timing: every provider of a point in this process, runs interleaved
+# ---------------------------------------------------------------------------------------------------
+
+
+def time_point(wl, point, providers, modes, args, min_reps):
+    """{provider: result} with modes timed; a provider that raises gets status failed."""
     import torch
-    if spec["provider"] == "liger":
+    inp = make_inputs(wl, point)
+    retain, leaves = inp["retain"], inp["leaves"]
+    res, live, est = {}, {}, {}
+
+    def zero():
+        for t in leaves:
+            t.grad = None
+
+    def pause():  # let the previous provider's spinning BLAS/OpenMP threads go to sleep
+        if args.pause_s > 0:
+            time.sleep(args.pause_s)
+
+    for prov in providers:
+        r = res[prov] = {"status": "passed", "modes": {}}
         try:
-            import liger_kernel  # noqa: F401  (imported before the baseline, like torch)
-        except Exception:
-            pass
-    if spec["provider"] == "kdloss":
-        import kdloss.torch  # noqa: F401
-        kdloss.version()  # load libkdloss.so (and its OpenBLAS/OpenMP) before the baseline
-    # Start every runtime this provider uses (thread pools, BLAS buffers, the kdloss library,
-    # Liger's compiled graph) on a tiny problem, so the baseline below includes them and the
-    # measured peak is about the problem's own memory.
-    tiny = dict(spec, point=dict(spec["point"], tokens=8, vocab=64, hidden_student=16,
-                                 hidden_teacher=32))
-    try:
-        fwd, leaves, retain, _ = build(tiny)
-        fwd().backward(retain_graph=retain)
-        del fwd, leaves
-    except Exception:
-        pass  # the real run below records the error
-    gc.collect()
-    base = rss_now_mb()
-    res = {"baseline_rss_mb": base, "modes": {}, "status": "passed"}
-    try:
-        fwd, leaves, retain, impl = build(spec)
-        res["implementation"] = impl
-
-        def zero():
-            for t in leaves:
-                t.grad = None
-
-        # warm-up: full passes until warmup_s has elapsed (at least one); the first one also
-        # compiles Liger's torch.compile graph
-        t0 = time.perf_counter()
-        n_warm, first = 0, None
-        while True:
-            s = time.perf_counter_ns()
-            y = fwd()
-            y.backward(retain_graph=retain)
-            e = time.perf_counter_ns() - s
-            if first is None:
-                first = e
-                res["loss"] = float(y.detach().float())
-            del y
-            zero()
-            n_warm += 1
-            if time.perf_counter() - t0 >= spec["warmup_s"] or n_warm >= 3:
-                break
-        res["warmup_runs"] = n_warm
-        res["warmup_first_ms"] = first / 1e6
-        est = e / 1e9  # one full pass, seconds, after warm-up
-
-        def reps(fraction):
-            n = int(spec["target_s"] / max(est * fraction, 1e-6))
-            return max(spec["min_reps"], min(spec["max_reps"], n))
-
-        for mode in spec["modes"]:
-            times = []
-            if mode == "forward":
-                for _ in range(reps(0.5)):
-                    s = time.perf_counter_ns()
-                    y = fwd()
-                    times.append(time.perf_counter_ns() - s)
-                    del y
-            elif mode == "backward":
+            fwd, impl = make_provider(wl, prov, inp, not args.no_liger_compile)
+            r["implementation"] = impl
+            t0, n_warm = time.perf_counter(), 0
+            while True:  # warm-up full passes: >= warmup_s, 1..3 of them
+                pause()
+                s = time.perf_counter_ns()
                 y = fwd()
-                for _ in range(reps(0.5)):
-                    zero()
-                    s = time.perf_counter_ns()
-                    y.backward(retain_graph=True)
-                    times.append(time.perf_counter_ns() - s)
+                y.backward(retain_graph=retain)
+                e = time.perf_counter_ns() - s
+                if n_warm == 0:
+                    r["loss"] = float(y.detach().float())
+                    r["warmup_first_ms"] = e / 1e6
                 del y
                 zero()
-            else:
-                for _ in range(reps(1.0)):
+                n_warm += 1
+                if time.perf_counter() - t0 >= args.warmup_s or n_warm >= 3:
+                    break
+            r["warmup_runs"] = n_warm
+            live[prov], est[prov] = fwd, e / 1e9
+        except Exception as exc:  # a provider that does not run here: record why
+            r.update(status="failed", error=error_text(exc))
+            zero()
+    if not live:
+        return res
+
+    def reps(fraction):
+        n = int(args.target_s / max(max(est.values()) * fraction, 1e-6))
+        return max(min_reps, min(args.max_reps, n))
+
+    for mode in modes:
+        times = {prov: [] for prov in live}
+        try:
+            if mode == "backward":
+                ys = {prov: fwd() for prov, fwd in live.items()}
+            for _ in range(reps(0.5 if mode != "full" else 1.0)):
+                for prov, fwd in live.items():
                     zero()
-                    s = time.perf_counter_ns()
-                    y = fwd()
-                    y.backward(retain_graph=retain)
-                    times.append(time.perf_counter_ns() - s)
-                    del y
-                zero()
-            res["modes"][mode] = quantiles(times)
-    except Exception as exc:  # a provider that does not run here: record why
-        msg = f"{type(exc).__name__}: {exc}".strip()
-        res["status"] = "failed"
-        res["error"] = msg.splitlines()[0][:400] if msg else type(exc).__name__
-    res["peak_rss_mb"] = rss_peak_mb()
-    res["peak_mb"] = res["peak_rss_mb"] - base
+                    pause()
+                    if mode == "forward":
+                        s = time.perf_counter_ns()
+                        y = fwd()
+                        times[prov].append(time.perf_counter_ns() - s)
+                        del y
+                    elif mode == "backward":
+                        s = time.perf_counter_ns()
+                        ys[prov].backward(retain_graph=True)
+                        times[prov].append(time.perf_counter_ns() - s)
+                    else:
+                        s = time.perf_counter_ns()
+                        y = fwd()
+                        y.backward(retain_graph=retain)
+                        times[prov].append(time.perf_counter_ns() - s)
+                        del y
+            if mode == "backward":
+                del ys
+        except Exception as exc:
+            for prov in live:
+                res[prov].setdefault("error", f"mode {mode}: {error_text(exc)}")
+        zero()
+        for prov, ts in times.items():
+            if ts:
+                res[prov]["modes"][mode] = quantiles(ts)
+    del inp, live
+    gc.collect()
     return res
+
+
+# ---------------------------------------------------------------------------------------------------
+# memory: one fresh child per (provider, point)
+# ---------------------------------------------------------------------------------------------------
+
+
+def mem_child(spec):
+    import torch  # noqa: F401
+    wl, prov = spec["workload"], spec["provider"]
+    if prov == "kdloss":
+        import kdloss
+        kdloss.version()  # load libkdloss.so (and its OpenBLAS/OpenMP) before the baseline
+    out = {}
+    try:  # start this provider's runtimes on a tiny problem so the baseline includes them
+        tiny = make_inputs(wl, dict(spec["point"], **TINY))
+        fwd, _ = make_provider(wl, prov, tiny, spec["liger_compiled"])
+        fwd().backward(retain_graph=tiny["retain"])
+        del fwd, tiny
+    except Exception:
+        pass
+    gc.collect()
+    base = rss_now_mb()
+    try:
+        inp = make_inputs(wl, spec["point"])
+        fwd, _ = make_provider(wl, prov, inp, spec["liger_compiled"])
+        for i in range(2):  # pass 0 warms up (and compiles); pass 1 is measured
+            if i == 1:
+                gc.collect()
+                out["hwm_reset"] = reset_rss_peak()
+            y = fwd()
+            y.backward(retain_graph=inp["retain"])
+            del y
+            for t in inp["leaves"]:
+                t.grad = None
+        out["status"] = "passed"
+    except Exception as exc:
+        out["status"], out["error"] = "failed", error_text(exc)
+    out["peak_rss_mb"] = rss_peak_mb()
+    out["baseline_rss_mb"] = base
+    out["peak_mb"] = out["peak_rss_mb"] - base
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -290,6 +369,7 @@ def software_versions():
     except (IndexError, ValueError):
         v = {"error": out.stderr[-300:]}
     v["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS")
+    v["THP_MEM_ALLOC_ENABLE"] = "1" if THP else None
     return v
 
 
@@ -302,7 +382,12 @@ def child_env():
     # frees and mid-size tensors linger in the heap, which made small points read 100+ MB high.
     # Blocks >= 32 MiB, i.e. every big tensor, are mmapped either way, so timings barely move.)
     env.setdefault("MALLOC_MMAP_THRESHOLD_", str(4 << 20))
+    if THP:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     return env
+
+
+THP = False  # --thp: torch's CPU allocator asks for transparent huge pages (every provider)
 
 
 def point_slug(wl, p):
@@ -337,16 +422,22 @@ def protocol_obj(mode, args):
     return {"kind": "BenchmarkProtocol",
             "spec": {"harness": {"name": "kdloss bench/peers.py", "repository": "kdloss"},
                      "measurement": {"timer": "time.perf_counter_ns", "primaryStatistic": "median",
-                                     "warmup": f"full passes for >= {args.warmup_s}s (1-3 runs)",
+                                     "warmup": f"full passes for >= {args.warmup_s}s (1-3 runs)"
+                                               " per provider",
+                                     "interleaving": "timed runs round-robin across providers in"
+                                                     f" one process, {args.pause_s}s untimed "
+                                                     "pause before each",
                                      "repeats": f"{args.min_reps} (distillation "
                                                 f"{min(args.min_reps, args.distill_min_reps)})"
                                                 f"..{args.max_reps} timed runs, about "
                                                 f"{args.target_s}s per mode",
-                                     "memory": "ru_maxrss of a fresh child process per (provider,"
-                                               " point) minus its RSS before any input exists"},
+                                     "memory": "fresh child per (provider, point): VmHWM "
+                                               "over a second full pass (high-water mark reset "
+                                               "after the first) minus the RSS before any "
+                                               "input existed"},
                      "comparability": {
-                         "notes": f"Timed: {what}, on the CPU, all providers in one harness and "
-                                  "one Python environment, same inputs and seed. Median with "
+                         "notes": f"Timed: {what}, on the CPU, all providers in one process "
+                                  "on the same input tensors, runs interleaved. Median with "
                                   "p20/p80 of the timed runs; gradients reset between runs "
                                   "outside the timed region; no cache flush (every operand "
                                   "exceeds the last-level cache). Comparable only within one "
@@ -389,13 +480,15 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
                           "primaryStatistic": "median"}
         spec["measurements"] = [
             {"unit": "ns", "value": round(q["ms_20"] * 1e6), "metric": "latency", "statistic": "p20"},
-            {"unit": "ns", "value": round(q["ms_80"] * 1e6), "metric": "latency", "statistic": "p80"},
-            {"unit": "bytes", "value": round(res["peak_mb"] * 2 ** 20), "metric": "peak_memory",
-             "statistic": "max"}]
-        native["metrics"] = {**q, "peak_mb": res["peak_mb"], "peak_rss_mb": res["peak_rss_mb"],
-                             "baseline_rss_mb": res["baseline_rss_mb"], "loss": res.get("loss"),
-                             "warmup_runs": res.get("warmup_runs"),
+            {"unit": "ns", "value": round(q["ms_80"] * 1e6), "metric": "latency", "statistic": "p80"}]
+        if has_peak(res):
+            spec["measurements"].append({"unit": "bytes", "value": round(res["peak_mb"] * 2 ** 20),
+                                         "metric": "peak_memory", "statistic": "max"})
+        native["metrics"] = {**q, "loss": res.get("loss"), "warmup_runs": res.get("warmup_runs"),
                              "warmup_first_ms": res.get("warmup_first_ms")}
+        for k in ("peak_mb", "peak_rss_mb", "baseline_rss_mb", "hwm_reset", "memory_error"):
+            if k in res and (k != "peak_mb" or has_peak(res)):
+                native["metrics"][k] = res[k]
     else:
         spec["error"] = res.get("error", f"mode {mode} not run")
     spec["sourceNative"] = native
@@ -409,22 +502,25 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
     return {"run": run, "protocol": pobj, "environment": env_obj}
 
 
-def run_child(spec, timeout):
-    t0 = time.time()
+def run_mem_child(spec, timeout):
+    """The memory child's result; status failed (and NaN peaks) if it could not report."""
+    nan = float("nan")
     try:
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)],
-                             capture_output=True, text=True, timeout=timeout, env=child_env())
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-mem",
+                              json.dumps(spec)], capture_output=True, text=True, timeout=timeout,
+                             env=child_env())
     except subprocess.TimeoutExpired:
-        return {"status": "failed", "error": f"timed out after {timeout}s", "modes": {},
-                "peak_mb": float("nan"), "peak_rss_mb": float("nan"), "baseline_rss_mb": float("nan")}
+        return {"status": "failed", "error": f"timed out after {timeout}s", "peak_mb": nan}
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
     if out.returncode != 0 or not lines:
-        err = (out.stderr.strip().splitlines() or ["no output"])[-1][:400]
-        return {"status": "failed", "error": f"child exited {out.returncode}: {err}", "modes": {},
-                "peak_mb": float("nan"), "peak_rss_mb": float("nan"), "baseline_rss_mb": float("nan")}
-    res = json.loads(lines[-1])
-    res["wall_s"] = time.time() - t0
-    return res
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {"status": "failed", "error": f"child exited {out.returncode}: {err}", "peak_mb": nan}
+    return json.loads(lines[-1])
+
+
+def has_peak(res):
+    v = res.get("peak_mb")
+    return v is not None and v == v  # not NaN
 
 
 ALL_MODES = ["forward", "backward", "full"]
@@ -477,14 +573,16 @@ def table(results, providers):
             qs = {pr: (r or {}).get("modes", {}).get(mode) for pr, r in res.items()}
             row += [fmt_ms(qs[pr]) if qs[pr] else f"failed: {(res[pr] or {}).get('error', 'not run')[:60]}"
                     for pr in providers]
-            row += [f"{res[pr]['peak_mb']:.0f}" if qs[pr] else "—" for pr in providers]
+            row += [f"{res[pr]['peak_mb']:.0f}" if qs[pr] and has_peak(res[pr]) else "—"
+                    for pr in providers]
             k = qs.get("kdloss")
             peers = [qs[pr]["ms_50"] for pr in providers if pr != "kdloss" and qs[pr]]
             t = qs.get("torch")
             row.append(f"{t['ms_50'] / k['ms_50']:.2f}x" if k and t else "—")
             row.append(f"{min(peers) / k['ms_50']:.2f}x" if k and peers else "—")
             row.append(f"{res['torch']['peak_mb'] / res['kdloss']['peak_mb']:.1f}x"
-                       if k and t and res["kdloss"]["peak_mb"] > 0 else "—")
+                       if k and t and has_peak(res["torch"]) and has_peak(res["kdloss"])
+                       and res["kdloss"]["peak_mb"] > 0 else "—")
             ref_loss = (res.get("torch") or {}).get("loss")
             diffs = [abs(res[pr]["loss"] - ref_loss) / max(abs(ref_loss), 1e-30)
                      for pr in providers if pr != "torch" and res[pr] and res[pr].get("loss") is not None
@@ -510,7 +608,8 @@ def plots(results, providers, out_dir, kl_bt):
             if w != wl or mode != "full" or not res.get("modes", {}).get("full") or not keep(res["point"]):
                 continue
             q = res["modes"]["full"]
-            series.setdefault(prov, []).append((res["point"][xkey], q, res["peak_mb"]))
+            series.setdefault(prov, []).append((res["point"][xkey], q,
+                                                res["peak_mb"] if has_peak(res) else float("nan")))
         if not series:
             continue
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -571,7 +670,8 @@ def targets(results):
             continue
         best = min(peers, key=lambda pr: peers[pr]["modes"]["full"]["ms_50"])
         sp = peers[best]["modes"]["full"]["ms_50"] / k
-        mem = peers["torch"]["peak_mb"] / res["peak_mb"] if "torch" in peers and res["peak_mb"] > 0 else float("nan")
+        mem = (peers["torch"]["peak_mb"] / res["peak_mb"] if "torch" in peers and has_peak(res)
+               and has_peak(peers["torch"]) and res["peak_mb"] > 0 else float("nan"))
         lines.append(f"- distill full {ps}: kdloss {sp:.2f}x faster than the fastest peer ({best}; target >= 2x: "
                      f"{'MET' if sp >= 2 else 'NOT MET'}), {mem:.1f}x less peak memory than eager torch "
                      f"(target >= 4x: {'MET' if mem >= 4 else 'NOT MET'})")
@@ -596,6 +696,9 @@ def parse(argv):
                     help="KL points (BTxV) that also get forward and backward modes")
     ap.add_argument("--distill-all-modes-max-bt", type=int, default=256,
                     help="forward and backward modes only up to this BT (full everywhere)")
+    ap.add_argument("--thp", action="store_true",
+                    help="THP_MEM_ALLOC_ENABLE=1 for every provider: torch's CPU allocator "
+                         "madvises huge pages, so fresh big tensors fault 512x fewer pages")
     ap.add_argument("--no-liger-compile", action="store_true",
                     help="run Liger's chunked loss with compiled=False (its default is True)")
     ap.add_argument("--warmup-s", type=float, default=1.0)
@@ -604,10 +707,13 @@ def parse(argv):
     ap.add_argument("--distill-min-reps", type=int, default=3,
                     help="fewer timed runs for the GEMM-bound distillation points")
     ap.add_argument("--max-reps", type=int, default=30)
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per child process")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per memory child process")
+    ap.add_argument("--pause-s", type=float, default=0.15,
+                    help="untimed sleep before each run, so thread pools still spinning from the "
+                         "previous provider's call (OpenBLAS: ~0.1 s) are parked")
+    ap.add_argument("--child-mem", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.child:
+    if a.child_mem:
         return a
     a.workloads = a.workloads.split(",")
     a.providers = a.providers.split(",")
@@ -622,10 +728,18 @@ def parse(argv):
 
 
 def main(argv):
+    global THP
     args = parse(argv)
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+    if args.child_mem:
+        print(json.dumps(mem_child(json.loads(args.child_mem))))
         return 0
+    THP = args.thp
+    # This process times every provider: same environment as the memory children, set before
+    # torch or OpenBLAS are loaded (both read it once).
+    for k in SLOW_ENV:
+        os.environ.pop(k, None)
+    if THP:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
     os.makedirs(args.out, exist_ok=True)
     cpu, sw = cpu_info(), software_versions()
     env_obj = environment_obj(cpu, sw)
@@ -636,25 +750,33 @@ def main(argv):
     results, t_start, failed_at = {}, time.time(), {}
     for wl, point, modes, min_reps in plan(args):
         ps = point_slug(wl, point)
+        todo = [prov for prov in args.providers if (wl, prov) not in failed_at]
+        timing = time_point(wl, point, todo, modes, args, min_reps) if todo else {}
         for prov in args.providers:
-            spec = {"workload": wl, "provider": prov, "point": point, "modes": modes, "seed": 0,
-                    "warmup_s": args.warmup_s, "target_s": args.target_s,
-                    "min_reps": min_reps, "max_reps": args.max_reps,
-                    "liger_compiled": not args.no_liger_compile}
-            if (wl, prov) in failed_at:  # failed at a smaller point: do not retry bigger ones
+            if prov not in timing:  # failed at a smaller point: do not retry bigger ones
                 first, err = failed_at[(wl, prov)]
                 res = {"status": "failed", "modes": {}, "skipped": True,
                        "error": f"not run (failed at {first}): {err}"[:400]}
             else:
-                res = run_child(spec, args.timeout)
-                if res.get("status") != "passed":
+                res = timing[prov]
+                if res["status"] == "passed":
+                    mem = run_mem_child({"workload": wl, "provider": prov, "point": point,
+                                         "liger_compiled": not args.no_liger_compile},
+                                        args.timeout)
+                    for k in ("peak_mb", "peak_rss_mb", "baseline_rss_mb", "hwm_reset"):
+                        if k in mem:
+                            res[k] = mem[k]
+                    if mem.get("status") != "passed":
+                        res["memory_error"] = mem.get("error", "memory child failed")
+                else:
                     failed_at[(wl, prov)] = (ps, res.get("error", ""))
             res["point"] = point
             res["observedAt"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
             summary = ", ".join(f"{m} {fmt_ms(q)} ms" for m, q in res.get("modes", {}).items()) \
                 or res.get("error", "")
-            print(f"[{time.time() - t_start:6.0f}s] {wl} {ps} {prov}: {summary}"
-                  + (f"; peak {res['peak_mb']:.0f} MiB" if res.get("modes") else ""), flush=True)
+            mem_s = (f"; peak {res['peak_mb']:.0f} MiB" if has_peak(res) else
+                     f"; memory: {res['memory_error']}" if res.get("memory_error") else "")
+            print(f"[{time.time() - t_start:6.0f}s] {wl} {ps} {prov}: {summary}{mem_s}", flush=True)
             for mode in modes:
                 results[(wl, mode, prov, ps)] = res
                 rec = record(wl, mode, prov, point, res, cpu, env_obj, args, stamp)
@@ -703,9 +825,10 @@ def combined_rows(results):
                              if wl != "kl_div" else "") + ", RSS above baseline"
         if q:
             loss = r.get("loss")
+            peak = f"{r['peak_mb']:.0f}" if has_peak(r) else "-"
+            loss_s = f"{loss:.7g}" if loss is not None else "-"
             out.append(head + f"{q['ms_50']:>10.3f} {q['ms_20']:>10.3f} {q['ms_80']:>10.3f} "
-                       f"{'-':>8} {'-':>6} {r['peak_mb']:>8.0f} "
-                       f"{(f'{loss:.7g}' if loss is not None else '-'):>13}  {note}")
+                       f"{'-':>8} {'-':>6} {peak:>8} {loss_s:>13}  {note}")
         else:
             out.append(head + f"{'-':>10} {'-':>10} {'-':>10} {'-':>8} {'-':>6} {'-':>8} "
                        f"{'-':>13}  failed: {r.get('error', '')[:80]}")
