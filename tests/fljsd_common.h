@@ -112,7 +112,10 @@ static void fl_cmp_mat(const char *ctx, const char *name, const void *got, kdlos
             }
         }
     if (dt == KDLOSS_F32 && worst > fl_worst_seen) fl_worst_seen = worst;
-    if (getenv("FL_DEBUG") && worst > 0.2) printf("DBG %s %s worst %.3g at (%lld,%lld) got %.9g want %.9g mag %.3g\n", ctx, name, worst, (long long)wr, (long long)wc, kt_get(got, dt, ld, wr, wc), want[wr * cols + wc], mag[wr * cols + wc]);
+    if (getenv("FL_DEBUG") && worst > 0.2) /* FL_DEBUG=1: show every matrix near its bound */
+        printf("DBG %s %s: %.3g of the bound at (%lld,%lld) got %.9g want %.9g mag %.3g\n", ctx,
+               name, worst, (long long)wr, (long long)wc, kt_get(got, dt, ld, wr, wc),
+               want[wr * cols + wc], mag[wr * cols + wc]);
     KT_CHECK(bad == 0, "%s %s: %lld of %lld elements off; worst (%lld,%lld) got %.9g want %.9g "
              "mag %.3g (%.3g of the bound)", ctx, name, (long long)bad,
              (long long)((rows + stride - 1) / stride * cols),

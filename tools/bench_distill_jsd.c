@@ -119,30 +119,48 @@ static double mb(double bytes) { return bytes / 1048576.0; }
 /* Median of n samples (sorted in place). */
 static double median(double *x, int64_t n) { return kb_quantile(x, n, 0.5); }
 
+/* The samples of the alternating timing loop, `reps` of each (one block, freed with kd). */
+typedef struct dj_samples {
+    double *kd;        /* kdloss call times */
+    double *floor_sum; /* the floor rounds' sums (of the GEMMs the mode needs); -1: none */
+    double *paired;    /* kd[r] / floor_sum[r]: the two measured back to back */
+    double *gemm_ns;   /* [g * reps + r]: each GEMM of each round */
+} dj_samples;
+
+static void samples_alloc(dj_samples *sm, int64_t reps) {
+    sm->kd = malloc(sizeof(double) * (size_t)reps * (3 + KB_GEMM_COUNT));
+    if (!sm->kd) {
+        fprintf(stderr, "kdloss bench: out of memory\n");
+        exit(1);
+    }
+    sm->floor_sum = sm->kd + reps;
+    sm->paired = sm->kd + 2 * reps;
+    sm->gemm_ns = sm->kd + 3 * reps;
+    for (int64_t r = 0; r < reps; r++) sm->floor_sum[r] = -1.0;
+}
+
 /* Times `reps` kdloss calls (after o->warmup untimed ones) alternating with GEMM-floor rounds
- * when the floor child runs, so both see the same machine load. Fills res->t; floor_sum[r] and
- * gemm_ns[g * reps + r] get the floor's per-round sum (of the GEMMs this mode needs) and times
- * (floor_sum[0] < 0 when not measured). */
+ * when the floor child runs, so both see the same machine load. Fills res->t and *sm. */
 static kdloss_status time_alternating(const kb_options *o, dj_ctx *c, kb_floor *fl,
-                                      kb_result *res, double *kd, double *floor_sum,
-                                      double *gemm_ns) {
+                                      kb_result *res, dj_samples *sm) {
     int64_t reps = o->reps;
     int n_gemm = o->mode == KB_MODE_FORWARD ? 2 : KB_GEMM_COUNT;
-    floor_sum[0] = -1.0;
     for (int64_t r = 0; r < reps; r++) {
         kb_stats one;
         kdloss_status st = kb_time(dj_call, c, r == 0 ? o->warmup : 0, 1, res->working_set, &one);
         if (st != KDLOSS_OK) return st;
-        kd[r] = one.median_ns;
+        sm->kd[r] = one.median_ns;
         double ns[KB_GEMM_COUNT];
         if (!fl->pid || kb_floor_round(fl, ns) != 0) {
             kb_floor_stop(fl);
             continue;
         }
-        floor_sum[r] = 0.0;
-        for (int g = 0; g < KB_GEMM_COUNT; g++) gemm_ns[g * reps + r] = ns[g];
-        for (int g = 0; g < n_gemm; g++) floor_sum[r] += ns[g];
+        sm->floor_sum[r] = 0.0;
+        for (int g = 0; g < KB_GEMM_COUNT; g++) sm->gemm_ns[g * reps + r] = ns[g];
+        for (int g = 0; g < n_gemm; g++) sm->floor_sum[r] += ns[g];
+        sm->paired[r] = sm->kd[r] / sm->floor_sum[r];
     }
+    double *kd = sm->kd; /* kb_quantile sorts: the pairing is in sm->paired already */
     res->t.n = reps;
     res->t.min_ns = kb_quantile(kd, reps, 0.0);
     res->t.max_ns = kb_quantile(kd, reps, 1.0);
@@ -154,35 +172,41 @@ static kdloss_status time_alternating(const kb_options *o, dj_ctx *c, kb_floor *
 
 /* Prints and records the floor, the ratio and the memory figures. */
 static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_result *res,
-                   double *floor_sum, double *gemm_ns, double in_bytes, double out_bytes) {
+                   dj_samples *sm, double in_bytes, double out_bytes) {
     int64_t reps = o->reps;
     printf("memory: inputs %.1f MiB, outputs %.1f MiB, library workspace %.1f MiB; "
            "materializing BT x V fp32 logits for both models would add %.1f MiB\n",
            mb(in_bytes), mb(out_bytes), mb((double)c->work_bytes),
            mb(2.0 * 4.0 * (double)o->bt * (double)o->vocab));
     kb_result_add_measure(res, "workspace", "bytes", "B", (double)c->work_bytes);
-    if (floor_sum[0] < 0.0 || floor_sum[reps - 1] < 0.0) {
-        snprintf(res->note, sizeof res->note, "hs%lld ht%lld gemm floor not measured",
-                 (long long)k->hs, (long long)k->ht);
-        return;
+    for (int64_t r = 0; r < reps; r++) {
+        if (sm->floor_sum[r] < 0.0) {
+            snprintf(res->note, sizeof res->note, "hs%lld ht%lld gemm floor not measured",
+                     (long long)k->hs, (long long)k->ht);
+            return;
+        }
     }
     printf("gemm floor (fp32 sgemm in a forked child, rounds alternating with the kdloss calls, "
            "median of %lld):", (long long)reps);
     double med[KB_GEMM_COUNT];
     for (int g = 0; g < KB_GEMM_COUNT; g++) {
-        med[g] = median(gemm_ns + g * reps, reps);
+        med[g] = median(sm->gemm_ns + g * reps, reps);
         printf(" %s %.3f s;", kb_gemm_name(g), med[g] * 1e-9);
     }
-    double kd_med = res->t.median_ns, fl_med = median(floor_sum, reps);
+    double kd_med = res->t.median_ns, fl_med = median(sm->floor_sum, reps);
+    double paired = median(sm->paired, reps);
     int full = o->mode != KB_MODE_FORWARD;
     printf(" sum%s %.3f s\n", full ? "" : " of the two logits GEMMs", fl_med * 1e-9);
-    printf("kdloss / gemm floor = %.3f (kdloss median %.3f s)\n", kd_med / fl_med, kd_med * 1e-9);
+    printf("kdloss / gemm floor = %.3f (medians; kdloss %.3f s), %.3f (median of the %lld "
+           "back-to-back pairs)\n",
+           kd_med / fl_med, kd_med * 1e-9, paired, (long long)reps);
     kb_result_add_measure(res, "gemm_floor_latency", "median", "ns", fl_med);
     kb_result_add_measure(res, "gemm_student_logits", "median", "ns", med[KB_GEMM_ZS]);
     kb_result_add_measure(res, "gemm_teacher_logits", "median", "ns", med[KB_GEMM_ZT]);
     kb_result_add_measure(res, "gemm_dxs", "median", "ns", med[KB_GEMM_DXS]);
     kb_result_add_measure(res, "gemm_dws", "median", "ns", med[KB_GEMM_DWS]);
     kb_result_add_measure(res, "gemm_floor_ratio", "median", "x", kd_med / fl_med);
+    kb_result_add_measure(res, "gemm_floor_ratio_paired", "median", "x", paired);
     snprintf(res->note, sizeof res->note, "hs%lld ht%lld floor %.2fs %.2fx", (long long)k->hs,
              (long long)k->ht, fl_med * 1e-9, kd_med / fl_med);
 }
@@ -236,21 +260,17 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     double out_bytes = grad ? (double)(bxs + bws) : 0.0;
     res->bytes = in_bytes + out_bytes;
     res->working_set = (size_t)res->bytes + c.work_bytes;
-    double *kd = malloc(sizeof(double) * (size_t)o->reps * (2 + KB_GEMM_COUNT));
-    if (!kd) {
-        fprintf(stderr, "kdloss bench: out of memory\n");
-        exit(1);
-    }
+    dj_samples sm;
+    samples_alloc(&sm, o->reps);
     kb_floor fl;
     if (kb_floor_start(&fl, bt, k->hs, k->ht, v, o->dtype, xs, ws, xt, wt) != 0)
         printf("gemm floor: not measured (see above)\n");
-    if (st == KDLOSS_OK)
-        st = time_alternating(o, &c, &fl, res, kd, kd + o->reps, kd + 2 * o->reps);
+    if (st == KDLOSS_OK) st = time_alternating(o, &c, &fl, res, &sm);
     kb_floor_stop(&fl);
     res->loss = c.loss;
     res->has_loss = loss;
-    if (st == KDLOSS_OK) report(o, k, &c, res, kd + o->reps, kd + 2 * o->reps, in_bytes, out_bytes);
-    free(kd);
+    if (st == KDLOSS_OK) report(o, k, &c, res, &sm, in_bytes, out_bytes);
+    free(sm.kd);
     void *all[] = {xs, ws, xt, wt, labels, dxs, dws, c.work};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kb_free(all[i]);
     if (st != KDLOSS_OK) {

@@ -21,8 +21,9 @@
  *  - cblas_sbgemm is declared by cblas.h but the Debian build of OpenBLAS 0.3.21 does not export
  *    it (built without BUILD_BFLOAT16; `nm -D libopenblasp-r0.3.21.so` has no sbgemm), so the
  *    logits GEMMs always widen bf16 to fp32 and call sgemm.
- *  - bf16 weights are widened once per call into whole fp32 copies when those fit in half the
- *    memory budget, else 16 MiB panel by panel per GEMM (see fljsd_plan.c for the figures). */
+ *  - bf16 weights are widened once per call into whole fp32 copies when the memory budget holds
+ *    them besides a chunk of all rows, else panel by panel per GEMM; both ran equally fast at
+ *    the same chunk size, a bigger chunk is what helps (fljsd_plan.c has the figures). */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>

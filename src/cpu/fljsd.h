@@ -29,8 +29,9 @@
  * The teacher's dtype is not an argument of kdloss_fljsd_workspace_size(), so the layout
  * reserves the teacher's conversion space (xconv, panel, wt32) whatever that dtype is.
  * `whole` (bf16 weights converted once per call) is chosen only for a bf16 student, and only
- * when both copies take at most half the memory budget; otherwise bf16 weights are converted
- * panel by panel, once per GEMM that reads them.
+ * when the budget holds both copies besides a chunk of all rows (of chunk_size rows when it is
+ * set), so the copies never shrink the chunk; otherwise bf16 weights are converted panel by
+ * panel (at most 16 MiB and 1/8 of the budget each), once per GEMM that reads them.
  */
 typedef struct kd_fljsd_plan {
     int64_t chunk;   /* rows per chunk, 1..BT */

@@ -1,6 +1,7 @@
 /* Argument checks of kdloss_fused_linear_jsd: everything that can fail is found here, before
  * the driver writes a single byte the caller owns. */
 #include "check.h"
+#include "ew_common.h" /* kd_ew_check_overlap */
 #include "fljsd.h"
 
 /* A student or teacher operand pair: F32 or BF16, both the same. */
@@ -16,17 +17,6 @@ static kdloss_status check_gemm_mat(int64_t rows, int64_t cols, const void *data
     kdloss_status st = kd_check_fmat(rows, cols, data, dt, *ld, ld, span);
     if (st != KDLOSS_OK) return st;
     return *ld > INT32_MAX ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_OK;
-}
-
-/* 1 if any two of the n spans overlap, or any of the first n_out spans overlaps any other. */
-static int any_overlap(const kd_span *outs, int n_out, const kd_span *ins, int n_in) {
-    for (int i = 0; i < n_out; i++) {
-        for (int j = i + 1; j < n_out; j++)
-            if (kd_spans_overlap(outs[i], outs[j])) return 1;
-        for (int j = 0; j < n_in; j++)
-            if (kd_spans_overlap(outs[i], ins[j])) return 1;
-    }
-    return 0;
 }
 
 kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int64_t hs, int64_t ht,
@@ -84,8 +74,9 @@ kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int6
     if (workspace && workspace_bytes < plan->bytes) return KDLOSS_ERR_WORKSPACE_TOO_SMALL;
     in[7] = kd_vec_span(workspace, workspace ? (int64_t)plan->bytes : 0, 1);
     /* the workspace is written too: it may overlap neither inputs nor outputs */
-    if (any_overlap(os, 6, in, 8) || any_overlap(&in[7], 1, in, 7))
-        return KDLOSS_ERR_ALIASING;
+    st = kd_ew_check_overlap(in, 8, os, 6, 0);
+    if (st == KDLOSS_OK) st = kd_ew_check_overlap(in, 7, &in[7], 1, 0);
+    if (st != KDLOSS_OK) return st;
 
     call->p = *params;
     call->bt = bt;

@@ -45,8 +45,8 @@ static size_t take(size_t *end, size_t bytes, int *ok) {
  * chunks (still a multiple of 16), so the last chunk is not a sliver: fewer bytes, same GEMMs. */
 static int64_t auto_chunk(int64_t bt, size_t avail, size_t per_row) {
     size_t fit = avail / per_row;
+    if (fit >= (uint64_t)bt) return bt;
     int64_t cmax = fit >= 16 ? (int64_t)(fit / 16 * 16) : fit > 0 ? (int64_t)fit : 1;
-    if (cmax >= bt) return bt;
     int64_t nch = (bt + cmax - 1) / cmax;
     int64_t c = (bt + nch - 1) / nch;
     if (cmax >= 16) c = (c + 15) / 16 * 16; /* <= cmax, a multiple of 16 */
@@ -62,21 +62,29 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64
     size_t budget = p->memory_budget ? p->memory_budget : KD_DEFAULT_BUDGET;
     int ok = 1;
 
-    /* whole fp32 weight copies: only a bf16 student, only if they take half the budget at most */
+    plan->xconv_cols = sb && want_grad ? h : ht;
+    size_t per_row = mul3((size_t)v, 2, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
+                     (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double);
+    /* bytes that do not scale with the chunk besides the weights' panel or copies (the dWs
+     * accumulator is output-sized state, so it is not counted against the budget) */
+    size_t base = mul3((size_t)v, want_grad ? 3 : 2, f4);
     size_t copies = mul3((size_t)v, (size_t)(hs + ht), f4);
-    plan->whole = sb && copies && copies <= budget / 2;
+    if (!copies) return KDLOSS_ERR_INVALID_SIZE; /* v (hs + ht) 4 overflows; the rest cannot */
+    int64_t want_rows = p->chunk_size > 0 && p->chunk_size < bt ? p->chunk_size : bt;
+
+    /* Whole fp32 copies of bf16 weights only when the budget holds them AND a chunk of every
+     * row (or of chunk_size rows): they never shrink the chunk. At BT 2048, V 32768, bf16 with
+     * 688-row chunks, panels and whole copies measured the same (11.21 s and 11.28 s a call,
+     * 1.09x and 1.12x the GEMM floor), while the chunk matters: 224-row GEMMs ran 14% slower
+     * than one 1792-row GEMM here, and 30% with their panels' bf16 conversion. */
+    size_t need_whole;
+    plan->whole = sb && !__builtin_mul_overflow(per_row, (size_t)want_rows, &need_whole) &&
+                  !__builtin_add_overflow(need_whole, copies, &need_whole) &&
+                  !__builtin_add_overflow(need_whole, base, &need_whole) && need_whole <= budget;
     size_t panel_bytes = budget / 8 < KD_PANEL_BYTES ? budget / 8 : KD_PANEL_BYTES;
     int64_t vp = (int64_t)(panel_bytes / ((size_t)h * f4)) / 16 * 16;
     plan->vp = plan->whole ? v : vp < 16 ? (v < 16 ? v : 16) : vp < v ? vp : v;
-    plan->xconv_cols = sb && want_grad ? h : ht;
-
-    /* bytes that do not scale with the chunk (the dWs accumulator is output-sized state, so it
-     * is not counted against the budget) */
-    size_t fixed = plan->whole ? copies : mul3((size_t)plan->vp, (size_t)h, f4);
-    fixed += mul3((size_t)v, want_grad ? 3 : 2, f4);
-    size_t per_row = mul3((size_t)v, 2, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
-                     (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double);
-    if (!copies || !fixed || !per_row) return KDLOSS_ERR_INVALID_SIZE;
+    size_t fixed = base + (plan->whole ? copies : mul3((size_t)plan->vp, (size_t)h, f4));
 
     int64_t chunk = p->chunk_size > 0 ? p->chunk_size
                                       : auto_chunk(bt, budget > fixed ? budget - fixed : 0, per_row);
