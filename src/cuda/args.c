@@ -23,16 +23,8 @@ static int overlaps_any(kd_span a, const kd_span *list, int n) {
 kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdloss_cmat input,
                          kdloss_cmat target, const float *loss, const float *row_loss,
                          kdloss_mat elem_loss, kdloss_mat grad, kd_kl_geom *g, kd_spanset *spans) {
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
-    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (p->reduction < KDLOSS_REDUCTION_NONE || p->reduction > KDLOSS_REDUCTION_BATCHMEAN)
-        return KDLOSS_ERR_INVALID_REDUCTION;
-    if ((p->log_target != 0 && p->log_target != 1) || !(p->eps >= 0.0) || !isfinite(p->eps) ||
-        !isfinite(p->grad_scale))
-        return KDLOSS_ERR_INVALID_PARAM;
-    int none = p->reduction == KDLOSS_REDUCTION_NONE;
-    /* a reduced scalar under NONE, or an elementwise loss under a reduction, contradicts it */
-    if ((loss && none) || (elem_loss.data && !none)) return KDLOSS_ERR_INVALID_PARAM;
+    kdloss_status st0 = kd_kl_check_args(p, bt, v, loss != NULL, elem_loss.data != NULL);
+    if (st0 != KDLOSS_OK) return st0;
 
     kd_span s_in, s_t, s_el = {0, 0}, s_g = {0, 0};
     kdloss_status st = kd_check_fmat(bt, v, input.data, input.dtype, input.ld, &g->ld_in, &s_in);
@@ -130,26 +122,14 @@ kdloss_status kd_args_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdl
     return KDLOSS_OK;
 }
 
+/* Thin wrappers: the checks themselves are the CPU's (src/common/check.c), so both backends
+ * return the same codes. */
 kdloss_status kd_args_fl_params(const kdloss_fljsd_params *p) {
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
-    if (!(p->beta >= 0.0 && p->beta <= 1.0)) return KDLOSS_ERR_INVALID_PARAM; /* NaN fails too */
-    if (!(p->temperature > 0.0) || !isfinite(p->temperature)) return KDLOSS_ERR_INVALID_PARAM;
-    if (!(p->weight_hard_loss >= 0.0) || !isfinite(p->weight_hard_loss))
-        return KDLOSS_ERR_INVALID_PARAM;
-    if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
-        return KDLOSS_ERR_INVALID_PARAM;
-    if (!isfinite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
-    /* T and 1/T must stay positive and finite in fp32 */
-    if (!((float)p->temperature > 0.0f) || !isfinite((float)(1.0 / p->temperature)))
-        return KDLOSS_ERR_INVALID_PARAM;
-    return KDLOSS_OK;
+    return p ? kd_fljsd_check_params(p) : KDLOSS_ERR_NULL_POINTER;
 }
 
 kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
-    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    /* GEMM dimensions within a 32-bit int, as on the CPU (and for cublasGemmEx) */
-    if (hs > INT32_MAX || ht > INT32_MAX || v > INT32_MAX) return KDLOSS_ERR_UNSUPPORTED;
-    return KDLOSS_OK;
+    return kd_fljsd_check_sizes(bt, hs, ht, v);
 }
 
 /* A student or teacher operand pair: F32 or BF16, both the same. */

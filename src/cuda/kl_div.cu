@@ -141,13 +141,8 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
         return s;
     kd_ew_plan_make(bt, v, workspace, &plan);
 
-    /* the CPU's arithmetic: a reduction scale, multiplied */
-    double scale = 1.0;
-    switch (params->reduction) {
-    case KDLOSS_REDUCTION_MEAN: scale = 1.0 / ((double)bt * (double)v); break;
-    case KDLOSS_REDUCTION_BATCHMEAN: scale = 1.0 / (double)bt; break;
-    default: break;
-    }
+    /* the CPU's arithmetic: the same reduction scale, multiplied */
+    double scale = kd_kl_reduction_scale(params->reduction, bt, v);
 
     kl_args a;
     a.in = input.data;
