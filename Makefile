@@ -6,7 +6,8 @@ BUILD_CUDA ?= build-cuda
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build test test-c test-san bench cuda clean
+.PHONY: all deps build test test-c test-san test-cuda test-py bench cuda clean
+NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 all: build
 
@@ -25,7 +26,22 @@ test-san: deps
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && KDLOSS_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure
 
-test: test-c test-san
+# The CUDA backend is built (warnings as errors) wherever nvcc exists; its test skips itself
+# without a GPU, and test_cuda_emu checks the GPU test's expectations against the CPU backend.
+test-cuda: deps
+ifneq ($(NVCC),)
+	cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD_CUDA) -j $(JOBS)
+	cd $(BUILD_CUDA) && ctest --output-on-failure -R cuda
+else
+	@echo "test-cuda: nvcc not found, CUDA build check skipped"
+endif
+
+# The PyTorch binding: a venv with torch (created when missing), pip install ., pytest.
+test-py: deps
+	bash scripts/test_python.sh
+
+test: test-c test-san test-cuda test-py
 
 # Benchmarks run with OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE unset (they slow OpenBLAS ~2x here).
 bench: build

@@ -265,7 +265,21 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
 /* Same semantics and argument rules as the CPU functions; all pointers are device pointers,
  * `stream` is a cudaStream_t (NULL = legacy default stream). The scalar outputs are written on the
  * device: no host synchronization happens inside. Workspace is caller-provided device memory of
- * at least *_workspace_size() bytes (these functions never allocate). */
+ * at least *_workspace_size() bytes (these functions never allocate); it must be 16-byte aligned
+ * (KDLOSS_ERR_INVALID_PARAM otherwise; cudaMalloc gives 256) and must not overlap any operand.
+ * Every argument is checked on the host before the first launch, with the CPU's codes; a
+ * KDLOSS_ERR_CUDA or _OUT_OF_MEMORY returned after launches began may leave outputs partly written.
+ * A context serves one host thread at a time (its cuBLAS handle takes the call's stream).
+ *
+ * Labels on the GPU: their values are device memory, so an out-of-range label cannot be rejected
+ * before anything is written without a host synchronization. Instead the call returns KDLOSS_OK,
+ * and the device writes a status word: the first 4 bytes of the workspace hold, once the stream
+ * has reached the end of the call, an int32 kdloss_status: KDLOSS_OK, or
+ * KDLOSS_ERR_LABEL_OUT_OF_RANGE when some label is neither ignore_index nor in [0, V). In that
+ * case every scalar loss output is NaN, the offending rows have NaN row_loss and zero gradient,
+ * and the other rows are computed as if those rows were ignored. Read the word with
+ * cudaMemcpyAsync + a stream synchronization when you need it (it stays valid until the workspace
+ * is reused). Calls without labels write KDLOSS_OK there too. */
 KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);
 KDLOSS_API kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                             const kdloss_kl_params *params, int64_t bt, int64_t v,

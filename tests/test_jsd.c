@@ -216,6 +216,31 @@ static void check_finite_differences(kt_rng *rng) {
     }
 }
 
+/* Gradients above 32 MiB are streamed (non-temporal stores): bitwise equal to small pieces. */
+static void check_streamed(kt_rng *rng) {
+    int64_t bt = 2200, v = 4096, piece = 100;
+    float *x = malloc(sizeof(float) * bt * v), *t = malloc(sizeof(float) * bt * v);
+    float *g1 = malloc(sizeof(float) * bt * v), *g2 = malloc(sizeof(float) * bt * v);
+    for (int64_t i = 0; i < bt * v; i++) x[i] = (float)(-12 * kt_uniform(rng)), t[i] = (float)(-12 * kt_uniform(rng));
+    kdloss_jsd_params p;
+    kdloss_jsd_params_default(&p);
+    kdloss_labels nol = {NULL, KDLOSS_I64};
+    for (int bi = 0; bi < 5; bi += 2) {
+        p.beta = BETAS[bi];
+        p.grad_scale = 1.0; /* per-element scale 1/bt for the batch ... */
+        kdloss_jsd(&p, bt, v, (kdloss_cmat){x, KDLOSS_F32, 0}, (kdloss_cmat){t, KDLOSS_F32, 0}, nol, NULL, NULL,
+                   (kdloss_mat){g1, KDLOSS_F32, 0});
+        p.grad_scale = (double)piece / bt; /* ... and (piece/bt)/piece for each piece */
+        for (int64_t r = 0; r < bt; r += piece)
+            kdloss_jsd(&p, piece, v, (kdloss_cmat){x + r * v, KDLOSS_F32, 0}, (kdloss_cmat){t + r * v, KDLOSS_F32, 0},
+                       nol, NULL, NULL, (kdloss_mat){g2 + r * v, KDLOSS_F32, 0});
+        int64_t diff = 0;
+        for (int64_t i = 0; i < bt * v; i++) diff += fabsf(g1[i] - g2[i]) > 1e-6f * fabsf(g1[i]); /* scales may differ by an ulp */
+        KT_CHECK(diff == 0, "jsd beta=%g: streamed gradient differs in %lld elements", p.beta, (long long)diff);
+    }
+    free(x), free(t), free(g1), free(g2);
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
@@ -250,5 +275,6 @@ int main(void) {
     check_symmetry(&rng);
     check_determinism(&rng);
     check_finite_differences(&rng);
+    if (!kt_quick()) check_streamed(&rng);
     return kt_finish("test_jsd");
 }

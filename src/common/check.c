@@ -1,5 +1,7 @@
 #include "check.h"
 
+#include <math.h>
+
 #include <stdint.h>
 
 int kd_is_float_dtype(kdloss_dtype dt) {
@@ -49,5 +51,51 @@ kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64
         n++;
     }
     *n_valid = n;
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_kl_check_args(const kdloss_kl_params *p, int64_t bt, int64_t v, int has_loss,
+                               int has_elem) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (p->reduction < KDLOSS_REDUCTION_NONE || p->reduction > KDLOSS_REDUCTION_BATCHMEAN)
+        return KDLOSS_ERR_INVALID_REDUCTION;
+    if ((p->log_target != 0 && p->log_target != 1) || !(p->eps >= 0.0) || !isfinite(p->eps) ||
+        !isfinite(p->grad_scale))
+        return KDLOSS_ERR_INVALID_PARAM;
+    int none = p->reduction == KDLOSS_REDUCTION_NONE;
+    /* "none" has no scalar loss; an elementwise loss exists only for "none" */
+    if ((none && has_loss) || (!none && has_elem)) return KDLOSS_ERR_INVALID_PARAM;
+    return KDLOSS_OK;
+}
+
+double kd_kl_reduction_scale(kdloss_reduction r, int64_t bt, int64_t v) {
+    switch (r) {
+    case KDLOSS_REDUCTION_MEAN: return 1.0 / ((double)bt * (double)v);
+    case KDLOSS_REDUCTION_BATCHMEAN: return 1.0 / (double)bt;
+    default: return 1.0;
+    }
+}
+
+/* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
+ * queries and calls), so both return the same codes. */
+kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p) {
+    if (!(p->beta >= 0.0 && p->beta <= 1.0)) return KDLOSS_ERR_INVALID_PARAM; /* NaN fails too */
+    if (!(p->temperature > 0.0) || !isfinite(p->temperature)) return KDLOSS_ERR_INVALID_PARAM;
+    if (!(p->weight_hard_loss >= 0.0) || !isfinite(p->weight_hard_loss))
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (!isfinite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
+    /* 1/T must be a normal fp32 and T > 0 must stay so in fp32 */
+    if (!((float)p->temperature > 0.0f) || !isfinite((float)(1.0 / p->temperature)))
+        return KDLOSS_ERR_INVALID_PARAM;
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
+    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    /* GEMM dimensions are CBLAS ints */
+    if (hs > INT32_MAX || ht > INT32_MAX || v > INT32_MAX) return KDLOSS_ERR_UNSUPPORTED;
     return KDLOSS_OK;
 }

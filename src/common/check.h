@@ -5,6 +5,10 @@
 
 #include "kdloss.h"
 
+#ifdef __cplusplus
+extern "C" { /* the CUDA sources (C++) call these C functions */
+#endif
+
 /* Bytes [lo, hi) a matrix view spans; lo == hi for an absent view. */
 typedef struct kd_span {
     const char *lo;
@@ -35,5 +39,20 @@ static inline int64_t kd_label_at(kdloss_labels labels, int64_t r) {
     return labels.dtype == KDLOSS_I64 ? ((const int64_t *)labels.data)[r]
                                       : (int64_t)((const int32_t *)labels.data)[r];
 }
+
+/* KL: params, sizes, reduction and the loss / elementwise-loss outputs it allows (has_loss,
+ * has_elem: whether those outputs were given), in the order both backends report them. */
+kdloss_status kd_kl_check_args(const kdloss_kl_params *p, int64_t bt, int64_t v, int has_loss,
+                               int has_elem);
+/* Loss scale of a reduction: 1 (none, sum), 1/(BT*V) (mean), 1/BT (batchmean). */
+double kd_kl_reduction_scale(kdloss_reduction r, int64_t bt, int64_t v);
+
+/* Fused-linear parameters (p not NULL) and sizes, shared by the CPU and CUDA backends. */
+kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p);
+kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KDLOSS_CHECK_H */

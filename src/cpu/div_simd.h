@@ -42,7 +42,7 @@ KD_INLINE vf kd_vjsd_mix(const kd_vjsd *k, vf x, vf y, vf *grad) {
     vf a = vf_sub(y, k->neg_log_b), b = vf_sub(x, k->neg_log_1mb);
     vf d = vf_sub(a, b), m = vf_max(a, b);
     vf e = vf_exp(vf_neg(vf_abs(d)));
-    vf s = vf_log1p(e);
+    vf s = vf_log1p_unit(e);
     vf em = vf_exp(m), eme = vf_mul(em, e);
     vm age = vm_ge(a, b);
     vf wa = vf_select(age, em, eme), wb = vf_select(age, eme, em);
@@ -57,6 +57,12 @@ KD_INLINE vf kd_vjsd_mix(const kd_vjsd *k, vf x, vf y, vf *grad) {
 KD_INLINE vf kd_vkl_prob(vf y, vf t, vf eps, vf *grad) {
     *grad = vf_neg(t);
     return vf_keep(vm_ne(t, vf_zero()), vf_mul(t, vf_sub(vf_log(vf_max(t, eps)), y)));
+}
+
+/* The same with eps >= FLT_MIN, so log's argument is always a normal float (or inf). */
+KD_INLINE vf kd_vkl_prob_normal(vf y, vf t, vf eps, vf *grad) {
+    *grad = vf_neg(t);
+    return vf_keep(vm_ne(t, vf_zero()), vf_mul(t, vf_sub(vf_log_normal(vf_max(t, eps)), y)));
 }
 
 /* KLDivLoss element with log target: e^t (t - y), 0 where e^t == 0; grad -e^t. */

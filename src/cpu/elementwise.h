@@ -25,6 +25,7 @@ typedef struct kd_ew_job {
     int64_t lde;
     float gscale;  /* multiplies every gradient element */
     int want_loss; /* 0: only the gradient is wanted (KL then never reads x) */
+    int stream_grad; /* gradient larger than the caches: write it with non-temporal stores */
     int log_target;
     float eps;
     kd_jsd_coef coef;
@@ -40,6 +41,10 @@ double kd_kl_row_avx512(const kd_ew_job *job, int64_t row);
 double kd_jsd_row_scalar(const kd_ew_job *job, int64_t row);
 double kd_jsd_row_avx2(const kd_ew_job *job, int64_t row);
 double kd_jsd_row_avx512(const kd_ew_job *job, int64_t row);
+
+/* Gradients above this many bytes are streamed (non-temporal stores): larger than this CPU
+ * family's last-level cache, they would be evicted before anyone reads them anyway. */
+#define KD_STREAM_BYTES ((int64_t)32 << 20)
 
 /* Runs fn over rows [0, bt) on OpenMP threads and returns the sum of the row values, added in
  * an order that depends on bt alone (so results do not change with the thread count).

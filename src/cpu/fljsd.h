@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "check.h"
 #include "kdloss.h"
 
 /* Alignment of every workspace region (a cache line, and an AVX-512 vector). */
@@ -49,10 +50,6 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64
                                  int64_t v, kdloss_dtype student_dtype, int want_grad,
                                  kd_fljsd_plan *plan);
 
-/* Parameter checks (beta, temperature, weights, grad_scale, chunk_size): KDLOSS_ERR_INVALID_PARAM. */
-kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p);
-/* Sizes > 0 (KDLOSS_ERR_INVALID_SIZE); Hs, Ht, V within a CBLAS int (KDLOSS_ERR_UNSUPPORTED). */
-kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
 
 /* A call whose every argument has been checked: matrix views carry their effective ld. */
 typedef struct kd_fljsd_call {

@@ -111,28 +111,6 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64
     return KDLOSS_OK;
 }
 
-/* Parameter checks shared by the size query and the call. */
-kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p) {
-    if (!(p->beta >= 0.0 && p->beta <= 1.0)) return KDLOSS_ERR_INVALID_PARAM; /* NaN fails too */
-    if (!(p->temperature > 0.0) || !isfinite(p->temperature)) return KDLOSS_ERR_INVALID_PARAM;
-    if (!(p->weight_hard_loss >= 0.0) || !isfinite(p->weight_hard_loss))
-        return KDLOSS_ERR_INVALID_PARAM;
-    if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
-        return KDLOSS_ERR_INVALID_PARAM;
-    if (!isfinite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
-    /* 1/T must be a normal fp32 and T > 0 must stay so in fp32 */
-    if (!((float)p->temperature > 0.0f) || !isfinite((float)(1.0 / p->temperature)))
-        return KDLOSS_ERR_INVALID_PARAM;
-    return KDLOSS_OK;
-}
-
-kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
-    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    /* GEMM dimensions are CBLAS ints */
-    if (hs > INT32_MAX || ht > INT32_MAX || v > INT32_MAX) return KDLOSS_ERR_UNSUPPORTED;
-    return KDLOSS_OK;
-}
-
 kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
                                           int64_t hs, int64_t ht, int64_t v,
                                           kdloss_dtype student_dtype, int want_grad,

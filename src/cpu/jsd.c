@@ -43,6 +43,7 @@ kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdlo
     double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
     job.gscale = (float)(p->grad_scale / denom);
     job.want_loss = loss || row_loss;
+    job.stream_grad = grad.data && bt * v * (int64_t)kdloss_dtype_size(job.xdt) > KD_STREAM_BYTES;
     job.coef = kd_jsd_coef_make(p->beta);
     double total = kd_rows_sum(bt, kd_jsd_row_fn(), &job, row_loss);
     if (loss) *loss = (float)(total / denom);

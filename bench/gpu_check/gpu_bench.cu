@@ -1,0 +1,440 @@
+/* GPU timing driver for bench/gpu_check.sh. Times, with CUDA events and an L2 flush before every
+ * repeat (median, p20, p80 of the repeats, after warm-up):
+ *   1. kdloss_cuda_kl_div, BT 16384, V 4096, fp32, batchmean, loss + gradient
+ *   2. kdloss_cuda_fused_linear_jsd, BT 8192, Hs 2048, Ht 4096, V 128256, bf16 (the seed shape:
+ *      rand inputs, nn.Linear-style weights, no bias, labels in [0, V), beta 0.5, T 1,
+ *      weights 0.5/0.5), loss + dxs + dws, at several memory budgets
+ *   3. the four bare GEMMs of that workload at full size (zs, zt, dxs, dws), cuBLAS, bf16 in,
+ *      fp32 accumulation: the floor the fused loss is compared with
+ * and the device memory each workload holds (inputs + outputs + workspace, counted at cudaMalloc).
+ * Usage: gpu_bench [summary.json]. Exit code 0 only if every call succeeded and every loss is
+ * finite. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kdloss.h"
+
+#define CK(x)                                                                                 \
+    do {                                                                                      \
+        cudaError_t e_ = (x);                                                                 \
+        if (e_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__,       \
+                    __LINE__);                                                                \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+#define KS(x)                                                                                 \
+    do {                                                                                      \
+        kdloss_status s_ = (x);                                                               \
+        if (s_ != KDLOSS_OK) {                                                                \
+            fprintf(stderr, "kdloss error %s at %s:%d\n", kdloss_status_string(s_), __FILE__,   \
+                    __LINE__);                                                                \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+#define BK(x)                                                                                 \
+    do {                                                                                      \
+        cublasStatus_t s_ = (x);                                                              \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                    \
+            fprintf(stderr, "cuBLAS error %d at %s:%d\n", (int)s_, __FILE__, __LINE__);        \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static cudaStream_t g_st;
+static size_t g_live, g_peak; /* bytes held through dmalloc */
+
+static void *dmalloc(size_t n) {
+    void *p;
+    CK(cudaMalloc(&p, n));
+    g_live += n;
+    if (g_live > g_peak) g_peak = g_live;
+    return p;
+}
+static void dfree(void *p, size_t n) {
+    CK(cudaFree(p));
+    g_live -= n;
+}
+
+/* ---- deterministic device-side data ---- */
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+__device__ __forceinline__ float u01(uint64_t seed, int64_t i) {
+    return (float)((mix64(seed ^ (uint64_t)i * 0xd1b54a32d192ed03ull) >> 40) + 0.5) * (1.0f / 16777216.0f);
+}
+__global__ void fill_normal_f32(float *p, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = sqrtf(-2.0f * logf(u01(seed, 2 * i))) * cospif(2.0f * u01(seed, 2 * i + 1));
+}
+__global__ void fill_uniform_bf16(uint16_t *p, int64_t n, float lo, float hi, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float x = lo + (hi - lo) * u01(seed, i);
+        uint32_t u = __float_as_uint(x);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        p[i] = (uint16_t)(u >> 16);
+    }
+}
+__global__ void fill_labels(int64_t *p, int64_t n, int64_t v, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = (int64_t)(mix64(seed + (uint64_t)i) % (uint64_t)v);
+}
+/* one block per row, in place: log_softmax (to_prob = 0) or softmax (to_prob = 1) */
+__global__ void row_softmax(float *x, int64_t v, int to_prob) {
+    __shared__ float red[32];
+    float *r = x + blockIdx.x * v;
+    float m = -INFINITY;
+    for (int64_t c = threadIdx.x; c < v; c += blockDim.x) m = fmaxf(m, r[c]);
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = red[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) m = fmaxf(m, red[w]);
+    __syncthreads();
+    float s = 0;
+    for (int64_t c = threadIdx.x; c < v; c += blockDim.x) s += expf(r[c] - m);
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+    __syncthreads();
+    s = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += red[w];
+    const float lse = m + logf(s);
+    for (int64_t c = threadIdx.x; c < v; c += blockDim.x) r[c] = to_prob ? expf(r[c] - lse) : r[c] - lse;
+}
+
+static unsigned grid_for(int64_t n) { int64_t b = (n + 255) / 256; return (unsigned)(b > 65535 * 4 ? 65535 * 4 : b); }
+
+/* ---- timing ---- */
+static void *g_flush;
+static size_t g_flush_bytes;
+
+typedef void (*op_fn)(void *);
+typedef struct timing {
+    double med, p20, p80;
+} timing;
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double quant(const double *s, int n, double q) {
+    double pos = q * (n - 1);
+    int i = (int)pos;
+    double f = pos - i;
+    return i + 1 < n ? s[i] * (1 - f) + s[i + 1] * f : s[n - 1];
+}
+
+static timing time_op(op_fn fn, void *arg, int warm, int reps) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int i = 0; i < warm; i++) fn(arg);
+    CK(cudaStreamSynchronize(g_st));
+    double *ms = (double *)malloc(sizeof(double) * reps);
+    for (int i = 0; i < reps; i++) {
+        /* evict the previous repeat's data from L2 (60 MB on an H200) */
+        CK(cudaMemsetAsync(g_flush, i & 0xff, g_flush_bytes, g_st));
+        CK(cudaEventRecord(e0, g_st));
+        fn(arg);
+        CK(cudaEventRecord(e1, g_st));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        ms[i] = t;
+    }
+    qsort(ms, reps, sizeof(double), cmp_d);
+    timing r = {quant(ms, reps, 0.5), quant(ms, reps, 0.2), quant(ms, reps, 0.8)};
+    free(ms);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return r;
+}
+
+/* ---- workload 1: KL ---- */
+typedef struct kl_w {
+    kdloss_cuda_context *ctx;
+    int64_t bt, v;
+    float *y, *t, *g, *loss;
+    void *ws;
+    size_t wsb;
+} kl_w;
+
+static void kl_op(void *p) {
+    kl_w *w = (kl_w *)p;
+    kdloss_kl_params prm;
+    prm.reduction = KDLOSS_REDUCTION_BATCHMEAN;
+    prm.log_target = 0;
+    prm.eps = 1e-10;
+    prm.grad_scale = 1.0;
+    kdloss_cmat in = {w->y, KDLOSS_F32, 0}, tg = {w->t, KDLOSS_F32, 0};
+    kdloss_mat el = {NULL, KDLOSS_F32, 0}, gr = {w->g, KDLOSS_F32, 0};
+    KS(kdloss_cuda_kl_div(w->ctx, g_st, &prm, w->bt, w->v, in, tg, w->loss, NULL, el, gr, w->ws, w->wsb));
+}
+
+/* ---- workload 2: fused-linear JSD ---- */
+typedef struct fl_w {
+    kdloss_cuda_context *ctx;
+    int64_t bt, hs, ht, v;
+    void *xs, *ws, *xt, *wt, *dxs, *dws;
+    int64_t *lab;
+    float *loss;
+    void *wk;
+    size_t wkb;
+    size_t budget;
+} fl_w;
+
+static kdloss_fljsd_params fl_params(size_t budget) {
+    kdloss_fljsd_params p;
+    p.beta = 0.5;
+    p.temperature = 1.0;
+    p.weight_hard_loss = 0.5;
+    p.weight_soft_loss = 0.5;
+    p.ignore_index = -100;
+    p.chunk_size = 0;
+    p.memory_budget = budget;
+    p.grad_scale = 1.0;
+    return p;
+}
+
+static void fl_op(void *arg) {
+    fl_w *w = (fl_w *)arg;
+    kdloss_fljsd_params p = fl_params(w->budget);
+    kdloss_fljsd_out o;
+    memset(&o, 0, sizeof o);
+    o.loss = w->loss;
+    o.dxs.data = w->dxs;
+    o.dxs.dtype = KDLOSS_BF16;
+    o.dws.data = w->dws;
+    o.dws.dtype = KDLOSS_BF16;
+    kdloss_cmat xs = {w->xs, KDLOSS_BF16, 0}, ws = {w->ws, KDLOSS_BF16, 0};
+    kdloss_cmat xt = {w->xt, KDLOSS_BF16, 0}, wt = {w->wt, KDLOSS_BF16, 0};
+    kdloss_labels L = {w->lab, KDLOSS_I64};
+    KS(kdloss_cuda_fused_linear_jsd(w->ctx, g_st, &p, w->bt, w->hs, w->ht, w->v, xs, ws, NULL, xt,
+                                    wt, NULL, L, &o, w->wk, w->wkb));
+}
+
+/* ---- workload 3: the four bare GEMMs (row-major shapes as in fused_linear_jsd.cu) ---- */
+typedef struct gemm_w {
+    cublasHandle_t h;
+    int which; /* 0 zs, 1 zt, 2 dxs, 3 dws, 4 all four */
+    fl_w *f;
+    float *z;   /* (bt x v) fp32 logits */
+    void *dz;   /* (bt x v) bf16 logit gradient */
+    float *dw;  /* (v x hs) fp32 */
+} gemm_w;
+
+static void gemm_one(gemm_w *g, int which) {
+    const float one = 1.0f, zero = 0.0f;
+    fl_w *f = g->f;
+    int bt = (int)f->bt, hs = (int)f->hs, ht = (int)f->ht, v = (int)f->v;
+    switch (which) {
+    case 0: /* zs^T (v x bt) = ws^T xs^T */
+        BK(cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, v, bt, hs, &one, f->ws, CUDA_R_16BF, hs,
+                        f->xs, CUDA_R_16BF, hs, &zero, g->z, CUDA_R_32F, v, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        break;
+    case 1:
+        BK(cublasGemmEx(g->h, CUBLAS_OP_T, CUBLAS_OP_N, v, bt, ht, &one, f->wt, CUDA_R_16BF, ht,
+                        f->xt, CUDA_R_16BF, ht, &zero, g->z, CUDA_R_32F, v, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        break;
+    case 2: /* dxs^T (hs x bt) = ws^T(col) dz^T */
+        BK(cublasGemmEx(g->h, CUBLAS_OP_N, CUBLAS_OP_N, hs, bt, v, &one, f->ws, CUDA_R_16BF, hs,
+                        g->dz, CUDA_R_16BF, v, &zero, f->dxs, CUDA_R_16BF, hs, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        break;
+    default: /* dws^T (hs x v) = xs^T(col) dz */
+        BK(cublasGemmEx(g->h, CUBLAS_OP_N, CUBLAS_OP_T, hs, v, bt, &one, f->xs, CUDA_R_16BF, hs,
+                        g->dz, CUDA_R_16BF, v, &zero, g->dw, CUDA_R_32F, hs, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        break;
+    }
+}
+
+static void gemm_op(void *arg) {
+    gemm_w *g = (gemm_w *)arg;
+    if (g->which < 4) gemm_one(g, g->which);
+    else
+        for (int i = 0; i < 4; i++) gemm_one(g, i);
+}
+
+static size_t dev_used(void) {
+    size_t fr, tot;
+    CK(cudaMemGetInfo(&fr, &tot));
+    return tot - fr;
+}
+
+int main(int argc, char **argv) {
+    const char *json = argc > 1 ? argv[1] : NULL;
+    if (!kdloss_cuda_available()) {
+        printf("gpu_bench: no CUDA device\n");
+        return 1;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    kdloss_cuda_context *ctx;
+    KS(kdloss_cuda_context_create(0, &ctx));
+    CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
+    g_flush_bytes = (size_t)256 << 20;
+    CK(cudaMalloc(&g_flush, g_flush_bytes));
+    const size_t base_used = dev_used();
+    int ok = 1;
+    FILE *js = json ? fopen(json, "w") : NULL;
+    if (js) fprintf(js, "{\n  \"device\": \"%s\",\n  \"sm_count\": %d,\n  \"results\": [\n", prop.name, prop.multiProcessorCount);
+    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    int first_row = 1;
+#define ROW(name, tm, mem, extra)                                                                  \
+    do {                                                                                          \
+        printf("%-44s %9.3f ms  [p20 %.3f, p80 %.3f]  mem %7.0f MB  %s\n", name, (tm).med,        \
+               (tm).p20, (tm).p80, (double)(mem) / 1e6, extra);                                   \
+        if (js)                                                                                   \
+            fprintf(js, "%s    {\"name\": \"%s\", \"ms\": %.4f, \"p20\": %.4f, \"p80\": %.4f, "      \
+                        "\"mem_mb\": %.1f}",                                                       \
+                    first_row ? "" : ",\n", name, (tm).med, (tm).p20, (tm).p80,                   \
+                    (double)(mem) / 1e6);                                                         \
+        first_row = 0;                                                                            \
+    } while (0)
+
+    /* ---- 1. KL ---- */
+    {
+        kl_w w;
+        w.ctx = ctx;
+        w.bt = 16384;
+        w.v = 4096;
+        size_t n = (size_t)(w.bt * w.v), by = n * 4;
+        g_peak = g_live;
+        w.y = (float *)dmalloc(by);
+        w.t = (float *)dmalloc(by);
+        w.g = (float *)dmalloc(by);
+        w.loss = (float *)dmalloc(4);
+        KS(kdloss_cuda_kl_div_workspace_size(w.bt, w.v, &w.wsb));
+        w.ws = dmalloc(w.wsb);
+        fill_normal_f32<<<grid_for(n), 256, 0, g_st>>>(w.y, n, 1);
+        fill_normal_f32<<<grid_for(n), 256, 0, g_st>>>(w.t, n, 2);
+        row_softmax<<<(unsigned)w.bt, 256, 0, g_st>>>(w.y, w.v, 0);
+        row_softmax<<<(unsigned)w.bt, 256, 0, g_st>>>(w.t, w.v, 1);
+        CK(cudaGetLastError());
+        timing t = time_op(kl_op, &w, 5, 50);
+        float loss;
+        CK(cudaMemcpy(&loss, w.loss, 4, cudaMemcpyDeviceToHost));
+        char extra[128];
+        snprintf(extra, sizeof extra, "%.0f GB/s effective (805 MB), loss %.6g", 3.0 * by / (t.med * 1e6), loss);
+        ROW("kdloss kl_div full 16384x4096 fp32", t, g_peak, extra);
+        if (!isfinite(loss)) ok = 0;
+        dfree(w.y, by);
+        dfree(w.t, by);
+        dfree(w.g, by);
+        dfree(w.loss, 4);
+        dfree(w.ws, w.wsb);
+    }
+
+    /* ---- 2. fused-linear JSD at the seed shape, and 3. its bare GEMMs ---- */
+    {
+        fl_w w;
+        memset(&w, 0, sizeof w);
+        w.ctx = ctx;
+        w.bt = 8192;
+        w.hs = 2048;
+        w.ht = 4096;
+        w.v = 128256;
+        size_t bxs = (size_t)(w.bt * w.hs) * 2, bws = (size_t)(w.v * w.hs) * 2;
+        size_t bxt = (size_t)(w.bt * w.ht) * 2, bwt = (size_t)(w.v * w.ht) * 2;
+        size_t blab = (size_t)w.bt * 8;
+        g_peak = g_live;
+        w.xs = dmalloc(bxs);
+        w.ws = dmalloc(bws);
+        w.xt = dmalloc(bxt);
+        w.wt = dmalloc(bwt);
+        w.lab = (int64_t *)dmalloc(blab);
+        w.dxs = dmalloc(bxs);
+        w.dws = dmalloc(bws);
+        w.loss = (float *)dmalloc(4);
+        /* torch.rand inputs; nn.Linear default init U(-1/sqrt(in), 1/sqrt(in)) */
+        fill_uniform_bf16<<<grid_for(bxs / 2), 256, 0, g_st>>>((uint16_t *)w.xs, bxs / 2, 0.f, 1.f, 11);
+        fill_uniform_bf16<<<grid_for(bxt / 2), 256, 0, g_st>>>((uint16_t *)w.xt, bxt / 2, 0.f, 1.f, 12);
+        float as = 1.0f / sqrtf((float)w.hs), at = 1.0f / sqrtf((float)w.ht);
+        fill_uniform_bf16<<<grid_for(bws / 2), 256, 0, g_st>>>((uint16_t *)w.ws, bws / 2, -as, as, 13);
+        fill_uniform_bf16<<<grid_for(bwt / 2), 256, 0, g_st>>>((uint16_t *)w.wt, bwt / 2, -at, at, 14);
+        fill_labels<<<grid_for(w.bt), 256, 0, g_st>>>(w.lab, w.bt, w.v, 15);
+        CK(cudaGetLastError());
+
+        const size_t budgets[] = {0, (size_t)1 << 30, (size_t)2 << 30};
+        for (int b = 0; b < 3; b++) {
+            w.budget = budgets[b];
+            kdloss_fljsd_params p = fl_params(w.budget);
+            KS(kdloss_cuda_fljsd_workspace_size(&p, w.bt, w.hs, w.ht, w.v, KDLOSS_BF16, 1, &w.wkb));
+            g_peak = g_live;
+            w.wk = dmalloc(w.wkb);
+            size_t used0 = dev_used();
+            timing t = time_op(fl_op, &w, 2, 10);
+            float loss;
+            int32_t status;
+            CK(cudaMemcpy(&loss, w.loss, 4, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&status, w.wk, 4, cudaMemcpyDeviceToHost));
+            char name[96], extra[160];
+            snprintf(name, sizeof name, "kdloss fused_linear_jsd budget %zu MiB", (w.budget ? w.budget : (size_t)256 << 20) >> 20);
+            snprintf(extra, sizeof extra, "workspace %.0f MB, loss %.6g, status %d, %.0f TFLOP/s (21.5 TFLOP), dev used +%.0f MB",
+                     w.wkb / 1e6, loss, (int)status, 21.52e12 / (t.med * 1e-3) / 1e12,
+                     (double)(used0 - base_used) / 1e6);
+            ROW(name, t, g_peak, extra);
+            if (!isfinite(loss) || status != 0) ok = 0;
+            dfree(w.wk, w.wkb);
+        }
+
+        gemm_w g;
+        memset(&g, 0, sizeof g);
+        g.f = &w;
+        BK(cublasCreate(&g.h));
+        BK(cublasSetStream(g.h, g_st));
+        size_t bz = (size_t)(w.bt * w.v) * 4, bdz = (size_t)(w.bt * w.v) * 2, bdw = (size_t)(w.v * w.hs) * 4;
+        g_peak = g_live;
+        g.z = (float *)dmalloc(bz);
+        g.dz = dmalloc(bdz);
+        g.dw = (float *)dmalloc(bdw);
+        /* a non-zero gradient of logit size, like dzs (|values| ~ 1e-5) */
+        fill_uniform_bf16<<<grid_for(bdz / 2), 256, 0, g_st>>>((uint16_t *)g.dz, bdz / 2, -1e-5f, 1e-5f, 16);
+        CK(cudaGetLastError());
+        const char *names[] = {"bare GEMM zs = xs ws^T (fp32 out)", "bare GEMM zt = xt wt^T (fp32 out)",
+                               "bare GEMM dxs = dz ws (bf16 out)", "bare GEMM dws = dz^T xs (fp32 out)",
+                               "bare GEMMs, all four"};
+        const double flops[] = {2.0 * 8192 * 128256 * 2048, 2.0 * 8192 * 128256 * 4096,
+                                2.0 * 8192 * 128256 * 2048, 2.0 * 8192 * 128256 * 2048, 0};
+        for (int i = 0; i < 5; i++) {
+            g.which = i;
+            timing t = time_op(gemm_op, &g, 2, 10);
+            char extra[96] = "";
+            double f = i < 4 ? flops[i] : flops[0] + flops[1] + flops[2] + flops[3];
+            snprintf(extra, sizeof extra, "%.0f TFLOP/s", f / (t.med * 1e-3) / 1e12);
+            ROW(names[i], t, g_peak, extra);
+        }
+        BK(cublasDestroy(g.h));
+        dfree(g.z, bz);
+        dfree(g.dz, bdz);
+        dfree(g.dw, bdw);
+        dfree(w.xs, bxs);
+        dfree(w.ws, bws);
+        dfree(w.xt, bxt);
+        dfree(w.wt, bwt);
+        dfree(w.lab, blab);
+        dfree(w.dxs, bxs);
+        dfree(w.dws, bws);
+        dfree(w.loss, 4);
+    }
+    if (js) {
+        fprintf(js, "\n  ],\n  \"ok\": %s\n}\n", ok ? "true" : "false");
+        fclose(js);
+    }
+    CK(cudaFree(g_flush));
+    CK(cudaStreamDestroy(g_st));
+    kdloss_cuda_context_destroy(ctx);
+    printf("gpu_bench: %s\n", ok ? "ok" : "FAILED (a loss is not finite or a status word is set)");
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,839 @@
+#!/usr/bin/env python3
+"""Peer comparison on the CPU: eager PyTorch, Liger-Kernel and kdloss on the seed workloads.
+
+Protocol (REFERENCE.md section 5, adapted to a CPU):
+  * timing: all providers side by side in ONE process (this one), on the same input tensors.
+    modes: forward (the loss call alone), backward (loss.backward(retain_graph=True) on one
+    forward's graph, repeated), full (forward + backward, what the seed records time). Each
+    provider first gets warm-up full passes (Liger's torch.compile runs there), then the timed
+    runs are interleaved round-robin across providers (torch, liger, kdloss, torch, ...) with a
+    short untimed pause before each, so a change in machine load or a thread pool still spinning
+    from the previous provider's call is shared out instead of landing on one provider. Timer
+    time.perf_counter_ns; reported: median with p20/p80 (linear interpolation, as the quantiles
+    of triton.testing.do_bench); gradients are reset to None between runs, outside the timed
+    region, so every run pays the same;
+  * peak memory: a fresh child process per (provider, point), so peaks never mix. The child runs
+    the provider once on a tiny problem (thread pools, BLAS buffers, libraries), reads its RSS,
+    creates the inputs, runs one full pass (warm-up; compilation), resets the RSS high-water mark
+    (/proc/self/clear_refs 5) and runs a second full pass. "peak MiB" = the high-water mark after
+    it (VmHWM; getrusage's ru_maxrss is not reset by clear_refs, so it is only the fallback) - the
+    RSS before the inputs existed: inputs, outputs,
+    gradients and working space of a steady-state full pass, without the Python/torch runtime;
+  * every provider gets the same inputs from the same seed, and the same input pipeline: for KL the
+    input is randn(BT,V).log_softmax(-1) of a leaf that requires grad (so "full" includes the
+    log_softmax backward for everyone); for distillation torch.rand hidden states, nn.Linear
+    default-initialized LM heads (teacher frozen), labels randint(0, V), beta 0.5, T 1, 0.5/0.5.
+
+Providers:
+  kl_div:           torch = nn.KLDivLoss(reduction="batchmean"), liger = LigerKLDIVLoss (Triton:
+                    expected to fail on a CPU; the error is recorded), kdloss = kdloss.torch.KLDivLoss
+  distill_jsd_loss: torch = full fp32 logits + CE + JSD written from REFERENCE.md section 4,
+                    liger = chunked LigerFusedLinearJSDLoss (plain torch, compiled=True by default),
+                    kdloss = kdloss.torch.FusedLinearJSDLoss (module defaults)
+
+Output: one KernelIndex-style JSON record per (workload, mode, provider, point) in --out, PNG plots
+of time and memory against size per provider, and a markdown table on stdout.
+Run it through bench/peers.sh (which unsets OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE).
+"""
+
+import argparse
+import datetime as dt
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+API = "kernelindex.dev/v1alpha1"
+HERE = os.path.dirname(os.path.abspath(__file__))
+SLOW_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # make OpenBLAS ~2x slower on this CPU
+
+# ---------------------------------------------------------------------------------------------------
+# inputs and providers
+# ---------------------------------------------------------------------------------------------------
+
+
+def rss_now_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def rss_peak_mb():
+    """The RSS high-water mark: VmHWM (which /proc/self/clear_refs resets), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def reset_rss_peak():
+    """Reset the RSS high-water mark to the current RSS (Linux >= 4.0). False if unavailable."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def torch_distill_loss(xs, ws, xt, wt, labels, beta=0.5, temperature=1.0, w_hard=0.5,
+                       w_soft=0.5, ignore_index=-100):
+    """Eager reference of REFERENCE.md section 4: full fp32 logits, CE + JSD(beta)."""
+    import torch
+    import torch.nn.functional as F
+    zs = (xs @ ws.T).float()
+    zt = (xt @ wt.T).float()
+    valid = labels != ignore_index
+    n = valid.sum().clamp(min=1)
+    hard = F.cross_entropy(zs, labels, ignore_index=ignore_index, reduction="sum") / n
+    x = F.log_softmax(zs / temperature, -1)
+    y = F.log_softmax(zt / temperature, -1)
+    if beta == 0:
+        rows = (y.exp() * (y - x)).sum(-1)
+    elif beta == 1:
+        rows = (x.exp() * (x - y)).sum(-1)
+    else:
+        log_m = torch.logaddexp(y + math.log(beta), x + math.log(1 - beta))
+        rows = (beta * y.exp() * (y - log_m) + (1 - beta) * x.exp() * (x - log_m)).sum(-1)
+    soft = (rows * valid).sum() / n
+    return w_hard * hard + w_soft * soft
+
+
+def make_inputs(wl, p, seed=0):
+    """The tensors every provider of a point shares. `leaves` get their .grad reset."""
+    import torch
+    torch.manual_seed(seed)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[p["dtype"]]
+    if wl == "kl_div":
+        bt, v = p["tokens"], p["vocab"]
+        leaf = torch.randn(bt, v, dtype=dtype, requires_grad=True)
+        return {"leaf": leaf, "x": leaf.log_softmax(-1),
+                "t": torch.randn(bt, v, dtype=dtype).softmax(-1), "leaves": [leaf], "retain": True}
+    bt, hs, ht, v = p["tokens"], p["hidden_student"], p["hidden_teacher"], p["vocab"]
+    xs = torch.rand(bt, hs, dtype=dtype, requires_grad=True)
+    xt = torch.rand(bt, ht, dtype=dtype)
+    ws = torch.nn.Linear(hs, v, bias=False, dtype=dtype).weight  # a Parameter: requires grad
+    wt = torch.nn.Linear(ht, v, bias=False, dtype=dtype).weight.detach()  # frozen teacher
+    labels = torch.randint(0, v, (bt,))
+    return {"xs": xs, "ws": ws, "xt": xt, "wt": wt, "labels": labels, "leaves": [xs, ws],
+            "retain": False}
+
+
+def make_provider(wl, prov, inp, liger_compiled=True):
+    """(fwd, implementation-dict): fwd() returns the scalar loss on the shared inputs."""
+    import torch
+    if wl == "kl_div":
+        x, t = inp["x"], inp["t"]
+        if prov == "torch":
+            fn, impl = torch.nn.KLDivLoss(reduction="batchmean"), "torch.nn.KLDivLoss"
+        elif prov == "liger":
+            from liger_kernel.transformers import LigerKLDIVLoss
+            fn, impl = LigerKLDIVLoss(reduction="batchmean"), "liger_kernel.transformers.LigerKLDIVLoss"
+        else:
+            import kdloss.torch
+            fn, impl = kdloss.torch.KLDivLoss(reduction="batchmean"), "kdloss.torch.KLDivLoss"
+        return (lambda: fn(x, t)), {"module": impl, "options": {"reduction": "batchmean"}}
+    xs, ws, xt, wt, labels = (inp[k] for k in ("xs", "ws", "xt", "wt", "labels"))
+    opts = {"weight_hard_loss": 0.5, "weight_soft_loss": 0.5, "beta": 0.5, "temperature": 1.0}
+    if prov == "torch":
+        impl = "eager torch: fp32 logits + F.cross_entropy + JSD (bench/peers.py)"
+        return (lambda: torch_distill_loss(xs, ws, xt, wt, labels)), {"module": impl,
+                                                                       "options": opts}
+    if prov == "liger":
+        from liger_kernel.chunked_loss import LigerFusedLinearJSDLoss
+        opts["compiled"] = liger_compiled
+        m = LigerFusedLinearJSDLoss(**opts)
+        impl = "liger_kernel.chunked_loss.LigerFusedLinearJSDLoss"
+    else:
+        import kdloss.torch
+        m = kdloss.torch.FusedLinearJSDLoss(**opts)
+        opts["chunk_size"] = m.chunk_size
+        impl = "kdloss.torch.FusedLinearJSDLoss"
+    return (lambda: m(xs, ws, xt, wt, labels)), {"module": impl, "options": opts}
+
+
+TINY = {"tokens": 8, "vocab": 64, "hidden_student": 16, "hidden_teacher": 32}
+
+
+def quantiles(ns):
+    import numpy as np
+    ms = np.asarray(ns, dtype=np.float64) / 1e6
+    p20, p50, p80 = np.percentile(ms, [20, 50, 80])
+    return {"ms_20": float(p20), "ms_50": float(p50), "ms_80": float(p80), "runs": len(ns)}
+
+
+def error_text(exc):
+    msg = f"{type(exc).__name__}: {exc}".strip()
+    return msg.splitlines()[0][:400] if msg else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------------------------------
+# timing: every provider of a point in this process, runs interleaved
+# ---------------------------------------------------------------------------------------------------
+
+
+def time_point(wl, point, providers, modes, args, min_reps):
+    """{provider: result} with modes timed; a provider that raises gets status failed."""
+    import torch
+    inp = make_inputs(wl, point)
+    retain, leaves = inp["retain"], inp["leaves"]
+    res, live, est = {}, {}, {}
+
+    def zero():
+        for t in leaves:
+            t.grad = None
+
+    def pause():  # let the previous provider's spinning BLAS/OpenMP threads go to sleep
+        if args.pause_s > 0:
+            time.sleep(args.pause_s)
+
+    for prov in providers:
+        r = res[prov] = {"status": "passed", "modes": {}}
+        try:
+            fwd, impl = make_provider(wl, prov, inp, not args.no_liger_compile)
+            r["implementation"] = impl
+            t0, n_warm = time.perf_counter(), 0
+            while True:  # warm-up full passes: >= warmup_s, 1..3 of them
+                pause()
+                s = time.perf_counter_ns()
+                y = fwd()
+                y.backward(retain_graph=retain)
+                e = time.perf_counter_ns() - s
+                if n_warm == 0:
+                    r["loss"] = float(y.detach().float())
+                    r["warmup_first_ms"] = e / 1e6
+                del y
+                zero()
+                n_warm += 1
+                if time.perf_counter() - t0 >= args.warmup_s or n_warm >= 3:
+                    break
+            r["warmup_runs"] = n_warm
+            live[prov], est[prov] = fwd, e / 1e9
+        except Exception as exc:  # a provider that does not run here: record why
+            r.update(status="failed", error=error_text(exc))
+            zero()
+    if not live:
+        return res
+
+    def reps(fraction):
+        n = int(args.target_s / max(max(est.values()) * fraction, 1e-6))
+        return max(min_reps, min(args.max_reps, n))
+
+    for mode in modes:
+        times = {prov: [] for prov in live}
+        try:
+            if mode == "backward":
+                ys = {prov: fwd() for prov, fwd in live.items()}
+            for _ in range(reps(0.5 if mode != "full" else 1.0)):
+                for prov, fwd in live.items():
+                    zero()
+                    pause()
+                    if mode == "forward":
+                        s = time.perf_counter_ns()
+                        y = fwd()
+                        times[prov].append(time.perf_counter_ns() - s)
+                        del y
+                    elif mode == "backward":
+                        s = time.perf_counter_ns()
+                        ys[prov].backward(retain_graph=True)
+                        times[prov].append(time.perf_counter_ns() - s)
+                    else:
+                        s = time.perf_counter_ns()
+                        y = fwd()
+                        y.backward(retain_graph=retain)
+                        times[prov].append(time.perf_counter_ns() - s)
+                        del y
+            if mode == "backward":
+                del ys
+        except Exception as exc:
+            for prov in live:
+                res[prov].setdefault("error", f"mode {mode}: {error_text(exc)}")
+        zero()
+        for prov, ts in times.items():
+            if ts:
+                res[prov]["modes"][mode] = quantiles(ts)
+    del inp, live
+    gc.collect()
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------
+# memory: one fresh child per (provider, point)
+# ---------------------------------------------------------------------------------------------------
+
+
+def mem_child(spec):
+    import torch  # noqa: F401
+    wl, prov = spec["workload"], spec["provider"]
+    if prov == "kdloss":
+        import kdloss
+        kdloss.version()  # load libkdloss.so (and its OpenBLAS/OpenMP) before the baseline
+    out = {}
+    try:  # start this provider's runtimes on a tiny problem so the baseline includes them
+        tiny = make_inputs(wl, dict(spec["point"], **TINY))
+        fwd, _ = make_provider(wl, prov, tiny, spec["liger_compiled"])
+        fwd().backward(retain_graph=tiny["retain"])
+        del fwd, tiny
+    except Exception:
+        pass
+    gc.collect()
+    base = rss_now_mb()
+    try:
+        inp = make_inputs(wl, spec["point"])
+        fwd, _ = make_provider(wl, prov, inp, spec["liger_compiled"])
+        for i in range(2):  # pass 0 warms up (and compiles); pass 1 is measured
+            if i == 1:
+                gc.collect()
+                out["hwm_reset"] = reset_rss_peak()
+            y = fwd()
+            y.backward(retain_graph=inp["retain"])
+            del y
+            for t in inp["leaves"]:
+                t.grad = None
+        out["status"] = "passed"
+    except Exception as exc:
+        out["status"], out["error"] = "failed", error_text(exc)
+    out["peak_rss_mb"] = rss_peak_mb()
+    out["baseline_rss_mb"] = base
+    out["peak_mb"] = out["peak_rss_mb"] - base
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# parent side: sweeps, records, plots, table
+# ---------------------------------------------------------------------------------------------------
+
+
+def canon(obj):
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(obj):
+    return "sha256:" + hashlib.sha256(canon(obj).encode()).hexdigest()
+
+
+def slug(s):
+    out = "".join(c.lower() if c.isalnum() else "-" for c in s)
+    while "--" in out:
+        out = out.replace("--", "-")
+    return out.strip("-")
+
+
+def cpu_info():
+    model, flags = platform.processor() or "unknown cpu", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model in ("unknown cpu", "x86_64", ""):
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = line.split(":", 1)[1]
+    except OSError:
+        pass
+    isa = "avx512" if " avx512f" in flags else "avx2" if " avx2" in flags else "sse"
+    cores = os.cpu_count() or 1
+    mem = 0.0
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError):
+        pass
+    return {"model": model, "isa": isa, "cores": cores, "memoryGiB": round(mem, 1),
+            "slug": f"{slug(model)}-{cores}c"}
+
+
+def software_versions():
+    code = ("import json, platform, torch, numpy\n"
+            "v = {'python': platform.python_version(), 'torch': torch.__version__,"
+            " 'numpy': numpy.__version__, 'torch_threads': torch.get_num_threads()}\n"
+            "try:\n import importlib.metadata as m; v['liger_kernel'] = m.version('liger-kernel')\n"
+            "except Exception: v['liger_kernel'] = None\n"
+            "try:\n import kdloss; v['kdloss'] = kdloss.version(); v['kdloss_cpu_isa'] = kdloss.cpu_isa()\n"
+            "except Exception as e: v['kdloss'] = 'unavailable: ' + str(e)[:100]\n"
+            "print(json.dumps(v))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=child_env())
+    try:
+        v = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        v = {"error": out.stderr[-300:]}
+    v["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS")
+    v["THP_MEM_ALLOC_ENABLE"] = "1" if THP else None
+    return v
+
+
+def child_env():
+    env = dict(os.environ)
+    for k in SLOW_ENV:
+        env.pop(k, None)
+    # A fixed glibc mmap threshold: every block >= 4 MiB is its own mapping, returned to the OS
+    # when freed, so RSS follows live memory. (By default the threshold drifts up to 32 MiB after
+    # frees and mid-size tensors linger in the heap, which made small points read 100+ MB high.
+    # Blocks >= 32 MiB, i.e. every big tensor, are mmapped either way, so timings barely move.)
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(4 << 20))
+    if THP:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
+    return env
+
+
+THP = False  # --thp: torch's CPU allocator asks for transparent huge pages (every provider)
+
+
+def point_slug(wl, p):
+    if wl == "kl_div":
+        return f"tokens{p['tokens']}-vocab{p['vocab']}-{p['dtype']}"
+    # seed convention: "hidden" is the teacher's hidden size, the student's is half of it
+    return f"hidden{p['hidden_teacher']}-tokens{p['tokens']}-vocab{p['vocab']}-{p['dtype']}"
+
+
+def workload_obj(wl, p):
+    spec = {"benchmark": wl, **{k: v for k, v in p.items()}}
+    if wl == "kl_div":
+        spec.update(reduction="batchmean",
+                    input="randn(BT,V).log_softmax(-1) of a leaf requiring grad",
+                    target="randn(BT,V).softmax(-1)")
+        title = "KL-divergence loss"
+    else:
+        spec.update(student_input="rand(BT,Hs)", teacher_input="rand(BT,Ht)",
+                    weights="nn.Linear default init, no bias; teacher frozen",
+                    target="randint(0,V) int64, no ignored rows", beta=0.5, temperature=1.0,
+                    weight_hard_loss=0.5, weight_soft_loss=0.5)
+        title = "Chunked distillation JSD loss"
+    return {"kind": "Workload", "spec": spec,
+            "metadata": {"name": f"{wl}-{point_slug(wl, p)}", "title": title},
+            "apiVersion": API}
+
+
+def protocol_obj(mode, args):
+    what = {"forward": "the forward pass alone",
+            "backward": "loss.backward(retain_graph=True) repeated on one forward's graph",
+            "full": "the forward pass plus the backward pass"}[mode]
+    return {"kind": "BenchmarkProtocol",
+            "spec": {"harness": {"name": "kdloss bench/peers.py", "repository": "kdloss"},
+                     "measurement": {"timer": "time.perf_counter_ns", "primaryStatistic": "median",
+                                     "warmup": f"full passes for >= {args.warmup_s}s (1-3 runs)"
+                                               " per provider",
+                                     "interleaving": "timed runs round-robin across providers in"
+                                                     f" one process, {args.pause_s}s untimed "
+                                                     "pause before each",
+                                     "repeats": f"{args.min_reps} (distillation "
+                                                f"{min(args.min_reps, args.distill_min_reps)})"
+                                                f"..{args.max_reps} timed runs, about "
+                                                f"{args.target_s}s per mode",
+                                     "memory": "fresh child per (provider, point): VmHWM "
+                                               "over a second full pass (high-water mark reset "
+                                               "after the first) minus the RSS before any "
+                                               "input existed"},
+                     "comparability": {
+                         "notes": f"Timed: {what}, on the CPU, all providers in one process "
+                                  "on the same input tensors, runs interleaved. Median with "
+                                  "p20/p80 of the timed runs; gradients reset between runs "
+                                  "outside the timed region; no cache flush (every operand "
+                                  "exceeds the last-level cache). Comparable only within one "
+                                  "workload, timed pass and machine.",
+                         "family": "kdloss_cpu_peers"}},
+            "metadata": {"name": f"kdloss-peers-cpu-{mode}", "title": f"kdloss CPU peers · {mode}"},
+            "apiVersion": API}
+
+
+def environment_obj(cpu, sw):
+    return {"kind": "ExecutionEnvironment",
+            "spec": {"hardware": {"vendor": cpu["model"].split()[0].lower(), "product": cpu["model"],
+                                  "architecture": platform.machine(), "isa": cpu["isa"],
+                                  "cores": cpu["cores"], "memoryGiB": cpu["memoryGiB"]},
+                     "software": sw},
+            "metadata": {"name": f"kdloss-peers-{cpu['slug']}", "title": f"CPU host · {cpu['model']}"},
+            "apiVersion": API}
+
+
+def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
+    ps = point_slug(wl, p)
+    wobj, pobj = workload_obj(wl, p), protocol_obj(mode, args)
+    impl = {"kind": "Implementation",
+            "spec": {"provider": prov, **res.get("implementation", {}),
+                     "version": env_obj["spec"]["software"].get(
+                         {"torch": "torch", "liger": "liger_kernel", "kdloss": "kdloss"}[prov])},
+            "apiVersion": API}
+    ext = f"{wl}/{mode}/{prov}/{cpu['slug']}/{ps}/{stamp}"
+    q = res.get("modes", {}).get(mode)
+    # workload and implementation ride inside run.spec (as in `kdloss bench` records) so their
+    # digests can be checked; the seed records carry only the digests.
+    spec = {"status": "passed" if q else "failed", "observedAt": res["observedAt"],
+            "workload": wobj, "implementation": impl,
+            "protocolDigest": digest(pobj), "workloadDigest": digest(wobj),
+            "environmentDigest": digest(env_obj), "implementationDigest": digest(impl)}
+    native = {"source": "kdloss-bench-peers", "benchmark": f"{wl}/{mode}", "externalId": ext,
+              "metrics": {}}
+    if q:
+        spec["timing"] = {"latencyNs": {"median": round(q["ms_50"] * 1e6)},
+                          "primaryStatistic": "median"}
+        spec["measurements"] = [
+            {"unit": "ns", "value": round(q["ms_20"] * 1e6), "metric": "latency", "statistic": "p20"},
+            {"unit": "ns", "value": round(q["ms_80"] * 1e6), "metric": "latency", "statistic": "p80"}]
+        if has_peak(res):
+            spec["measurements"].append({"unit": "bytes", "value": round(res["peak_mb"] * 2 ** 20),
+                                         "metric": "peak_memory", "statistic": "max"})
+        native["metrics"] = {**q, "loss": res.get("loss"), "warmup_runs": res.get("warmup_runs"),
+                             "warmup_first_ms": res.get("warmup_first_ms")}
+        for k in ("peak_mb", "peak_rss_mb", "baseline_rss_mb", "hwm_reset", "memory_error"):
+            if k in res and (k != "peak_mb" or has_peak(res)):
+                native["metrics"][k] = res[k]
+    else:
+        spec["error"] = res.get("error", f"mode {mode} not run")
+    spec["sourceNative"] = native
+    titles = {"kl_div": "KL-divergence loss", "distill_jsd_loss": "Chunked distillation JSD loss"}
+    run = {"kind": "BenchmarkRun", "spec": spec,
+           "metadata": {"name": slug(f"kdloss-peers-{wl}-{mode}-{prov}-{cpu['slug']}-{ps}-{stamp}")[:100],
+                        "title": f"{titles[wl]} · {prov} · {mode}",
+                        "labels": {k: str(v) for k, v in env_obj["spec"]["software"].items()
+                                   if k in ("torch", "liger_kernel", "kdloss")}},
+           "apiVersion": API}
+    return {"run": run, "protocol": pobj, "environment": env_obj}
+
+
+def run_mem_child(spec, timeout):
+    """The memory child's result; status failed (and NaN peaks) if it could not report."""
+    nan = float("nan")
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-mem",
+                              json.dumps(spec)], capture_output=True, text=True, timeout=timeout,
+                             env=child_env())
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": f"timed out after {timeout}s", "peak_mb": nan}
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if out.returncode != 0 or not lines:
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {"status": "failed", "error": f"child exited {out.returncode}: {err}", "peak_mb": nan}
+    return json.loads(lines[-1])
+
+
+def has_peak(res):
+    v = res.get("peak_mb")
+    return v is not None and v == v  # not NaN
+
+
+ALL_MODES = ["forward", "backward", "full"]
+
+
+def plan(args):
+    """[(workload, point, modes, min_reps)] for this run. forward/backward run at the points
+    named by --kl-all-modes and at BT <= --distill-all-modes-max-bt; full runs everywhere."""
+    jobs = []
+    if "kl_div" in args.workloads:
+        for bt, v in args.kl_points:
+            modes = ALL_MODES if (bt, v) in args.kl_all_modes else ["full"]
+            if args.quick:
+                modes = ["full"]
+            jobs.append(("kl_div", {"tokens": bt, "vocab": v, "dtype": "fp32"}, modes,
+                         args.min_reps))
+    if "distill_jsd_loss" in args.workloads:
+        for bt in args.distill_bt:
+            modes = ALL_MODES if bt <= args.distill_all_modes_max_bt and not args.quick else ["full"]
+            jobs.append(("distill_jsd_loss", {"tokens": bt, "hidden_student": args.hs,
+                                              "hidden_teacher": args.ht, "vocab": args.vocab,
+                                              "dtype": args.dtype}, modes,
+                         min(args.min_reps, args.distill_min_reps)))
+    return jobs
+
+
+def fmt_ms(q):
+    if not q:
+        return "—"
+    return f"{q['ms_50']:.1f} [{q['ms_20']:.1f}–{q['ms_80']:.1f}]" if q["ms_50"] < 100 else \
+        f"{q['ms_50']:.0f} [{q['ms_20']:.0f}–{q['ms_80']:.0f}]"
+
+
+def table(results, providers):
+    """Markdown tables: one per (workload, mode)."""
+    lines = []
+    keys = sorted({(wl, mode) for (wl, mode, _, _) in results},
+                  key=lambda k: (k[0], ["forward", "backward", "full"].index(k[1])))
+    for wl, mode in keys:
+        pts = [p for (w, m, _, p) in results if (w, m) == (wl, mode)]
+        pts = list(dict.fromkeys(pts))
+        head = ["point"] + [f"{p} ms [p20–p80]" for p in providers] + \
+               [f"{p} peak MiB" for p in providers] + \
+               ["kdloss speed-up vs torch", "vs fastest peer", "torch/kdloss memory", "max loss rel. diff vs torch"]
+        lines += [f"\n### {wl} · {mode}\n", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
+        for p in pts:
+            row = [p]
+            res = {pr: results.get((wl, mode, pr, p)) for pr in providers}
+            qs = {pr: (r or {}).get("modes", {}).get(mode) for pr, r in res.items()}
+            row += [fmt_ms(qs[pr]) if qs[pr] else f"failed: {(res[pr] or {}).get('error', 'not run')[:60]}"
+                    for pr in providers]
+            row += [f"{res[pr]['peak_mb']:.0f}" if qs[pr] and has_peak(res[pr]) else "—"
+                    for pr in providers]
+            k = qs.get("kdloss")
+            peers = [qs[pr]["ms_50"] for pr in providers if pr != "kdloss" and qs[pr]]
+            t = qs.get("torch")
+            row.append(f"{t['ms_50'] / k['ms_50']:.2f}x" if k and t else "—")
+            row.append(f"{min(peers) / k['ms_50']:.2f}x" if k and peers else "—")
+            row.append(f"{res['torch']['peak_mb'] / res['kdloss']['peak_mb']:.1f}x"
+                       if k and t and has_peak(res["torch"]) and has_peak(res["kdloss"])
+                       and res["kdloss"]["peak_mb"] > 0 else "—")
+            ref_loss = (res.get("torch") or {}).get("loss")
+            diffs = [abs(res[pr]["loss"] - ref_loss) / max(abs(ref_loss), 1e-30)
+                     for pr in providers if pr != "torch" and res[pr] and res[pr].get("loss") is not None
+                     and ref_loss is not None]
+            row.append(f"{max(diffs):.1e}" if diffs else "—")
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def plots(results, providers, out_dir, kl_bt):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    files = []
+    for wl, xkey, xlabel, keep in (
+            ("kl_div", "vocab", f"vocabulary V (BT = {kl_bt})", lambda p: p["tokens"] == kl_bt),
+            ("distill_jsd_loss", "tokens", "tokens BT", lambda p: True)):
+        series, failed = {}, {}
+        for (w, mode, prov, ps), res in results.items():
+            if w == wl and mode == "full" and not res.get("modes", {}).get("full") \
+                    and not res.get("skipped"):
+                failed.setdefault(prov, f"{prov}: {res.get('error', 'failed')[:90]}")
+            if w != wl or mode != "full" or not res.get("modes", {}).get("full") or not keep(res["point"]):
+                continue
+            q = res["modes"]["full"]
+            series.setdefault(prov, []).append((res["point"][xkey], q,
+                                                res["peak_mb"] if has_peak(res) else float("nan")))
+        if not series:
+            continue
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for prov in providers:
+            pts = sorted(series.get(prov, []), key=lambda t: t[0])
+            if not pts:
+                continue
+            xs = [x for x, _, _ in pts]
+            med = [q["ms_50"] for _, q, _ in pts]
+            lo = [q["ms_50"] - q["ms_20"] for _, q, _ in pts]
+            hi = [q["ms_80"] - q["ms_50"] for _, q, _ in pts]
+            a1.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label=prov)
+            a2.plot(xs, [m for _, _, m in pts], marker="o", label=prov)
+        for ax, yl in ((a1, "full (fwd+bwd) median ms, p20–p80"), (a2, "peak memory above baseline, MiB")):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(yl)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        p = results_point(results, wl)
+        shape = (f"fp32, batchmean" if wl == "kl_div" else
+                 f"Hs {p['hidden_student']}, Ht {p['hidden_teacher']}, V {p['vocab']}, {p['dtype']}")
+        fig.suptitle(f"{wl} · {shape} · {cpu_info()['model']}, {os.cpu_count()} cores")
+        if failed:
+            fig.text(0.01, 0.01, "did not run: " + "; ".join(failed.values()), fontsize=8,
+                     color="dimgray")
+        fig.tight_layout(rect=(0, 0.04 if failed else 0, 1, 1))
+        path = os.path.join(out_dir, f"peers-{wl}.png")
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def results_point(results, wl):
+    for (w, _, _, _), res in results.items():
+        if w == wl:
+            return res["point"]
+    return {}
+
+
+def targets(results):
+    lines = ["\n### Targets\n"]
+    seed = results.get(("kl_div", "full", "kdloss", "tokens16384-vocab4096-fp32"))
+    tseed = results.get(("kl_div", "full", "torch", "tokens16384-vocab4096-fp32"))
+    if seed and tseed and seed.get("modes", {}).get("full") and tseed.get("modes", {}).get("full"):
+        s = tseed["modes"]["full"]["ms_50"] / seed["modes"]["full"]["ms_50"]
+        lines.append(f"- KL full at the seed shape (BT 16384, V 4096, fp32): kdloss {s:.2f}x faster "
+                     f"than eager torch (target >= 3x): {'MET' if s >= 3 else 'NOT MET'}")
+    for (wl, mode, prov, ps), res in sorted(results.items(), key=lambda kv: kv[1]["point"]["tokens"]):
+        if wl != "distill_jsd_loss" or mode != "full" or prov != "kdloss" or not res.get("modes", {}).get("full"):
+            continue
+        k = res["modes"]["full"]["ms_50"]
+        peers = {pr: results[(wl, mode, pr, ps)] for pr in ("torch", "liger")
+                 if (wl, mode, pr, ps) in results and results[(wl, mode, pr, ps)].get("modes", {}).get("full")}
+        if not peers:
+            continue
+        best = min(peers, key=lambda pr: peers[pr]["modes"]["full"]["ms_50"])
+        sp = peers[best]["modes"]["full"]["ms_50"] / k
+        mem = (peers["torch"]["peak_mb"] / res["peak_mb"] if "torch" in peers and has_peak(res)
+               and has_peak(peers["torch"]) and res["peak_mb"] > 0 else float("nan"))
+        lines.append(f"- distill full {ps}: kdloss {sp:.2f}x faster than the fastest peer ({best}; target >= 2x: "
+                     f"{'MET' if sp >= 2 else 'NOT MET'}), {mem:.1f}x less peak memory than eager torch "
+                     f"(target >= 4x: {'MET' if mem >= 4 else 'NOT MET'})")
+    return "\n".join(lines)
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="seed KL point and distillation BT 256 only, full mode, 3 timed runs")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--workloads", default="kl_div,distill_jsd_loss")
+    ap.add_argument("--providers", default="torch,liger,kdloss")
+    ap.add_argument("--kl-points", default="16384x4096,4096x4096,4096x8192,4096x16384,4096x32768",
+                    help="BTxV list; the V sweep at BT 4096 is plotted, 16384x4096 is the seed shape")
+    ap.add_argument("--distill-bt", default="256,512,1024,2048")
+    ap.add_argument("--hs", type=int, default=1024)
+    ap.add_argument("--ht", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--kl-all-modes", default="16384x4096",
+                    help="KL points (BTxV) that also get forward and backward modes")
+    ap.add_argument("--distill-all-modes-max-bt", type=int, default=256,
+                    help="forward and backward modes only up to this BT (full everywhere)")
+    ap.add_argument("--thp", action="store_true",
+                    help="THP_MEM_ALLOC_ENABLE=1 for every provider: torch's CPU allocator "
+                         "madvises huge pages, so fresh big tensors fault 512x fewer pages")
+    ap.add_argument("--no-liger-compile", action="store_true",
+                    help="run Liger's chunked loss with compiled=False (its default is True)")
+    ap.add_argument("--warmup-s", type=float, default=1.0)
+    ap.add_argument("--target-s", type=float, default=3.0, help="timed seconds per mode, about")
+    ap.add_argument("--min-reps", type=int, default=5)
+    ap.add_argument("--distill-min-reps", type=int, default=3,
+                    help="fewer timed runs for the GEMM-bound distillation points")
+    ap.add_argument("--max-reps", type=int, default=30)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per memory child process")
+    ap.add_argument("--pause-s", type=float, default=0.15,
+                    help="untimed sleep before each run, so thread pools still spinning from the "
+                         "previous provider's call (OpenBLAS: ~0.1 s) are parked")
+    ap.add_argument("--child-mem", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child_mem:
+        return a
+    a.workloads = a.workloads.split(",")
+    a.providers = a.providers.split(",")
+    a.kl_points = [tuple(int(x) for x in s.split("x")) for s in a.kl_points.split(",") if s]
+    a.distill_bt = [int(x) for x in a.distill_bt.split(",") if x]
+    a.kl_all_modes = [tuple(int(x) for x in s.split("x")) for s in a.kl_all_modes.split(",") if s]
+    if a.quick:
+        a.kl_points = [(16384, 4096)]
+        a.distill_bt = [256]
+        a.min_reps, a.max_reps, a.target_s, a.warmup_s = 3, 5, 1.0, 0.0
+    return a
+
+
+def main(argv):
+    global THP
+    args = parse(argv)
+    if args.child_mem:
+        print(json.dumps(mem_child(json.loads(args.child_mem))))
+        return 0
+    THP = args.thp
+    # This process times every provider: same environment as the memory children, set before
+    # torch or OpenBLAS are loaded (both read it once).
+    for k in SLOW_ENV:
+        os.environ.pop(k, None)
+    if THP:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
+    os.makedirs(args.out, exist_ok=True)
+    cpu, sw = cpu_info(), software_versions()
+    env_obj = environment_obj(cpu, sw)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d-%H-%M-%S")
+    print(f"# kdloss peers on {cpu['model']} ({cpu['cores']} cores, {cpu['isa']}), "
+          f"torch {sw.get('torch')}, liger-kernel {sw.get('liger_kernel')}, kdloss {sw.get('kdloss')} "
+          f"({sw.get('kdloss_cpu_isa')})", flush=True)
+    results, t_start, failed_at = {}, time.time(), {}
+    for wl, point, modes, min_reps in plan(args):
+        ps = point_slug(wl, point)
+        todo = [prov for prov in args.providers if (wl, prov) not in failed_at]
+        timing = time_point(wl, point, todo, modes, args, min_reps) if todo else {}
+        for prov in args.providers:
+            if prov not in timing:  # failed at a smaller point: do not retry bigger ones
+                first, err = failed_at[(wl, prov)]
+                res = {"status": "failed", "modes": {}, "skipped": True,
+                       "error": f"not run (failed at {first}): {err}"[:400]}
+            else:
+                res = timing[prov]
+                if res["status"] == "passed":
+                    mem = run_mem_child({"workload": wl, "provider": prov, "point": point,
+                                         "liger_compiled": not args.no_liger_compile},
+                                        args.timeout)
+                    for k in ("peak_mb", "peak_rss_mb", "baseline_rss_mb", "hwm_reset"):
+                        if k in mem:
+                            res[k] = mem[k]
+                    if mem.get("status") != "passed":
+                        res["memory_error"] = mem.get("error", "memory child failed")
+                else:
+                    failed_at[(wl, prov)] = (ps, res.get("error", ""))
+            res["point"] = point
+            res["observedAt"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            summary = ", ".join(f"{m} {fmt_ms(q)} ms" for m, q in res.get("modes", {}).items()) \
+                or res.get("error", "")
+            mem_s = (f"; peak {res['peak_mb']:.0f} MiB" if has_peak(res) else
+                     f"; memory: {res['memory_error']}" if res.get("memory_error") else "")
+            print(f"[{time.time() - t_start:6.0f}s] {wl} {ps} {prov}: {summary}{mem_s}", flush=True)
+            for mode in modes:
+                results[(wl, mode, prov, ps)] = res
+                rec = record(wl, mode, prov, point, res, cpu, env_obj, args, stamp)
+                path = os.path.join(args.out, f"{wl}-{mode}-{prov}-{ps}.json")
+                with open(path, "w") as f:
+                    json.dump(rec, f, indent=2)
+    pngs = plots(results, args.providers, args.out, kl_bt=4096)
+    print(f"\n## kdloss vs peers on {cpu['model']} ({cpu['cores']} cores), "
+          f"{time.time() - t_start:.0f} s total; times in ms, median [p20–p80]")
+    print(table(results, args.providers))
+    print(targets(results))
+    print("\nrecords: " + args.out + "/*.json" + ("; plots: " + ", ".join(pngs) if pngs else ""))
+    print()
+    print(combined_rows(results))
+    bad = sorted({f"{wl}/{prov}" for (wl, _, prov, _), r in results.items()
+                  if r.get("status") != "passed" and not expected_failure(wl, prov, r)})
+    if bad:
+        print("FAILED: " + ", ".join(bad))
+        return 1
+    return 0
+
+
+def expected_failure(wl, prov, res):
+    """Liger's KL module is a Triton kernel: without a GPU it cannot run, and that is recorded,
+    not counted as a failure. Its chunked distillation loss is plain torch and must run."""
+    return prov == "liger" and wl == "kl_div"
+
+
+def combined_rows(results):
+    """Rows for bench/run_main.sh's combined table, in `kdloss bench`'s column order. The
+    implementation column names the provider (torch, liger, kdloss-py: the PyTorch module);
+    RSS_MiB is the peak above the child's baseline (see the protocol), GB/s and stream are not
+    measured here."""
+    names = {"kl_div": "kl_div", "distill_jsd_loss": "distill_jsd"}
+    impl = {"torch": "torch", "liger": "liger", "kdloss": "kdloss-py"}
+    out = [f"{'kernel':<12} {'mode':<8} {'BT':>8} {'V':>7} {'dtype':<5} {'isa':<9} "
+           f"{'median_ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8} {'stream':>6} "
+           f"{'RSS_MiB':>8} {'loss':>13}  note"]
+    for (wl, mode, prov, ps), r in sorted(results.items(), key=lambda kv: (
+            kv[0][0], ALL_MODES.index(kv[0][1]), kv[1]["point"]["tokens"],
+            kv[1]["point"]["vocab"], kv[0][2])):
+        p, q = r["point"], r.get("modes", {}).get(mode)
+        head = (f"{names[wl]:<12} {mode:<8} {p['tokens']:>8} {p['vocab']:>7} {p['dtype']:<5} "
+                f"{impl[prov]:<9} ")
+        note = "peers.py" + (f", Hs {p['hidden_student']} Ht {p['hidden_teacher']}"
+                             if wl != "kl_div" else "") + ", RSS above baseline"
+        if q:
+            loss = r.get("loss")
+            peak = f"{r['peak_mb']:.0f}" if has_peak(r) else "-"
+            loss_s = f"{loss:.7g}" if loss is not None else "-"
+            out.append(head + f"{q['ms_50']:>10.3f} {q['ms_20']:>10.3f} {q['ms_80']:>10.3f} "
+                       f"{'-':>8} {'-':>6} {peak:>8} {loss_s:>13}  {note}")
+        else:
+            out.append(head + f"{'-':>10} {'-':>10} {'-':>10} {'-':>8} {'-':>6} {'-':>8} "
+                       f"{'-':>13}  failed: {r.get('error', '')[:80]}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

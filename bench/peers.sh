@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Peer comparison on this CPU (eager torch, Liger-Kernel, kdloss through its PyTorch modules).
+#   bench/peers.sh [BUILD_DIR [OUT_DIR]] [peers.py options]     (--quick, --help, ...)
+# Gets the venv with liger-kernel (scripts/deps.sh py peers), pip-installs kdloss into it, and runs
+# bench/peers.py with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (they make OpenBLAS ~2x slower
+# here). BUILD_DIR (as bench/run_main.sh passes it): when it holds libkdloss.so, the kdloss modules
+# load that library (KDLOSS_LIBRARY), so the peers measure the same build as `kdloss bench`.
+# OUT_DIR: where records and plots go (default bench/out). Exit status: non-zero if a torch or
+# kdloss run, or Liger's CPU-capable chunked loss, failed (Liger's Triton modules are expected to
+# fail without a GPU; their errors are recorded, not counted).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+args=()
+if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then
+    if [ -f "$1/libkdloss.so" ]; then export KDLOSS_LIBRARY=$(cd "$1" && pwd)/libkdloss.so; fi
+    shift
+    if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then args+=(--out "$1"); shift; fi
+fi
+bash scripts/deps.sh c  # compiler, CMake, OpenBLAS, SLEEF: pip install . builds the C library
+venv=$(bash scripts/deps.sh py peers | tail -n 1)
+py="$venv/bin/python"
+iso=--no-build-isolation
+"$py" -c "import setuptools" >/dev/null 2>&1 || iso=
+"$py" -m pip install -q $iso --no-deps . >/dev/null
+exec env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" bench/peers.py "${args[@]}" "$@"

@@ -1,0 +1,12 @@
+"""kdloss: fused knowledge-distillation loss kernels (C library, loaded with ctypes).
+
+`import kdloss` needs only the standard library; the PyTorch modules live in `kdloss.torch`.
+"""
+
+from ._lib import (KdlossError, cpu_isa, cpu_isa_supported, library_path, set_cpu_isa,
+                   status_string, version)
+
+__version__ = "0.1.0"
+
+__all__ = ["KdlossError", "version", "library_path", "status_string", "cpu_isa", "set_cpu_isa",
+           "cpu_isa_supported", "__version__"]

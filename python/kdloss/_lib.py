@@ -1,0 +1,288 @@
+"""ctypes view of libkdloss.so: the structs, enums and prototypes of include/kdloss.h.
+
+This module knows C and nothing about any tensor framework. It loads the shared library once,
+declares the argument types of every function it finds, and turns a non-zero kdloss_status into a
+KdlossError carrying kdloss_status_string()'s message.
+
+Where the library is found, first match wins:
+  1. $KDLOSS_LIBRARY (a path to a libkdloss.so), for testing a build without reinstalling;
+  2. libkdloss.so next to this file (what `pip install .` puts there);
+  3. build/libkdloss.so of the source tree this file sits in (an editable checkout).
+"""
+
+import ctypes
+import os
+import threading
+
+# ---- enums (values copied from include/kdloss.h, which is the single source of truth) ------------
+
+OK = 0
+ERR_NULL_POINTER = -1
+ERR_INVALID_SIZE = -2
+ERR_INVALID_DTYPE = -3
+ERR_INVALID_REDUCTION = -4
+ERR_INVALID_PARAM = -5
+ERR_INVALID_STRIDE = -6
+ERR_ALIASING = -7
+ERR_LABEL_OUT_OF_RANGE = -8
+ERR_SHAPE_MISMATCH = -9
+ERR_NO_OUTPUT = -10
+ERR_OUT_OF_MEMORY = -11
+ERR_WORKSPACE_TOO_SMALL = -12
+ERR_UNSUPPORTED = -13
+ERR_BLAS = -14
+ERR_CUDA = -15
+ERR_INTERNAL = -16
+
+STATUS_NAMES = {
+    OK: "KDLOSS_OK",
+    ERR_NULL_POINTER: "KDLOSS_ERR_NULL_POINTER",
+    ERR_INVALID_SIZE: "KDLOSS_ERR_INVALID_SIZE",
+    ERR_INVALID_DTYPE: "KDLOSS_ERR_INVALID_DTYPE",
+    ERR_INVALID_REDUCTION: "KDLOSS_ERR_INVALID_REDUCTION",
+    ERR_INVALID_PARAM: "KDLOSS_ERR_INVALID_PARAM",
+    ERR_INVALID_STRIDE: "KDLOSS_ERR_INVALID_STRIDE",
+    ERR_ALIASING: "KDLOSS_ERR_ALIASING",
+    ERR_LABEL_OUT_OF_RANGE: "KDLOSS_ERR_LABEL_OUT_OF_RANGE",
+    ERR_SHAPE_MISMATCH: "KDLOSS_ERR_SHAPE_MISMATCH",
+    ERR_NO_OUTPUT: "KDLOSS_ERR_NO_OUTPUT",
+    ERR_OUT_OF_MEMORY: "KDLOSS_ERR_OUT_OF_MEMORY",
+    ERR_WORKSPACE_TOO_SMALL: "KDLOSS_ERR_WORKSPACE_TOO_SMALL",
+    ERR_UNSUPPORTED: "KDLOSS_ERR_UNSUPPORTED",
+    ERR_BLAS: "KDLOSS_ERR_BLAS",
+    ERR_CUDA: "KDLOSS_ERR_CUDA",
+    ERR_INTERNAL: "KDLOSS_ERR_INTERNAL",
+}
+
+F32, BF16, F16, I32, I64 = 0, 1, 2, 3, 4
+
+REDUCTIONS = {"none": 0, "sum": 1, "mean": 2, "batchmean": 3}
+
+ISA_AUTO, ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2, 3
+
+
+# ---- structs --------------------------------------------------------------------------------------
+# C enums are `int` on every ABI kdloss targets; ctypes adds the same padding the C compiler does.
+
+class CMat(ctypes.Structure):
+    """kdloss_cmat: a read-only row-major matrix view (ld in elements, 0 = contiguous)."""
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ld", ctypes.c_int64)]
+
+
+class Mat(ctypes.Structure):
+    """kdloss_mat: a writable view; data = NULL means "not wanted"."""
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ld", ctypes.c_int64)]
+
+
+class Labels(ctypes.Structure):
+    """kdloss_labels: BT contiguous token ids (I64 or I32); data = NULL means "no labels"."""
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int)]
+
+
+class KlParams(ctypes.Structure):
+    _fields_ = [("reduction", ctypes.c_int), ("log_target", ctypes.c_int),
+                ("eps", ctypes.c_double), ("grad_scale", ctypes.c_double)]
+
+
+class JsdParams(ctypes.Structure):
+    _fields_ = [("beta", ctypes.c_double), ("ignore_index", ctypes.c_int64),
+                ("grad_scale", ctypes.c_double)]
+
+
+class FljsdParams(ctypes.Structure):
+    _fields_ = [("beta", ctypes.c_double), ("temperature", ctypes.c_double),
+                ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
+                ("ignore_index", ctypes.c_int64), ("chunk_size", ctypes.c_int64),
+                ("memory_budget", ctypes.c_size_t), ("grad_scale", ctypes.c_double)]
+
+
+class FljsdOut(ctypes.Structure):
+    _fields_ = [("loss", ctypes.c_void_p), ("soft_loss", ctypes.c_void_p),
+                ("hard_loss", ctypes.c_void_p), ("dxs", Mat), ("dws", Mat), ("dbs", ctypes.c_void_p)]
+
+
+NULL_MAT = Mat(None, F32, 0)
+NULL_LABELS = Labels(None, I64)
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+class KdlossError(ValueError, RuntimeError):
+    """A kdloss call failed. `status` is the kdloss_status code, `status_name` its enum name, and
+    the message starts with kdloss_status_string(status). Subclasses both ValueError (bad
+    arguments are the usual cause) and RuntimeError (what torch code tends to catch)."""
+
+    def __init__(self, status, detail=""):
+        self.status = int(status)
+        self.status_name = STATUS_NAMES.get(self.status, "unknown")
+        msg = status_string(self.status)
+        if detail:
+            msg = f"{detail}: {msg}"
+        super().__init__(msg)
+
+
+# ---- loading --------------------------------------------------------------------------------------
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_ST = ctypes.c_int
+
+# name -> (restype, argtypes). Functions missing from the loaded library (a partial build, or a
+# kernel not merged yet) are simply absent; calling one raises KdlossError(ERR_UNSUPPORTED).
+_PROTOTYPES = {
+    "kdloss_version": (ctypes.c_char_p, []),
+    "kdloss_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "kdloss_dtype_size": (ctypes.c_size_t, [ctypes.c_int]),
+    "kdloss_cpu_isa_supported": (ctypes.c_int, [ctypes.c_int]),
+    "kdloss_cpu_set_isa": (_ST, [ctypes.c_int]),
+    "kdloss_cpu_get_isa": (ctypes.c_int, []),
+    "kdloss_cpu_isa_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kdloss_kl_params_default": (None, [ctypes.POINTER(KlParams)]),
+    "kdloss_kl_div": (_ST, [ctypes.POINTER(KlParams), _I64, _I64, CMat, CMat, _P, _P, Mat, Mat]),
+    "kdloss_jsd_params_default": (None, [ctypes.POINTER(JsdParams)]),
+    "kdloss_jsd": (_ST, [ctypes.POINTER(JsdParams), _I64, _I64, CMat, CMat, Labels, _P, _P, Mat]),
+    "kdloss_fljsd_params_default": (None, [ctypes.POINTER(FljsdParams)]),
+    "kdloss_fljsd_workspace_size": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64,
+                                          ctypes.c_int, ctypes.c_int,
+                                          ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_fused_linear_jsd": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64, CMat,
+                                      CMat, _P, CMat, CMat, _P, Labels, ctypes.POINTER(FljsdOut),
+                                      _P, ctypes.c_size_t]),
+    "kdloss_cuda_available": (ctypes.c_int, []),
+    "kdloss_cuda_context_create": (_ST, [ctypes.c_int, ctypes.POINTER(_P)]),
+    "kdloss_cuda_context_destroy": (None, [_P]),
+    "kdloss_cuda_kl_div_workspace_size": (_ST, [_I64, _I64, ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_cuda_kl_div": (_ST, [_P, _P, ctypes.POINTER(KlParams), _I64, _I64, CMat, CMat, _P, _P,
+                                 Mat, Mat, _P, ctypes.c_size_t]),
+    "kdloss_cuda_jsd_workspace_size": (_ST, [_I64, _I64, ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_cuda_jsd": (_ST, [_P, _P, ctypes.POINTER(JsdParams), _I64, _I64, CMat, CMat, Labels,
+                              _P, _P, Mat, _P, ctypes.c_size_t]),
+    "kdloss_cuda_fljsd_workspace_size": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64,
+                                               ctypes.c_int, ctypes.c_int,
+                                               ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_cuda_fused_linear_jsd": (_ST, [_P, _P, ctypes.POINTER(FljsdParams), _I64, _I64, _I64,
+                                           _I64, CMat, CMat, _P, CMat, CMat, _P, Labels,
+                                           ctypes.POINTER(FljsdOut), _P, ctypes.c_size_t]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    env = os.environ.get("KDLOSS_LIBRARY")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, "libkdloss.so"),
+            os.path.join(here, os.pardir, os.pardir, "build", "libkdloss.so")]
+
+
+def lib():
+    """The loaded library (loaded on first use)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            tried = []
+            for path in _candidates():
+                path = os.path.normpath(path)
+                if not os.path.exists(path):
+                    tried.append(f"{path} (missing)")
+                    continue
+                handle = ctypes.CDLL(path)
+                for name, (restype, argtypes) in _PROTOTYPES.items():
+                    fn = getattr(handle, name, None)
+                    if fn is not None:
+                        fn.restype = restype
+                        fn.argtypes = argtypes
+                _lib_path = path
+                _lib = handle
+                break
+            else:
+                raise OSError("kdloss: cannot find libkdloss.so; tried " + ", ".join(tried) +
+                              ". Install the package (pip install .) or set KDLOSS_LIBRARY.")
+    return _lib
+
+
+def library_path():
+    lib()
+    return _lib_path
+
+
+def has(name):
+    """True if the loaded library exports `name` (e.g. "kdloss_fused_linear_jsd")."""
+    return getattr(lib(), name, None) is not None
+
+
+def fn(name):
+    """The C function `name`, or KdlossError(ERR_UNSUPPORTED) if this build lacks it."""
+    f = getattr(lib(), name, None)
+    if f is None:
+        raise KdlossError(ERR_UNSUPPORTED, f"{name} is not exported by {library_path()}")
+    return f
+
+
+def status_string(status):
+    try:
+        return lib().kdloss_status_string(int(status)).decode()
+    except OSError:
+        return f"kdloss status {int(status)}"
+
+
+def check(status, where):
+    """Raise KdlossError unless status is KDLOSS_OK."""
+    if status != OK:
+        raise KdlossError(status, where)
+
+
+def version():
+    return lib().kdloss_version().decode()
+
+
+def kl_params(reduction, log_target, eps, grad_scale=1.0):
+    p = KlParams()
+    fn("kdloss_kl_params_default")(ctypes.byref(p))
+    p.reduction, p.log_target, p.eps, p.grad_scale = reduction, int(bool(log_target)), eps, grad_scale
+    return p
+
+
+def jsd_params(beta, ignore_index, grad_scale=1.0):
+    p = JsdParams()
+    fn("kdloss_jsd_params_default")(ctypes.byref(p))
+    p.beta, p.ignore_index, p.grad_scale = beta, ignore_index, grad_scale
+    return p
+
+
+def fljsd_params(beta, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
+                 chunk_size=0, memory_budget=0, grad_scale=1.0):
+    p = FljsdParams()
+    fn("kdloss_fljsd_params_default")(ctypes.byref(p))
+    p.beta, p.temperature = beta, temperature
+    p.weight_hard_loss, p.weight_soft_loss = weight_hard_loss, weight_soft_loss
+    p.ignore_index, p.chunk_size = ignore_index, chunk_size
+    p.memory_budget, p.grad_scale = memory_budget, grad_scale
+    return p
+
+
+# ---- CPU path selection (kdloss_cpu_*) -------------------------------------------------------------
+
+_ISA_BY_NAME = {"auto": ISA_AUTO, "scalar": ISA_SCALAR, "avx2": ISA_AVX2, "avx512": ISA_AVX512}
+
+
+def cpu_isa():
+    """Name of the CPU code path the next call uses ("scalar", "avx2", "avx512")."""
+    return lib().kdloss_cpu_isa_name(lib().kdloss_cpu_get_isa()).decode()
+
+
+def set_cpu_isa(name):
+    """Force a CPU code path for the whole process ("auto", "scalar", "avx2", "avx512")."""
+    if name not in _ISA_BY_NAME:
+        raise KdlossError(ERR_INVALID_PARAM, f"unknown ISA {name!r}")
+    check(lib().kdloss_cpu_set_isa(_ISA_BY_NAME[name]), f"kdloss_cpu_set_isa({name!r})")
+
+
+def cpu_isa_supported(name):
+    return bool(lib().kdloss_cpu_isa_supported(_ISA_BY_NAME[name]))

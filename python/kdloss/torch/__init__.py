@@ -1,0 +1,13 @@
+"""PyTorch autograd modules for kdloss (drop-in for Liger-Kernel's distillation losses).
+
+    from kdloss.torch import KLDivLoss, JSD, FusedLinearJSD, FusedLinearJSDLoss
+    from kdloss.torch import functional  # kl_div, jsd, fused_linear_jsd, fused_linear_jsd_loss
+"""
+
+from . import functional
+from ._backend import register_backend
+from .functional import fused_linear_jsd, fused_linear_jsd_loss, jsd, kl_div
+from .modules import JSD, FusedLinearJSD, FusedLinearJSDLoss, KLDivLoss
+
+__all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "functional", "kl_div",
+           "jsd", "fused_linear_jsd", "fused_linear_jsd_loss", "register_backend"]

@@ -1,0 +1,104 @@
+"""nn.Module wrappers with Liger-Kernel's constructor arguments, defaults and forward signatures,
+so `from kdloss.torch import JSD as LigerJSD` is a drop-in swap. See functional.py for the math."""
+
+import torch
+
+from .. import _lib
+from .._lib import KdlossError
+from . import functional as F
+
+__all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss"]
+
+
+class KLDivLoss(torch.nn.KLDivLoss):
+    """torch.nn.KLDivLoss computed by kdloss (loss and gradient in one pass).
+
+    Arguments as Liger's LigerKLDIVLoss: `eps` comes first, then nn.KLDivLoss's own
+    (size_average and reduce are the deprecated torch spellings of `reduction`).
+    forward(y_pred, y_true): y_pred student log-probs, y_true target (log-)probs, same shape.
+    "batchmean" divides by the number of rows (B*T for a (B, T, V) input).
+    """
+
+    def __init__(self, eps=1e-10, size_average=None, reduce=None, reduction="mean",
+                 log_target=False):
+        super().__init__(size_average=size_average, reduce=reduce, reduction=reduction,
+                         log_target=log_target)
+        F.reduction_code(self.reduction)  # fail at construction on an unknown reduction
+        self.eps = eps
+
+    def forward(self, y_pred, y_true):
+        return F.kl_div(y_pred, y_true, self.reduction, self.log_target, self.eps)
+
+
+class JSD(torch.nn.Module):
+    """Generalized Jensen-Shannon divergence JSD(beta), as Liger's LigerJSD.
+    forward(log_q, log_p, shift_labels=None): student log-probs first, teacher second."""
+
+    def __init__(self, beta=0.5, ignore_index=-100):
+        super().__init__()
+        self.beta = beta
+        self.ignore_index = ignore_index
+
+    def forward(self, log_q, log_p, shift_labels=None):
+        return F.jsd(log_q, log_p, shift_labels, self.beta, self.ignore_index)
+
+    def extra_repr(self):
+        return f"beta={self.beta}, ignore_index={self.ignore_index}"
+
+
+class FusedLinearJSD(torch.nn.Module):
+    """Fused LM head + JSD soft loss, as Liger's LigerFusedLinearJSD (no hard loss).
+    forward(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None)."""
+
+    def __init__(self, jsd_beta=0.5, ignore_index=-100, temperature=1.0):
+        super().__init__()
+        if temperature == 0:
+            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        self.jsd_beta = jsd_beta
+        self.ignore_index = ignore_index
+        self.temperature = temperature
+
+    def forward(self, student_input, student_weight, teacher_input, teacher_weight,
+                shift_labels=None):
+        return F.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
+                                  shift_labels, self.jsd_beta, self.ignore_index, self.temperature)
+
+    def extra_repr(self):
+        return (f"jsd_beta={self.jsd_beta}, ignore_index={self.ignore_index}, "
+                f"temperature={self.temperature}")
+
+
+class FusedLinearJSDLoss(torch.nn.Module):
+    """Chunked fused-linear distillation loss, as Liger's LigerFusedLinearJSDLoss:
+    w_hard * CE + w_soft * JSD(beta) at temperature T, averaged over valid rows.
+    `compiled` is accepted and ignored (there is nothing to compile).
+    forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
+            student_bias=None, teacher_bias=None)."""
+
+    def __init__(self, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
+                 temperature=1.0, compiled=True, chunk_size=1024, return_soft_hard_loss=False):
+        super().__init__()
+        if temperature == 0:
+            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        self.weight_hard_loss = weight_hard_loss
+        self.weight_soft_loss = weight_soft_loss
+        self.beta = beta
+        self.ignore_index = ignore_index
+        self.temperature = temperature
+        self.compiled = compiled
+        self.chunk_size = chunk_size
+        self.return_soft_hard_loss = return_soft_hard_loss
+
+    def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
+                student_bias=None, teacher_bias=None):
+        return F.fused_linear_jsd_loss(
+            student_input, student_weight, teacher_input, teacher_weight, true_labels,
+            student_bias, teacher_bias, self.weight_hard_loss, self.weight_soft_loss, self.beta,
+            self.ignore_index, self.temperature, self.compiled, self.chunk_size,
+            self.return_soft_hard_loss)
+
+    def extra_repr(self):
+        return (f"weight_hard_loss={self.weight_hard_loss}, "
+                f"weight_soft_loss={self.weight_soft_loss}, beta={self.beta}, "
+                f"ignore_index={self.ignore_index}, temperature={self.temperature}, "
+                f"chunk_size={self.chunk_size}")

@@ -1,0 +1,73 @@
+/* Host-side argument checks of the CUDA entry points. They follow the rules of kdloss.h for the
+ * CPU functions (same codes, same order), and only look at pointers and numbers: device memory is
+ * never read here. Everything is checked before the first launch, so on any error nothing is
+ * written. The parts that are not CUDA-specific could move to src/common/check.c so that both
+ * backends share one implementation of the order of checks. */
+#ifndef KDLOSS_CUDA_ARGS_H
+#define KDLOSS_CUDA_ARGS_H
+
+#include "check.h"
+#include "kdloss.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every byte range a call reads or writes, so the workspace can be checked against all of them. */
+typedef struct kd_spanset {
+    kd_span s[16];
+    int n;    /* spans in s */
+    int n_in; /* s[0, n_in) are inputs, s[n_in, n) outputs */
+} kd_spanset;
+
+/* Effective leading dimensions (ld = 0 resolved) of a KL call. */
+typedef struct kd_kl_geom {
+    int64_t ld_in, ld_t, ld_el, ld_g;
+} kd_kl_geom;
+
+/* Effective leading dimensions of a JSD call. */
+typedef struct kd_jsd_geom {
+    int64_t ld_s, ld_t, ld_g;
+} kd_jsd_geom;
+
+/* Effective leading dimensions of a fused-linear call, and what it must compute. */
+typedef struct kd_fl_geom {
+    int64_t ld_xs, ld_ws, ld_xt, ld_wt, ld_dxs, ld_dws;
+    int want_grad; /* dxs, dws or dbs requested */
+} kd_fl_geom;
+
+kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdloss_cmat input,
+                         kdloss_cmat target, const float *loss, const float *row_loss,
+                         kdloss_mat elem_loss, kdloss_mat grad, kd_kl_geom *g, kd_spanset *spans);
+
+kdloss_status kd_args_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdloss_cmat student,
+                          kdloss_cmat teacher, kdloss_labels labels, const float *loss,
+                          const float *row_loss, kdloss_mat grad, kd_jsd_geom *g,
+                          kd_spanset *spans);
+
+/* Parameter and size checks of the fused-linear loss alone (the workspace-size query uses them
+ * too). Sizes above INT32_MAX are KDLOSS_ERR_UNSUPPORTED, as on the CPU. */
+kdloss_status kd_args_fl_params(const kdloss_fljsd_params *p);
+kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
+
+/* Everything but the overlaps; kd_args_fl_workspace checks those after the workspace size. */
+kdloss_status kd_args_fl(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
+                         int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
+                         kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
+                         const kdloss_fljsd_out *out, kd_fl_geom *g, kd_spanset *spans);
+
+/* Workspace checks common to every CUDA call: NULL -> NULL_POINTER, not 16-byte aligned ->
+ * INVALID_PARAM, smaller than `need` -> WORKSPACE_TOO_SMALL, overlapping any operand -> ALIASING.
+ * KL and JSD check their operands' overlaps before (the CPU functions have no workspace). */
+kdloss_status kd_args_workspace(const void *ws, size_t bytes, size_t need, const kd_spanset *spans);
+
+/* Fused-linear: the workspace's NULL/alignment/size checks, then the overlaps among operands
+ * (outputs against inputs and each other), then the workspace against all of them. */
+kdloss_status kd_args_fl_workspace(const void *ws, size_t bytes, size_t need,
+                                   const kd_spanset *spans);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

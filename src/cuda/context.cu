@@ -1,0 +1,73 @@
+/* CUDA availability and the per-device context (cuBLAS and cuBLASLt handles). Handles are
+ * created once here and reused by every call, never global. Errors become status codes. */
+#include <stdlib.h>
+
+#include "kd_cuda.cuh"
+
+int kdloss_cuda_available(void) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* no driver or no device: not an error of the caller's later CUDA calls */
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n > 0;
+}
+
+/* device: index as cudaSetDevice takes it. *ctx is set to NULL on any failure. */
+kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx) {
+    if (!ctx) return KDLOSS_ERR_NULL_POINTER;
+    *ctx = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        return KDLOSS_ERR_UNSUPPORTED;
+    }
+    if (device < 0 || device >= n) return KDLOSS_ERR_INVALID_PARAM;
+
+    kdloss_cuda_context *c = (kdloss_cuda_context *)calloc(1, sizeof *c);
+    if (!c) return KDLOSS_ERR_OUT_OF_MEMORY;
+    c->device = device;
+
+    kd_dev_guard g;
+    kdloss_status s = kd_dev_enter(c, &g);
+    if (s != KDLOSS_OK) {
+        free(c);
+        return s;
+    }
+    cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) s = kd_cuda_status(e);
+    if (s == KDLOSS_OK) {
+        c->sm_count = prop.multiProcessorCount;
+        c->cc_major = prop.major;
+        s = kd_blas_status(cublasCreate(&c->blas));
+    }
+    if (s == KDLOSS_OK) {
+        s = kd_blas_status(cublasLtCreate(&c->lt));
+        if (s != KDLOSS_OK) {
+            cublasDestroy(c->blas);
+            c->blas = NULL;
+        }
+    }
+    kd_dev_leave(&g);
+    if (s != KDLOSS_OK) {
+        free(c);
+        return s;
+    }
+    *ctx = c;
+    return KDLOSS_OK;
+}
+
+/* NULL is a no-op. Work still queued with the handles must be finished by the caller. */
+void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx) {
+    if (!ctx) return;
+    kd_dev_guard g;
+    int entered = kd_dev_enter(ctx, &g) == KDLOSS_OK;
+    if (ctx->lt) cublasLtDestroy(ctx->lt);
+    if (ctx->blas) cublasDestroy(ctx->blas);
+    if (entered) kd_dev_leave(&g);
+    free(ctx);
+}

@@ -1,0 +1,386 @@
+/* Internal to the CUDA backend: the context, error mapping, device selection, the workspace
+ * header, dtype loads/stores, and deterministic block reductions. Included by every .cu file;
+ * everything here is inline (no relocatable device code needed). */
+#ifndef KDLOSS_KD_CUDA_CUH
+#define KDLOSS_KD_CUDA_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kdloss.h"
+
+struct kdloss_cuda_context {
+    int device;
+    int sm_count;
+    int cc_major;
+    cublasHandle_t blas;  /* used only when cuBLASLt offers no algorithm for a GEMM */
+    cublasLtHandle_t lt;
+};
+
+/* ---- error mapping: never exit, never print ------------------------------------------------ */
+
+static inline kdloss_status kd_cuda_status(cudaError_t e) {
+    if (e == cudaSuccess) return KDLOSS_OK;
+    if (e == cudaErrorMemoryAllocation) return KDLOSS_ERR_OUT_OF_MEMORY;
+    return KDLOSS_ERR_CUDA;
+}
+
+static inline kdloss_status kd_blas_status(cublasStatus_t s) {
+    if (s == CUBLAS_STATUS_SUCCESS) return KDLOSS_OK;
+    if (s == CUBLAS_STATUS_ALLOC_FAILED) return KDLOSS_ERR_OUT_OF_MEMORY;
+    return KDLOSS_ERR_CUDA;
+}
+
+/* After a launch: configuration errors show up here, without a synchronization. */
+static inline kdloss_status kd_launch_status(void) { return kd_cuda_status(cudaGetLastError()); }
+
+/* ---- run on the context's device, restore the caller's current device afterwards ---------- */
+
+typedef struct kd_dev_guard {
+    int prev;
+    int changed;
+} kd_dev_guard;
+
+static inline kdloss_status kd_dev_enter(const kdloss_cuda_context *ctx, kd_dev_guard *g) {
+    g->changed = 0;
+    cudaError_t e = cudaGetDevice(&g->prev);
+    if (e != cudaSuccess) return kd_cuda_status(e);
+    if (g->prev != ctx->device) {
+        e = cudaSetDevice(ctx->device);
+        if (e != cudaSuccess) return kd_cuda_status(e);
+        g->changed = 1;
+    }
+    return KDLOSS_OK;
+}
+
+static inline void kd_dev_leave(const kd_dev_guard *g) {
+    if (g->changed) (void)cudaSetDevice(g->prev);
+}
+
+/* ---- workspace ---------------------------------------------------------------------------- */
+
+/* The first bytes of every CUDA workspace (the caller's pointer, 16-byte aligned). `status` is
+ * documented in kdloss.h; the counters are written by the label kernel of the same call. */
+typedef struct kd_ws_header {
+    int32_t status;                /* kdloss_status, written by the last kernel of the call */
+    int32_t reserved;
+    unsigned long long n_valid;    /* rows whose label is in [0, V) */
+    unsigned long long n_bad;      /* rows whose label is neither ignore_index nor in [0, V) */
+} kd_ws_header;
+
+#define KD_WS_HEADER_BYTES 256u
+#define KD_WS_ALIGN 256u
+
+/* Carves consecutive 256-byte-aligned regions out of the workspace body. Used twice per call with
+ * the same sequence: once with base = 0 to size it, once with the real pointer. */
+typedef struct kd_carver {
+    uintptr_t base;
+    size_t off;
+} kd_carver;
+
+static inline size_t kd_round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static inline void *kd_carve(kd_carver *c, size_t bytes) {
+    c->off = kd_round_up(c->off, KD_WS_ALIGN);
+    void *p = (void *)(c->base + c->off);
+    c->off += bytes;
+    return p;
+}
+
+/* Start of the body: the header occupies [ws, ws + 256); the body starts at the next 256-byte
+ * boundary at or after ws + 256. Sizes include 256 bytes of slack for that rounding. */
+static inline kd_carver kd_carver_for(void *ws) {
+    kd_carver c;
+    uintptr_t b = (uintptr_t)ws + KD_WS_HEADER_BYTES;
+    c.base = ws ? (b + KD_WS_ALIGN - 1) / KD_WS_ALIGN * KD_WS_ALIGN : 0;
+    c.off = 0;
+    return c;
+}
+
+static inline size_t kd_ws_total(const kd_carver *sizing) {
+    return KD_WS_HEADER_BYTES + KD_WS_ALIGN + kd_round_up(sizing->off, KD_WS_ALIGN);
+}
+
+/* 16-byte alignment of a pointer and a row pitch in bytes: the vector paths need both. */
+static inline int kd_aligned16(const void *p, int64_t ld, size_t es) {
+    return p == NULL || ((uintptr_t)p % 16u == 0 && ((uint64_t)ld * es) % 16u == 0);
+}
+
+/* ---- device helpers ----------------------------------------------------------------------- */
+#ifdef __CUDACC__
+
+/* Loads element i of a float-like array of dtype DT as fp32. */
+template <int DT>
+__device__ __forceinline__ float kd_ld(const void *p, int64_t i) {
+    if (DT == KDLOSS_F32) return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    if (DT == KDLOSS_BF16) return __uint_as_float((uint32_t)h << 16);
+    return __half2float(__ushort_as_half(h));
+}
+
+/* Stores fp32 x as element i of dtype DT, rounding to nearest even. */
+template <int DT>
+__device__ __forceinline__ void kd_st(void *p, int64_t i, float x) {
+    if (DT == KDLOSS_F32) {
+        ((float *)p)[i] = x;
+    } else if (DT == KDLOSS_BF16) {
+        ((uint16_t *)p)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    } else {
+        ((uint16_t *)p)[i] = __half_as_ushort(__float2half_rn(x));
+    }
+}
+
+__device__ __forceinline__ float kd_lo16(uint32_t w, int dt) {
+    return dt == KDLOSS_BF16 ? __uint_as_float(w << 16)
+                             : __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+}
+__device__ __forceinline__ float kd_hi16(uint32_t w, int dt) {
+    return dt == KDLOSS_BF16 ? __uint_as_float(w & 0xffff0000u)
+                             : __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+}
+
+/* Loads elements i..i+7; the address of element i must be 16-byte aligned. Plain (coherent)
+ * loads on purpose: in-place calls write the same array in the same kernel. */
+template <int DT>
+__device__ __forceinline__ void kd_ld8(const void *p, int64_t i, float out[8]) {
+    if (DT == KDLOSS_F32) {
+        const float4 *q = (const float4 *)((const float *)p + i);
+        float4 a = q[0], b = q[1];
+        out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+        out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    } else {
+        uint4 w = *(const uint4 *)((const uint16_t *)p + i);
+        out[0] = kd_lo16(w.x, DT); out[1] = kd_hi16(w.x, DT);
+        out[2] = kd_lo16(w.y, DT); out[3] = kd_hi16(w.y, DT);
+        out[4] = kd_lo16(w.z, DT); out[5] = kd_hi16(w.z, DT);
+        out[6] = kd_lo16(w.w, DT); out[7] = kd_hi16(w.w, DT);
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ uint32_t kd_pack2(float a, float b) {
+    uint32_t lo, hi;
+    if (DT == KDLOSS_BF16) {
+        lo = __bfloat16_as_ushort(__float2bfloat16_rn(a));
+        hi = __bfloat16_as_ushort(__float2bfloat16_rn(b));
+    } else {
+        lo = __half_as_ushort(__float2half_rn(a));
+        hi = __half_as_ushort(__float2half_rn(b));
+    }
+    return lo | (hi << 16);
+}
+
+/* Stores elements i..i+7; same alignment rule as kd_ld8. */
+template <int DT>
+__device__ __forceinline__ void kd_st8(void *p, int64_t i, const float in[8]) {
+    if (DT == KDLOSS_F32) {
+        float4 *q = (float4 *)((float *)p + i);
+        q[0] = make_float4(in[0], in[1], in[2], in[3]);
+        q[1] = make_float4(in[4], in[5], in[6], in[7]);
+    } else {
+        uint4 w;
+        w.x = kd_pack2<DT>(in[0], in[1]);
+        w.y = kd_pack2<DT>(in[2], in[3]);
+        w.z = kd_pack2<DT>(in[4], in[5]);
+        w.w = kd_pack2<DT>(in[6], in[7]);
+        *(uint4 *)((uint16_t *)p + i) = w;
+    }
+}
+
+/* Label of row r (I64 or I32), widened. */
+__device__ __forceinline__ int64_t kd_label(const void *labels, int is64, int64_t r) {
+    return is64 ? ((const int64_t *)labels)[r] : (int64_t)((const int32_t *)labels)[r];
+}
+
+/* Sum over the block, in a fixed order (shuffle tree in each warp, then warp 0 over the warps):
+ * the same inputs give the same bits on every run. The result is valid in thread 0 only.
+ * `red` is shared scratch of 32 doubles. Must be called by every thread of the block; it ends
+ * with a barrier so the scratch can be reused right away. */
+__device__ __forceinline__ double kd_block_sum(double x, double *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        x = lane < nwarps ? red[lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    }
+    __syncthreads();
+    return x;
+}
+
+/* Like kd_block_sum, but every thread gets the result (one extra barrier). */
+__device__ __forceinline__ double kd_block_sum_all(double x, double *red) {
+    double s = kd_block_sum(x, red);
+    if (threadIdx.x == 0) red[0] = s;
+    __syncthreads();
+    s = red[0];
+    __syncthreads();
+    return s;
+}
+
+/* Integer sum over the block (exact, so order does not matter); valid in thread 0. */
+__device__ __forceinline__ unsigned long long kd_block_sum_u64(unsigned long long x,
+                                                               unsigned long long *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        x = lane < nwarps ? red[lane] : 0ull;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
+    }
+    __syncthreads();
+    return x;
+}
+
+/* Online log-sum-exp state: sum exp(x_i) = l * exp(m). m = -inf and l = 0 when empty. */
+typedef struct kd_lse {
+    float m;
+    float l;
+} kd_lse;
+
+/* Adds n values at once: one rescale per group instead of per element. -inf values add 0; an
+ * all -inf state stays (m = -inf, l = 0) instead of forming exp(-inf - -inf) = NaN. */
+__device__ __forceinline__ void kd_lse_add8(kd_lse *s, const float x[8], int n) {
+    float gm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < n) gm = fmaxf(gm, x[j]);
+    float nm = fmaxf(s->m, gm);
+    if (nm == -INFINITY) return;
+    float l = s->m == -INFINITY ? 0.0f : s->l * expf(s->m - nm);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        if (j < n) l += expf(x[j] - nm);
+    s->m = nm;
+    s->l = l;
+}
+
+__device__ __forceinline__ kd_lse kd_lse_merge(kd_lse a, kd_lse b) {
+    float m = fmaxf(a.m, b.m);
+    if (m == -INFINITY) return a;
+    kd_lse r;
+    r.m = m;
+    r.l = (a.m == -INFINITY ? 0.0f : a.l * expf(a.m - m)) +
+          (b.m == -INFINITY ? 0.0f : b.l * expf(b.m - m));
+    return r;
+}
+
+/* log(sum exp) over the block, fixed combination order; every thread gets the result.
+ * `red` is shared scratch of 32 kd_lse. Ends with a barrier. */
+__device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        kd_lse t;
+        t.m = __shfl_down_sync(0xffffffffu, s.m, o);
+        t.l = __shfl_down_sync(0xffffffffu, s.l, o);
+        s = kd_lse_merge(s, t);
+    }
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        if (lane < nwarps) {
+            s = red[lane];
+        } else {
+            s.m = -INFINITY;
+            s.l = 0.0f;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            kd_lse t;
+            t.m = __shfl_down_sync(0xffffffffu, s.m, o);
+            t.l = __shfl_down_sync(0xffffffffu, s.l, o);
+            s = kd_lse_merge(s, t);
+        }
+        if (lane == 0) red[0] = s;
+    }
+    __syncthreads();
+    kd_lse r = red[0];
+    __syncthreads();
+    /* an empty (all -inf) row has lse -inf; log(0) gives exactly that */
+    return r.m == -INFINITY ? -INFINITY : r.m + logf(r.l);
+}
+
+#endif /* __CUDACC__ */
+
+/* ---- shared launchers (rowsum.cu) ---------------------------------------------------------- */
+
+/* Zeroes the header counters, then counts valid and out-of-range labels of bt rows into them
+ * (integer atomics: exact, so deterministic). Shapes: labels [bt]. */
+kdloss_status kd_cuda_count_labels(cudaStream_t st, const void *labels, int is64, int64_t bt,
+                                   int64_t v, int64_t ignore_index, kd_ws_header *hdr);
+
+/* Second and third passes of the elementwise losses. part is (bt x ntiles) doubles of block
+ * partial sums; writes row_loss [bt] (optional) and, when loss is not NULL,
+ *   loss = sum * host_factor, or sum / host_factor (host_divides), or sum / max(1, n_valid)
+ *   (use_n_valid: hdr->n_valid, counted on the device).
+ * Writes hdr->status always (LABEL_OUT_OF_RANGE and NaN loss when hdr->n_bad > 0 and
+ * use_n_valid). blk is scratch of kd_rows_blocks(bt) doubles. */
+kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t bt, int64_t ntiles,
+                                  float *row_loss, float *loss, double *blk, double host_factor,
+                                  int host_divides, int use_n_valid, kd_ws_header *hdr);
+
+/* One GEMM (gemm.cu): D (m x n, ldd) = op(A) op(B) + beta D, column-major, fp32 accumulation;
+ * ws is GEMM scratch inside the caller's workspace (256-byte aligned). */
+kdloss_status kd_gemm(kdloss_cuda_context *ctx, cudaStream_t st, void *ws, size_t ws_bytes,
+                      cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                      const void *A, cudaDataType_t at, int64_t lda, const void *B,
+                      cudaDataType_t bt, int64_t ldb, float beta, void *D, cudaDataType_t dt,
+                      int64_t ldd);
+
+#define KD_ROWS_THREADS 256
+static inline int64_t kd_rows_blocks(int64_t bt) {
+    return (bt + KD_ROWS_THREADS - 1) / KD_ROWS_THREADS;
+}
+
+/* ---- elementwise losses (KL, JSD): tiling and workspace plan --------------------------------- */
+
+/* A block of KD_EW_THREADS threads handles one tile of KD_EW_TILE columns of one row; each thread
+ * owns KD_EW_GROUPS groups of 8 consecutive columns (16-byte vectors for 2-byte dtypes, two for
+ * fp32). The tile count per row does not depend on the dtype or the alignment, so neither
+ * changes the order of the sums. */
+#define KD_EW_THREADS 256
+#define KD_EW_GROUPS 2
+#define KD_EW_TILE (KD_EW_THREADS * 8 * KD_EW_GROUPS)
+
+typedef struct kd_ew_plan {
+    kd_ws_header *hdr;
+    double *part; /* (bt x ntiles) block partial sums */
+    double *blk;  /* kd_rows_blocks(bt) partial sums of rows */
+    int64_t ntiles;
+    size_t total; /* workspace bytes */
+} kd_ew_plan;
+
+/* Sizes the workspace of a (bt x v) elementwise loss; with ws != NULL also places its parts. */
+static inline kdloss_status kd_ew_plan_make(int64_t bt, int64_t v, void *ws, kd_ew_plan *p) {
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    int64_t ntiles = v / KD_EW_TILE + (v % KD_EW_TILE != 0);
+    if ((uint64_t)bt > ((uint64_t)1 << 58) / (uint64_t)ntiles) return KDLOSS_ERR_INVALID_SIZE;
+    kd_carver c = kd_carver_for(ws);
+    p->hdr = (kd_ws_header *)ws;
+    p->ntiles = ntiles;
+    p->part = (double *)kd_carve(&c, (size_t)(bt * ntiles) * sizeof(double));
+    p->blk = (double *)kd_carve(&c, (size_t)kd_rows_blocks(bt) * sizeof(double));
+    p->total = kd_ws_total(&c);
+    return KDLOSS_OK;
+}
+
+/* Grid size for a 1-D launch over n blocks: the kernels loop when n exceeds the grid limit. */
+static inline unsigned int kd_grid(int64_t n) {
+    return n < 1 ? 1u : n > 0x7fffffffLL ? 0x7fffffffu : (unsigned int)n;
+}
+
+#endif /* KDLOSS_KD_CUDA_CUH */

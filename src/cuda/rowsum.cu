@@ -1,0 +1,97 @@
+/* Kernels shared by the elementwise losses (KL, JSD) and the fused-linear loss: label counting
+ * and the deterministic second/third reduction passes. No float atomics anywhere: every sum is
+ * formed in a fixed order, so the results are bitwise reproducible. */
+#include "kd_cuda.cuh"
+
+#define KD_COUNT_THREADS 256
+
+/* labels [bt] -> hdr->n_valid += rows with label in [0, v), hdr->n_bad += rows with a label that
+ * is neither ignore_index nor in range. The counters were zeroed earlier in the same stream.
+ * Integer atomics: the totals are exact whatever the order. */
+__global__ void __launch_bounds__(KD_COUNT_THREADS)
+kd_count_labels_kernel(const void *labels, int is64, int64_t bt, int64_t v, int64_t ignore,
+                       kd_ws_header *hdr) {
+    __shared__ unsigned long long red[32];
+    unsigned long long nv = 0, nb = 0;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < bt;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t y = kd_label(labels, is64, r);
+        if (y == ignore) continue;
+        if (y >= 0 && y < v) nv++;
+        else nb++;
+    }
+    nv = kd_block_sum_u64(nv, red);
+    nb = kd_block_sum_u64(nb, red);
+    if (threadIdx.x == 0) {
+        if (nv) atomicAdd(&hdr->n_valid, nv);
+        if (nb) atomicAdd(&hdr->n_bad, nb);
+    }
+}
+
+kdloss_status kd_cuda_count_labels(cudaStream_t st, const void *labels, int is64, int64_t bt,
+                                   int64_t v, int64_t ignore_index, kd_ws_header *hdr) {
+    cudaError_t e = cudaMemsetAsync(&hdr->n_valid, 0, 2 * sizeof(unsigned long long), st);
+    if (e != cudaSuccess) return kd_cuda_status(e);
+    int64_t blocks = (bt + KD_COUNT_THREADS - 1) / KD_COUNT_THREADS;
+    if (blocks > 1024) blocks = 1024; /* each thread loops; a few atomics per block only */
+    kd_count_labels_kernel<<<(unsigned)blocks, KD_COUNT_THREADS, 0, st>>>(labels, is64, bt, v,
+                                                                         ignore_index, hdr);
+    return kd_launch_status();
+}
+
+/* part (bt x ntiles) -> row sums (fixed order over tiles) -> row_loss [bt] (optional) and one
+ * partial per block of KD_ROWS_THREADS rows into blk [gridDim.x]. */
+__global__ void __launch_bounds__(KD_ROWS_THREADS)
+kd_rows_kernel(const double *part, int64_t bt, int64_t ntiles, float *row_loss, double *blk) {
+    __shared__ double red[32];
+    for (int64_t b = blockIdx.x; b * KD_ROWS_THREADS < bt; b += gridDim.x) {
+        int64_t r = b * KD_ROWS_THREADS + threadIdx.x;
+        double s = 0.0;
+        if (r < bt) {
+            const double *p = part + r * ntiles;
+            for (int64_t t = 0; t < ntiles; t++) s += p[t];
+            if (row_loss) row_loss[r] = (float)s;
+        }
+        s = kd_block_sum(s, red);
+        if (threadIdx.x == 0 && blk) blk[b] = s;
+    }
+}
+
+#define KD_FINAL_THREADS 1024
+
+/* blk [nblk] -> loss (one block, fixed order), and the call's status word. */
+__global__ void __launch_bounds__(KD_FINAL_THREADS)
+kd_final_kernel(const double *blk, int64_t nblk, float *loss, double host_factor, int host_divides,
+                int use_n_valid, kd_ws_header *hdr) {
+    __shared__ double red[32];
+    double s = 0.0;
+    if (loss)
+        for (int64_t i = threadIdx.x; i < nblk; i += blockDim.x) s += blk[i];
+    s = kd_block_sum(s, red);
+    if (threadIdx.x == 0) {
+        int bad = use_n_valid && hdr->n_bad > 0;
+        if (loss) {
+            /* the CPU functions' arithmetic: KL multiplies by its reduction scale, JSD divides by
+             * n_valid (bt without labels) */
+            double l = host_divides ? s / host_factor : s * host_factor;
+            if (use_n_valid) l = s / (hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0);
+            *loss = bad ? __int_as_float(0x7fc00000) : (float)l;
+        }
+        hdr->status = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)KDLOSS_OK;
+    }
+}
+
+kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t bt, int64_t ntiles,
+                                  float *row_loss, float *loss, double *blk, double host_factor,
+                                  int host_divides, int use_n_valid, kd_ws_header *hdr) {
+    if (row_loss || loss) {
+        int64_t nb = kd_rows_blocks(bt);
+        kd_rows_kernel<<<kd_grid(nb), KD_ROWS_THREADS, 0, st>>>(part, bt, ntiles, row_loss,
+                                                                loss ? blk : NULL);
+        kdloss_status s = kd_launch_status();
+        if (s != KDLOSS_OK) return s;
+    }
+    kd_final_kernel<<<1, KD_FINAL_THREADS, 0, st>>>(blk, kd_rows_blocks(bt), loss, host_factor,
+                                                    host_divides, use_n_valid, hdr);
+    return kd_launch_status();
+}

@@ -1,0 +1,1213 @@
+/* CUDA backend test: every CUDA path against a float64 reference written here (the oracle), and
+ * against the library's own CPU functions when they are linked (weak symbols: this branch may be
+ * built before the CPU kernels land). Also: error codes (same as the CPU's), "nothing written on
+ * error", the device status word for out-of-range labels, in-place and strided/misaligned
+ * operands, and bitwise run-to-run reproducibility.
+ *
+ * Without a GPU, the argument checks still run (they return before any CUDA call, so any
+ * pointer will do), then the binary prints "skipped: no CUDA device" and exits with the result
+ * of those checks.
+ *
+ * KDLOSS_TEST_QUICK=1 runs a subset (for compute-sanitizer runs); the special cases always run.
+ *
+ * Tolerances (|got - want| <= atol + rtol |want|, per element, or normwise for GEMM outputs):
+ *  - an output rounded to dtype d carries up to one unit roundoff u(d) (2^-24, 2^-8, 2^-11)
+ *    from that rounding, plus the fp32 arithmetic of the kernels (~1e-6 relative; expf/logf
+ *    of CUDA and of glibc differ by an ulp or two): rtol = 2 u(d) + 1e-5;
+ *  - cancellation (JSD terms where X ~ log M) makes relative error meaningless near zero:
+ *    atol = 1e-5 x the largest |reference| in the tensor (1e-6 for KL, whose gradient is -t);
+ *  - scalar losses are double sums of fp32 terms: rtol 1e-4, atol 1e-5 x the sum of |terms|;
+ *  - fused-linear gradients go through GEMMs: normwise 1e-4 in fp32 (no TF32), and 1.5e-2 in
+ *    bf16, where dzs itself is rounded to bf16 (2^-9) before the two backward GEMMs. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kdloss.h"
+#include "testutil.h"
+
+/* The CPU functions, when this build has them (resolved to NULL otherwise). */
+#pragma weak kdloss_kl_div
+#pragma weak kdloss_jsd
+#pragma weak kdloss_fused_linear_jsd
+
+static kdloss_cuda_context *g_ctx;
+static cudaStream_t g_st;
+static int g_gpu;
+
+#define CK(x)                                                                                 \
+    do {                                                                                      \
+        cudaError_t e_ = (x);                                                                 \
+        if (e_ != cudaSuccess) {                                                              \
+            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);    \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        printf("out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static void *dalloc(size_t n) {
+    void *p = NULL;
+    CK(cudaMalloc(&p, n ? n : 1));
+    return p;
+}
+/* The library runs on g_st, a non-blocking stream, which does not wait for the legacy default
+ * stream that cudaMemcpy/cudaMemset use (and a pageable host-to-device copy may still be in
+ * flight when cudaMemcpy returns): the setup helpers therefore end with a device-wide sync, and
+ * results are read only after cudaStreamSynchronize(g_st). */
+static void h2d(void *d, const void *h, size_t n) {
+    CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+}
+static void d2h(void *h, const void *d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
+/* 0xFF bytes are NaN in every float dtype: an element still NaN afterwards was never written */
+static void dpoison(void *d, size_t n) {
+    CK(cudaMemset(d, 0xFF, n));
+    CK(cudaDeviceSynchronize());
+}
+
+static double unit(kdloss_dtype d) { return kt_eps(d); }
+
+/* Reads n = rows x cols elements of dtype dt (row pitch ld) into doubles. */
+static double *to_double(const void *p, kdloss_dtype dt, int64_t rows, int64_t cols, int64_t ld) {
+    double *o = xmalloc((size_t)(rows * cols) * sizeof(double));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) o[r * cols + c] = kt_get(p, dt, ld, r, c);
+    return o;
+}
+
+static double max_abs(const double *x, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && fabs(x[i]) > m) m = fabs(x[i]);
+    return m;
+}
+
+static int close1(double got, double want, double atol, double rtol) {
+    if (isnan(want) || isinf(want)) return (isnan(want) && isnan(got)) || got == want;
+    return isfinite(got) && fabs(got - want) <= atol + rtol * fabs(want);
+}
+
+/* One check per tensor; prints the first few mismatches. */
+static void cmp_arr(const char *what, const double *got, const double *ref, int64_t n, double atol,
+                    double rtol) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!close1(got[i], ref[i], atol, rtol)) {
+            if (bad < 3)
+                printf("  %s[%lld]: got %.9g want %.9g\n", what, (long long)i, got[i], ref[i]);
+            bad++;
+        }
+    }
+    KT_CHECK(bad == 0, "%s: %lld of %lld elements off (atol %.3g rtol %.3g)", what,
+             (long long)bad, (long long)n, atol, rtol);
+}
+
+/* Normwise relative error ||got - ref|| / ||ref||, all elements finite. */
+static void cmp_norm(const char *what, const double *got, const double *ref, int64_t n, double tol) {
+    double num = 0, den = 0;
+    int64_t nonfinite = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) nonfinite++;
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    KT_CHECK(nonfinite == 0 && rel <= tol, "%s: normwise error %.3g (tol %.3g), %lld non-finite",
+             what, rel, tol, (long long)nonfinite);
+}
+
+/* 1 if the padding columns [v, ld) of every row still hold the 0xFF poison. */
+static int pad_untouched(const void *h, kdloss_dtype dt, int64_t bt, int64_t v, int64_t ld) {
+    const size_t es = kdloss_dtype_size(dt);
+    const unsigned char *b = h;
+    for (int64_t r = 0; r < bt; r++)
+        for (size_t i = (size_t)(r * ld + v) * es; i < (size_t)((r + 1) * ld) * es; i++)
+            if (b[i] != 0xFF) return 0;
+    return 1;
+}
+
+static void cmp_bits(const char *what, const void *a, const void *b, size_t n) {
+    KT_CHECK(memcmp(a, b, n) == 0, "%s: two runs differ bitwise", what);
+}
+
+static int32_t read_status(const void *dws) {
+    int32_t s = 0;
+    d2h(&s, dws, sizeof s);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* float64 references                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* KL elementwise: returns l, writes dl/dy (unscaled). */
+static double ref_kl_elem(int log_target, double eps, double y, double t, double *g) {
+    if (log_target) {
+        double et = exp(t);
+        *g = -et;
+        return et > 0 ? et * (t - y) : 0.0;
+    }
+    *g = -t;
+    return t != 0 ? t * (log(t > eps ? t : eps) - y) : 0.0;
+}
+
+/* JSD(beta) elementwise on log-probs x (student), y (teacher): returns l, writes dl/dx. */
+static double ref_jsd_elem(double beta, double x, double y, double *g) {
+    if (beta == 0.0) {
+        double p = exp(y);
+        *g = -p;
+        return p > 0 ? p * (y - x) : 0.0;
+    }
+    if (beta == 1.0) {
+        double q = exp(x);
+        *g = q > 0 ? q * (x - y + 1.0) : 0.0;
+        return q > 0 ? q * (x - y) : 0.0;
+    }
+    double a = log(beta) + y, b = log1p(-beta) + x;
+    double m = a > b ? a : b;
+    double lm = m == -INFINITY ? -INFINITY : m + log(exp(a - m) + exp(b - m));
+    double p = exp(y), q = exp(x);
+    double ta = p > 0 ? beta * p * (y - lm) : 0.0;
+    double tb = q > 0 ? (1.0 - beta) * q * (x - lm) : 0.0;
+    *g = tb;
+    return ta + tb;
+}
+
+static double logsumexp(const double *z, int64_t n, double scale) {
+    double m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) m = z[i] * scale > m ? z[i] * scale : m;
+    if (m == -INFINITY) return m;
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += exp(z[i] * scale - m);
+    return m + log(s);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* KL                                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *red_name(kdloss_reduction r) {
+    static const char *n[] = {"none", "sum", "mean", "batchmean"};
+    return n[r];
+}
+
+/* One KL case. pad: extra columns per row (ld = v + pad); misalign: operands start one element
+ * past a 16-byte boundary (scalar path); in_place: grad overwrites the input. */
+static void test_kl_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype di, kdloss_dtype dt,
+                         int log_target, kdloss_reduction red, int64_t pad, int misalign,
+                         int in_place) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "kl bt=%lld v=%lld in=%s t=%s log_target=%d %s pad=%lld mis=%d ip=%d",
+             (long long)bt, (long long)v, kt_dtype_name(di), kt_dtype_name(dt), log_target,
+             red_name(red), (long long)pad, misalign, in_place);
+    const int64_t ld = v + pad, n = bt * v;
+    const size_t ei = kdloss_dtype_size(di), et = kdloss_dtype_size(dt);
+    double *y = xmalloc((size_t)n * 8), *t = xmalloc((size_t)n * 8);
+    kt_gen_logprobs(rng, y, bt, v, 0, 0);
+    kt_gen_logprobs(rng, t, bt, v, 1, 2);
+    if (!log_target)
+        for (int64_t i = 0; i < n; i++) t[i] = exp(t[i]);
+    kt_round_to(y, n, di);
+    kt_round_to(t, n, dt);
+    void *hy = kt_pack(y, bt, v, ld, di), *ht = kt_pack(t, bt, v, ld, dt);
+
+    const size_t off_i = misalign ? ei : 0, off_t = misalign ? et : 0;
+    char *dy0 = dalloc((size_t)(bt * ld) * ei + 16), *dt0 = dalloc((size_t)(bt * ld) * et + 16);
+    void *dy = dy0 + off_i, *dtg = dt0 + off_t;
+    h2d(dy, hy, (size_t)(bt * ld) * ei);
+    h2d(dtg, ht, (size_t)(bt * ld) * et);
+    char *dg0 = in_place ? NULL : dalloc((size_t)(bt * ld) * ei + 16);
+    void *dg = in_place ? dy : dg0 + off_i;
+    if (!in_place) dpoison(dg, (size_t)(bt * ld) * ei);
+    float *de = NULL, *dloss = NULL, *drow = dalloc((size_t)bt * 4);
+    if (red == KDLOSS_REDUCTION_NONE) {
+        de = dalloc((size_t)(bt * ld) * 4);
+        dpoison(de, (size_t)(bt * ld) * 4);
+    } else {
+        dloss = dalloc(4);
+        dpoison(dloss, 4);
+    }
+    dpoison(drow, (size_t)bt * 4);
+    size_t wsb = 0;
+    KT_CHECK(kdloss_cuda_kl_div_workspace_size(bt, v, &wsb) == KDLOSS_OK, "%s: ws size", tag);
+    void *dws = dalloc(wsb);
+
+    kdloss_kl_params p;
+    p.reduction = red;
+    p.log_target = log_target;
+    p.eps = 1e-10;
+    p.grad_scale = 0.75;
+    kdloss_cmat in = {dy, di, ld}, tg = {dtg, dt, ld};
+    kdloss_mat el = {de, KDLOSS_F32, ld}, gr = {dg, di, ld};
+    kdloss_status s = kdloss_cuda_kl_div(g_ctx, g_st, &p, bt, v, in, tg, dloss, drow, el, gr, dws, wsb);
+    CK(cudaStreamSynchronize(g_st));
+    if (!KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) goto done;
+    KT_CHECK(read_status(dws) == KDLOSS_OK, "%s: device status word", tag);
+
+    {
+        /* reference */
+        double denom = red == KDLOSS_REDUCTION_MEAN ? (double)bt * (double)v
+                       : red == KDLOSS_REDUCTION_BATCHMEAN ? (double)bt : 1.0;
+        double scale = 0.75 / denom, feps = (double)(float)1e-10;
+        double *rg = xmalloc((size_t)n * 8), *rl = xmalloc((size_t)n * 8);
+        double *rrow = xmalloc((size_t)bt * 8), tot = 0, abs_tot = 0;
+        for (int64_t r = 0; r < bt; r++) {
+            double rs = 0;
+            for (int64_t c = 0; c < v; c++) {
+                double g;
+                double l = ref_kl_elem(log_target, feps, y[r * v + c], t[r * v + c], &g);
+                rg[r * v + c] = g * scale;
+                rl[r * v + c] = l;
+                rs += l;
+                abs_tot += fabs(l);
+            }
+            rrow[r] = rs;
+            tot += rs;
+        }
+        void *hg = xmalloc((size_t)(bt * ld) * ei);
+        d2h(hg, dg, (size_t)(bt * ld) * ei);
+        double *gg = to_double(hg, di, bt, v, ld);
+        char what[200];
+        snprintf(what, sizeof what, "%s grad", tag);
+        cmp_arr(what, gg, rg, n, 1e-6 * max_abs(rg, n) + (di == KDLOSS_F16 ? 6e-8 : 0),
+                2 * unit(di) + 1e-5);
+        if (!in_place) KT_CHECK(pad_untouched(hg, di, bt, v, ld), "%s: grad padding written", tag);
+        if (de) {
+            float *he = xmalloc((size_t)(bt * ld) * 4);
+            d2h(he, de, (size_t)(bt * ld) * 4);
+            double *ee = to_double(he, KDLOSS_F32, bt, v, ld);
+            snprintf(what, sizeof what, "%s elem_loss", tag);
+            cmp_arr(what, ee, rl, n, 1e-5 * max_abs(rl, n), 1e-5);
+            KT_CHECK(pad_untouched(he, KDLOSS_F32, bt, v, ld), "%s: elem_loss padding written", tag);
+            free(ee);
+            free(he);
+        }
+        float *hrow = xmalloc((size_t)bt * 4);
+        d2h(hrow, drow, (size_t)bt * 4);
+        double *grow = to_double(hrow, KDLOSS_F32, 1, bt, bt);
+        snprintf(what, sizeof what, "%s row_loss", tag);
+        cmp_arr(what, grow, rrow, bt, 1e-5 * abs_tot / (double)bt + 1e-30, 1e-4);
+        float hl = 0;
+        if (dloss) {
+            d2h(&hl, dloss, 4);
+            kt_close(hl, tot / denom, 1e-5 * abs_tot / denom + 1e-30, 1e-4, "%s loss", tag);
+        }
+
+        /* same call again: bitwise the same (not in place: the input is gone) */
+        if (!in_place) {
+            void *hg2 = xmalloc((size_t)(bt * ld) * ei);
+            float hl2 = 0;
+            s = kdloss_cuda_kl_div(g_ctx, g_st, &p, bt, v, in, tg, dloss, drow, el, gr, dws, wsb);
+            CK(cudaStreamSynchronize(g_st));
+            d2h(hg2, dg, (size_t)(bt * ld) * ei);
+            if (dloss) d2h(&hl2, dloss, 4);
+            snprintf(what, sizeof what, "%s grad", tag);
+            cmp_bits(what, hg, hg2, (size_t)(bt * ld) * ei);
+            KT_CHECK(memcmp(&hl, &hl2, 4) == 0, "%s: loss differs between runs", tag);
+            free(hg2);
+        }
+
+        /* the CPU function on the same inputs */
+        if (kdloss_kl_div && !misalign) {
+            void *cg = xmalloc((size_t)(bt * ld) * ei);
+            float *ce = de ? xmalloc((size_t)(bt * ld) * 4) : NULL, *crow = xmalloc((size_t)bt * 4);
+            float cl = 0;
+            kdloss_cmat cin = {hy, di, ld}, ctg = {ht, dt, ld};
+            kdloss_mat cel = {ce, KDLOSS_F32, ld}, cgr = {cg, di, ld};
+            s = kdloss_kl_div(&p, bt, v, cin, ctg, dloss ? &cl : NULL, crow, cel, cgr);
+            if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
+                double *cgg = to_double(cg, di, bt, v, ld);
+                snprintf(what, sizeof what, "%s grad vs CPU", tag);
+                cmp_arr(what, gg, cgg, n, 1e-6 * max_abs(cgg, n) + (di == KDLOSS_F16 ? 6e-8 : 0),
+                        2 * unit(di) + 1e-5);
+                if (dloss) kt_close(hl, cl, 1e-5 * abs_tot / denom + 1e-30, 1e-4, "%s loss vs CPU", tag);
+                free(cgg);
+            }
+            free(cg);
+            free(ce);
+            free(crow);
+        }
+        free(rg);
+        free(rl);
+        free(rrow);
+        free(hg);
+        free(gg);
+        free(hrow);
+        free(grow);
+    }
+done:
+    CK(cudaFree(dy0));
+    CK(cudaFree(dt0));
+    if (dg0) CK(cudaFree(dg0));
+    if (de) CK(cudaFree(de));
+    if (dloss) CK(cudaFree(dloss));
+    CK(cudaFree(drow));
+    CK(cudaFree(dws));
+    free(hy);
+    free(ht);
+    free(y);
+    free(t);
+}
+
+static void test_kl(kt_rng *rng) {
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
+    const int64_t vs[] = {1, 37, 4096, 9001};
+    int k = 0;
+    for (int red = 0; red < 4; red++)
+        for (int lt = 0; lt < 2; lt++)
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++, k++)
+                    if (!kt_quick() || k % 7 == 0)
+                        test_kl_case(rng, 19, vs[k % 4], dts[i], dts[j], lt,
+                                     (kdloss_reduction)red, 0, 0, 0);
+    /* strided, misaligned (scalar path), in place, a larger tile count */
+    test_kl_case(rng, 7, 4099, KDLOSS_BF16, KDLOSS_F32, 0, KDLOSS_REDUCTION_BATCHMEAN, 5, 0, 0);
+    test_kl_case(rng, 7, 4099, KDLOSS_F16, KDLOSS_BF16, 1, KDLOSS_REDUCTION_SUM, 3, 1, 0);
+    test_kl_case(rng, 7, 1000, KDLOSS_F32, KDLOSS_F32, 0, KDLOSS_REDUCTION_MEAN, 0, 1, 0);
+    test_kl_case(rng, 9, 513, KDLOSS_F32, KDLOSS_F32, 1, KDLOSS_REDUCTION_BATCHMEAN, 0, 0, 1);
+    test_kl_case(rng, 9, 513, KDLOSS_BF16, KDLOSS_BF16, 0, KDLOSS_REDUCTION_SUM, 8, 0, 1);
+    test_kl_case(rng, 3, 100000, KDLOSS_BF16, KDLOSS_F32, 0, KDLOSS_REDUCTION_BATCHMEAN, 0, 0, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* JSD                                                                                         */
+/* ------------------------------------------------------------------------------------------ */
+
+/* labels: 0 none, 1 I64 with ignored rows, 2 I32 with ignored rows, 3 I64 all ignored,
+ * 4 I32 with one out-of-range label. */
+static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, kdloss_dtype dt,
+                          double beta, int labels_kind, int64_t pad, int misalign, int in_place) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "jsd bt=%lld v=%lld s=%s t=%s beta=%g labels=%d pad=%lld mis=%d ip=%d",
+             (long long)bt, (long long)v, kt_dtype_name(ds), kt_dtype_name(dt), beta, labels_kind,
+             (long long)pad, misalign, in_place);
+    const int64_t ld = v + pad, n = bt * v;
+    const size_t es = kdloss_dtype_size(ds), et = kdloss_dtype_size(dt);
+    double *x = xmalloc((size_t)n * 8), *y = xmalloc((size_t)n * 8);
+    /* -inf entries everywhere except where they make the loss infinite (and every tolerance
+     * meaningless): student -inf under forward KL, teacher -inf under reverse KL */
+    kt_gen_logprobs(rng, x, bt, v, beta != 0.0, 0);
+    kt_gen_logprobs(rng, y, bt, v, beta != 1.0, 3);
+    kt_round_to(x, n, ds);
+    kt_round_to(y, n, dt);
+    void *hx = kt_pack(x, bt, v, ld, ds), *hy = kt_pack(y, bt, v, ld, dt);
+
+    const int64_t ignore = -100;
+    int64_t *lab = xmalloc((size_t)bt * 8);
+    int n_valid = 0;
+    for (int64_t r = 0; r < bt; r++) {
+        lab[r] = labels_kind == 3 || r % 4 == 1 ? ignore : kt_randint(rng, v);
+        if (labels_kind == 0) lab[r] = 0;
+        if (lab[r] != ignore) n_valid++;
+    }
+    if (labels_kind == 4) lab[bt / 2] = v; /* out of range */
+    kdloss_dtype ldt = labels_kind == 2 || labels_kind == 4 ? KDLOSS_I32 : KDLOSS_I64;
+    void *dlab = NULL;
+    if (labels_kind) {
+        size_t lsz = kdloss_dtype_size(ldt);
+        char *hl = xmalloc((size_t)bt * lsz);
+        for (int64_t r = 0; r < bt; r++) {
+            if (ldt == KDLOSS_I64) ((int64_t *)hl)[r] = lab[r];
+            else ((int32_t *)hl)[r] = (int32_t)lab[r];
+        }
+        dlab = dalloc((size_t)bt * lsz);
+        h2d(dlab, hl, (size_t)bt * lsz);
+        free(hl);
+    }
+
+    const size_t off_s = misalign ? es : 0, off_t = misalign ? et : 0;
+    char *dx0 = dalloc((size_t)(bt * ld) * es + 16), *dy0 = dalloc((size_t)(bt * ld) * et + 16);
+    void *dx = dx0 + off_s, *dy = dy0 + off_t;
+    h2d(dx, hx, (size_t)(bt * ld) * es);
+    h2d(dy, hy, (size_t)(bt * ld) * et);
+    char *dg0 = in_place ? NULL : dalloc((size_t)(bt * ld) * es + 16);
+    void *dg = in_place ? dx : dg0 + off_s;
+    if (!in_place) dpoison(dg, (size_t)(bt * ld) * es);
+    float *dloss = dalloc(4), *drow = dalloc((size_t)bt * 4);
+    dpoison(dloss, 4);
+    dpoison(drow, (size_t)bt * 4);
+    size_t wsb = 0;
+    KT_CHECK(kdloss_cuda_jsd_workspace_size(bt, v, &wsb) == KDLOSS_OK, "%s: ws size", tag);
+    void *dws = dalloc(wsb);
+
+    kdloss_jsd_params p;
+    p.beta = beta;
+    p.ignore_index = ignore;
+    p.grad_scale = 1.25;
+    kdloss_cmat cs = {dx, ds, ld}, ct = {dy, dt, ld};
+    kdloss_labels L = {dlab, ldt};
+    kdloss_mat gr = {dg, ds, ld};
+    kdloss_status s = kdloss_cuda_jsd(g_ctx, g_st, &p, bt, v, cs, ct, L, dloss, drow, gr, dws, wsb);
+    CK(cudaStreamSynchronize(g_st));
+    if (!KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) goto done;
+    {
+        int bad_label = labels_kind == 4;
+        KT_CHECK(read_status(dws) == (bad_label ? KDLOSS_ERR_LABEL_OUT_OF_RANGE : KDLOSS_OK),
+                 "%s: device status word %d", tag, (int)read_status(dws));
+        /* reference; the out-of-range row counts as ignored for the others, NaN for itself */
+        if (bad_label) n_valid = 0;
+        for (int64_t r = 0; bad_label && r < bt; r++)
+            if (lab[r] != ignore && lab[r] >= 0 && lab[r] < v) n_valid++;
+        if (!labels_kind) n_valid = (int)bt;
+        double scale = 1.25 / (n_valid > 0 ? n_valid : 1);
+        double *rg = xmalloc((size_t)n * 8), *rrow = xmalloc((size_t)bt * 8), tot = 0, abs_tot = 0;
+        for (int64_t r = 0; r < bt; r++) {
+            int skip = labels_kind && lab[r] == ignore;
+            int bad = labels_kind && !skip && (lab[r] < 0 || lab[r] >= v);
+            double rs = 0;
+            for (int64_t c = 0; c < v; c++) {
+                double g = 0, l = 0;
+                if (!skip && !bad) l = ref_jsd_elem(beta, x[r * v + c], y[r * v + c], &g);
+                rg[r * v + c] = g * scale;
+                rs += l;
+                abs_tot += fabs(l);
+            }
+            rrow[r] = bad ? NAN : rs;
+            if (!skip && !bad) tot += rs;
+        }
+        void *hg = xmalloc((size_t)(bt * ld) * es);
+        d2h(hg, dg, (size_t)(bt * ld) * es);
+        double *gg = to_double(hg, ds, bt, v, ld);
+        char what[200];
+        snprintf(what, sizeof what, "%s grad", tag);
+        cmp_arr(what, gg, rg, n, 1e-5 * max_abs(rg, n) + (ds == KDLOSS_F16 ? 6e-8 : 0),
+                2 * unit(ds) + 1e-5);
+        if (!in_place) KT_CHECK(pad_untouched(hg, ds, bt, v, ld), "%s: grad padding written", tag);
+        float *hrow = xmalloc((size_t)bt * 4);
+        d2h(hrow, drow, (size_t)bt * 4);
+        double *grow = to_double(hrow, KDLOSS_F32, 1, bt, bt);
+        snprintf(what, sizeof what, "%s row_loss", tag);
+        cmp_arr(what, grow, rrow, bt, 1e-5 * abs_tot / (double)bt + 1e-30, 1e-4);
+        float hl = 0;
+        d2h(&hl, dloss, 4);
+        double want = bad_label ? NAN : tot / (n_valid > 0 ? n_valid : 1);
+        kt_close(hl, want, 1e-5 * abs_tot / (n_valid > 0 ? n_valid : 1) + 1e-30, 1e-4, "%s loss", tag);
+
+        if (!in_place) {
+            void *hg2 = xmalloc((size_t)(bt * ld) * es);
+            float hl2 = 0;
+            s = kdloss_cuda_jsd(g_ctx, g_st, &p, bt, v, cs, ct, L, dloss, drow, gr, dws, wsb);
+            CK(cudaStreamSynchronize(g_st));
+            d2h(hg2, dg, (size_t)(bt * ld) * es);
+            d2h(&hl2, dloss, 4);
+            snprintf(what, sizeof what, "%s grad", tag);
+            cmp_bits(what, hg, hg2, (size_t)(bt * ld) * es);
+            KT_CHECK(memcmp(&hl, &hl2, 4) == 0, "%s: loss differs between runs", tag);
+            free(hg2);
+        }
+
+        if (kdloss_jsd && !misalign && !bad_label) {
+            void *cg = xmalloc((size_t)(bt * ld) * es);
+            float *crow = xmalloc((size_t)bt * 4), cl = 0;
+            void *clab = NULL;
+            if (labels_kind) {
+                clab = xmalloc((size_t)bt * 8);
+                for (int64_t r = 0; r < bt; r++) {
+                    if (ldt == KDLOSS_I64) ((int64_t *)clab)[r] = lab[r];
+                    else ((int32_t *)clab)[r] = (int32_t)lab[r];
+                }
+            }
+            kdloss_cmat hcs = {hx, ds, ld}, hct = {hy, dt, ld};
+            kdloss_labels hL = {clab, ldt};
+            kdloss_mat hgr = {cg, ds, ld};
+            s = kdloss_jsd(&p, bt, v, hcs, hct, hL, &cl, crow, hgr);
+            if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
+                double *cgg = to_double(cg, ds, bt, v, ld);
+                snprintf(what, sizeof what, "%s grad vs CPU", tag);
+                cmp_arr(what, gg, cgg, n, 1e-5 * max_abs(cgg, n) + (ds == KDLOSS_F16 ? 6e-8 : 0),
+                        2 * unit(ds) + 1e-5);
+                kt_close(hl, cl, 1e-5 * abs_tot / (n_valid > 0 ? n_valid : 1) + 1e-30, 1e-4,
+                         "%s loss vs CPU", tag);
+                free(cgg);
+            }
+            free(cg);
+            free(crow);
+            free(clab);
+        }
+        free(rg);
+        free(rrow);
+        free(hg);
+        free(gg);
+        free(hrow);
+        free(grow);
+    }
+done:
+    CK(cudaFree(dx0));
+    CK(cudaFree(dy0));
+    if (dg0) CK(cudaFree(dg0));
+    if (dlab) CK(cudaFree(dlab));
+    CK(cudaFree(dloss));
+    CK(cudaFree(drow));
+    CK(cudaFree(dws));
+    free(hx);
+    free(hy);
+    free(x);
+    free(y);
+    free(lab);
+}
+
+static void test_jsd(kt_rng *rng) {
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
+    const double betas[] = {0.0, 0.5, 1.0};
+    const int64_t vs[] = {1, 37, 4096, 9001};
+    int k = 0;
+    for (int b = 0; b < 3; b++)
+        for (int lk = 0; lk < 3; lk++)
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++, k++)
+                    if (!kt_quick() || k % 7 == 0)
+                        test_jsd_case(rng, 21, vs[k % 4], dts[i], dts[j], betas[b], lk, 0, 0, 0);
+    test_jsd_case(rng, 8, 300, KDLOSS_F32, KDLOSS_BF16, 0.5, 3, 0, 0, 0); /* all ignored */
+    test_jsd_case(rng, 8, 300, KDLOSS_BF16, KDLOSS_BF16, 0.5, 4, 0, 0, 0); /* bad label */
+    test_jsd_case(rng, 7, 4099, KDLOSS_BF16, KDLOSS_F32, 0.3, 1, 5, 0, 0);
+    test_jsd_case(rng, 7, 4099, KDLOSS_F16, KDLOSS_F16, 0.7, 2, 3, 1, 0);
+    test_jsd_case(rng, 9, 513, KDLOSS_F32, KDLOSS_F32, 0.5, 1, 0, 0, 1);
+    test_jsd_case(rng, 9, 513, KDLOSS_BF16, KDLOSS_F32, 1.0, 0, 8, 0, 1);
+    test_jsd_case(rng, 3, 100000, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1, 0, 0, 0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fused-linear JSD                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct fl_case {
+    int64_t bt, hs, ht, v;
+    kdloss_dtype ds, dt;
+    double beta, temperature, w_hard, w_soft;
+    int bias;          /* both biases given (and dbs wanted) */
+    int64_t chunk;     /* params.chunk_size */
+    size_t budget;     /* params.memory_budget */
+    int64_t pad;       /* extra columns on every ld */
+    int bad_label;     /* one label = v */
+    int forward_only;
+} fl_case;
+
+static void fill_normal(kt_rng *rng, double *x, int64_t n, double sd) {
+    for (int64_t i = 0; i < n; i++) x[i] = sd * kt_normal(rng);
+}
+
+static void test_fl_case(kt_rng *rng, const fl_case *k) {
+    char tag[240];
+    snprintf(tag, sizeof tag,
+             "fljsd bt=%lld hs=%lld ht=%lld v=%lld s=%s t=%s beta=%g T=%g wh=%g ws=%g bias=%d "
+             "chunk=%lld budget=%zu pad=%lld bad=%d fwd=%d",
+             (long long)k->bt, (long long)k->hs, (long long)k->ht, (long long)k->v,
+             kt_dtype_name(k->ds), kt_dtype_name(k->dt), k->beta, k->temperature, k->w_hard,
+             k->w_soft, k->bias, (long long)k->chunk, k->budget, (long long)k->pad, k->bad_label,
+             k->forward_only);
+    const int64_t bt = k->bt, hs = k->hs, ht = k->ht, v = k->v;
+    const int64_t ldxs = hs + k->pad, ldws = hs + k->pad, ldxt = ht + k->pad, ldwt = ht + k->pad;
+    const size_t es = kdloss_dtype_size(k->ds), et = kdloss_dtype_size(k->dt);
+    double *xs = xmalloc((size_t)(bt * hs) * 8), *ws = xmalloc((size_t)(v * hs) * 8);
+    double *xt = xmalloc((size_t)(bt * ht) * 8), *wt = xmalloc((size_t)(v * ht) * 8);
+    double *bs = xmalloc((size_t)v * 8), *btb = xmalloc((size_t)v * 8);
+    fill_normal(rng, xs, bt * hs, 1.0);
+    fill_normal(rng, ws, v * hs, 3.0 / sqrt((double)hs)); /* logits of spread ~3: non-uniform */
+    fill_normal(rng, xt, bt * ht, 1.0);
+    fill_normal(rng, wt, v * ht, 3.0 / sqrt((double)ht));
+    fill_normal(rng, bs, v, 0.5);
+    fill_normal(rng, btb, v, 0.5);
+    kt_round_to(xs, bt * hs, k->ds);
+    kt_round_to(ws, v * hs, k->ds);
+    kt_round_to(bs, v, k->ds);
+    kt_round_to(xt, bt * ht, k->dt);
+    kt_round_to(wt, v * ht, k->dt);
+    kt_round_to(btb, v, k->dt);
+    const int64_t ignore = -100;
+    int64_t *lab = xmalloc((size_t)bt * 8);
+    for (int64_t r = 0; r < bt; r++) lab[r] = r % 5 == 3 ? ignore : kt_randint(rng, v);
+    if (k->bad_label) lab[bt - 1] = v;
+    int64_t n_valid = 0;
+    for (int64_t r = 0; r < bt; r++) n_valid += lab[r] != ignore && lab[r] >= 0 && lab[r] < v;
+    const kdloss_dtype ldt = bt % 2 ? KDLOSS_I32 : KDLOSS_I64;
+
+    /* device copies */
+    void *hxs = kt_pack(xs, bt, hs, ldxs, k->ds), *hws = kt_pack(ws, v, hs, ldws, k->ds);
+    void *hxt = kt_pack(xt, bt, ht, ldxt, k->dt), *hwt = kt_pack(wt, v, ht, ldwt, k->dt);
+    void *hbs = kt_pack(bs, 1, v, v, k->ds), *hbt = kt_pack(btb, 1, v, v, k->dt);
+    void *hlab = xmalloc((size_t)bt * 8);
+    for (int64_t r = 0; r < bt; r++) {
+        if (ldt == KDLOSS_I64) ((int64_t *)hlab)[r] = lab[r];
+        else ((int32_t *)hlab)[r] = (int32_t)lab[r];
+    }
+    void *dxs = dalloc((size_t)(bt * ldxs) * es), *dwsm = dalloc((size_t)(v * ldws) * es);
+    void *dxt = dalloc((size_t)(bt * ldxt) * et), *dwt = dalloc((size_t)(v * ldwt) * et);
+    void *dbs = dalloc((size_t)v * es), *dbt = dalloc((size_t)v * et);
+    void *dlab = dalloc((size_t)bt * 8);
+    h2d(dxs, hxs, (size_t)(bt * ldxs) * es);
+    h2d(dwsm, hws, (size_t)(v * ldws) * es);
+    h2d(dxt, hxt, (size_t)(bt * ldxt) * et);
+    h2d(dwt, hwt, (size_t)(v * ldwt) * et);
+    h2d(dbs, hbs, (size_t)v * es);
+    h2d(dbt, hbt, (size_t)v * et);
+    h2d(dlab, hlab, (size_t)bt * kdloss_dtype_size(ldt));
+    void *gdxs = dalloc((size_t)(bt * ldxs) * es), *gdws = dalloc((size_t)(v * ldws) * es);
+    void *gdbs = dalloc((size_t)v * es);
+    float *gl = dalloc(12);
+    dpoison(gdxs, (size_t)(bt * ldxs) * es);
+    dpoison(gdws, (size_t)(v * ldws) * es);
+    dpoison(gdbs, (size_t)v * es);
+    dpoison(gl, 12);
+
+    kdloss_fljsd_params p;
+    p.beta = k->beta;
+    p.temperature = k->temperature;
+    p.weight_hard_loss = k->w_hard;
+    p.weight_soft_loss = k->w_soft;
+    p.ignore_index = ignore;
+    p.chunk_size = k->chunk;
+    p.memory_budget = k->budget;
+    p.grad_scale = 0.5;
+    kdloss_fljsd_out out;
+    memset(&out, 0, sizeof out);
+    out.loss = gl;
+    out.soft_loss = gl + 1;
+    out.hard_loss = gl + 2;
+    if (!k->forward_only) {
+        out.dxs = (kdloss_mat){gdxs, k->ds, ldxs};
+        out.dws = (kdloss_mat){gdws, k->ds, ldws};
+        out.dbs = k->bias ? gdbs : NULL;
+    }
+    size_t wsb = 0;
+    kdloss_status s = kdloss_cuda_fljsd_workspace_size(&p, bt, hs, ht, v, k->ds, !k->forward_only, &wsb);
+    KT_CHECK(s == KDLOSS_OK, "%s: ws size %d", tag, (int)s);
+    void *dwk = dalloc(wsb);
+    kdloss_cmat cxs = {dxs, k->ds, ldxs}, cws = {dwsm, k->ds, ldws};
+    kdloss_cmat cxt = {dxt, k->dt, ldxt}, cwt = {dwt, k->dt, ldwt};
+    kdloss_labels L = {dlab, ldt};
+    s = kdloss_cuda_fused_linear_jsd(g_ctx, g_st, &p, bt, hs, ht, v, cxs, cws, k->bias ? dbs : NULL,
+                                     cxt, cwt, k->bias ? dbt : NULL, L, &out, dwk, wsb);
+    CK(cudaStreamSynchronize(g_st));
+    if (!KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) goto done;
+    KT_CHECK(read_status(dwk) == (k->bad_label ? KDLOSS_ERR_LABEL_OUT_OF_RANGE : KDLOSS_OK),
+             "%s: device status word", tag);
+    {
+        /* float64 reference */
+        const double T = k->temperature, nv = n_valid > 0 ? (double)n_valid : 1.0;
+        const double ca = k->w_hard * 0.5 / nv, cb = k->w_soft * 0.5 / (nv * T);
+        double *dz = calloc((size_t)(bt * v), 8), *zs = xmalloc((size_t)v * 8);
+        double *zt = xmalloc((size_t)v * 8), *g = xmalloc((size_t)v * 8);
+        double soft = 0, hard = 0, abs_soft = 0;
+        for (int64_t r = 0; r < bt; r++) {
+            if (lab[r] == ignore || lab[r] < 0 || lab[r] >= v) continue;
+            for (int64_t c = 0; c < v; c++) {
+                double a1 = k->bias ? bs[c] : 0, a2 = k->bias ? btb[c] : 0;
+                for (int64_t j = 0; j < hs; j++) a1 += xs[r * hs + j] * ws[c * hs + j];
+                for (int64_t j = 0; j < ht; j++) a2 += xt[r * ht + j] * wt[c * ht + j];
+                zs[c] = a1;
+                zt[c] = a2;
+            }
+            double lh = logsumexp(zs, v, 1.0), la = logsumexp(zs, v, 1.0 / T);
+            double lb = logsumexp(zt, v, 1.0 / T), S = 0, js = 0;
+            hard += lh - zs[lab[r]];
+            for (int64_t c = 0; c < v; c++) {
+                double l = ref_jsd_elem(k->beta, zs[c] / T - la, zt[c] / T - lb, &g[c]);
+                js += l;
+                abs_soft += fabs(l);
+                S += g[c];
+            }
+            soft += js;
+            for (int64_t c = 0; c < v; c++)
+                dz[r * v + c] = ca * (exp(zs[c] - lh) - (c == lab[r] ? 1.0 : 0.0)) +
+                                cb * (g[c] - exp(zs[c] / T - la) * S);
+        }
+        float hl[3];
+        d2h(hl, gl, 12);
+        double want_soft = soft / nv, want_hard = hard / nv;
+        double want = k->w_hard * want_hard + k->w_soft * want_soft;
+        if (k->bad_label) want = want_soft = want_hard = NAN;
+        double lt = 1e-4;
+        if (k->ds == KDLOSS_BF16 || k->dt == KDLOSS_BF16) lt = 1e-3; /* fp32 GEMM of bf16 data */
+        kt_close(hl[1], want_soft, 1e-5 * abs_soft / nv + 1e-6, lt, "%s soft_loss", tag);
+        kt_close(hl[2], want_hard, 1e-6, lt, "%s hard_loss", tag);
+        kt_close(hl[0], want, 1e-5 * abs_soft / nv + 1e-6, lt, "%s loss", tag);
+
+        if (!k->forward_only) {
+            double *rdx = calloc((size_t)(bt * hs), 8), *rdw = calloc((size_t)(v * hs), 8);
+            double *rdb = calloc((size_t)v, 8);
+            for (int64_t r = 0; r < bt; r++)
+                for (int64_t c = 0; c < v; c++) {
+                    double d = dz[r * v + c];
+                    if (d == 0) continue;
+                    for (int64_t j = 0; j < hs; j++) {
+                        rdx[r * hs + j] += d * ws[c * hs + j];
+                        rdw[c * hs + j] += d * xs[r * hs + j];
+                    }
+                    rdb[c] += d;
+                }
+            double tol = k->ds == KDLOSS_BF16 ? 1.5e-2 : 1e-4;
+            void *h1 = xmalloc((size_t)(bt * ldxs) * es);
+            d2h(h1, gdxs, (size_t)(bt * ldxs) * es);
+            KT_CHECK(pad_untouched(h1, k->ds, bt, hs, ldxs), "%s: dxs padding written", tag);
+            double *got = to_double(h1, k->ds, bt, hs, ldxs);
+            char what[300];
+            snprintf(what, sizeof what, "%s dxs", tag);
+            cmp_norm(what, got, rdx, bt * hs, tol);
+            free(got);
+            void *h2 = xmalloc((size_t)(v * ldws) * es);
+            d2h(h2, gdws, (size_t)(v * ldws) * es);
+            KT_CHECK(pad_untouched(h2, k->ds, v, hs, ldws), "%s: dws padding written", tag);
+            got = to_double(h2, k->ds, v, hs, ldws);
+            snprintf(what, sizeof what, "%s dws", tag);
+            cmp_norm(what, got, rdw, v * hs, tol);
+            free(got);
+            if (k->bias) {
+                void *h3 = xmalloc((size_t)v * es);
+                d2h(h3, gdbs, (size_t)v * es);
+                got = to_double(h3, k->ds, 1, v, v);
+                snprintf(what, sizeof what, "%s dbs", tag);
+                cmp_norm(what, got, rdb, v, tol);
+                free(got);
+                free(h3);
+            }
+            /* same call again: bitwise the same */
+            void *h1b = xmalloc((size_t)(bt * ldxs) * es), *h2b = xmalloc((size_t)(v * ldws) * es);
+            float hlb[3];
+            s = kdloss_cuda_fused_linear_jsd(g_ctx, g_st, &p, bt, hs, ht, v, cxs, cws,
+                                             k->bias ? dbs : NULL, cxt, cwt, k->bias ? dbt : NULL,
+                                             L, &out, dwk, wsb);
+            CK(cudaStreamSynchronize(g_st));
+            d2h(h1b, gdxs, (size_t)(bt * ldxs) * es);
+            d2h(h2b, gdws, (size_t)(v * ldws) * es);
+            d2h(hlb, gl, 12);
+            snprintf(what, sizeof what, "%s dxs", tag);
+            cmp_bits(what, h1, h1b, (size_t)(bt * ldxs) * es);
+            snprintf(what, sizeof what, "%s dws", tag);
+            cmp_bits(what, h2, h2b, (size_t)(v * ldws) * es);
+            snprintf(what, sizeof what, "%s losses", tag);
+            cmp_bits(what, hl, hlb, 12);
+
+            if (kdloss_fused_linear_jsd && !k->bad_label) {
+                void *c1 = xmalloc((size_t)(bt * ldxs) * es), *c2 = xmalloc((size_t)(v * ldws) * es);
+                float cl[3];
+                kdloss_fljsd_out co;
+                memset(&co, 0, sizeof co);
+                co.loss = cl;
+                co.soft_loss = cl + 1;
+                co.hard_loss = cl + 2;
+                co.dxs = (kdloss_mat){c1, k->ds, ldxs};
+                co.dws = (kdloss_mat){c2, k->ds, ldws};
+                kdloss_cmat hcxs = {hxs, k->ds, ldxs}, hcws = {hws, k->ds, ldws};
+                kdloss_cmat hcxt = {hxt, k->dt, ldxt}, hcwt = {hwt, k->dt, ldwt};
+                kdloss_labels hL = {hlab, ldt};
+                s = kdloss_fused_linear_jsd(&p, bt, hs, ht, v, hcxs, hcws, k->bias ? hbs : NULL,
+                                            hcxt, hcwt, k->bias ? hbt : NULL, hL, &co, NULL, 0);
+                if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
+                    kt_close(hl[0], cl[0], 1e-5 * abs_soft / nv + 1e-6, lt, "%s loss vs CPU", tag);
+                    double *a1 = to_double(h1, k->ds, bt, hs, ldxs), *b1 = to_double(c1, k->ds, bt, hs, ldxs);
+                    snprintf(what, sizeof what, "%s dxs vs CPU", tag);
+                    cmp_norm(what, a1, b1, bt * hs, 2 * tol);
+                    free(a1);
+                    free(b1);
+                    a1 = to_double(h2, k->ds, v, hs, ldws);
+                    b1 = to_double(c2, k->ds, v, hs, ldws);
+                    snprintf(what, sizeof what, "%s dws vs CPU", tag);
+                    cmp_norm(what, a1, b1, v * hs, 2 * tol);
+                    free(a1);
+                    free(b1);
+                }
+                free(c1);
+                free(c2);
+            }
+            free(h1);
+            free(h2);
+            free(h1b);
+            free(h2b);
+            free(rdx);
+            free(rdw);
+            free(rdb);
+        }
+        free(dz);
+        free(zs);
+        free(zt);
+        free(g);
+    }
+done:
+    CK(cudaFree(dxs));
+    CK(cudaFree(dwsm));
+    CK(cudaFree(dxt));
+    CK(cudaFree(dwt));
+    CK(cudaFree(dbs));
+    CK(cudaFree(dbt));
+    CK(cudaFree(dlab));
+    CK(cudaFree(gdxs));
+    CK(cudaFree(gdws));
+    CK(cudaFree(gdbs));
+    CK(cudaFree(gl));
+    CK(cudaFree(dwk));
+    free(hxs);
+    free(hws);
+    free(hxt);
+    free(hwt);
+    free(hbs);
+    free(hbt);
+    free(hlab);
+    free(xs);
+    free(ws);
+    free(xt);
+    free(wt);
+    free(bs);
+    free(btb);
+    free(lab);
+}
+
+static void test_fl(kt_rng *rng) {
+    const kdloss_dtype pairs[3][2] = {{KDLOSS_F32, KDLOSS_F32},
+                                      {KDLOSS_BF16, KDLOSS_BF16},
+                                      {KDLOSS_BF16, KDLOSS_F32}};
+    const double betas[] = {0.0, 0.5, 1.0};
+    const double temps[] = {1.0, 2.0};
+    const double wts[3][2] = {{0.5, 0.5}, {0.0, 1.0}, {1.0, 0.0}};
+    const int64_t chunks[] = {0, 16, 1, 7};
+    int k = 0;
+    for (int d = 0; d < 3; d++)
+        for (int b = 0; b < 3; b++)
+            for (int t = 0; t < 2; t++, k++) {
+                fl_case c = {37, 24, 40, 300, pairs[d][0], pairs[d][1], betas[b], temps[t],
+                             wts[k % 3][0], wts[k % 3][1], k % 2, chunks[k % 4], 0, 0, 0, 0};
+                if (!kt_quick() || k % 5 == 0) test_fl_case(rng, &c);
+            }
+    /* pass 3 over more than one 4096-column tile (in-place narrowing across tiles), padded lds,
+     * tiny memory budget (one row per chunk), a bad label, forward only */
+    fl_case c1 = {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 1, 4, 0, 3, 0, 0};
+    test_fl_case(rng, &c1);
+    fl_case c2 = {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0};
+    test_fl_case(rng, &c2);
+    fl_case c3 = {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0};
+    test_fl_case(rng, &c3);
+    fl_case c4 = {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1};
+    test_fl_case(rng, &c4);
+    fl_case c5 = {130, 64, 32, 1000, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 64, 0, 0, 0, 0};
+    test_fl_case(rng, &c5);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Argument checks: same codes as the CPU, nothing written                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/* All operands of the error cases live at fixed offsets in one arena: device memory with a GPU,
+ * host memory without (the checks return before anything touches it). The CPU twin of each
+ * case uses a host arena with the same layout, so the aliasing cases mean the same thing. */
+#define AR_BYTES ((size_t)48 << 20)
+#define AR_IN 0
+#define AR_T 4096
+#define AR_G 8192
+#define AR_E 12288
+#define AR_LOSS 16384
+#define AR_ROW 16448
+#define AR_LAB 16640
+#define AR_W1 32768 /* fused-linear weights */
+#define AR_W2 65536
+#define AR_WS (1u << 20) /* workspace: up to the end of the arena */
+
+static char *g_ar;  /* the CUDA calls' arena */
+static char *g_har; /* the CPU calls' arena */
+static kdloss_cuda_context *g_actx;
+
+static void expect_code(const char *what, kdloss_status got, kdloss_status want, int have_cpu,
+                        kdloss_status cpu) {
+    KT_CHECK(got == want, "%s: CUDA returned %d, expected %d", what, (int)got, (int)want);
+    if (have_cpu)
+        KT_CHECK(cpu == got, "%s: CPU returned %d, CUDA %d", what, (int)cpu, (int)got);
+}
+
+static int arena_untouched(void) {
+    if (!g_gpu) return 1;
+    unsigned char buf[AR_ROW + 64 - AR_G];
+    d2h(buf, g_ar + AR_G, sizeof buf);
+    for (size_t i = 0; i < sizeof buf; i++)
+        if (buf[i] != 0xFF) return 0;
+    return 1;
+}
+
+typedef struct kl_call {
+    int null_params, null_ctx;
+    kdloss_kl_params p;
+    int64_t bt, v;
+    kdloss_dtype di, dt, dg, de;
+    int64_t ld_in, ld_t, ld_g, ld_e;
+    size_t in_off, t_off, g_off, e_off;
+    int loss, row, elem, grad;
+    size_t ws_bytes;
+    int ws_null, ws_off;
+} kl_call;
+
+static kdloss_status run_kl(const kl_call *c, int cpu) {
+    char *ar = cpu ? g_har : g_ar;
+    kdloss_cmat in = {ar + c->in_off, c->di, c->ld_in}, t = {ar + c->t_off, c->dt, c->ld_t};
+    kdloss_mat e = {c->elem ? ar + c->e_off : NULL, c->de, c->ld_e};
+    kdloss_mat g = {c->grad ? ar + c->g_off : NULL, c->dg, c->ld_g};
+    float *loss = c->loss ? (float *)(ar + AR_LOSS) : NULL, *row = c->row ? (float *)(ar + AR_ROW) : NULL;
+    const kdloss_kl_params *p = c->null_params ? NULL : &c->p;
+    if (cpu) return kdloss_kl_div(p, c->bt, c->v, in, t, loss, row, e, g);
+    return kdloss_cuda_kl_div(c->null_ctx ? NULL : g_actx, g_st, p, c->bt, c->v, in, t, loss, row,
+                              e, g, c->ws_null ? NULL : ar + AR_WS + c->ws_off, c->ws_bytes);
+}
+
+static void kl_err(const char *what, const kl_call *c, kdloss_status want, int cpu_too) {
+    if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
+    kdloss_status got = run_kl(c, 0);
+    int have_cpu = cpu_too && kdloss_kl_div != NULL;
+    expect_code(what, got, want, have_cpu, have_cpu ? run_kl(c, 1) : KDLOSS_OK);
+    KT_CHECK(arena_untouched(), "%s: an output was written on error", what);
+}
+
+static void test_errors_kl(void) {
+    kl_call b;
+    memset(&b, 0, sizeof b);
+    b.p.reduction = KDLOSS_REDUCTION_BATCHMEAN;
+    b.p.eps = 1e-10;
+    b.p.grad_scale = 1.0;
+    b.bt = 4;
+    b.v = 8;
+    b.di = b.dt = b.dg = b.de = KDLOSS_F32;
+    b.in_off = AR_IN;
+    b.t_off = AR_T;
+    b.g_off = AR_G;
+    b.e_off = AR_E;
+    b.loss = b.row = b.grad = 1;
+    KT_CHECK(kdloss_cuda_kl_div_workspace_size(4, 8, &b.ws_bytes) == KDLOSS_OK, "kl ws size");
+    KT_CHECK(kdloss_cuda_kl_div_workspace_size(0, 8, &b.ws_bytes) == KDLOSS_ERR_INVALID_SIZE,
+             "kl ws size bt=0");
+    KT_CHECK(kdloss_cuda_kl_div_workspace_size(4, 8, NULL) == KDLOSS_ERR_NULL_POINTER,
+             "kl ws size NULL");
+    kl_call c;
+    c = b; c.null_params = 1; kl_err("kl NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_ctx = 1; kl_err("kl NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.p.reduction = (kdloss_reduction)9; kl_err("kl bad reduction", &c, KDLOSS_ERR_INVALID_REDUCTION, 1);
+    c = b; c.p.eps = -1; kl_err("kl eps < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.grad_scale = INFINITY; kl_err("kl grad_scale inf", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.bt = 0; kl_err("kl bt 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.v = -3; kl_err("kl v < 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.di = KDLOSS_I32; kl_err("kl int input", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dt = (kdloss_dtype)77; kl_err("kl unknown target dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.ld_t = 5; kl_err("kl ld < v", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
+    c = b; c.loss = c.row = c.grad = 0; kl_err("kl no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
+    c = b; c.dg = KDLOSS_BF16; kl_err("kl grad dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.elem = 1; kl_err("kl elem with batchmean", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.reduction = KDLOSS_REDUCTION_NONE; kl_err("kl loss with none", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.log_target = 2; kl_err("kl log_target 2", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.eps = INFINITY; kl_err("kl eps inf", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.bt = 0; c.p.reduction = (kdloss_reduction)9; kl_err("kl bt 0 and bad reduction", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.loss = c.row = c.grad = 0; c.ld_t = 5; kl_err("kl no output and bad ld", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
+    c = b; c.p.reduction = KDLOSS_REDUCTION_NONE; c.loss = 0; c.elem = 1; c.de = KDLOSS_BF16;
+    kl_err("kl elem not fp32", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.g_off = AR_T + 16; kl_err("kl grad overlaps target", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_IN + 4; kl_err("kl grad overlaps input, shifted", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_IN; c.ld_g = 9; c.ld_in = 8; kl_err("kl in place, other ld", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.ws_null = 1; kl_err("kl NULL workspace", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.ws_bytes -= 1; kl_err("kl workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.ws_off = 4; c.ws_bytes += 64; kl_err("kl workspace misaligned", &c, KDLOSS_ERR_INVALID_PARAM, 0);
+    c = b; c.in_off = AR_WS + 64; kl_err("kl workspace overlaps input", &c, KDLOSS_ERR_ALIASING, 0);
+}
+
+typedef struct jsd_call {
+    int null_params, null_ctx;
+    kdloss_jsd_params p;
+    int64_t bt, v;
+    kdloss_dtype ds, dt, dg, dl;
+    int64_t ld_g;
+    size_t g_off;
+    int labels, loss, row, grad;
+    size_t ws_bytes;
+} jsd_call;
+
+static kdloss_status run_jsd(const jsd_call *c, int cpu) {
+    char *ar = cpu ? g_har : g_ar;
+    kdloss_cmat s = {ar + AR_IN, c->ds, 0}, t = {ar + AR_T, c->dt, 0};
+    kdloss_labels L = {c->labels ? ar + AR_LAB : NULL, c->dl};
+    kdloss_mat g = {c->grad ? ar + c->g_off : NULL, c->dg, c->ld_g};
+    float *loss = c->loss ? (float *)(ar + AR_LOSS) : NULL, *row = c->row ? (float *)(ar + AR_ROW) : NULL;
+    const kdloss_jsd_params *p = c->null_params ? NULL : &c->p;
+    if (cpu) return kdloss_jsd(p, c->bt, c->v, s, t, L, loss, row, g);
+    return kdloss_cuda_jsd(c->null_ctx ? NULL : g_actx, g_st, p, c->bt, c->v, s, t, L, loss, row,
+                           g, ar + AR_WS, c->ws_bytes);
+}
+
+static void jsd_err(const char *what, const jsd_call *c, kdloss_status want, int cpu_too) {
+    if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
+    kdloss_status got = run_jsd(c, 0);
+    int have_cpu = cpu_too && kdloss_jsd != NULL;
+    expect_code(what, got, want, have_cpu, have_cpu ? run_jsd(c, 1) : KDLOSS_OK);
+    KT_CHECK(arena_untouched(), "%s: an output was written on error", what);
+}
+
+static void test_errors_jsd(void) {
+    jsd_call b;
+    memset(&b, 0, sizeof b);
+    b.p.beta = 0.5;
+    b.p.ignore_index = -100;
+    b.p.grad_scale = 1.0;
+    b.bt = 4;
+    b.v = 8;
+    b.ds = b.dt = b.dg = KDLOSS_F32;
+    b.dl = KDLOSS_I64;
+    b.g_off = AR_G;
+    b.labels = b.loss = b.row = b.grad = 1;
+    KT_CHECK(kdloss_cuda_jsd_workspace_size(4, 8, &b.ws_bytes) == KDLOSS_OK, "jsd ws size");
+    jsd_call c;
+    c = b; c.null_params = 1; jsd_err("jsd NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_ctx = 1; jsd_err("jsd NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.p.beta = 1.5; jsd_err("jsd beta > 1", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.beta = NAN; jsd_err("jsd beta NaN", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.bt = -1; jsd_err("jsd bt < 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.dt = KDLOSS_I64; jsd_err("jsd int teacher", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dl = KDLOSS_F32; jsd_err("jsd float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.loss = c.row = c.grad = 0; jsd_err("jsd no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
+    c = b; c.dg = KDLOSS_F16; jsd_err("jsd grad dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.ld_g = 3; jsd_err("jsd grad ld", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
+    c = b; c.g_off = AR_LAB - 64; jsd_err("jsd grad overlaps labels", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_T; jsd_err("jsd grad on teacher", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.ws_bytes = 16; jsd_err("jsd workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+}
+
+typedef struct fl_call {
+    int null_params, null_ctx, null_out;
+    kdloss_fljsd_params p;
+    int64_t bt, hs, ht, v;
+    kdloss_dtype dxs, dws, dxt, dwt, dl, ddxs;
+    int bias_s, want_dbs, labels, loss, dx;
+    size_t dx_off, ws_bytes;
+} fl_call;
+
+/* operands: xs @AR_IN, xt @AR_T, ws @AR_W1, wt @AR_W2, student bias just before AR_WS */
+static kdloss_status run_fl(const fl_call *c, int cpu) {
+    char *ar = cpu ? g_har : g_ar;
+    kdloss_cmat xs = {ar + AR_IN, c->dxs, 0}, ws = {ar + AR_W1, c->dws, 0};
+    kdloss_cmat xt = {ar + AR_T, c->dxt, 0}, wt = {ar + AR_W2, c->dwt, 0};
+    kdloss_labels L = {c->labels ? ar + AR_LAB : NULL, c->dl};
+    kdloss_fljsd_out o;
+    memset(&o, 0, sizeof o);
+    o.loss = c->loss ? (float *)(ar + AR_LOSS) : NULL;
+    o.dxs = (kdloss_mat){c->dx ? ar + c->dx_off : NULL, c->ddxs, 0};
+    o.dbs = c->want_dbs ? ar + AR_ROW : NULL;
+    const void *bs = c->bias_s ? ar + AR_WS - 4096 : NULL;
+    const kdloss_fljsd_params *p = c->null_params ? NULL : &c->p;
+    kdloss_fljsd_out *op = c->null_out ? NULL : &o;
+    if (cpu)
+        return kdloss_fused_linear_jsd(p, c->bt, c->hs, c->ht, c->v, xs, ws, bs, xt, wt, NULL, L,
+                                       op, NULL, 0);
+    return kdloss_cuda_fused_linear_jsd(c->null_ctx ? NULL : g_actx, g_st, p, c->bt, c->hs, c->ht,
+                                        c->v, xs, ws, bs, xt, wt, NULL, L, op, ar + AR_WS,
+                                        c->ws_bytes);
+}
+
+static void fl_err(const char *what, const fl_call *c, kdloss_status want, int cpu_too) {
+    if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
+    kdloss_status got = run_fl(c, 0);
+    int have_cpu = cpu_too && kdloss_fused_linear_jsd != NULL;
+    expect_code(what, got, want, have_cpu, have_cpu ? run_fl(c, 1) : KDLOSS_OK);
+    KT_CHECK(arena_untouched(), "%s: an output was written on error", what);
+}
+
+static void test_errors_fl(void) {
+    fl_call b;
+    memset(&b, 0, sizeof b);
+    b.p.beta = 0.5;
+    b.p.temperature = 1.0;
+    b.p.weight_hard_loss = 0.5;
+    b.p.weight_soft_loss = 0.5;
+    b.p.ignore_index = -100;
+    b.p.grad_scale = 1.0;
+    b.bt = 4;
+    b.hs = 8;
+    b.ht = 8;
+    b.v = 16;
+    b.dxs = b.dws = b.dxt = b.dwt = b.ddxs = KDLOSS_BF16;
+    b.dl = KDLOSS_I64;
+    b.labels = b.loss = b.dx = 1;
+    b.dx_off = AR_G;
+    size_t need = 0;
+    KT_CHECK(kdloss_cuda_fljsd_workspace_size(&b.p, 4, 8, 8, 16, KDLOSS_BF16, 1, &need) == KDLOSS_OK,
+             "fljsd ws size");
+    KT_CHECK(need <= AR_BYTES - AR_WS, "fljsd ws fits the arena");
+    b.ws_bytes = need;
+    KT_CHECK(kdloss_cuda_fljsd_workspace_size(&b.p, 4, 8, 8, 16, KDLOSS_F16, 1, &need) ==
+                 KDLOSS_ERR_INVALID_DTYPE, "fljsd ws size f16");
+    KT_CHECK(kdloss_cuda_fljsd_workspace_size(NULL, 4, 8, 8, 16, KDLOSS_BF16, 1, &need) ==
+                 KDLOSS_ERR_NULL_POINTER, "fljsd ws size NULL params");
+    fl_call c;
+    c = b; c.null_params = 1; fl_err("fljsd NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_out = 1; fl_err("fljsd NULL out", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_ctx = 1; fl_err("fljsd NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.p.temperature = 0; fl_err("fljsd T = 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.beta = -0.1; fl_err("fljsd beta < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.weight_hard_loss = -1; fl_err("fljsd weight < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.chunk_size = -2; fl_err("fljsd chunk < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.ht = 0; fl_err("fljsd ht 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.dxs = c.dws = c.ddxs = KDLOSS_F16; fl_err("fljsd f16 student", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dwt = KDLOSS_F32; fl_err("fljsd xt/wt dtypes differ", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.labels = 0; fl_err("fljsd no labels", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.dl = KDLOSS_BF16; fl_err("fljsd float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.loss = c.dx = 0; fl_err("fljsd no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
+    c = b; c.want_dbs = 1; fl_err("fljsd dbs without bias", &c, KDLOSS_ERR_SHAPE_MISMATCH, 1);
+    c = b; c.ddxs = KDLOSS_F32; fl_err("fljsd dxs dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dx_off = AR_T; fl_err("fljsd dxs on xt", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.dx_off = AR_LOSS - 32; fl_err("fljsd dxs overlaps loss", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.ws_bytes -= 256; fl_err("fljsd workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.ws_bytes -= 256; c.dx_off = AR_T;
+    fl_err("fljsd workspace small and dxs on xt", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.dxs = KDLOSS_F16; c.labels = 0; fl_err("fljsd f16 xs and no labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+}
+
+static void test_errors(void) {
+    g_har = xmalloc(AR_BYTES);
+    memset(g_har, 0, AR_BYTES);
+    g_ar = g_gpu ? dalloc(AR_BYTES) : g_har;
+    if (g_gpu) {
+        CK(cudaMemset(g_ar, 0, AR_BYTES));
+        CK(cudaDeviceSynchronize());
+    }
+    /* without a GPU: a zeroed stand-in for the context, never used on the error paths */
+    static char fake_ctx[4096];
+    g_actx = g_gpu ? g_ctx : (kdloss_cuda_context *)(void *)fake_ctx;
+    test_errors_kl();
+    test_errors_jsd();
+    test_errors_fl();
+    if (g_gpu) CK(cudaFree(g_ar));
+    free(g_har);
+
+    kdloss_cuda_context *c = NULL;
+    KT_CHECK(kdloss_cuda_context_create(0, NULL) == KDLOSS_ERR_NULL_POINTER, "context NULL out");
+    kdloss_status s = kdloss_cuda_context_create(-1, &c);
+    KT_CHECK(s == (g_gpu ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_UNSUPPORTED) && c == NULL,
+             "context bad device: %d", (int)s);
+    kdloss_cuda_context_destroy(NULL);
+}
+
+int main(void) {
+    kt_rng rng;
+    kt_rng_seed(&rng, kt_base_seed());
+    g_gpu = kdloss_cuda_available();
+    if (g_gpu) {
+        kdloss_status s = kdloss_cuda_context_create(0, &g_ctx);
+        if (s != KDLOSS_OK) {
+            printf("FAIL: context create: %s\n", kdloss_status_string(s));
+            return 1;
+        }
+        CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
+    }
+    printf("CPU functions linked: kl %s, jsd %s, fljsd %s\n", kdloss_kl_div ? "yes" : "no",
+           kdloss_jsd ? "yes" : "no", kdloss_fused_linear_jsd ? "yes" : "no");
+    test_errors();
+    if (!g_gpu) {
+        printf("skipped: no CUDA device (argument checks ran)\n");
+        return kt_finish("test_cuda");
+    }
+    test_kl(&rng);
+    test_jsd(&rng);
+    test_fl(&rng);
+    CK(cudaStreamDestroy(g_st));
+    kdloss_cuda_context_destroy(g_ctx);
+    return kt_finish("test_cuda");
+}

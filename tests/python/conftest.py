@@ -1,0 +1,80 @@
+"""Shared helpers for the kdloss binding tests. Tolerances are stated where they are used, with
+where they come from: the library computes in fp32 (double accumulation for the losses) and
+writes gradients in the input's dtype, so the error budget is fp32 rounding for fp32 tensors and
+one rounding to 8 (bf16) or 11 (fp16) significant bits for half tensors."""
+
+import os
+
+import pytest
+import torch
+
+import kdloss
+from kdloss import _lib
+from kdloss.torch import _backend
+
+torch.set_num_threads(1)  # 2 shared cores: keep the reference math from fighting the library
+
+# Relative error of one rounding to the dtype (half an ulp), used to size tolerances.
+UNIT = {torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
+
+
+def assert_close(actual, expected, rtol, atol_rel=None, what=""):
+    """|a - e| <= rtol * |e| + atol_rel * max|e| elementwise (atol_rel defaults to rtol), in
+    float64. Scaling the absolute part by the largest reference value keeps near-zero entries
+    (gradients that cancel) from demanding more than the dtype can give."""
+    a = torch.as_tensor(actual).detach().double()
+    e = torch.as_tensor(expected).detach().double()
+    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} vs {tuple(e.shape)}"
+    atol = (rtol if atol_rel is None else atol_rel) * float(e.abs().max()) if e.numel() else 0.0
+    err = (a - e).abs()
+    bound = rtol * e.abs() + atol
+    bad = ~(err <= bound)
+    if bool(bad.any()):
+        i = int(torch.argmax((err - bound).reshape(-1)))
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{a.numel()} elements off; worst at flat index {i}: "
+            f"got {a.reshape(-1)[i].item():.9g}, want {e.reshape(-1)[i].item():.9g} "
+            f"(rtol {rtol:g}, atol {atol:g})")
+
+
+def require(symbol):
+    """Skip when the loaded libkdloss.so does not export `symbol` yet (a kernel not merged)."""
+    return pytest.mark.skipif(not _lib.has(symbol),
+                              reason=f"{_lib.library_path()} has no {symbol} yet")
+
+
+class SpyBackend:
+    """Wraps the CPU backend and records each call's arguments (to check pointers, strides and
+    that forward-only calls pass NULL gradient outputs)."""
+
+    def __init__(self):
+        self.inner = _backend.CpuBackend()
+        self.calls = []
+
+    def __getattr__(self, name):
+        real = getattr(self.inner, name)
+
+        def spy(*args):
+            self.calls.append((name, args))
+            return real(*args)
+        return spy
+
+
+@pytest.fixture
+def spy():
+    s = SpyBackend()
+    _backend.register_backend("cpu", s)
+    try:
+        yield s
+    finally:
+        _backend._BACKENDS.pop("cpu", None)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
+
+
+def pytest_report_header(config):
+    return (f"kdloss {kdloss.version()} from {kdloss.library_path()}, CPU path {kdloss.cpu_isa()}, "
+            f"torch {torch.__version__}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")

@@ -1,0 +1,105 @@
+"""The package itself: loading, status messages, error type, device dispatch."""
+
+import pytest
+import torch
+
+import kdloss
+from kdloss import _lib
+from kdloss.torch import _backend
+
+from conftest import require
+
+
+def test_version_and_library():
+    assert kdloss.version() == kdloss.__version__ == "0.1.0"
+    assert kdloss.library_path().endswith("libkdloss.so")
+    assert kdloss.cpu_isa() in ("scalar", "avx2", "avx512")
+
+
+def test_error_carries_the_c_message():
+    e = kdloss.KdlossError(_lib.ERR_LABEL_OUT_OF_RANGE, "kdloss_jsd")
+    assert str(e) == "kdloss_jsd: " + kdloss.status_string(_lib.ERR_LABEL_OUT_OF_RANGE)
+    assert e.status == -8 and e.status_name == "KDLOSS_ERR_LABEL_OUT_OF_RANGE"
+    assert isinstance(e, ValueError) and isinstance(e, RuntimeError)
+    for code in _lib.STATUS_NAMES:  # every code has a message from the library
+        assert kdloss.status_string(code) not in ("", "unknown status code")
+
+
+def test_cpu_isa_switch_round_trip():
+    before = kdloss.cpu_isa()
+    kdloss.set_cpu_isa("scalar")
+    assert kdloss.cpu_isa() == "scalar"
+    kdloss.set_cpu_isa("auto")
+    assert kdloss.cpu_isa() == before
+    with pytest.raises(kdloss.KdlossError):
+        kdloss.set_cpu_isa("sse9")
+
+
+def test_cuda_tensors_raise_a_clear_error_without_a_cuda_build():
+    if _lib.lib().kdloss_cuda_available():
+        pytest.skip("this libkdloss.so has a CUDA backend")
+    with pytest.raises(kdloss.KdlossError, match="no CUDA backend") as e:
+        _backend.backend_for(torch.device("cuda", 0))
+    assert e.value.status_name == "KDLOSS_ERR_UNSUPPORTED"
+
+
+@require("kdloss_kl_div")
+def test_register_backend_hook():
+    calls = []
+
+    class Fake:
+        def kl_div(self, device, *args):
+            calls.append(device)
+            raise kdloss.KdlossError(_lib.ERR_UNSUPPORTED, "fake backend")
+
+    _backend.register_backend("meta", Fake())
+    try:
+        with pytest.raises(kdloss.KdlossError, match="fake backend"):
+            kdloss.torch.kl_div(torch.empty(2, 3, device="meta"), torch.empty(2, 3, device="meta"))
+    finally:
+        _backend._BACKENDS.pop("meta")
+    assert calls == [torch.device("meta")]
+
+
+def test_cuda_backend_argument_plumbing(monkeypatch):
+    """Without a GPU: drive CudaBackend with a fake C layer that checks every call against the
+    prototype declared for it (argument count and ctypes conversion), so the CUDA path's calls
+    are at least well-formed until a CUDA machine runs tests/python for real."""
+    import ctypes
+
+    calls = []
+
+    def fake_fn(name):
+        restype, argtypes = _lib._PROTOTYPES[name]
+
+        def call(*args):
+            assert len(args) == len(argtypes), (name, len(args), len(argtypes))
+            for a, t in zip(args, argtypes):
+                t.from_param(a)  # raises TypeError on a mismatch
+            calls.append(name)
+            if name == "kdloss_cuda_context_create":
+                args[1]._obj.value = 0x1234
+            elif name.endswith("_workspace_size"):
+                args[-1]._obj.value = 4096
+            return 0
+        return call
+
+    monkeypatch.setattr(_lib, "fn", fake_fn)
+    be = _backend.CudaBackend()
+    monkeypatch.setattr(be, "_stream", staticmethod(lambda index: ctypes.c_void_p(None)))
+    monkeypatch.setattr(be, "_workspace", staticmethod(
+        lambda n, device: (torch.empty(n, dtype=torch.uint8), n)))
+    dev = torch.device("cuda", 0)
+    x = torch.zeros(4, 6)
+    m = _lib.CMat(x.data_ptr(), _lib.F32, 6)
+    out = _lib.Mat(x.data_ptr(), _lib.F32, 6)
+    loss = torch.zeros(1)
+    be.kl_div(dev, _lib.KlParams(), 4, 6, m, m, loss.data_ptr(), None, _lib.Mat(None, 0, 0), out)
+    be.jsd(dev, _lib.JsdParams(), 4, 6, m, m, _lib.Labels(None, _lib.I64), loss.data_ptr(), None,
+           out)
+    fo = _lib.FljsdOut(loss.data_ptr(), None, None, out, _lib.Mat(None, 0, 0), None)
+    be.fused_linear_jsd(dev, _lib.FljsdParams(), 4, 6, 6, 6, m, m, None, m, m, None,
+                        _lib.Labels(x.data_ptr(), _lib.I64), fo, _lib.F32, True)
+    assert calls == ["kdloss_cuda_context_create", "kdloss_cuda_kl_div_workspace_size",
+                     "kdloss_cuda_kl_div", "kdloss_cuda_jsd_workspace_size", "kdloss_cuda_jsd",
+                     "kdloss_cuda_fljsd_workspace_size", "kdloss_cuda_fused_linear_jsd"]

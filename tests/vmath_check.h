@@ -1,0 +1,89 @@
+/* Generic accuracy test of the vector exp / log / log1p (src/cpu/vmath.h), included by
+ * test_vmath_avx2.c and test_vmath_avx512.c after they define the ISA. Dense sweeps of each
+ * domain (every k-th float bit pattern plus edge values) against double-precision libm; the
+ * error is measured in ULPs of the correctly rounded result (or in subnormal steps below
+ * FLT_MIN) and must stay within the bounds stated in vmath.h. */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "simd.h"
+#include "testutil.h"
+
+/* |got - want| in units of the last place of the float nearest to want. */
+static double ulp_err(float got, double want) {
+    if (isnan(want)) return isnan(got) ? 0 : INFINITY;
+    if (isinf(want)) return (double)got == want ? 0 : INFINITY;
+    float wf = (float)want;
+    if (isinf(wf)) return isinf(got) && (got > 0) == (wf > 0) ? 0 : INFINITY;
+    int e;
+    frexp(fabs(wf) > FLT_MIN ? wf : FLT_MIN, &e);
+    double ulp = ldexp(1.0, e - 24);
+    return fabs((double)got - want) / ulp;
+}
+
+typedef vf (*vfn)(vf);
+typedef double (*dfn)(double);
+
+static vf call_exp(vf x) { return vf_exp(x); }
+static vf call_log(vf x) { return vf_log(x); }
+static vf call_log1p(vf x) { return vf_log1p_unit(x); }
+static double d_log1p(double x) { return log1p(x); }
+
+/* Sweeps bit patterns [lo, hi] with stride `step` (and the edges), returns the max error. */
+static double sweep(vfn f, dfn ref, uint32_t lo, uint32_t hi, uint32_t step, int sign, float *worst) {
+    float in[VL], out[VL];
+    double maxe = 0;
+    if (kt_quick()) step *= 16; /* sanitizer builds run unoptimized */
+    int k = 0;
+    for (uint64_t b = lo;; b += step) {
+        if (b > hi) b = hi;
+        uint32_t u = (uint32_t)b | (sign ? 0x80000000u : 0);
+        memcpy(&in[k++], &u, 4);
+        if (k == VL || b == hi) {
+            vf_store(out, f(vf_load_n(in, k)));
+            for (int i = 0; i < k; i++) {
+                double e = ulp_err(out[i], ref(in[i]));
+                if (e > maxe) maxe = e, *worst = in[i];
+            }
+            k = 0;
+        }
+        if (b == hi) break;
+    }
+    return maxe;
+}
+
+static int run_vmath_checks(const char *isa) {
+    float w = 0;
+    double e;
+    /* exp: [-87.3, 88.7] normal results; (-104, -87.3) subnormal results (error in steps of 2^-149) */
+    e = sweep(call_exp, exp, 0, 0x42b17217u, 37, 0, &w); /* [0, 88.72] */
+    kt_close(e, 0, 2.0, 0, "%s exp max ULP on [0, 88.72] (worst at %a)", isa, w);
+    e = sweep(call_exp, exp, 0, 0x42ae0000u, 37, 1, &w); /* [-87, 0] */
+    kt_close(e, 0, 2.0, 0, "%s exp max ULP on [-87, 0] (worst at %a)", isa, w);
+    e = sweep(call_exp, exp, 0x42ae0000u, 0x42d00000u, 1, 1, &w); /* [-104, -87]: subnormal */
+    kt_close(e, 0, 1.5, 0, "%s exp max subnormal steps on [-104, -87] (worst at %a)", isa, w);
+    printf("%s exp: ok\n", isa);
+    /* log: every positive float class, subnormals included */
+    e = sweep(call_log, log, 1, 0x7f7fffffu, 41, 0, &w);
+    kt_close(e, 0, 2.0, 0, "%s log max ULP on (0, FLT_MAX] (worst at %a)", isa, w);
+    e = sweep(call_log, log, 0x3f000000u, 0x40000000u, 1, 0, &w); /* dense around 1 */
+    kt_close(e, 0, 2.0, 0, "%s log max ULP on [0.5, 2] (worst at %a)", isa, w);
+    e = sweep(call_log1p, d_log1p, 0, 0x3f800000u, 7, 0, &w);
+    kt_close(e, 0, 2.0, 0, "%s log1p_unit max ULP on [0, 1] (worst at %a)", isa, w);
+    /* special values */
+    float sp[8] = {0.0f, -0.0f, -1.0f, INFINITY, -INFINITY, NAN, 1.0f, 100.0f}, o[VL];
+    vf_store(o, vf_log(vf_load_n(sp, 8)));
+    KT_CHECK(o[0] == -INFINITY && o[1] == -INFINITY && isnan(o[2]) && o[3] == INFINITY &&
+                 isnan(o[4]) && isnan(o[5]) && o[6] == 0.0f,
+             "%s log specials: %g %g %g %g %g %g %g", isa, o[0], o[1], o[2], o[3], o[4], o[5], o[6]);
+    vf_store(o, vf_exp(vf_load_n(sp, 8)));
+    KT_CHECK(o[0] == 1.0f && o[1] == 1.0f && o[3] == INFINITY && o[4] == 0.0f && isnan(o[5]) &&
+                 o[7] == INFINITY,
+             "%s exp specials: %g %g %g %g %g %g", isa, o[0], o[1], o[3], o[4], o[5], o[7]);
+    float ln[2] = {NAN, 0.0f};
+    vf_store(o, vf_log1p_unit(vf_load_n(ln, 2)));
+    KT_CHECK(isnan(o[0]) && o[1] == 0.0f, "%s log1p_unit specials", isa);
+    return kt_finish(isa);
+}
