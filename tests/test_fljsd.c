@@ -5,8 +5,9 @@
  * Tolerances (got vs reference):
  *  quantity              | bound                               | why
  *  loss, soft, hard      | 1e-6 + 1e-4 |want|                  | logits come from fp32 GEMMs over H (relative
- *                        |                                     | error ~ sqrt(H) 2^-24), softmax/JSD use SLEEF
- *                        |                                     | 1-ULP exp/log in fp32; row sums go to double.
+ *                        |                                     | error ~ sqrt(H) 2^-24), softmax/JSD use exp/log
+ *                        |                                     | of <= 2 ULP (vmath.h) in fp32; row sums go to
+ *                        |                                     | double.
  *                        |                                     | bf16 inputs are rounded to bf16 in the reference
  *                        |                                     | too, so the same bound holds.
  *  dxs, dws, dbs (fp32)  | 1e-4 mag                            | elementwise; mag = the same product computed

@@ -1,4 +1,4 @@
-/* AVX2 + FMA build of the fused-linear row kernel (8 lanes, SLEEF u10 exp/log). */
+/* AVX2 + FMA build of the fused-linear row kernel (8 lanes; exp/log from simd.h). */
 #define KD_ISA_AVX2 1
 #include "simd.h"
 #include "div_simd.h"

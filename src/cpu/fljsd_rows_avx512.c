@@ -1,4 +1,4 @@
-/* AVX-512 build of the fused-linear row kernel (16 lanes, SLEEF u10 exp/log). Compiled on
+/* AVX-512 build of the fused-linear row kernel (16 lanes; exp/log from simd.h). Compiled on
  * every x86-64 build; dispatch.c runs it only on CPUs that have AVX-512 F/BW/VL/DQ. */
 #define KD_ISA_AVX512 1
 #include "simd.h"
