@@ -136,6 +136,59 @@ KDLOSS_API kdloss_cpu_isa kdloss_cpu_get_isa(void);
 KDLOSS_API const char *kdloss_cpu_isa_name(kdloss_cpu_isa isa);
 
 /* ------------------------------------------------------------------------------------------ */
+/* The GEMM layer                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every CPU GEMM of kdloss (the fused-linear losses' logits and gradients) goes through one
+ * layer with several providers. The default (AUTO) is oneDNN, whose JIT kernels are chosen from
+ * the CPU's feature flags (so a CPU newer than the library still gets its AVX-512 or AVX2
+ * kernel) and which reports failures as statuses. OpenBLAS is loaded on demand (dlopen of
+ * libopenblas.so.0) for comparison; it is never picked automatically, because Debian 12's
+ * OpenBLAS 0.3.21 runs generic SSE3 kernels on CPUs it does not know (BENCHMARKS.md has the
+ * measurements). The environment variable KDLOSS_GEMM=onednn|openblas forces one.
+ *
+ * Determinism: with oneDNN, kdloss splits every product C = op(A) op(B) into a grid of tiles
+ * of C that depends on the shape and on the number of processors the process may run on, never
+ * on the thread count, and computes each tile over its whole K with one single-threaded call.
+ * So every element of C is the same sequence of floating-point operations whatever
+ * OMP_NUM_THREADS or torch.set_num_threads() say. OpenBLAS partitions by its own thread count. */
+typedef enum kdloss_gemm_provider {
+    KDLOSS_GEMM_AUTO = 0,
+    KDLOSS_GEMM_ONEDNN = 1,  /* dnnl_sgemm, tiled by kdloss (the default)                        */
+    KDLOSS_GEMM_OPENBLAS = 2 /* cblas_sgemm of libopenblas.so.0, one threaded call per product   */
+} kdloss_gemm_provider;
+
+typedef struct kdloss_gemm_info {
+    kdloss_gemm_provider provider; /* never AUTO                                                 */
+    char name[16];                 /* "onednn", "openblas"                                       */
+    char version[32];              /* the provider's own version string, e.g. "2.6.3"            */
+    char kernel[64];               /* the kernel family it runs here: oneDNN's effective ISA
+                                      ("avx512_core_bf16", ...), OpenBLAS's core ("SkylakeX")    */
+    int generic;                   /* 1 if that kernel is a generic one on a CPU that has AVX2 or
+                                      AVX-512 (a provider that does not know this CPU)           */
+    int thread_independent;        /* 1 if results do not depend on the thread count            */
+    int bf16_native;               /* 1 if bf16 x bf16 products run natively (fp32 accumulate)
+                                      rather than widened to fp32 first                          */
+} kdloss_gemm_info;
+
+/* Whether `provider` can be loaded here, and what it runs. AUTO describes the provider in use.
+ * KDLOSS_ERR_UNSUPPORTED if it cannot be loaded (info untouched). */
+KDLOSS_API kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info *info);
+/* Use `provider` for every later call in the process (AUTO = the default choice). Not
+ * thread-safe against calls running at the same time. KDLOSS_ERR_UNSUPPORTED if it cannot load. */
+KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider);
+
+/* The layer itself, exposed for benchmarks and floors: row-major fp32
+ *   C (m x n, ldc) = alpha op(A) op(B) + beta C,  op(A) m x k, op(B) k x n,
+ * trans_a / trans_b 0 or 1 (A stored k x m when transposed, B stored n x k). provider AUTO is the
+ * one the losses use. beta = 0 ignores C's contents (NaN included). KDLOSS_ERR_OUT_OF_MEMORY
+ * or KDLOSS_ERR_BLAS if the provider fails; C may then be partly written. */
+KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b,
+                                         int64_t m, int64_t n, int64_t k, float alpha,
+                                         const float *a, int64_t lda, const float *b, int64_t ldb,
+                                         float beta, float *c, int64_t ldc);
+
+/* ------------------------------------------------------------------------------------------ */
 /* KL divergence: PyTorch KLDivLoss semantics                                                  */
 /* ------------------------------------------------------------------------------------------ */
 

@@ -10,7 +10,7 @@ need_pkgs=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 if [ "$what" = c ]; then
-    for p in build-essential cmake libopenblas-dev libsleef-dev pkg-config; do
+    for p in build-essential cmake libopenblas-dev libsleef-dev libdnnl-dev pkg-config; do
         have_pkg "$p" || need_pkgs+=("$p")
     done
     if [ ${#need_pkgs[@]} -gt 0 ]; then

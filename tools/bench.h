@@ -201,7 +201,7 @@ typedef struct kb_measure {
     double value;
 } kb_measure;
 
-#define KB_MAX_MEASURES 8
+#define KB_MAX_MEASURES 16
 
 typedef struct kb_result {
     kb_workload wl;         /* filled by the kernel */

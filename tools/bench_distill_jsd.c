@@ -4,11 +4,11 @@
  *
  * Besides the kernel's latency it reports, from the same run:
  *  - the GEMM floor: the four GEMMs (student logits, teacher logits, dXs, dWs) at full size,
- *    fp32 sgemm on fp32 copies through the same BLAS, timed in a forked child (so their
- *    buffers, two BT x V fp32 matrices, never count in this process's peak RSS) in rounds that
- *    alternate with the timed kdloss calls (so both see the same load on a shared machine);
- *    and the ratio of the medians kdloss / sum(GEMMs) (target <= 1.2 in full mode; forward
- *    mode compares with the two logits GEMMs only);
+ *    fp32 on fp32 operands, timed in a child process (so their buffers, two BT x V fp32
+ *    matrices, never count in this process's peak RSS): one round with every GEMM provider
+ *    kdloss can load (all printed), then rounds with the fastest that alternate with the timed
+ *    kdloss calls (so both see the same load on a shared machine); and the ratio of the
+ *    medians kdloss / sum(GEMMs) (forward mode compares with the two logits GEMMs only);
  *  - memory: what this process holds (inputs, outputs, the library's workspace, allocated
  *    once here and passed to every call as a training loop would) against the 2 x BT x V fp32
  *    logits a materializing implementation needs on top of the same inputs and outputs. */
@@ -69,7 +69,7 @@ static int dj_check(const kb_options *o, const void *kopts) {
     if (o->dtype == KDLOSS_F16) return kb_arg_error("distill_jsd: --dtype must be fp32 or bf16");
     if (k->budget_mib > ((int64_t)1 << 40)) return kb_arg_error("distill_jsd: --budget too large");
     if (k->hs > 0x7fffffff || k->ht > 0x7fffffff || o->vocab > 0x7fffffff)
-        return kb_arg_error("distill_jsd: --hs, --ht and --vocab must fit a CBLAS int");
+        return kb_arg_error("distill_jsd: --hs, --ht and --vocab must fit a 32-bit int");
     return 0;
 }
 
@@ -139,10 +139,40 @@ static void samples_alloc(dj_samples *sm, int64_t reps) {
     for (int64_t r = 0; r < reps; r++) sm->floor_sum[r] = -1.0;
 }
 
+/* One floor round per loadable GEMM provider (after an untimed one unless a round is over a
+ * TFLOP): the fastest is the floor the alternating rounds use; the others are printed beside
+ * it, so a slow provider (the one the library uses, say) cannot hide. */
+typedef struct dj_survey {
+    int n, best; /* best: index of the fastest, -1 when none ran */
+    kdloss_gemm_info info[2];
+    double sum[2]; /* seconds for the GEMMs the mode needs; < 0: the provider failed */
+} dj_survey;
+
+static void survey_providers(const kb_options *o, const dj_opts *k, kb_floor *fl, dj_survey *sv) {
+    static const kdloss_gemm_provider all[2] = {KDLOSS_GEMM_ONEDNN, KDLOSS_GEMM_OPENBLAS};
+    int n_gemm = o->mode == KB_MODE_FORWARD ? 2 : KB_GEMM_COUNT;
+    int warm = 2.0 * (double)o->bt * (double)o->vocab * (double)(3 * k->hs + k->ht) < 1e12;
+    memset(sv, 0, sizeof *sv);
+    sv->best = -1;
+    for (int i = 0; i < 2 && fl->pid; i++) {
+        if (kdloss_gemm_query(all[i], &sv->info[sv->n]) != KDLOSS_OK) continue;
+        double ns[KB_GEMM_COUNT];
+        int r = 0;
+        for (int w = 0; w <= warm && r == 0; w++) r = kb_floor_round(fl, all[i], ns);
+        if (r < 0) return;
+        double sum = 0.0;
+        for (int g = 0; g < n_gemm; g++) sum += ns[g] * 1e-9;
+        sv->sum[sv->n] = r == 0 ? sum : -1.0;
+        if (r == 0 && (sv->best < 0 || sum < sv->sum[sv->best])) sv->best = sv->n;
+        sv->n++;
+    }
+}
+
 /* Times `reps` kdloss calls (after o->warmup untimed ones) alternating with GEMM-floor rounds
  * when the floor child runs, so both see the same machine load. Fills res->t and *sm. */
 static kdloss_status time_alternating(const kb_options *o, dj_ctx *c, kb_floor *fl,
-                                      kb_result *res, dj_samples *sm) {
+                                      kdloss_gemm_provider prov, kb_result *res,
+                                      dj_samples *sm) {
     int64_t reps = o->reps;
     int n_gemm = o->mode == KB_MODE_FORWARD ? 2 : KB_GEMM_COUNT;
     for (int64_t r = 0; r < reps; r++) {
@@ -151,7 +181,7 @@ static kdloss_status time_alternating(const kb_options *o, dj_ctx *c, kb_floor *
         if (st != KDLOSS_OK) return st;
         sm->kd[r] = one.median_ns;
         double ns[KB_GEMM_COUNT];
-        if (!fl->pid || kb_floor_round(fl, ns) != 0) {
+        if (!fl->pid || kb_floor_round(fl, prov, ns) != 0) {
             kb_floor_stop(fl);
             continue;
         }
@@ -172,8 +202,22 @@ static kdloss_status time_alternating(const kb_options *o, dj_ctx *c, kb_floor *
 
 /* Prints and records the floor, the ratio and the memory figures. */
 static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_result *res,
-                   dj_samples *sm, double in_bytes, double out_bytes) {
+                   dj_samples *sm, const dj_survey *sv, double in_bytes, double out_bytes) {
     int64_t reps = o->reps;
+    double flop = 2.0 * (double)o->bt * (double)o->vocab *
+                  (o->mode == KB_MODE_FORWARD ? (double)(k->hs + k->ht)
+                                              : (double)(3 * k->hs + k->ht));
+    for (int i = 0; i < sv->n; i++) {
+        const kdloss_gemm_info *g = &sv->info[i];
+        printf("gemm floor, %s %s (%s%s): ", g->name, g->version, g->kernel,
+               g->generic ? ", GENERIC kernel on this CPU" : "");
+        if (sv->sum[i] < 0) printf("failed\n");
+        else printf("%.3f s, %.0f GFLOP/s%s\n", sv->sum[i], flop / sv->sum[i] * 1e-9,
+                    i == sv->best ? "  <- fastest, the floor below" : "");
+        char metric[32];
+        snprintf(metric, sizeof metric, "gemm_floor_%s", g->name);
+        if (sv->sum[i] >= 0) kb_result_add_measure(res, metric, "one_round", "ns", sv->sum[i] * 1e9);
+    }
     printf("memory: inputs %.1f MiB, outputs %.1f MiB, library workspace %.1f MiB; "
            "materializing BT x V fp32 logits for both models would add %.1f MiB\n",
            mb(in_bytes), mb(out_bytes), mb((double)c->work_bytes),
@@ -186,8 +230,8 @@ static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_re
             return;
         }
     }
-    printf("gemm floor (fp32 sgemm in a forked child, rounds alternating with the kdloss calls, "
-           "median of %lld):", (long long)reps);
+    printf("gemm floor (%s, fp32, in a child process, rounds alternating with the kdloss calls, "
+           "median of %lld):", sv->info[sv->best].name, (long long)reps);
     double med[KB_GEMM_COUNT];
     for (int g = 0; g < KB_GEMM_COUNT; g++) {
         med[g] = median(sm->gemm_ns + g * reps, reps);
@@ -207,8 +251,9 @@ static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_re
     kb_result_add_measure(res, "gemm_dws", "median", "ns", med[KB_GEMM_DWS]);
     kb_result_add_measure(res, "gemm_floor_ratio", "median", "x", kd_med / fl_med);
     kb_result_add_measure(res, "gemm_floor_ratio_paired", "median", "x", paired);
-    snprintf(res->note, sizeof res->note, "hs%lld ht%lld floor %.2fs %.2fx", (long long)k->hs,
-             (long long)k->ht, fl_med * 1e-9, kd_med / fl_med);
+    snprintf(res->note, sizeof res->note, "hs%lld ht%lld floor(%s) %.2fs %.2fx",
+             (long long)k->hs, (long long)k->ht, sv->info[sv->best].name, fl_med * 1e-9,
+             kd_med / fl_med);
 }
 
 static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
@@ -263,13 +308,17 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     dj_samples sm;
     samples_alloc(&sm, o->reps);
     kb_floor fl;
-    if (kb_floor_start(&fl, bt, k->hs, k->ht, v, o->dtype, xs, ws, xt, wt) != 0)
+    dj_survey sv;
+    if (kb_floor_start(&fl, bt, k->hs, k->ht, v) != 0)
         printf("gemm floor: not measured (see above)\n");
-    if (st == KDLOSS_OK) st = time_alternating(o, &c, &fl, res, &sm);
+    survey_providers(o, k, &fl, &sv);
+    if (sv.best < 0) kb_floor_stop(&fl);
+    kdloss_gemm_provider best = sv.best >= 0 ? sv.info[sv.best].provider : KDLOSS_GEMM_AUTO;
+    if (st == KDLOSS_OK) st = time_alternating(o, &c, &fl, best, res, &sm);
     kb_floor_stop(&fl);
     res->loss = c.loss;
     res->has_loss = loss;
-    if (st == KDLOSS_OK) report(o, k, &c, res, &sm, in_bytes, out_bytes);
+    if (st == KDLOSS_OK) report(o, k, &c, res, &sm, &sv, in_bytes, out_bytes);
     free(sm.kd);
     void *all[] = {xs, ws, xt, wt, labels, dxs, dws, c.work};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kb_free(all[i]);

@@ -6,6 +6,7 @@
 #include <sys/utsname.h>
 
 #include "bench.h"
+#include "bench_gemm_floor.h"
 #include "kdloss.h"
 
 static void usage(FILE *f) {
@@ -13,7 +14,7 @@ static void usage(FILE *f) {
             "usage: kdloss COMMAND [args]\n"
             "commands:\n"
             "  bench KERNEL [flags]   time a loss kernel (kdloss bench --help, --list)\n"
-            "  info                   version, CPU, threads, code path, SLEEF and compiler\n"
+            "  info                   version, CPU, threads, code path, GEMM providers, compiler\n"
             "  --help                 this text\n"
             "  --version              the library version\n");
 }
@@ -48,6 +49,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "bench") == 0) return kb_bench_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "__gemm-floor") == 0) return kb_floor_child_main(argc, argv);
     if (strcmp(cmd, "info") == 0) {
         if (argc == 2) return info();
         fprintf(stderr, "kdloss info: unexpected argument '%s'\n", argv[2]);

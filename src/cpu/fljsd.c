@@ -24,7 +24,6 @@
  *  - bf16 weights are widened once per call into whole fp32 copies when the memory budget holds
  *    them besides a chunk of all rows, else panel by panel per GEMM; both ran equally fast at
  *    the same chunk size, a bigger chunk is what helps (fljsd_plan.c has the figures). */
-#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +31,7 @@
 #include "dispatch.h"
 #include "fljsd.h"
 #include "fljsd_rows.h"
+#include "gemm.h"
 #include "half.h"
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -65,25 +65,38 @@ static int64_t w_step(const wsrc *w) {
 }
 
 /* z (n x V, ld V) = a (n x H, lda) W^T: a chunk's logits before the bias. */
-static void gemm_logits(int64_t n, const float *a, int64_t lda, const wsrc *w, float *z) {
+static kdloss_status gemm_logits(int64_t n, const float *a, int64_t lda, const wsrc *w, float *z) {
     int64_t step = w_step(w), ldw;
-    for (int64_t p0 = 0; p0 < w->rows; p0 += step) {
+    kdloss_status st = KDLOSS_OK;
+    for (int64_t p0 = 0; p0 < w->rows && st == KDLOSS_OK; p0 += step) {
         int64_t np = min64(step, w->rows - p0);
         const float *wp = w_rows(w, p0, np, &ldw);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)np, (int)w->cols, 1.0f,
-                    a, (int)lda, wp, (int)ldw, 0.0f, z + p0, (int)w->rows);
+        kd_gemm g = {0, 1, n, np, w->cols, 1.0f, a, lda, wp, ldw, 0.0f, z + p0, w->rows};
+        st = kd_sgemm(&g);
     }
+    return st;
+}
+
+/* The same from bf16 rows x (n x H, ld) and bf16 W, multiplied natively (kd_gemm_bf16_native). */
+static kdloss_status gemm_logits_bf16(int64_t n, const uint16_t *x, int64_t ldx, const wsrc *w,
+                                      float *z) {
+    kd_gemm_bf16 g = {0, 1, n, w->rows, w->cols, x, ldx, (const uint16_t *)w->data, w->ld, z,
+                      w->rows};
+    return kd_gemm_bf16_run(&g);
 }
 
 /* dx (n x H, ldd) = dz (n x V, ld V) W; over panels the GEMM accumulates the K split in fp32. */
-static void gemm_dx(int64_t n, const float *dz, const wsrc *w, float *dx, int64_t ldd) {
+static kdloss_status gemm_dx(int64_t n, const float *dz, const wsrc *w, float *dx, int64_t ldd) {
     int64_t step = w_step(w), ldw;
-    for (int64_t p0 = 0; p0 < w->rows; p0 += step) {
+    kdloss_status st = KDLOSS_OK;
+    for (int64_t p0 = 0; p0 < w->rows && st == KDLOSS_OK; p0 += step) {
         int64_t np = min64(step, w->rows - p0);
         const float *wp = w_rows(w, p0, np, &ldw);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)w->cols, (int)np, 1.0f,
-                    dz + p0, (int)w->rows, wp, (int)ldw, p0 ? 1.0f : 0.0f, dx, (int)ldd);
+        kd_gemm g = {0,  0,   n,  w->cols, np, 1.0f, dz + p0, w->rows, wp, ldw, p0 ? 1.0f : 0.0f,
+                     dx, ldd};
+        st = kd_sgemm(&g);
     }
+    return st;
 }
 
 /* Rows [r0, r0 + n) of x (cols wide) as fp32: in place, or widened into buf; *ld their stride. */
@@ -153,51 +166,92 @@ static void (*row_kernel(void))(const kd_fljsd_rows *) {
     }
 }
 
-/* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole). */
-static void widen_whole(const kd_fljsd_plan *pl, char *base, int soft, wsrc *w_s, wsrc *w_t) {
+/* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole); the
+ * teacher's only when its logits are computed and not multiplied natively in bf16. */
+static void widen_whole(const kd_fljsd_plan *pl, char *base, int soft, int native, wsrc *w_s,
+                        wsrc *w_t) {
     if (!pl->whole) return;
     if (w_s->dt == KDLOSS_BF16) {
         float *c = (float *)(base + pl->off_ws32);
         kd_bf16_rows_to_f32((const uint16_t *)w_s->data, w_s->ld, w_s->rows, w_s->cols, c, 1);
         w_s->f32 = c;
     }
-    if (soft && w_t->dt == KDLOSS_BF16) {
+    if (soft && !native && w_t->dt == KDLOSS_BF16) {
         float *c = (float *)(base + pl->off_wt32);
         kd_bf16_rows_to_f32((const uint16_t *)w_t->data, w_t->ld, w_t->rows, w_t->cols, c, 1);
         w_t->f32 = c;
     }
 }
 
+/* z (n x V) = rows [r0, r0 + n) of x times W^T: natively from bf16 when `native` (x and W are
+ * then both bf16), else from fp32 rows (x widened into buf when it is bf16). *a and *lda get
+ * the fp32 rows when they were formed (NULL otherwise). */
+static kdloss_status chunk_logits(kdloss_cmat x, int64_t r0, int64_t n, const wsrc *w, int native,
+                                  float *buf, float *z, const float **a, int64_t *lda) {
+    if (native) {
+        *a = NULL;
+        return gemm_logits_bf16(n, (const uint16_t *)x.data + r0 * x.ld, x.ld, w, z);
+    }
+    *a = x_rows(x, r0, n, w->cols, buf, lda);
+    return gemm_logits(n, *a, *lda, w, z);
+}
+
 /* The gradients of chunk rows [r0, r0 + n) from its dzs (n x V, over zs): dbs += column sums,
  * dWs (+)= dzs^T xs (as: the chunk's fp32 xs rows, stride lda), dxs rows = dzs ws. */
-static void chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base,
-                        const wsrc *w_s, const float *dz, const float *as, int64_t lda, int64_t r0,
-                        int64_t n) {
+static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base,
+                                 const wsrc *w_s, const float *dz, const float *as, int64_t lda,
+                                 int64_t r0, int64_t n) {
     const kdloss_fljsd_out *o = &k->out;
     int64_t hs = k->hs, v = k->v;
     int sb = k->xs.dtype == KDLOSS_BF16;
+    kdloss_status st = KDLOSS_OK;
     if (o->dbs) col_sums(dz, n, v, (float *)(base + pl->off_dbs), r0 == 0);
     if (o->dws.data) {
         float *c = sb ? (float *)(base + pl->off_dws) : (float *)o->dws.data;
-        int64_t ldc = sb ? hs : o->dws.ld;
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)v, (int)hs, (int)n, 1.0f, dz,
-                    (int)v, as, (int)lda, r0 ? 1.0f : 0.0f, c, (int)ldc);
+        kd_gemm g = {1, 0, v, hs, n, 1.0f, dz, v, as, lda, r0 ? 1.0f : 0.0f, c,
+                     sb ? hs : o->dws.ld};
+        st = kd_sgemm(&g);
     }
-    if (o->dxs.data && !sb) {
-        gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
-    } else if (o->dxs.data) {
-        float *tmp = (float *)(base + pl->off_xconv); /* the chunk's teacher rows are spent */
-        gemm_dx(n, dz, w_s, tmp, hs);
+    if (st != KDLOSS_OK || !o->dxs.data) return st;
+    if (!sb) return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
+    float *tmp = (float *)(base + pl->off_xconv); /* the chunk's teacher rows are spent */
+    st = gemm_dx(n, dz, w_s, tmp, hs);
+    if (st == KDLOSS_OK)
         kd_f32_rows_to_bf16(tmp, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld,
                             0);
-    }
+    return st;
 }
 
-/* The computation of a checked call in the workspace at `base` (aligned). */
-static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
+/* The row-pass parameters that stay the same for every chunk. */
+static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base, int soft,
+                       int hard, kd_fljsd_rows *r) {
+    const kdloss_fljsd_params *p = &k->p;
+    double nv = (double)k->n_valid;
+    float *bias = (float *)(base + pl->off_bias);
+    r->v = k->v;
+    r->zs = (float *)(base + pl->off_zs);
+    r->zt = (float *)(base + pl->off_zt);
+    r->bs = bias_f32(k->bs, k->ws.dtype, k->v, bias);
+    r->bt = soft ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
+    r->labels = k->labels;
+    r->ignore_index = p->ignore_index;
+    r->coef = kd_jsd_coef_make(p->beta);
+    r->inv_t = (float)(1.0 / p->temperature);
+    r->soft = soft;
+    r->hard = hard;
+    r->grad = k->grad;
+    r->gs = k->grad ? (float)(p->grad_scale * p->weight_soft_loss / (nv * p->temperature)) : 0.0f;
+    r->gh = k->grad ? (float)(p->grad_scale * p->weight_hard_loss / nv) : 0.0f;
+    r->row_soft = (double *)(base + pl->off_rows);
+    r->row_hard = r->row_soft + pl->chunk;
+}
+
+/* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
+ * it with that status (outputs may then be partly written; kdloss.h says so). */
+static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
     const kdloss_fljsd_params *p = &k->p;
     const kdloss_fljsd_out *o = &k->out;
-    int64_t bt = k->bt, hs = k->hs, ht = k->ht, v = k->v;
+    int64_t bt = k->bt, hs = k->hs, v = k->v;
     /* A loss part is computed when it is weighted or asked for: weight_hard_loss = 0 skips all
      * cross-entropy work unless the caller wants hard_loss itself (its gradient is skipped
      * then too); the same for the soft part, which also skips the teacher GEMM. */
@@ -205,42 +259,31 @@ static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
     int hard = p->weight_hard_loss > 0.0 || o->hard_loss;
     if (k->n_valid == 0 || (!soft && !hard)) {
         write_zero(k);
-        return;
+        return KDLOSS_OK;
     }
-    double nv = (double)k->n_valid;
-    float *panel = (float *)(base + pl->off_panel), *bias = (float *)(base + pl->off_bias);
+    int native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
+    int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
+    float *panel = (float *)(base + pl->off_panel);
     wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp};
-    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, ht, NULL, panel, pl->vp};
-    widen_whole(pl, base, soft, &w_s, &w_t);
-
+    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp};
+    widen_whole(pl, base, soft, native_t, &w_s, &w_t);
     kd_fljsd_rows r;
-    r.v = v;
-    r.zs = (float *)(base + pl->off_zs);
-    r.zt = (float *)(base + pl->off_zt);
-    r.bs = bias_f32(k->bs, k->ws.dtype, v, bias);
-    r.bt = soft ? bias_f32(k->bt_bias, k->wt.dtype, v, bias + v) : NULL;
-    r.labels = k->labels;
-    r.ignore_index = p->ignore_index;
-    r.coef = kd_jsd_coef_make(p->beta);
-    r.inv_t = (float)(1.0 / p->temperature);
-    r.soft = soft;
-    r.hard = hard;
-    r.grad = k->grad;
-    r.gs = k->grad ? (float)(p->grad_scale * p->weight_soft_loss / (nv * p->temperature)) : 0.0f;
-    r.gh = k->grad ? (float)(p->grad_scale * p->weight_hard_loss / nv) : 0.0f;
-    r.row_soft = (double *)(base + pl->off_rows);
-    r.row_hard = r.row_soft + pl->chunk;
+    rows_setup(k, pl, base, soft, hard, &r);
     void (*rows)(const kd_fljsd_rows *) = row_kernel();
 
     double soft_sum = 0.0, hard_sum = 0.0;
-    for (int64_t r0 = 0; r0 < bt; r0 += pl->chunk) {
+    kdloss_status st = KDLOSS_OK;
+    for (int64_t r0 = 0; r0 < bt && st == KDLOSS_OK; r0 += pl->chunk) {
         int64_t n = min64(pl->chunk, bt - r0), lda;
-        if (soft) {
-            const float *at = x_rows(k->xt, r0, n, ht, (float *)(base + pl->off_xconv), &lda);
-            gemm_logits(n, at, lda, &w_t, r.zt);
-        }
-        const float *as = x_rows(k->xs, r0, n, hs, (float *)(base + pl->off_xs32), &lda);
-        gemm_logits(n, as, lda, &w_s, r.zs);
+        const float *at, *as;
+        if (soft)
+            st = chunk_logits(k->xt, r0, n, &w_t, native_t, (float *)(base + pl->off_xconv), r.zt,
+                              &at, &lda);
+        /* dWs needs the student's fp32 rows even when its logits were multiplied in bf16. */
+        if (st == KDLOSS_OK)
+            st = chunk_logits(k->xs, r0, n, &w_s, native_s && !o->dws.data,
+                              (float *)(base + pl->off_xs32), r.zs, &as, &lda);
+        if (st != KDLOSS_OK) break;
         r.n = n;
         r.row0 = r0;
         rows(&r);
@@ -248,16 +291,19 @@ static void run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
             soft_sum += r.row_soft[i];
             hard_sum += r.row_hard[i];
         }
-        if (k->grad) chunk_grads(k, pl, base, &w_s, r.zs, as, lda, r0, n);
+        if (k->grad) st = chunk_grads(k, pl, base, &w_s, r.zs, as, lda, r0, n);
     }
+    if (st != KDLOSS_OK) return st;
     if (o->dws.data && k->xs.dtype == KDLOSS_BF16)
         kd_f32_rows_to_bf16((const float *)(base + pl->off_dws), hs, v, hs,
                             (uint16_t *)o->dws.data, o->dws.ld, 1);
     if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
+    double nv = (double)k->n_valid;
     double soft_mean = soft ? soft_sum / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
     write_losses(o,
                  (float)(p->weight_hard_loss * hard_mean + p->weight_soft_loss * soft_mean),
                  (float)soft_mean, (float)hard_mean);
+    return KDLOSS_OK;
 }
 
 kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
@@ -278,7 +324,7 @@ kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t
         workspace = mem;
     }
     uintptr_t a = ((uintptr_t)workspace + KD_FLJSD_ALIGN - 1) & ~(uintptr_t)(KD_FLJSD_ALIGN - 1);
-    run(&call, &plan, (char *)a);
+    st = run(&call, &plan, (char *)a);
     free(mem);
-    return KDLOSS_OK;
+    return st;
 }

@@ -1,0 +1,368 @@
+/* The GEMM layer (gemm.h, and kdloss_gemm_* in kdloss.h).
+ *
+ * Providers:
+ *  - oneDNN (linked): dnnl_sgemm, whose JIT kernels follow the CPU's feature flags rather than a
+ *    table of known CPU models, so a CPU newer than the library still runs its AVX-512 or AVX2
+ *    kernel; errors come back as statuses (it does not exit on a failed allocation).
+ *  - OpenBLAS (dlopen of libopenblas.so.0 when asked for): picks its kernels from a table of CPU
+ *    models, and Debian 12's 0.3.21 falls back to generic SSE3 kernels on models it does not
+ *    know. Kept for comparison and for the benchmark floors; never chosen automatically.
+ * The measurements behind the choice are in BENCHMARKS.md ("GEMM providers").
+ *
+ * Tiling (oneDNN): C is cut into a grid of tiles that depends on (m, n, k) and the processor
+ * count, never on the thread count; each tile is one single-threaded dnnl_sgemm over the whole
+ * K, run from an OpenMP loop over tiles. Every element of C is thus produced by the same
+ * instruction sequence whatever the number of threads, which makes the fused losses bitwise
+ * independent of it. The grid splits the dimension whose operand is cheaper to read again: a
+ * split of N re-reads (packs) A once per column of tiles, a split of M re-reads B once per row. */
+#include "gemm.h"
+
+#include <dlfcn.h>
+#include <dnnl.h>
+#include <limits.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* A tile smaller than this many flops is not worth a thread of its own (~0.1 ms on one core). */
+#define KD_TILE_MIN_FLOPS 16.0e6
+/* Tiles per processor: 2 lets a thread that was slowed by another process hand over work. */
+#define KD_TILES_PER_PROC 2
+
+/* ---- provider selection ---------------------------------------------------------------- */
+
+/* 0 = not decided yet; otherwise a kdloss_gemm_provider. Single aligned int reads/writes. */
+static volatile int g_provider = 0;
+/* -1 automatic, 0 widen, 1 native (kd_gemm_force_bf16). */
+static volatile int g_bf16_mode = -1;
+
+/* ---- OpenBLAS, loaded on demand ------------------------------------------------------- */
+
+typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                               const float *, int, float, float *, int);
+static struct {
+    pthread_once_t once;
+    void *handle;
+    cblas_sgemm_fn sgemm;
+    char *(*corename)(void);
+    char *(*config)(void);
+} g_ob = {PTHREAD_ONCE_INIT, NULL, NULL, NULL, NULL};
+
+static void openblas_load(void) {
+    void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+    cblas_sgemm_fn f = (cblas_sgemm_fn)dlsym(h, "cblas_sgemm");
+    if (!f) {
+        dlclose(h);
+        return;
+    }
+    g_ob.corename = (char *(*)(void))dlsym(h, "openblas_get_corename");
+    g_ob.config = (char *(*)(void))dlsym(h, "openblas_get_config");
+    g_ob.sgemm = f;
+    g_ob.handle = h;
+}
+
+static int openblas_available(void) {
+    pthread_once(&g_ob.once, openblas_load);
+    return g_ob.sgemm != NULL;
+}
+
+static int cpu_has_avx2(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* An OpenBLAS core whose kernels use AVX2 or AVX-512; any other core on a CPU that has AVX2 is
+ * a generic fallback (OpenBLAS did not recognise the CPU). */
+static int openblas_core_generic(const char *core) {
+    static const char *const modern[] = {"haswell", "zen", "skylakex", "cooperlake",
+                                         "sapphirerapids"};
+    if (!cpu_has_avx2()) return 0;
+    for (size_t i = 0; i < sizeof modern / sizeof modern[0]; i++)
+        if (core && strcasecmp(core, modern[i]) == 0) return 0;
+    return 1;
+}
+
+static kdloss_status openblas_sgemm(const kd_gemm *g) {
+    if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->lda > INT_MAX ||
+        g->ldb > INT_MAX || g->ldc > INT_MAX)
+        return KDLOSS_ERR_UNSUPPORTED; /* libopenblas.so.0 takes 32-bit sizes */
+    enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+    g_ob.sgemm(ROW_MAJOR, g->ta ? TRANS : NO_TRANS, g->tb ? TRANS : NO_TRANS, (int)g->m,
+               (int)g->n, (int)g->k, g->alpha, g->a, (int)g->lda, g->b, (int)g->ldb, g->beta, g->c,
+               (int)g->ldc);
+    return KDLOSS_OK;
+}
+
+/* ---- oneDNN -------------------------------------------------------------------------- */
+
+static kdloss_status from_dnnl(dnnl_status_t s) {
+    if (s == dnnl_success) return KDLOSS_OK;
+    return s == dnnl_out_of_memory ? KDLOSS_ERR_OUT_OF_MEMORY : KDLOSS_ERR_BLAS;
+}
+
+static const char *dnnl_isa_name(dnnl_cpu_isa_t isa) {
+    /* Highest first: each ISA's bits contain those of the ones it extends. */
+    static const struct {
+        dnnl_cpu_isa_t isa;
+        const char *name;
+    } known[] = {{dnnl_cpu_isa_avx512_core_amx, "avx512_core_amx"},
+                 {dnnl_cpu_isa_avx512_core_bf16, "avx512_core_bf16"},
+                 {dnnl_cpu_isa_avx512_core_vnni, "avx512_core_vnni"},
+                 {dnnl_cpu_isa_avx512_core, "avx512_core"},
+                 {dnnl_cpu_isa_avx2_vnni, "avx2_vnni"},
+                 {dnnl_cpu_isa_avx2, "avx2"},
+                 {dnnl_cpu_isa_avx, "avx"},
+                 {dnnl_cpu_isa_sse41, "sse41"}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (((unsigned)isa & (unsigned)known[i].isa) == (unsigned)known[i].isa) return known[i].name;
+    return "generic";
+}
+
+static int dnnl_has(dnnl_cpu_isa_t want) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    return (isa & (unsigned)want) == (unsigned)want;
+}
+
+/* ---- tiling ---------------------------------------------------------------------------- */
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t round_up(int64_t a, int64_t q) { return cdiv(a, q) * q; }
+
+void kd_gemm_grid(int64_t m, int64_t n, int64_t k, int procs, int64_t *tm, int64_t *tn) {
+    double flops = 2.0 * (double)m * (double)n * (double)k;
+    int64_t want = (int64_t)procs * KD_TILES_PER_PROC;
+    if (flops / KD_TILE_MIN_FLOPS < (double)want) want = (int64_t)(flops / KD_TILE_MIN_FLOPS);
+    if (want < 1) want = 1;
+    /* pm x pn >= want tiles with the least re-read traffic pn * m + pm * n (times k); tiles are
+     * at least 16 rows and 64 columns (whole kernel blocks, 256-byte rows). */
+    int64_t best_pm = 1, best_pn = 1;
+    double best = -1.0;
+    for (int64_t pm = 1; pm <= want; pm++) {
+        int64_t pn = cdiv(want, pm);
+        if (pm > cdiv(m, 16) || pn > cdiv(n, 64)) continue;
+        double cost = (double)pn * (double)m + (double)pm * (double)n;
+        if (best < 0 || cost < best) {
+            best = cost;
+            best_pm = pm;
+            best_pn = pn;
+        }
+    }
+    *tm = m > 16 ? round_up(cdiv(m, best_pm), 16) : m;
+    *tn = n > 64 ? round_up(cdiv(n, best_pn), 64) : n;
+    if (*tm > m) *tm = m;
+    if (*tn > n) *tn = n;
+}
+
+static int procs(void) {
+    static volatile int cached = 0;
+    int p = cached;
+    if (!p) cached = p = omp_get_num_procs() > 0 ? omp_get_num_procs() : 1;
+    return p;
+}
+
+/* Runs tile(ctx, i0, j0, mi, nj) over the grid of an m x n x k product, each tile on one
+ * thread: inside an active parallel region oneDNN runs sequentially, and a single tile runs
+ * with this thread's team limited to one. Returns the first failing status seen, if any. */
+typedef dnnl_status_t (*tile_fn)(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj);
+
+static dnnl_status_t for_tiles(int64_t m, int64_t n, int64_t k, tile_fn tile, const void *ctx) {
+    int64_t tm, tn;
+    kd_gemm_grid(m, n, k, procs(), &tm, &tn);
+    int64_t pn = cdiv(n, tn), tiles = cdiv(m, tm) * pn;
+    if (tiles == 1) {
+        int save = omp_get_max_threads();
+        omp_set_num_threads(1);
+        dnnl_status_t s = tile(ctx, 0, 0, m, n);
+        omp_set_num_threads(save);
+        return s;
+    }
+    int err = dnnl_success;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t i0 = t / pn * tm, j0 = t % pn * tn;
+        dnnl_status_t s = tile(ctx, i0, j0, m - i0 < tm ? m - i0 : tm, n - j0 < tn ? n - j0 : tn);
+        if (s != dnnl_success) {
+#pragma omp atomic write
+            err = (int)s;
+        }
+    }
+    return (dnnl_status_t)err;
+}
+
+static dnnl_status_t sgemm_tile(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
+    const kd_gemm *g = ctx;
+    const float *a = g->ta ? g->a + i0 : g->a + i0 * g->lda;
+    const float *b = g->tb ? g->b + j0 * g->ldb : g->b + j0;
+    return dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', mi, nj, g->k, g->alpha, a, g->lda, b,
+                      g->ldb, g->beta, g->c + i0 * g->ldc + j0, g->ldc);
+}
+
+static kdloss_status onednn_sgemm(const kd_gemm *g) {
+    return from_dnnl(for_tiles(g->m, g->n, g->k, sgemm_tile, g));
+}
+
+/* ---- bf16 x bf16 -> fp32 (oneDNN matmul primitive) ----------------------------------------
+ * Native only where it pays: on Emerald Rapids with AVX512_BF16 but no AMX, oneDNN's bf16 matmul
+ * ran at about half the speed of fp32 dnnl_sgemm on widened copies (BENCHMARKS.md), so bf16 is
+ * widened unless the CPU has AMX tiles (avx512_core_amx), where bf16 is the fast format. */
+
+int kd_gemm_bf16_native(void) {
+    int mode = g_bf16_mode;
+    if (mode >= 0) return mode;
+    return kd_gemm_provider_in_use() == KDLOSS_GEMM_ONEDNN && dnnl_has(dnnl_cpu_isa_avx512_core_amx);
+}
+
+void kd_gemm_force_bf16(int mode) { g_bf16_mode = mode < 0 ? -1 : mode > 0; }
+
+static dnnl_status_t bf16_desc(dnnl_memory_desc_t *d, int64_t rows, int64_t cols, int trans,
+                               int64_t ld, dnnl_data_type_t dt) {
+    dnnl_dims_t dims = {rows, cols};
+    dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+    return dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides);
+}
+
+static struct {
+    pthread_once_t once;
+    dnnl_engine_t eng;
+} g_eng = {PTHREAD_ONCE_INIT, NULL};
+
+static void engine_create(void) {
+    if (dnnl_engine_create(&g_eng.eng, dnnl_cpu, 0) != dnnl_success) g_eng.eng = NULL;
+}
+
+/* One tile of a bf16 product through a matmul primitive (oneDNN caches primitives by shape, so
+ * creating one per call costs microseconds after the first). */
+static dnnl_status_t bf16_tile(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
+    const kd_gemm_bf16 *g = ctx;
+    const uint16_t *a = g->ta ? g->a + i0 : g->a + i0 * g->lda;
+    const uint16_t *b = g->tb ? g->b + j0 * g->ldb : g->b + j0;
+    dnnl_engine_t eng = g_eng.eng;
+    dnnl_stream_t st = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    dnnl_memory_desc_t da, db, dc;
+    dnnl_matmul_desc_t md;
+    dnnl_status_t s = dnnl_stream_create(&st, eng, dnnl_stream_default_flags);
+    if (s == dnnl_success) s = bf16_desc(&da, mi, g->k, g->ta, g->lda, dnnl_bf16);
+    if (s == dnnl_success) s = bf16_desc(&db, g->k, nj, g->tb, g->ldb, dnnl_bf16);
+    if (s == dnnl_success) s = bf16_desc(&dc, mi, nj, 0, g->ldc, dnnl_f32);
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &da, &db, NULL, &dc);
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, NULL, eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&prim, pd);
+    if (s == dnnl_success) s = dnnl_memory_create(&ma, &da, eng, (void *)a);
+    if (s == dnnl_success) s = dnnl_memory_create(&mb, &db, eng, (void *)b);
+    if (s == dnnl_success) s = dnnl_memory_create(&mc, &dc, eng, g->c + i0 * g->ldc + j0);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+        s = dnnl_primitive_execute(prim, st, 3, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(st);
+    }
+    if (mc) dnnl_memory_destroy(mc);
+    if (mb) dnnl_memory_destroy(mb);
+    if (ma) dnnl_memory_destroy(ma);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (st) dnnl_stream_destroy(st);
+    return s;
+}
+
+kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g) {
+    if (g->m == 0 || g->n == 0) return KDLOSS_OK;
+    pthread_once(&g_eng.once, engine_create);
+    if (!g_eng.eng) return KDLOSS_ERR_BLAS;
+    return from_dnnl(for_tiles(g->m, g->n, g->k, bf16_tile, g));
+}
+
+/* ---- dispatch and the public side ------------------------------------------------------- */
+
+static int provider_available(kdloss_gemm_provider p) {
+    return p == KDLOSS_GEMM_ONEDNN || (p == KDLOSS_GEMM_OPENBLAS && openblas_available());
+}
+
+kdloss_gemm_provider kd_gemm_provider_in_use(void) {
+    int p = g_provider;
+    if (p) return (kdloss_gemm_provider)p;
+    kdloss_gemm_provider chosen = KDLOSS_GEMM_ONEDNN;
+    const char *env = getenv("KDLOSS_GEMM");
+    if (env && strcmp(env, "openblas") == 0 && openblas_available()) chosen = KDLOSS_GEMM_OPENBLAS;
+    g_provider = (int)chosen;
+    return chosen;
+}
+
+static kdloss_status run_with(kdloss_gemm_provider p, const kd_gemm *g) {
+    if (g->m == 0 || g->n == 0) return KDLOSS_OK;
+    return p == KDLOSS_GEMM_OPENBLAS ? openblas_sgemm(g) : onednn_sgemm(g);
+}
+
+kdloss_status kd_sgemm(const kd_gemm *g) { return run_with(kd_gemm_provider_in_use(), g); }
+
+kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider) {
+    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (provider == KDLOSS_GEMM_AUTO) {
+        g_provider = 0;
+        return KDLOSS_OK;
+    }
+    if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
+    g_provider = (int)provider;
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info *info) {
+    if (!info) return KDLOSS_ERR_NULL_POINTER;
+    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (provider == KDLOSS_GEMM_AUTO) provider = kd_gemm_provider_in_use();
+    if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
+    kdloss_gemm_info r;
+    memset(&r, 0, sizeof r);
+    r.provider = provider;
+    if (provider == KDLOSS_GEMM_ONEDNN) {
+        const dnnl_version_t *v = dnnl_version();
+        snprintf(r.name, sizeof r.name, "onednn");
+        snprintf(r.version, sizeof r.version, "%d.%d.%d", v->major, v->minor, v->patch);
+        snprintf(r.kernel, sizeof r.kernel, "%s", dnnl_isa_name(dnnl_get_effective_cpu_isa()));
+        r.generic = cpu_has_avx2() && !dnnl_has(dnnl_cpu_isa_avx2);
+        r.thread_independent = 1;
+        r.bf16_native = g_bf16_mode >= 0 ? g_bf16_mode : dnnl_has(dnnl_cpu_isa_avx512_core_amx);
+    } else {
+        const char *core = g_ob.corename ? g_ob.corename() : "unknown";
+        const char *cfg = g_ob.config ? g_ob.config() : "";
+        const char *ver = strstr(cfg, "OpenBLAS ");
+        snprintf(r.name, sizeof r.name, "openblas");
+        if (ver) snprintf(r.version, sizeof r.version, "%.*s", (int)strcspn(ver + 9, " "), ver + 9);
+        else snprintf(r.version, sizeof r.version, "unknown");
+        snprintf(r.kernel, sizeof r.kernel, "%s", core);
+        r.generic = openblas_core_generic(core);
+    }
+    *info = r;
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b, int64_t m,
+                              int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                              const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
+        return KDLOSS_ERR_INVALID_PARAM;
+    if ((trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (m < 0 || n < 0 || k < 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (!c || (k > 0 && (!a || !b))) return KDLOSS_ERR_NULL_POINTER;
+    int64_t a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+    if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
+        ldc < (n > 1 ? n : 1))
+        return KDLOSS_ERR_INVALID_STRIDE;
+    if (provider == KDLOSS_GEMM_AUTO) provider = kd_gemm_provider_in_use();
+    if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
+    kd_gemm g = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
+    return run_with(provider, &g);
+}

@@ -1,0 +1,55 @@
+/* The GEMM layer every CPU GEMM of kdloss goes through (providers, tiling, bf16 policy).
+ * The public side (kdloss_gemm_*) is declared in kdloss.h; this is what the kernels call. */
+#ifndef KD_GEMM_H
+#define KD_GEMM_H
+
+#include <stdint.h>
+
+#include "kdloss.h"
+
+/* One row-major product C (m x n, ldc) = alpha op(A) op(B) + beta C; op(A) is m x k (A stored
+ * k x m, lda, when ta), op(B) is k x n (B stored n x k, ldb, when tb). */
+typedef struct kd_gemm {
+    int ta, tb;
+    int64_t m, n, k;
+    float alpha;
+    const float *a;
+    int64_t lda;
+    const float *b;
+    int64_t ldb;
+    float beta;
+    float *c;
+    int64_t ldc;
+} kd_gemm;
+
+/* The same with bf16 operands (raw uint16 bits) and an fp32 C. */
+typedef struct kd_gemm_bf16 {
+    int ta, tb;
+    int64_t m, n, k;
+    const uint16_t *a;
+    int64_t lda;
+    const uint16_t *b;
+    int64_t ldb;
+    float *c;
+    int64_t ldc;
+} kd_gemm_bf16;
+
+/* The provider the next call uses (never AUTO): KDLOSS_GEMM env var, else oneDNN. */
+kdloss_gemm_provider kd_gemm_provider_in_use(void);
+
+/* Runs g with the provider in use; KDLOSS_OK, _OUT_OF_MEMORY or _BLAS. */
+kdloss_status kd_sgemm(const kd_gemm *g);
+
+/* 1 when bf16 x bf16 products should run natively (kd_gemm_bf16_run) rather than be widened to
+ * fp32: decided once per process from the CPU (see gemm.c), or forced by kd_gemm_force_bf16. */
+int kd_gemm_bf16_native(void);
+/* C = op(A) op(B) in fp32 from bf16 operands (beta 0, alpha 1), natively (oneDNN matmul). */
+kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g);
+/* Tests: -1 automatic, 0 always widen, 1 always native (where oneDNN can run it at all). */
+void kd_gemm_force_bf16(int mode);
+
+/* The tile grid kd_sgemm uses for an m x n x k product on `procs` processors: *pm x *pn tiles
+ * of at most *tm x *tn. Exposed for the tests (it must not depend on the thread count). */
+void kd_gemm_grid(int64_t m, int64_t n, int64_t k, int procs, int64_t *tm, int64_t *tn);
+
+#endif
