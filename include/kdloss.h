@@ -121,8 +121,8 @@ typedef enum kdloss_reduction {
 typedef enum kdloss_cpu_isa {
     KDLOSS_ISA_AUTO = 0,
     KDLOSS_ISA_SCALAR = 1, /* portable C, libm */
-    KDLOSS_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C, SLEEF 8-lane exp/log */
-    KDLOSS_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ, SLEEF 16-lane exp/log */
+    KDLOSS_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C, 8-lane exp/log (src/cpu/vmath.h) */
+    KDLOSS_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ, 16-lane exp/log (src/cpu/vmath.h) */
 } kdloss_cpu_isa;
 
 /* 1 if this CPU (and this build) can run `isa`, else 0. KDLOSS_ISA_AUTO and SCALAR: always 1. */

@@ -4,7 +4,7 @@
 # Exits non-zero on any failure. Extra arguments go to pytest (e.g. -k jsd, -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh c  # compiler, CMake, OpenBLAS, SLEEF: pip install . builds the C library
+bash scripts/deps.sh c  # compiler, CMake, OpenBLAS: pip install . builds the C library
 venv=$(bash scripts/deps.sh py | tail -n 1)
 py="$venv/bin/python"
 # setuptools is in the venv already: build without an isolated env (no download, incremental CMake).

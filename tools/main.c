@@ -13,7 +13,7 @@ static void usage(FILE *f) {
             "usage: kdloss COMMAND [args]\n"
             "commands:\n"
             "  bench KERNEL [flags]   time a loss kernel (kdloss bench --help, --list)\n"
-            "  info                   version, CPU, threads, code path, SLEEF and compiler\n"
+            "  info                   version, CPU, threads, code path and compiler\n"
             "  --help                 this text\n"
             "  --version              the library version\n");
 }
@@ -35,7 +35,6 @@ static int info(void) {
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
         if (kdloss_cpu_isa_supported(all[k])) printf(" %s", kdloss_cpu_isa_name(all[k]));
     printf("\n");
-    printf("sleef       %s\n", s.sleef);
     printf("compiler    %s\n", s.compiler);
     printf("cuda        %s\n", kdloss_cuda_available() ? "available" : "not available");
     return 0;

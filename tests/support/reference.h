@@ -12,7 +12,7 @@
  * | quantity             | dtype      | tolerance                                | why                                           |
  * |----------------------|------------|------------------------------------------|-----------------------------------------------|
  * | loss, row loss       | all inputs | 256 u * sum(magnitude) + 1e-30           | fp32 lane sums over <= 128 terms per tile     |
- * |                      |            |                                          | (<= 128 u), 3 SLEEF 1-ULP functions and ~8    |
+ * |                      |            |                                          | (<= 128 u), 3 exp/log calls of <= 2 ULP and ~8|
  * |                      |            |                                          | roundings per element (<= 16 u); inputs are   |
  * |                      |            |                                          | exact (the reference reads the rounded values)|
  * | gradient element     | fp32       | 16 u * (|g| + weight*(1+|x|+|y|)) * scale| per-element rounding only, no summation       |
