@@ -228,7 +228,7 @@ typedef struct kdloss_fljsd_out {
 } kdloss_fljsd_out;
 
 /*
- * Chunked fused-linear JSD distillation loss (REFERENCE.md section 4):
+ * Chunked fused-linear JSD distillation loss (docs/MATH.md section 4):
  *   zs = xs ws^T + bs, zt = xt wt^T + bt (fp32, straight from the GEMM accumulator)
  *   hard = sum over valid rows of CE(zs, label);  soft = sum of JSD(beta)(log_softmax(zs/T), log_softmax(zt/T))
  *   loss = (w_hard * hard + w_soft * soft) / max(1, n_valid)

@@ -1,4 +1,4 @@
-/* The GEMM floor of the fused-linear distillation loss (REFERENCE.md section 6): the time of
+/* The GEMM floor of the fused-linear distillation loss (docs/MATH.md section 6): the time of
  * its four GEMMs at full size in the same BLAS the library uses, fp32 sgemm on fp32 copies. */
 #ifndef KB_GEMM_FLOOR_H
 #define KB_GEMM_FLOOR_H

@@ -1,4 +1,4 @@
-"""kdloss.torch.KLDivLoss / kl_div against the float64 reference of REFERENCE.md section 2."""
+"""kdloss.torch.KLDivLoss / kl_div against the float64 reference of docs/MATH.md section 2."""
 
 import pytest
 import torch

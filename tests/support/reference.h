@@ -1,5 +1,5 @@
 /* Double-precision reference implementations: the oracle every fast path is checked against.
- * Written from the textbook formulas of REFERENCE.md (log M by a plain logaddexp in double),
+ * Written from the textbook formulas of docs/MATH.md (log M by a plain logaddexp in double),
  * deliberately NOT from the float formulation the kernels use, so a mistake in that
  * reformulation shows up as a mismatch. They stay forever.
  *
