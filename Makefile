@@ -6,7 +6,7 @@ BUILD_CUDA ?= build-cuda
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build test test-c test-san test-cuda test-py bench cuda clean
+.PHONY: all deps build install test test-c test-install test-san test-cuda test-py bench cuda clean
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 all: build
@@ -20,6 +20,14 @@ build: deps
 
 test-c: build
 	cd $(BUILD) && ctest --output-on-failure
+
+# `make install [PREFIX=DIR]`: header, library, CMake package and kdloss.pc (CMake's default
+# prefix, /usr/local, without PREFIX). test-install runs the install test alone (test-c has it).
+install: build
+	cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX))
+
+test-install: build
+	cd $(BUILD) && ctest --output-on-failure -R test_install
 
 test-san: deps
 	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DKDLOSS_SANITIZE=ON $(CMAKE_ARGS) >/dev/null

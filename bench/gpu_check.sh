@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot GPU check of the CUDA backend, for a machine with an NVIDIA GPU (written for an H200,
-# whose image has nvcc, CMake, python3 + torch, and may lack the CPU build's OpenBLAS/SLEEF):
+# whose image has nvcc, CMake, python3 + torch, and may lack the CPU build's OpenBLAS):
 #   1. build with -DKDLOSS_CUDA=ON -DKDLOSS_CUDA_ARCHS=90; if CMake cannot configure the full
 #      library there (CPU dependencies missing), build the CUDA backend alone with nvcc (the test
 #      then compares against its own float64 reference only: the CPU functions are not linked)
@@ -48,7 +48,7 @@ if timeout "$(limit 200)" bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=R
 else
   echo "CMake build failed; last lines:"
   tail -n 8 "$WORK/cmake.log" "$WORK/build.log" 2>/dev/null
-  echo "building the CUDA backend alone with nvcc (no CPU kernels: no OpenBLAS/SLEEF needed)"
+  echo "building the CUDA backend alone with nvcc (no CPU kernels: no OpenBLAS needed)"
   B=$ROOT/build-cuda-only
   rm -rf "$B" && mkdir -p "$B/obj"
   NV="nvcc -std=c++17 -O3 -arch=sm_90 -lineinfo -Werror=all-warnings -Xcompiler=-fPIC,-fvisibility=hidden -Iinclude -Isrc -Isrc/common"

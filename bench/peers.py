@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peer comparison on the CPU: eager PyTorch, Liger-Kernel and kdloss on the seed workloads.
 
-Protocol (REFERENCE.md section 5, adapted to a CPU):
+Protocol (bench/README.md's reference workloads, adapted to a CPU):
   * timing: all providers side by side in ONE process (this one), on the same input tensors.
     modes: forward (the loss call alone), backward (loss.backward(retain_graph=True) on one
     forward's graph, repeated), full (forward + backward, what the seed records time). Each
@@ -27,7 +27,7 @@ Protocol (REFERENCE.md section 5, adapted to a CPU):
 Providers:
   kl_div:           torch = nn.KLDivLoss(reduction="batchmean"), liger = LigerKLDIVLoss (Triton:
                     expected to fail on a CPU; the error is recorded), kdloss = kdloss.torch.KLDivLoss
-  distill_jsd_loss: torch = full fp32 logits + CE + JSD written from REFERENCE.md section 4,
+  distill_jsd_loss: torch = full fp32 logits + CE + JSD written from docs/MATH.md section 4,
                     liger = chunked LigerFusedLinearJSDLoss (plain torch, compiled=True by default),
                     kdloss = kdloss.torch.FusedLinearJSDLoss (module defaults)
 
@@ -90,7 +90,7 @@ def reset_rss_peak():
 
 def torch_distill_loss(xs, ws, xt, wt, labels, beta=0.5, temperature=1.0, w_hard=0.5,
                        w_soft=0.5, ignore_index=-100):
-    """Eager reference of REFERENCE.md section 4: full fp32 logits, CE + JSD(beta)."""
+    """Eager reference of docs/MATH.md section 4: full fp32 logits, CE + JSD(beta)."""
     import torch
     import torch.nn.functional as F
     zs = (xs @ ws.T).float()

@@ -16,7 +16,7 @@ if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then
     shift
     if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then args+=(--out "$1"); shift; fi
 fi
-bash scripts/deps.sh c  # compiler, CMake, OpenBLAS, SLEEF: pip install . builds the C library
+bash scripts/deps.sh c  # compiler, CMake, OpenBLAS: pip install . builds the C library
 venv=$(bash scripts/deps.sh py peers | tail -n 1)
 py="$venv/bin/python"
 iso=--no-build-isolation

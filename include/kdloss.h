@@ -121,8 +121,8 @@ typedef enum kdloss_reduction {
 typedef enum kdloss_cpu_isa {
     KDLOSS_ISA_AUTO = 0,
     KDLOSS_ISA_SCALAR = 1, /* portable C, libm */
-    KDLOSS_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C, SLEEF 8-lane exp/log */
-    KDLOSS_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ, SLEEF 16-lane exp/log */
+    KDLOSS_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C, 8-lane exp/log (src/cpu/vmath.h) */
+    KDLOSS_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ, 16-lane exp/log (src/cpu/vmath.h) */
 } kdloss_cpu_isa;
 
 /* 1 if this CPU (and this build) can run `isa`, else 0. KDLOSS_ISA_AUTO and SCALAR: always 1. */
@@ -281,7 +281,7 @@ typedef struct kdloss_fljsd_out {
 } kdloss_fljsd_out;
 
 /*
- * Chunked fused-linear JSD distillation loss (REFERENCE.md section 4):
+ * Chunked fused-linear JSD distillation loss (docs/MATH.md section 4):
  *   zs = xs ws^T + bs, zt = xt wt^T + bt (fp32, straight from the GEMM accumulator)
  *   hard = sum over valid rows of CE(zs, label);  soft = sum of JSD(beta)(log_softmax(zs/T), log_softmax(zt/T))
  *   loss = (w_hard * hard + w_soft * soft) / max(1, n_valid)

@@ -4,12 +4,25 @@
 # Exits non-zero on any failure. Extra arguments go to pytest (e.g. -k jsd, -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/deps.sh c  # compiler, CMake, OpenBLAS, SLEEF: pip install . builds the C library
+bash scripts/deps.sh c  # compiler, CMake, OpenBLAS: pip install . builds the C library
 venv=$(bash scripts/deps.sh py | tail -n 1)
 py="$venv/bin/python"
-# setuptools is in the venv already: build without an isolated env (no download, incremental CMake).
-iso=--no-build-isolation
-"$py" -c "import setuptools" >/dev/null 2>&1 || iso=
+# When the venv's setuptools can build the wheel itself (>= 61 for pyproject metadata, and
+# bdist_wheel: built in from 70.1, else the `wheel` package), build without an isolated env (no
+# download, incremental CMake). A fresh Debian 12 venv has setuptools 66 and no `wheel`: there pip
+# builds in an isolated env with a current setuptools from PyPI.
+iso=
+if "$py" - >/dev/null 2>&1 <<'EOF'
+import setuptools
+assert int(setuptools.__version__.split(".")[0]) >= 61
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:
+    from wheel.bdist_wheel import bdist_wheel
+EOF
+then
+    iso=--no-build-isolation
+fi
 "$py" -m pip install -q $iso --no-deps . >/dev/null
 # Run from tests/python so `import kdloss` resolves to the installed package, not ./python.
 cd tests/python

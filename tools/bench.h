@@ -170,7 +170,6 @@ typedef struct kb_sysinfo {
     int threads;          /* omp_get_max_threads() */
     const char *isa;      /* kdloss_cpu_isa_name(kdloss_cpu_get_isa()) */
     char compiler[96];    /* "gcc 12.2.0" */
-    char sleef[32];       /* SLEEF headers the build saw, "3.5.1" or "unknown" */
 } kb_sysinfo;
 
 void kb_sysinfo_get(kb_sysinfo *s);

@@ -1,6 +1,7 @@
 /* `kdloss bench distill_jsd`: kdloss_fused_linear_jsd on the reference distillation workload
- * (REFERENCE.md section 5): torch.rand hidden states, nn.Linear default weights (uniform in
- * +-1/sqrt(H), no bias), labels randint(0, V), no ignored rows, beta 0.5, T 1, weights 0.5/0.5.
+ * (bench/README.md, "The reference workloads"): torch.rand hidden states, nn.Linear default
+ * weights (uniform in +-1/sqrt(H), no bias), labels randint(0, V), no ignored rows, beta 0.5,
+ * T 1, weights 0.5/0.5.
  *
  * Besides the kernel's latency it reports, from the same run:
  *  - the GEMM floor: the four GEMMs (student logits, teacher logits, dXs, dWs) at full size,

@@ -1,5 +1,5 @@
-/* The GEMM floor of the fused-linear distillation loss (docs: bench/README.md): the time of its
- * four GEMMs at full size, fp32 on fp32 operands, through each GEMM provider kdloss can load. */
+/* The GEMM floor of the fused-linear distillation loss (docs/MATH.md section 6): the time of
+ * its four GEMMs at full size, fp32 on fp32 operands, through each GEMM provider kdloss loads. */
 #ifndef KB_GEMM_FLOOR_H
 #define KB_GEMM_FLOOR_H
 

@@ -100,7 +100,6 @@ static kj *environment_part(const kb_sysinfo *sys) {
     kj *sw = kj_put(spec, "software", kj_obj());
     kj_put(sw, "compiler", kj_str(sys->compiler));
     kj_put(sw, "kdloss", kj_str(kdloss_version()));
-    kj_put(sw, "sleef", kj_str(sys->sleef));
     kj_put(sw, "openmpThreads", kj_int(sys->threads));
     return p;
 }

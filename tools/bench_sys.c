@@ -7,12 +7,6 @@
 
 #include "bench.h"
 
-#if defined(__has_include)
-#if __has_include(<sleef.h>)
-#include <sleef.h>
-#endif
-#endif
-
 /* Value of the first "key<spaces>: value" line of /proc/cpuinfo, or 0 if absent. */
 static int cpuinfo_field(const char *key, char *out, size_t size) {
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -85,11 +79,5 @@ void kb_sysinfo_get(kb_sysinfo *s) {
     snprintf(s->compiler, sizeof s->compiler, "gcc %s", __VERSION__);
 #else
     snprintf(s->compiler, sizeof s->compiler, "unknown");
-#endif
-#if defined(SLEEF_VERSION_MAJOR)
-    snprintf(s->sleef, sizeof s->sleef, "%d.%d.%d", SLEEF_VERSION_MAJOR, SLEEF_VERSION_MINOR,
-             SLEEF_VERSION_PATCHLEVEL);
-#else
-    snprintf(s->sleef, sizeof s->sleef, "unknown");
 #endif
 }

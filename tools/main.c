@@ -36,7 +36,6 @@ static int info(void) {
     for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
         if (kdloss_cpu_isa_supported(all[k])) printf(" %s", kdloss_cpu_isa_name(all[k]));
     printf("\n");
-    printf("sleef       %s\n", s.sleef);
     printf("compiler    %s\n", s.compiler);
     printf("cuda        %s\n", kdloss_cuda_available() ? "available" : "not available");
     return 0;

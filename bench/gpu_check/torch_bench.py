@@ -1,6 +1,6 @@
 """Peer timings for bench/gpu_check.sh: eager torch and Liger-Kernel on the same two workloads
 (forward + backward, do_bench median/p20/p80 with L2 flushing, peak memory allocated with the
-inputs included), following REFERENCE.md section 5. Written for this repository; it only calls
+inputs included), following bench/README.md's reference workloads. Written for this repository; it only calls
 the public APIs of torch and liger_kernel.
 
 Usage: python3 torch_bench.py out.json

@@ -1,4 +1,4 @@
-/* CPU driver of the chunked fused-linear JSD distillation loss (REFERENCE.md section 4).
+/* CPU driver of the chunked fused-linear JSD distillation loss (docs/MATH.md section 4).
  *
  * Per chunk of rows [r0, r0 + n):
  *   zt = xt wt^T, zs = xs ws^T         two sgemm into the workspace, fp32 straight from the

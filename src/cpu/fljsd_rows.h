@@ -1,4 +1,4 @@
-/* The row work of one chunk of the fused-linear distillation loss (REFERENCE.md section 4),
+/* The row work of one chunk of the fused-linear distillation loss (docs/MATH.md section 4),
  * shared by the scalar, AVX2 and AVX-512 row kernels and the driver (fljsd.c).
  *
  * The driver has put the chunk's fp32 logits (straight from the GEMM, bias not yet added) in

@@ -3,8 +3,7 @@
  * `foo_avx2.c` / `foo_avx512.c` does just that and then includes `foo_impl.h`.
  * vf_exp / vf_log / vf_log1p_unit are kdloss's own inlined functions (vmath.h, error bounds
  * stated there and checked by tests/test_vmath_*.c): measured 3-4x faster than SLEEF's 1-ULP
- * out-of-line calls here, which made the kernels compute-bound. SLEEF's versions stay available
- * as vf_*_sleef (and vf_log1p for arbitrary arguments) for comparison and for general use.
+ * out-of-line calls here, which made the kernels compute-bound; kdloss no longer uses SLEEF.
  * Tails: vf_load_n / vf_store_n move n < VL elements through a zero-filled buffer, so the
  * tail of a row runs the very same arithmetic as its body. */
 #ifndef KDLOSS_SIMD_H
@@ -12,7 +11,6 @@
 
 #include <immintrin.h>
 #include <math.h>
-#include <sleef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -46,9 +44,6 @@ KD_INLINE vf vf_select(vm m, vf t, vf f) { return _mm512_mask_blend_ps(m, f, t);
 KD_INLINE vf vf_keep(vm m, vf v) { return _mm512_maskz_mov_ps(m, v); }
 KD_INLINE float vf_hsum(vf v) { return _mm512_reduce_add_ps(v); }
 KD_INLINE float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
-KD_INLINE vf vf_exp_sleef(vf v) { return Sleef_expf16_u10avx512f(v); }
-KD_INLINE vf vf_log_sleef(vf v) { return Sleef_logf16_u10avx512f(v); }
-KD_INLINE vf vf_log1p(vf v) { return Sleef_log1pf16_u10avx512f(v); }
 KD_INLINE vf vf_load_bf16(const uint16_t *p) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
@@ -127,9 +122,6 @@ KD_INLINE float vf_hmax(vf v) {
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-KD_INLINE vf vf_exp_sleef(vf v) { return Sleef_expf8_u10avx2(v); }
-KD_INLINE vf vf_log_sleef(vf v) { return Sleef_logf8_u10avx2(v); }
-KD_INLINE vf vf_log1p(vf v) { return Sleef_log1pf8_u10avx2(v); }
 KD_INLINE vf vf_load_bf16(const uint16_t *p) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));

@@ -1,5 +1,5 @@
 /* Chunked fused-linear JSD distillation loss on the GPU (kdloss.h, kdloss_fused_linear_jsd;
- * REFERENCE.md section 4). Per chunk of C rows, on the caller's stream:
+ * docs/MATH.md section 4). Per chunk of C rows, on the caller's stream:
  *   1. zs = xs[chunk] ws^T and zt = xt[chunk] wt^T  (cuBLASLt, fp32 output from the fp32
  *      accumulator: logits are never rounded to bf16 before the softmax)
  *   2. one row kernel (one block per row): biases, the three log-sum-exps, the JSD, the hard CE,

@@ -1,6 +1,6 @@
-"""float64 reference losses written from /work/shared/REFERENCE.md (sections 2-4), never from a
+"""float64 reference losses written from docs/MATH.md (sections 2-4), never from a
 peer's code. Gradients come from torch.autograd on these float64 formulas, which is exactly the
-"log-probs as free variables" gradient REFERENCE.md states (checked in test_reference_formulas)."""
+"log-probs as free variables" gradient docs/MATH.md states (checked in test_reference_formulas)."""
 
 import math
 

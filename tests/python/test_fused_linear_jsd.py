@@ -1,5 +1,5 @@
 """kdloss.torch.FusedLinearJSDLoss / FusedLinearJSD against the float64 full-logits reference of
-REFERENCE.md section 4, at the C tests' small shape (BT 141, Hs 15, Ht 31, V 123)."""
+docs/MATH.md section 4, at the C tests' small shape (BT 141, Hs 15, Ht 31, V 123)."""
 
 import itertools
 import math

@@ -1,4 +1,4 @@
-"""kdloss.torch.JSD / jsd against the float64 reference of REFERENCE.md section 3."""
+"""kdloss.torch.JSD / jsd against the float64 reference of docs/MATH.md section 3."""
 
 import pytest
 import torch

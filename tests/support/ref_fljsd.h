@@ -1,4 +1,4 @@
-/* Double-precision reference of the fused-linear JSD distillation loss (REFERENCE.md section 4),
+/* Double-precision reference of the fused-linear JSD distillation loss (docs/MATH.md section 4),
  * written from the math with plain loops over the full BT x V logits: the oracle the library is
  * tested against. Its own gradients are verified by central differences (test_fljsd_ref.c).
  * Also: a test problem (random inputs, rounded to the operand dtypes, packed with row strides). */

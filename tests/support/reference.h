@@ -1,5 +1,5 @@
 /* Double-precision reference implementations: the oracle every fast path is checked against.
- * Written from the textbook formulas of REFERENCE.md (log M by a plain logaddexp in double),
+ * Written from the textbook formulas of docs/MATH.md (log M by a plain logaddexp in double),
  * deliberately NOT from the float formulation the kernels use, so a mistake in that
  * reformulation shows up as a mismatch. They stay forever.
  *
@@ -12,7 +12,7 @@
  * | quantity             | dtype      | tolerance                                | why                                           |
  * |----------------------|------------|------------------------------------------|-----------------------------------------------|
  * | loss, row loss       | all inputs | 256 u * sum(magnitude) + 1e-30           | fp32 lane sums over <= 128 terms per tile     |
- * |                      |            |                                          | (<= 128 u), 3 SLEEF 1-ULP functions and ~8    |
+ * |                      |            |                                          | (<= 128 u), 3 exp/log calls of <= 2 ULP and ~8|
  * |                      |            |                                          | roundings per element (<= 16 u); inputs are   |
  * |                      |            |                                          | exact (the reference reads the rounded values)|
  * | gradient element     | fp32       | 16 u * (|g| + weight*(1+|x|+|y|)) * scale| per-element rounding only, no summation       |

@@ -89,7 +89,7 @@ class _KLDivFunction(torch.autograd.Function):
 
 
 def kl_div(y_pred, y_true, reduction="mean", log_target=False, eps=1e-10):
-    """KL(y_true || exp(y_pred)) with torch.nn.KLDivLoss semantics (REFERENCE.md section 2).
+    """KL(y_true || exp(y_pred)) with torch.nn.KLDivLoss semantics (docs/MATH.md section 2).
 
     y_pred: (..., V) student log-probs; y_true: same shape, probabilities (or log-probs when
     log_target). reduction: "none" (loss of y_pred's shape), "sum", "mean" (/ numel) or
@@ -135,7 +135,7 @@ class _JSDFunction(torch.autograd.Function):
 
 def jsd(log_q, log_p, shift_labels=None, beta=0.5, ignore_index=-100):
     """Generalized JSD(beta) between student log-probs `log_q` and teacher log-probs `log_p`
-    (REFERENCE.md section 3): beta = 0 is KL(P||Q), beta = 1 is KL(Q||P). Row sums averaged over
+    (docs/MATH.md section 3): beta = 0 is KL(P||Q), beta = 1 is KL(Q||P). Row sums averaged over
     the rows whose shift_labels != ignore_index (all rows without labels). Gradient to log_q only.
     """
     if _needs_grad(log_q):
@@ -246,7 +246,7 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
                           true_labels, student_bias=None, teacher_bias=None, weight_hard_loss=0.5,
                           weight_soft_loss=0.5, beta=0.5, ignore_index=-100, temperature=1.0,
                           compiled=True, chunk_size=1024, return_soft_hard_loss=False):
-    """Chunked fused-linear distillation loss (Liger's LigerFusedLinearJSDLoss, REFERENCE.md
+    """Chunked fused-linear distillation loss (Liger's LigerFusedLinearJSDLoss, docs/MATH.md
     section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of the tempered
     distributions, each averaged over the valid rows. Gradients for student_input,
     student_weight and student_bias. `compiled` is accepted for compatibility and ignored.
