@@ -170,6 +170,7 @@ typedef struct kb_sysinfo {
     int threads;          /* omp_get_max_threads() */
     const char *isa;      /* kdloss_cpu_isa_name(kdloss_cpu_get_isa()) */
     char compiler[96];    /* "gcc 12.2.0" */
+    char gemm[128];       /* the GEMM provider in use: "onednn 2.6.3 avx512_core_bf16" */
 } kb_sysinfo;
 
 void kb_sysinfo_get(kb_sysinfo *s);

@@ -99,6 +99,7 @@ static kj *environment_part(const kb_sysinfo *sys) {
     kj_put(hw, "isa", kj_str(sys->isa));
     kj *sw = kj_put(spec, "software", kj_obj());
     kj_put(sw, "compiler", kj_str(sys->compiler));
+    kj_put(sw, "gemm", kj_str(sys->gemm));
     kj_put(sw, "kdloss", kj_str(kdloss_version()));
     kj_put(sw, "openmpThreads", kj_int(sys->threads));
     return p;

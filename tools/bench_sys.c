@@ -73,6 +73,12 @@ void kb_sysinfo_get(kb_sysinfo *s) {
     s->cores = n > 0 ? (int)n : 1;
     s->threads = omp_get_max_threads();
     s->isa = kdloss_cpu_isa_name(kdloss_cpu_get_isa());
+    kdloss_gemm_info g;
+    if (kdloss_gemm_query(KDLOSS_GEMM_AUTO, &g) == KDLOSS_OK)
+        snprintf(s->gemm, sizeof s->gemm, "%s %s %s%s", g.name, g.version, g.kernel,
+                 g.generic ? " (generic)" : "");
+    else
+        snprintf(s->gemm, sizeof s->gemm, "unknown");
 #if defined(__clang__)
     snprintf(s->compiler, sizeof s->compiler, "clang %s", __clang_version__);
 #elif defined(__GNUC__)
