@@ -178,6 +178,19 @@ KDLOSS_API kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss
  * thread-safe against calls running at the same time. KDLOSS_ERR_UNSUPPORTED if it cannot load. */
 KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider);
 
+/* bf16 x bf16 products (the fused losses' logits when both operands are bf16): widened to fp32
+ * and multiplied by sgemm, or multiplied natively with fp32 accumulation (oneDNN matmul). Both
+ * are exact products summed in fp32; they differ in speed and summation order. AUTO multiplies
+ * natively only where the CPU has AMX tiles: without them oneDNN's bf16 kernels measured slower
+ * than widening (BENCHMARKS.md). Process-wide, not thread-safe against running calls;
+ * KDLOSS_ERR_UNSUPPORTED if NATIVE cannot run on this CPU (oneDNN needs AVX-512 for it). */
+typedef enum kdloss_bf16_gemm {
+    KDLOSS_BF16_GEMM_AUTO = 0,
+    KDLOSS_BF16_GEMM_WIDEN = 1,
+    KDLOSS_BF16_GEMM_NATIVE = 2
+} kdloss_bf16_gemm;
+KDLOSS_API kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode);
+
 /* The layer itself, exposed for benchmarks and floors: row-major fp32
  *   C (m x n, ldc) = alpha op(A) op(B) + beta C,  op(A) m x k, op(B) k x n,
  * trans_a / trans_b 0 or 1 (A stored k x m when transposed, B stored n x k). provider AUTO is the

@@ -256,6 +256,59 @@ static void determinism(kt_rng *rng) {
     kt_fljsd_problem_free(&p);
 }
 
+/* The bf16 logits multiplied natively (oneDNN matmul, fp32 accumulation) instead of widened:
+ * the same reference and tolerances hold, since both are exact products summed in fp32.
+ * Skipped where oneDNN cannot run bf16 at all. */
+static void bf16_native(kt_rng *rng) {
+    if (kdloss_gemm_set_bf16(KDLOSS_BF16_GEMM_NATIVE) != KDLOSS_OK) {
+        printf("bf16 native GEMM: not available on this CPU, skipped\n");
+        return;
+    }
+    static const double betas[] = {0.0, 0.5, 1.0}, temps[] = {0.7, 1.0};
+    kt_fljsd_problem p;
+    kt_fljsd_problem_make(&p, rng, 133, 48, 72, 650, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 5, -100, 2);
+    grid("bf16-native", &p, betas, 3, temps, 2, !kt_quick());
+    kt_fljsd_problem_free(&p);
+    kt_fljsd_problem_make(&p, rng, 64, 40, 56, 300, KDLOSS_BF16, KDLOSS_F32, 0, 3.0, 0, -100, 0);
+    grid("bf16-native mixed", &p, betas, 2, temps, 1, 0);
+    kt_fljsd_problem_free(&p);
+    kdloss_gemm_set_bf16(KDLOSS_BF16_GEMM_AUTO);
+}
+
+/* Bitwise the same results with 1, 2 and 3 threads on a shape whose GEMMs split into several
+ * tiles (the GEMM layer's grid depends on the processor count, not the thread count), fp32 and
+ * bf16, every CPU path. */
+static void thread_counts(kt_rng *rng) {
+    static const kdloss_dtype dts[2] = {KDLOSS_F32, KDLOSS_BF16};
+    int save = omp_get_max_threads();
+    for (int id = 0; id < 2; id++) {
+        kt_fljsd_problem p;
+        kt_fljsd_problem_make(&p, rng, 320, 192, 256, kt_quick() ? 1500 : 3001, dts[id], dts[id],
+                              1, 3.0, 7, -100, 1);
+        kdloss_fljsd_params prm;
+        kdloss_fljsd_params_default(&prm);
+        prm.chunk_size = 128;
+        for (size_t ii = 0; ii < sizeof(all_isas) / sizeof(all_isas[0]); ii++) {
+            if (!kdloss_cpu_isa_supported(all_isas[ii])) continue;
+            kdloss_cpu_set_isa(all_isas[ii]);
+            fl_res r[3];
+            for (int t = 0; t < 3; t++) {
+                omp_set_num_threads(t + 1);
+                r[t] = fl_run(&p, &prm, 1, 0, NULL, 0);
+            }
+            omp_set_num_threads(save);
+            for (int t = 1; t < 3; t++)
+                KT_CHECK(r[0].st == KDLOSS_OK && r[t].st == KDLOSS_OK &&
+                             fl_same_bits(&p, &r[0], &r[t]),
+                         "%s %s: %d threads differ from 1 thread", kt_dtype_name(dts[id]),
+                         kdloss_cpu_isa_name(all_isas[ii]), t + 1);
+            for (int t = 0; t < 3; t++) fl_res_free(&r[t]);
+        }
+        kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+        kt_fljsd_problem_free(&p);
+    }
+}
+
 /* The larger shape: two problems, two configurations each; the double reference costs seconds
  * per problem, so its gradients are formed (and checked) on every 4th row of dxs and dws. A small
  * memory budget sends the bf16 weights through the panel loop and the automatic chunk below BT. */
@@ -345,6 +398,8 @@ int main(void) {
     TIMED(peaked(&rng));
     TIMED(all_ignored(&rng));
     TIMED(determinism(&rng));
+    TIMED(thread_counts(&rng));
+    TIMED(bf16_native(&rng));
     TIMED(large_shape(&rng));
     printf("largest gradient error: %.3g of its bound\n", fl_worst_seen);
     return kt_finish("test_fljsd");

@@ -279,11 +279,12 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
         if (soft)
             st = chunk_logits(k->xt, r0, n, &w_t, native_t, (float *)(base + pl->off_xconv), r.zt,
                               &at, &lda);
-        /* dWs needs the student's fp32 rows even when its logits were multiplied in bf16. */
         if (st == KDLOSS_OK)
-            st = chunk_logits(k->xs, r0, n, &w_s, native_s && !o->dws.data,
-                              (float *)(base + pl->off_xs32), r.zs, &as, &lda);
+            st = chunk_logits(k->xs, r0, n, &w_s, native_s, (float *)(base + pl->off_xs32), r.zs,
+                              &as, &lda);
         if (st != KDLOSS_OK) break;
+        if (!as && o->dws.data) /* dWs needs the student's fp32 rows */
+            as = x_rows(k->xs, r0, n, hs, (float *)(base + pl->off_xs32), &lda);
         r.n = n;
         r.row0 = r0;
         rows(&r);

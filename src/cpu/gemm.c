@@ -36,8 +36,8 @@
 
 /* 0 = not decided yet; otherwise a kdloss_gemm_provider. Single aligned int reads/writes. */
 static volatile int g_provider = 0;
-/* -1 automatic, 0 widen, 1 native (kd_gemm_force_bf16). */
-static volatile int g_bf16_mode = -1;
+/* A kdloss_bf16_gemm. */
+static volatile int g_bf16_mode = KDLOSS_BF16_GEMM_AUTO;
 
 /* ---- OpenBLAS, loaded on demand ------------------------------------------------------- */
 
@@ -214,13 +214,22 @@ static kdloss_status onednn_sgemm(const kd_gemm *g) {
  * ran at about half the speed of fp32 dnnl_sgemm on widened copies (BENCHMARKS.md), so bf16 is
  * widened unless the CPU has AMX tiles (avx512_core_amx), where bf16 is the fast format. */
 
+static int bf16_auto_native(void) { return dnnl_has(dnnl_cpu_isa_avx512_core_amx); }
+
 int kd_gemm_bf16_native(void) {
     int mode = g_bf16_mode;
-    if (mode >= 0) return mode;
-    return kd_gemm_provider_in_use() == KDLOSS_GEMM_ONEDNN && dnnl_has(dnnl_cpu_isa_avx512_core_amx);
+    if (mode != KDLOSS_BF16_GEMM_AUTO) return mode == KDLOSS_BF16_GEMM_NATIVE;
+    return kd_gemm_provider_in_use() == KDLOSS_GEMM_ONEDNN && bf16_auto_native();
 }
 
-void kd_gemm_force_bf16(int mode) { g_bf16_mode = mode < 0 ? -1 : mode > 0; }
+kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode) {
+    if (mode < KDLOSS_BF16_GEMM_AUTO || mode > KDLOSS_BF16_GEMM_NATIVE)
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (mode == KDLOSS_BF16_GEMM_NATIVE && !dnnl_has(dnnl_cpu_isa_avx512_core))
+        return KDLOSS_ERR_UNSUPPORTED;
+    g_bf16_mode = (int)mode;
+    return KDLOSS_OK;
+}
 
 static dnnl_status_t bf16_desc(dnnl_memory_desc_t *d, int64_t rows, int64_t cols, int trans,
                                int64_t ld, dnnl_data_type_t dt) {
@@ -298,8 +307,19 @@ kdloss_gemm_provider kd_gemm_provider_in_use(void) {
     return chosen;
 }
 
+/* C = beta C without reading C when beta is 0 (a product with k = 0; providers differ there). */
+static void scale_c(const kd_gemm *g) {
+    for (int64_t i = 0; i < g->m; i++)
+        for (int64_t j = 0; j < g->n; j++)
+            g->c[i * g->ldc + j] = g->beta == 0.0f ? 0.0f : g->beta * g->c[i * g->ldc + j];
+}
+
 static kdloss_status run_with(kdloss_gemm_provider p, const kd_gemm *g) {
     if (g->m == 0 || g->n == 0) return KDLOSS_OK;
+    if (g->k == 0) {
+        scale_c(g);
+        return KDLOSS_OK;
+    }
     return p == KDLOSS_GEMM_OPENBLAS ? openblas_sgemm(g) : onednn_sgemm(g);
 }
 
@@ -333,7 +353,9 @@ kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info 
         snprintf(r.kernel, sizeof r.kernel, "%s", dnnl_isa_name(dnnl_get_effective_cpu_isa()));
         r.generic = cpu_has_avx2() && !dnnl_has(dnnl_cpu_isa_avx2);
         r.thread_independent = 1;
-        r.bf16_native = g_bf16_mode >= 0 ? g_bf16_mode : dnnl_has(dnnl_cpu_isa_avx512_core_amx);
+        r.bf16_native = g_bf16_mode == KDLOSS_BF16_GEMM_AUTO
+                            ? bf16_auto_native()
+                            : g_bf16_mode == KDLOSS_BF16_GEMM_NATIVE;
     } else {
         const char *core = g_ob.corename ? g_ob.corename() : "unknown";
         const char *cfg = g_ob.config ? g_ob.config() : "";

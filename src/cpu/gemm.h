@@ -41,12 +41,10 @@ kdloss_gemm_provider kd_gemm_provider_in_use(void);
 kdloss_status kd_sgemm(const kd_gemm *g);
 
 /* 1 when bf16 x bf16 products should run natively (kd_gemm_bf16_run) rather than be widened to
- * fp32: decided once per process from the CPU (see gemm.c), or forced by kd_gemm_force_bf16. */
+ * fp32: from the CPU (see gemm.c), or as kdloss_gemm_set_bf16 forced. */
 int kd_gemm_bf16_native(void);
 /* C = op(A) op(B) in fp32 from bf16 operands (beta 0, alpha 1), natively (oneDNN matmul). */
 kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g);
-/* Tests: -1 automatic, 0 always widen, 1 always native (where oneDNN can run it at all). */
-void kd_gemm_force_bf16(int mode);
 
 /* The tile grid kd_sgemm uses for an m x n x k product on `procs` processors: *pm x *pn tiles
  * of at most *tm x *tn. Exposed for the tests (it must not depend on the thread count). */

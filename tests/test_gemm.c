@@ -1,0 +1,180 @@
+/* The GEMM layer (kdloss_gemm_*): every loadable provider against a double reference on all
+ * four transpose cases, padded strides, alpha/beta, edge shapes; beta = 0 ignores NaN in C;
+ * the default provider's results do not depend on the thread count; argument errors.
+ *
+ * Tolerance: any order of summing k products in fp32 is within gamma_k * sum_i |a_i b_i| of
+ * the exact dot product, gamma_k = k u / (1 - k u), u = 2^-24 (Higham, Accuracy and Stability
+ * of Numerical Algorithms, 2nd ed., section 3.5); the alpha product, the beta term and the
+ * final addition add three more roundings. The check uses that bound with k + 3 in place of
+ * k: it holds for every correct implementation and a wrong element or a missed term breaks it
+ * by orders of magnitude. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kdloss.h"
+#include "testutil.h"
+
+typedef struct gcase {
+    int ta, tb;
+    int64_t m, n, k, pad;
+    float alpha, beta;
+} gcase;
+
+static float *frand(kt_rng *r, int64_t n) {
+    float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) p[i] = (float)(kt_normal(r) * (i % 5 == 0 ? 8.0 : 1.0));
+    return p;
+}
+
+/* Element (i, j) of op(X) for X stored row-major with ld, transposed when t. */
+static double at(const float *x, int t, int64_t ld, int64_t i, int64_t j) {
+    return t ? x[j * ld + i] : x[i * ld + j];
+}
+
+/* Runs case c with provider p and checks every element against the double reference. */
+static void check_case(kt_rng *rng, kdloss_gemm_provider p, const char *pname, const gcase *c) {
+    int64_t ar = c->ta ? c->k : c->m, ac = c->ta ? c->m : c->k;
+    int64_t br = c->tb ? c->n : c->k, bc = c->tb ? c->k : c->n;
+    int64_t lda = (ac > 1 ? ac : 1) + c->pad, ldb = (bc > 1 ? bc : 1) + c->pad;
+    int64_t ldc = c->n + c->pad;
+    float *a = frand(rng, ar * lda), *b = frand(rng, br * ldb), *cm = frand(rng, c->m * ldc);
+    float *c0 = malloc(sizeof(float) * (size_t)(c->m * ldc > 0 ? c->m * ldc : 1));
+    if (c->beta == 0.0f) /* beta = 0 must ignore C: NaN there must not leak through */
+        for (int64_t i = 0; i < c->m * ldc; i++) cm[i] = NAN;
+    memcpy(c0, cm, sizeof(float) * (size_t)(c->m * ldc));
+    kdloss_status st = kdloss_gemm_f32(p, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, b, ldb,
+                                       c->beta, cm, ldc);
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "%s %c%c m %lld n %lld k %lld pad %lld alpha %g beta %g", pname,
+             c->ta ? 'T' : 'N', c->tb ? 'T' : 'N', (long long)c->m, (long long)c->n,
+             (long long)c->k, (long long)c->pad, c->alpha, c->beta);
+    if (KT_CHECK(st == KDLOSS_OK, "%s: status %s", ctx, kdloss_status_string(st))) {
+        const double u = 0x1p-24, g = (double)(c->k + 3) * u / (1.0 - (double)(c->k + 3) * u);
+        int64_t bad = 0, pad_bad = 0;
+        for (int64_t i = 0; i < c->m; i++) {
+            for (int64_t j = 0; j < c->n; j++) {
+                double s = 0.0, mag = 0.0;
+                for (int64_t l = 0; l < c->k; l++) {
+                    double t = at(a, c->ta, lda, i, l) * at(b, c->tb, ldb, l, j);
+                    s += t;
+                    mag += fabs(t);
+                }
+                double old = c->beta == 0.0f ? 0.0 : (double)c0[i * ldc + j];
+                double want = (double)c->alpha * s + (double)c->beta * old;
+                double lim = g * (fabs((double)c->alpha) * mag + fabs((double)c->beta * old)) +
+                             1e-37;
+                if (!(fabs((double)cm[i * ldc + j] - want) <= lim)) bad++;
+            }
+            for (int64_t j = c->n; j < ldc; j++) /* padding: untouched */
+                if (memcmp(&cm[i * ldc + j], &c0[i * ldc + j], sizeof(float))) pad_bad++;
+        }
+        KT_CHECK(bad == 0, "%s: %lld of %lld elements outside the fp32 summation bound", ctx,
+                 (long long)bad, (long long)(c->m * c->n));
+        KT_CHECK(pad_bad == 0, "%s: %lld padding elements written", ctx, (long long)pad_bad);
+    }
+    free(a);
+    free(b);
+    free(cm);
+    free(c0);
+}
+
+static void providers_vs_reference(kt_rng *rng) {
+    static const kdloss_gemm_provider all[] = {KDLOSS_GEMM_ONEDNN, KDLOSS_GEMM_OPENBLAS};
+    static const int64_t dims[][3] = {{1, 1, 1},    {3, 70, 5},    {17, 64, 33},
+                                      {130, 257, 96}, {256, 300, 1}, {64, 2100, 40},
+                                      {5, 7, 0}};
+    for (size_t ip = 0; ip < sizeof all / sizeof all[0]; ip++) {
+        kdloss_gemm_info info;
+        if (kdloss_gemm_query(all[ip], &info) != KDLOSS_OK) {
+            printf("provider %d not loadable here: skipped\n", (int)all[ip]);
+            continue;
+        }
+        printf("provider %s %s, kernel %s%s\n", info.name, info.version, info.kernel,
+               info.generic ? " (generic)" : "");
+        int cnt = 0;
+        for (size_t id = 0; id < sizeof dims / sizeof dims[0]; id++)
+            for (int t = 0; t < 4; t++, cnt++) {
+                gcase c = {t & 1, t >> 1, dims[id][0], dims[id][1], dims[id][2], cnt % 3,
+                           cnt % 4 == 3 ? -0.5f : 1.0f, cnt % 2 ? 0.75f : 0.0f};
+                check_case(rng, all[ip], info.name, &c);
+            }
+    }
+}
+
+/* The default provider: bitwise the same C with 1, 2 and 3 threads, on shapes that split into
+ * several tiles along M, along N, and on a long K. */
+static void thread_count_independence(kt_rng *rng) {
+    kdloss_gemm_info info;
+    if (!KT_CHECK(kdloss_gemm_query(KDLOSS_GEMM_AUTO, &info) == KDLOSS_OK, "query AUTO")) return;
+    if (!info.thread_independent) {
+        printf("provider %s does not promise thread-count independence: skipped\n", info.name);
+        return;
+    }
+    static const int64_t dims[][3] = {{512, 4096, 96}, {2048, 128, 64}, {96, 80, 20000}};
+    int save = omp_get_max_threads();
+    for (size_t id = 0; id < sizeof dims / sizeof dims[0]; id++) {
+        int64_t m = dims[id][0], n = dims[id][1], k = dims[id][2];
+        float *a = frand(rng, m * k), *b = frand(rng, k * n);
+        float *c[3];
+        for (int t = 0; t < 3; t++) {
+            c[t] = malloc(sizeof(float) * (size_t)(m * n));
+            omp_set_num_threads(t + 1);
+            kdloss_status st =
+                kdloss_gemm_f32(KDLOSS_GEMM_AUTO, 0, id == 1, m, n, k, 1.0f, a, k, b,
+                                id == 1 ? k : n, 0.0f, c[t], n);
+            KT_CHECK(st == KDLOSS_OK, "threads %d: status %s", t + 1, kdloss_status_string(st));
+        }
+        omp_set_num_threads(save);
+        for (int t = 1; t < 3; t++)
+            KT_CHECK(!memcmp(c[0], c[t], sizeof(float) * (size_t)(m * n)),
+                     "%s %lldx%lldx%lld: %d threads differ from 1 thread", info.name,
+                     (long long)m, (long long)n, (long long)k, t + 1);
+        free(a);
+        free(b);
+        for (int t = 0; t < 3; t++) free(c[t]);
+    }
+}
+
+static void argument_errors(void) {
+    float a[4] = {1, 2, 3, 4}, b[4] = {1, 2, 3, 4}, c[4] = {7, 7, 7, 7};
+    KT_CHECK(kdloss_gemm_f32((kdloss_gemm_provider)9, 0, 0, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2) ==
+                 KDLOSS_ERR_INVALID_PARAM, "unknown provider");
+    KT_CHECK(kdloss_gemm_f32(0, 2, 0, 2, 2, 2, 1, a, 2, b, 2, 0, c, 2) == KDLOSS_ERR_INVALID_PARAM,
+             "trans_a 2");
+    KT_CHECK(kdloss_gemm_f32(0, 0, 0, -1, 2, 2, 1, a, 2, b, 2, 0, c, 2) == KDLOSS_ERR_INVALID_SIZE,
+             "m < 0");
+    KT_CHECK(kdloss_gemm_f32(0, 0, 0, 2, 2, 2, 1, NULL, 2, b, 2, 0, c, 2) ==
+                 KDLOSS_ERR_NULL_POINTER, "a NULL");
+    KT_CHECK(kdloss_gemm_f32(0, 0, 0, 2, 2, 2, 1, a, 1, b, 2, 0, c, 2) ==
+                 KDLOSS_ERR_INVALID_STRIDE, "lda < k");
+    KT_CHECK(kdloss_gemm_f32(0, 0, 1, 2, 2, 3, 1, a, 3, b, 2, 0, c, 2) ==
+                 KDLOSS_ERR_INVALID_STRIDE, "ldb < k with trans_b");
+    for (int i = 0; i < 4; i++) KT_CHECK(c[i] == 7.0f, "C written on error");
+    kdloss_gemm_info info;
+    KT_CHECK(kdloss_gemm_query(0, NULL) == KDLOSS_ERR_NULL_POINTER, "query NULL");
+    KT_CHECK(kdloss_gemm_set_provider((kdloss_gemm_provider)-1) == KDLOSS_ERR_INVALID_PARAM,
+             "set_provider -1");
+    KT_CHECK(kdloss_gemm_set_bf16((kdloss_bf16_gemm)7) == KDLOSS_ERR_INVALID_PARAM,
+             "set_bf16 7");
+    /* the default is oneDNN, and it is never a generic kernel on an AVX2 / AVX-512 CPU */
+    KT_CHECK(kdloss_gemm_query(KDLOSS_GEMM_AUTO, &info) == KDLOSS_OK &&
+                 info.provider == KDLOSS_GEMM_ONEDNN && !info.generic,
+             "default provider: %s kernel %s generic %d", info.name, info.kernel, info.generic);
+    if (kdloss_gemm_set_provider(KDLOSS_GEMM_OPENBLAS) == KDLOSS_OK) {
+        KT_CHECK(kdloss_gemm_query(KDLOSS_GEMM_AUTO, &info) == KDLOSS_OK &&
+                     info.provider == KDLOSS_GEMM_OPENBLAS, "set_provider openblas");
+        KT_CHECK(kdloss_gemm_set_provider(KDLOSS_GEMM_AUTO) == KDLOSS_OK, "back to AUTO");
+    }
+}
+
+int main(void) {
+    kt_rng rng;
+    kt_rng_seed(&rng, kt_base_seed());
+    argument_errors();
+    providers_vs_reference(&rng);
+    thread_count_independence(&rng);
+    return kt_finish("test_gemm");
+}
