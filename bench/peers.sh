@@ -2,8 +2,7 @@
 # Peer comparison on this CPU (eager torch, Liger-Kernel, kdloss through its PyTorch modules).
 #   bench/peers.sh [BUILD_DIR [OUT_DIR]] [peers.py options]     (--quick, --help, ...)
 # Gets the venv with liger-kernel (scripts/deps.sh py peers), pip-installs kdloss into it, and runs
-# bench/peers.py with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (they make OpenBLAS ~2x slower
-# here). BUILD_DIR (as bench/run_main.sh passes it): when it holds libkdloss.so, the kdloss modules
+# bench/peers.py in the environment as it is (OPENBLAS_* included: users won't change them). BUILD_DIR (as bench/run_main.sh passes it): when it holds libkdloss.so, the kdloss modules
 # load that library (KDLOSS_LIBRARY), so the peers measure the same build as `kdloss bench`.
 # OUT_DIR: where records and plots go (default bench/out). Exit status: non-zero if a torch or
 # kdloss run, or Liger's CPU-capable chunked loss, failed (Liger's Triton modules are expected to
@@ -22,4 +21,4 @@ py="$venv/bin/python"
 iso=--no-build-isolation
 "$py" -c "import setuptools" >/dev/null 2>&1 || iso=
 "$py" -m pip install -q $iso --no-deps . >/dev/null
-exec env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$py" bench/peers.py "${args[@]}" "$@"
+exec "$py" bench/peers.py "${args[@]}" "$@"

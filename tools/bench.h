@@ -247,6 +247,9 @@ typedef struct kb_kernel {
     int (*parse_flag)(kb_options *o, void *kopts, int argc, char **argv, int i);
     int (*check)(const kb_options *o, const void *kopts);
     int (*run)(const kb_options *o, const void *kopts, kb_result *res);
+    /* > 0: in full mode the run prints a TARGET line, met when the median moves at least this
+     * fraction of the streaming bandwidth measured in the same run. */
+    double stream_target;
 } kb_kernel;
 
 /* The registry (tools/bench_registry.c): NULL-terminated. */

@@ -137,6 +137,12 @@ static int run_kernel(const kb_kernel *k, const kb_options *o, const void *kopts
     res.peak_rss = kb_peak_rss_bytes(); /* before the stream arrays raise the high-water mark */
     stamp_now(&res);
     add_stream(&res);
+    if (k->stream_target > 0 && o->mode == KB_MODE_FULL && res.stream_gbs > 0) {
+        double frac = res.bytes / res.t.median_ns / res.stream_gbs;
+        printf("TARGET %s %s %s: %.2f of the streaming bandwidth (target >= %.2f): %s\n", k->name,
+               kb_dtype_name(o->dtype), kb_mode_name(o->mode), frac, k->stream_target,
+               frac >= k->stream_target ? "MET" : "NOT MET");
+    }
     if (o->json_path) {
         if (kb_write_record(o->json_path, o, &res, &sys) != 0) return 1;
         printf("record: %s\n", o->json_path);

@@ -89,4 +89,5 @@ const kb_kernel kb_kernel_jsd = {
     .parse_flag = jsd_parse,
     .check = NULL,
     .run = jsd_run,
+    .stream_target = 0.8,
 };

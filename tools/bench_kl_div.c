@@ -79,4 +79,5 @@ const kb_kernel kb_kernel_kl_div = {
     .parse_flag = NULL,
     .check = NULL,
     .run = kl_run,
+    .stream_target = 0.8,
 };
