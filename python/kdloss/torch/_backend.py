@@ -111,9 +111,27 @@ def scalar_out(device):
 # ---- backends -------------------------------------------------------------------------------------
 
 class CpuBackend:
-    """kdloss_* on host memory. The library allocates its own working space."""
+    """kdloss_* on host memory. The fused loss gets a workspace kept per Python thread and grown
+    when a call needs more: a fresh one per call would cost the page faults of first touching
+    hundreds of MB on every training step (the library's own allocation is returned to the OS
+    when freed). One per thread because calls release the GIL and may run concurrently."""
 
     name = "cpu"
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def _workspace(self, params, bt, hs, ht, v, student_dtype, want_grad):
+        size = ctypes.c_size_t()
+        _lib.check(_lib.fn("kdloss_fljsd_workspace_size")(ctypes.byref(params), bt, hs, ht, v,
+                                                          student_dtype, int(want_grad),
+                                                          ctypes.byref(size)),
+                   "kdloss_fljsd_workspace_size")
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.numel() < size.value:
+            self._local.buf = None  # free the old one before the new one is allocated
+            buf = self._local.buf = torch.empty(max(size.value, 1), dtype=torch.uint8)
+        return buf
 
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         _lib.check(_lib.fn("kdloss_kl_div")(ctypes.byref(params), bt, v, inp, tgt, loss, row_loss,
@@ -125,9 +143,12 @@ class CpuBackend:
 
     def fused_linear_jsd(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels,
                          out, student_dtype, want_grad):
+        work = self._workspace(params, bt, hs, ht, v, student_dtype, want_grad)
         _lib.check(_lib.fn("kdloss_fused_linear_jsd")(ctypes.byref(params), bt, hs, ht, v, xs, ws,
                                                       bs, xt, wt, bt_bias, labels,
-                                                      ctypes.byref(out), None, 0),
+                                                      ctypes.byref(out),
+                                                      ctypes.c_void_p(work.data_ptr()),
+                                                      work.numel()),
                    "kdloss_fused_linear_jsd")
 
 
