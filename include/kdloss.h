@@ -9,11 +9,14 @@
  *    carries its own leading dimension `ld` (elements between the starts of consecutive rows),
  *    so padded or sliced tensors need no copy. `ld = 0` means contiguous (ld = number of columns).
  *  - All sizes and indices are int64_t: BT x V above 2^31 elements works.
- *  - Every function returns a kdloss_status. On any error nothing is written to any output.
+ *  - Every function returns a kdloss_status. On any error nothing is written to any output,
+ *    with one exception: a GEMM provider failing (out of memory inside it) in the middle of a
+ *    fused-linear call, after earlier chunks wrote their gradient rows (the status says so).
  *    The library never exits, aborts or prints; kdloss_status_string() gives a message per code.
  *  - Losses are returned in fp32 and accumulated in fp32 vectors over short tiles, then in double.
  *    Gradients are written in the dtype of the tensor they belong to.
- *  - Results are bitwise identical from run to run and do not depend on the number of threads.
+ *  - Results are bitwise identical from run to run and do not depend on the number of threads
+ *    (for the fused-linear losses: with the default GEMM provider, see kdloss_gemm_provider).
  *  - CPU functions use OpenMP over rows (OMP_NUM_THREADS controls the thread count).
  */
 #ifndef KDLOSS_H

@@ -9,21 +9,18 @@
  *   dWs += dzs^T xs                    sgemm, fp32 across chunks (the caller's fp32 dws, or the
  *                                      workspace accumulator cast once at the end for bf16)
  *   dxs rows = dzs ws                  sgemm
- * Every BLAS call is made from the calling thread outside any OpenMP region: OpenBLAS runs its
- * own thread pool, and the two pools must never nest. They must not take turns too often either:
- * after a region libgomp's threads spin for a while, and a GEMM started then shares the cores
- * with them, so the only OpenMP region between the GEMMs of a chunk is its row pass (plus the
- * dbs column sums); the conversions that sit between GEMMs run on the calling thread. Per-row losses are summed in row order in
+ * Every GEMM goes through the GEMM layer (gemm.h: oneDNN by default, tiled over a grid that
+ * does not depend on the thread count), whose threads are the same OpenMP threads as the row
+ * pass's, so no second thread pool competes for the cores (in a PyTorch process too: libkdloss,
+ * oneDNN and torch resolve the one libgomp.so.1). Per-row losses are summed in row order in
  * double, so the loss does not depend on the thread count, and on the chunk size only through
  * the GEMMs' rounding.
  *
- * bf16 weights (measured on this 2-core AVX2 machine, OpenBLAS 0.3.21):
- *  - cblas_sbgemm is declared by cblas.h but the Debian build of OpenBLAS 0.3.21 does not export
- *    it (built without BUILD_BFLOAT16; `nm -D libopenblasp-r0.3.21.so` has no sbgemm), so the
- *    logits GEMMs always widen bf16 to fp32 and call sgemm.
- *  - bf16 weights are widened once per call into whole fp32 copies when the memory budget holds
- *    them besides a chunk of all rows, else panel by panel per GEMM; both ran equally fast at
- *    the same chunk size, a bigger chunk is what helps (fljsd_plan.c has the figures). */
+ * bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN matmul, fp32 accumulation)
+ * where the GEMM layer says it pays (kd_gemm_bf16_native: CPUs with AMX), else widen to fp32.
+ * Widened bf16 weights are whole fp32 copies when the memory budget holds them besides a chunk
+ * of all rows, else panels per GEMM; the gradient GEMMs always run in fp32 (dz is fp32). A GEMM
+ * failure ends the call with its status (kdloss.h: outputs may then be partly written). */
 #include <stdlib.h>
 #include <string.h>
 

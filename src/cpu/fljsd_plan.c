@@ -8,10 +8,8 @@
 #define KD_DEFAULT_BUDGET ((size_t)256 << 20)
 /* A converted weight panel holds at most this many bytes, and at most 1/8 of the budget (so a
  * small budget also gives small panels, which the tests rely on to cover the panel loop):
- * OpenBLAS sgemm on this 2-core AVX2 machine runs at 97% of its whole-matrix speed with 16 MiB
- * panels (N = 2048 at K = 2048) and 92% with 2 MiB ones, and the bf16 -> fp32 conversion of a
- * panel was within the timing noise of the GEMM that reads it (microbenchmark 704 x 32768 x
- * 2048: 0.69-0.73 s with panels of 2048 rows converted, 0.71 s for one whole fp32 GEMM). */
+ * panels this large ran within a few percent of whole-matrix GEMMs, and their bf16 -> fp32
+ * conversion within the noise of the GEMM that reads it (BENCHMARKS.md, "bf16 weights"). */
 #define KD_PANEL_BYTES ((size_t)16 << 20)
 
 void kdloss_fljsd_params_default(kdloss_fljsd_params *p) {
