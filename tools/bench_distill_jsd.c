@@ -26,6 +26,7 @@
 
 typedef struct dj_opts {
     int64_t hs, ht, chunk, budget_mib;
+    int skip_openblas; /* --floor-providers onednn: no OpenBLAS survey round */
 } dj_opts;
 
 typedef struct dj_ctx {
@@ -58,6 +59,12 @@ static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
     if ((r = kb_flag_i64(argc, argv, i, "--ht", 1, &k->ht))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--chunk", 0, &k->chunk))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--budget", 0, &k->budget_mib))) return r;
+    if (strcmp(argv[i], "--floor-providers") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i + 1], "onednn") == 0) k->skip_openblas = 1;
+        else if (strcmp(argv[i + 1], "all") == 0) k->skip_openblas = 0;
+        else return kb_arg_error("distill_jsd: --floor-providers takes all or onednn");
+        return 2;
+    }
     if (strcmp(argv[i], "--seed-shape") == 0) { /* the reference record's shape */
         o->bt = 8192;
         o->vocab = 128256;
@@ -159,6 +166,7 @@ static void survey_providers(const kb_options *o, const dj_opts *k, kb_floor *fl
     memset(sv, 0, sizeof *sv);
     sv->best = -1;
     for (int i = 0; i < 2 && fl->pid; i++) {
+        if (all[i] == KDLOSS_GEMM_OPENBLAS && k->skip_openblas) continue;
         if (kdloss_gemm_query(all[i], &sv->info[sv->n]) != KDLOSS_OK) continue;
         double ns[KB_GEMM_COUNT];
         int r = 0;
@@ -347,7 +355,9 @@ const kb_kernel kb_kernel_distill_jsd = {
         "  --ht N          teacher hidden size, default 2048\n"
         "  --chunk N       rows per chunk, default 0 (automatic from the memory budget)\n"
         "  --budget MiB    the library's memory_budget, default 0 (= 256 MiB)\n"
-        "  --seed-shape    BT 8192, Hs 2048, Ht 4096, V 128256 (later flags override)\n",
+        "  --seed-shape    BT 8192, Hs 2048, Ht 4096, V 128256 (later flags override)\n"
+        "  --floor-providers all|onednn  GEMM providers surveyed for the floor, default all\n"
+        "                  (onednn skips OpenBLAS: minutes per round where its kernel is generic)\n",
     .opts_size = sizeof(dj_opts),
     .defaults = dj_defaults,
     .parse_flag = dj_parse,
