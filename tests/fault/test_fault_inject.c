@@ -41,7 +41,7 @@
 #define TIMEOUT_S 30
 #define MAX_POINTS 400 /* cold calls: at most this many injections are tried */
 
-enum { BT = 64, HS = 48, HT = 40, V = 1024 };
+enum { BT = 64, HS = 32, HT = 24, V = 4096 }; /* 24-row chunks x V: parallel row passes */
 
 typedef struct scen {
     const char *name;
