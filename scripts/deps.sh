@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what kdloss needs when it is missing, so the README's two commands work on a fresh
-# machine. `deps.sh c` : compiler, CMake, OpenBLAS, SLEEF (Debian packages, via apt-get).
+# machine. `deps.sh c` : compiler, CMake, OpenBLAS, SLEEF, clang + libFuzzer (Debian packages).
 #           `deps.sh py`: a virtual environment at $KDLOSS_VENV with torch, numpy, pytest, matplotlib
 #                         (and Liger-Kernel for the peer harness), from PyPI.
 set -euo pipefail
@@ -10,7 +10,7 @@ need_pkgs=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 if [ "$what" = c ]; then
-    for p in build-essential cmake libopenblas-dev libsleef-dev pkg-config; do
+    for p in build-essential cmake libopenblas-dev libsleef-dev pkg-config clang libclang-rt-14-dev; do
         have_pkg "$p" || need_pkgs+=("$p")
     done
     if [ ${#need_pkgs[@]} -gt 0 ]; then
