@@ -1,12 +1,16 @@
 # Thin wrapper over CMake. `make` builds into build/ (the command is build/kdloss);
 # `make test` builds and runs every test (also under ASan+UBSan); `make bench` runs the main job.
+SHELL      := /bin/bash
 BUILD      ?= build
 BUILD_SAN  ?= build-san
 BUILD_CUDA ?= build-cuda
+BUILD_FUZZ ?= build-fuzz
+FUZZ_TIME  ?= 10
+FUZZ_LONG  ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build install test test-c test-install test-san test-cuda test-py bench cuda clean
+.PHONY: all deps build install test test-c test-install test-san test-cuda test-py test-fuzz fuzz fuzz-build test-fault bench cuda clean
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 all: build
@@ -49,7 +53,33 @@ endif
 test-py: deps
 	bash scripts/test_python.sh
 
-test: test-c test-san test-cuda test-py
+# The libFuzzer target over the C API (clang, ASan + UBSan): a bounded run in `make test`, a long
+# one with a kept corpus in `make fuzz`. Skipped, with a message, only when clang cannot link
+# libFuzzer (scripts/deps.sh c installs clang and libclang-rt-14-dev).
+FUZZ_OK = printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | \
+	clang -x c -fsanitize=fuzzer - -o $(BUILD_FUZZ)/.probe >/dev/null 2>&1
+fuzz-build: deps
+	@mkdir -p $(BUILD_FUZZ)
+	@if $(FUZZ_OK); then \
+	  CC=clang cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=Debug -DKDLOSS_FUZZ=ON -DKDLOSS_WERROR=OFF $(CMAKE_ARGS) >/dev/null && \
+	  cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_api; \
+	else echo "fuzz: clang with libFuzzer not available, fuzz target not built"; fi
+
+test-fuzz: fuzz-build
+	@if [ -x $(BUILD_FUZZ)/fuzz_api ] && $(FUZZ_OK); then \
+	  ASAN_OPTIONS=detect_leaks=1 $(BUILD_FUZZ)/fuzz_api -max_total_time=$(FUZZ_TIME) -print_final_stats=1 -artifact_prefix=$(BUILD_FUZZ)/ 2>&1 | tail -25; \
+	  exit $${PIPESTATUS[0]}; \
+	else echo "test-fuzz: SKIPPED: clang with libFuzzer not available"; fi
+
+fuzz: fuzz-build
+	@mkdir -p $(BUILD_FUZZ)/corpus
+	ASAN_OPTIONS=detect_leaks=1 $(BUILD_FUZZ)/fuzz_api $(BUILD_FUZZ)/corpus -max_total_time=$(FUZZ_LONG) -print_final_stats=1 -artifact_prefix=$(BUILD_FUZZ)/
+
+# The fault-injection test alone (it is also in `ctest`): its table of allocation points.
+test-fault: build
+	cd $(BUILD) && ctest --output-on-failure -R test_fault_inject
+
+test: test-c test-san test-fuzz test-cuda test-py
 
 # The environment stays as the user has it (OPENBLAS_* included); the last lines say which
 # targets were met. Exit 1: a benchmark failed; 3: all ran, some target NOT MET.
@@ -61,4 +91,4 @@ cuda: deps
 	cmake --build $(BUILD_CUDA) -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_CUDA)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_CUDA) $(BUILD_FUZZ)

@@ -12,6 +12,10 @@
  *  - Every function returns a kdloss_status. On any error nothing is written to any output,
  *    with one exception: a GEMM provider failing (out of memory inside it) in the middle of a
  *    fused-linear call, after earlier chunks wrote their gradient rows (the status says so).
+ *  - Every pointer must be aligned to its element size (2 for bf16/fp16, 4 for fp32/int32,
+ *    8 for int64; float outputs 4): a misaligned one is rejected with KDLOSS_ERR_MISALIGNED.
+ *    Every scale factor a kernel uses (grad_scale times the reduction or weight factors, 1/T,
+ *    eps) must be representable as a finite fp32, else KDLOSS_ERR_INVALID_PARAM.
  *    The library never exits, aborts or prints; kdloss_status_string() gives a message per code.
  *  - Losses are returned in fp32 and accumulated in fp32 vectors over short tiles, then in double.
  *    Gradients are written in the dtype of the tensor they belong to.
@@ -65,7 +69,10 @@ typedef enum kdloss_status {
     KDLOSS_ERR_UNSUPPORTED = -13,      /* not available in this build or on this machine */
     KDLOSS_ERR_BLAS = -14,             /* the BLAS library reported a failure */
     KDLOSS_ERR_CUDA = -15,             /* a CUDA runtime, cuBLAS or cuBLASLt call failed */
-    KDLOSS_ERR_INTERNAL = -16          /* a bug in kdloss: please report it */
+    KDLOSS_ERR_INTERNAL = -16,         /* a bug in kdloss: please report it */
+    KDLOSS_ERR_BUDGET_TOO_SMALL = -17, /* memory_budget cannot hold a one-row chunk: the minimum is
+                                          what kdloss_fljsd_min_budget() returns */
+    KDLOSS_ERR_MISALIGNED = -18        /* a pointer is not aligned to its element size */
 } kdloss_status;
 
 /* A static, human-readable message for a status code ("invalid size: ..."). Never NULL. */
@@ -211,9 +218,10 @@ KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int tran
 typedef struct kdloss_kl_params {
     kdloss_reduction reduction; /* default KDLOSS_REDUCTION_MEAN (torch's default)            */
     int log_target;             /* 0: target holds probabilities; 1: target holds log-probs    */
-    double eps;                 /* clamp inside log(max(t, eps)), >= 0; default 1e-10           */
+    double eps;                 /* clamp inside log(max(t, eps)), >= 0 and at most FLT_MAX (it
+                                   is used as an fp32); default 1e-10                            */
     double grad_scale;          /* upstream gradient (dL_outer/dloss), folded into the gradient;
-                                   default 1. Must be finite.                                    */
+                                   default 1. |grad_scale| must be at most FLT_MAX.              */
 } kdloss_kl_params;
 
 KDLOSS_API void kdloss_kl_params_default(kdloss_kl_params *params);
@@ -243,7 +251,7 @@ KDLOSS_API kdloss_status kdloss_kl_div(const kdloss_kl_params *params, int64_t b
 typedef struct kdloss_jsd_params {
     double beta;          /* in [0, 1]; 0 = forward KL(P||Q), 1 = reverse KL(Q||P); default 0.5 */
     int64_t ignore_index; /* rows whose label equals it are skipped; default -100                 */
-    double grad_scale;    /* upstream gradient, folded in; default 1                               */
+    double grad_scale;    /* upstream gradient, folded in; default 1; |grad_scale| <= FLT_MAX     */
 } kdloss_jsd_params;
 
 KDLOSS_API void kdloss_jsd_params_default(kdloss_jsd_params *params);
@@ -274,13 +282,18 @@ KDLOSS_API kdloss_status kdloss_jsd(const kdloss_jsd_params *params, int64_t bt,
 
 typedef struct kdloss_fljsd_params {
     double beta;             /* JSD beta in [0, 1]; default 0.5                                   */
-    double temperature;      /* divides both logit sets for the soft loss, > 0; default 1 (no T^2) */
+    double temperature;      /* divides both logit sets for the soft loss, > 0 and a normal fp32
+                                (>= FLT_MIN) with 1/T a finite fp32; default 1 (no T^2)            */
     double weight_hard_loss; /* >= 0; default 0.5. 0 skips all cross-entropy work                 */
     double weight_soft_loss; /* >= 0; default 0.5                                                 */
     int64_t ignore_index;    /* default -100                                                      */
     int64_t chunk_size;      /* rows per chunk; 0 = automatic from shapes and memory_budget       */
-    size_t memory_budget;    /* bytes of working space the automatic chunk may use; 0 = 256 MiB   */
-    double grad_scale;       /* upstream gradient, folded into every gradient; default 1          */
+    size_t memory_budget;    /* bytes of working space the chunk may use; 0 = 256 MiB (or the
+                                one-row minimum when the shapes need more). A non-zero budget below
+                                kdloss_fljsd_min_budget() is KDLOSS_ERR_BUDGET_TOO_SMALL          */
+    double grad_scale;       /* upstream gradient, folded into every gradient; default 1. The
+                                factors grad_scale * w_soft / T and grad_scale * w_hard must be
+                                finite in fp32 (KDLOSS_ERR_INVALID_PARAM otherwise)               */
 } kdloss_fljsd_params;
 
 KDLOSS_API void kdloss_fljsd_params_default(kdloss_fljsd_params *params);
@@ -306,12 +319,23 @@ typedef struct kdloss_fljsd_out {
  *   BF16), xt/wt share a dtype (F32 or BF16).
  * Working space: O(chunk x V) floats plus an fp32 (V x Hs) dW accumulator when ws is not fp32;
  *   kdloss_fljsd_workspace_size() tells the exact bytes. workspace = NULL lets the library
- *   allocate and free it itself.
+ *   allocate and free it itself (one malloc; KDLOSS_ERR_OUT_OF_MEMORY, nothing written, when it
+ *   fails). kdloss_fljsd_min_budget() tells the smallest memory_budget these shapes accept (the
+ *   fixed buffers plus a one-row chunk; the dWs accumulator is not counted against the budget).
+ * Memory: a call allocates nothing itself besides that workspace. The BLAS and the OpenMP
+ *   runtime may allocate inside a call (thread pools and buffers, mostly on the first call of a
+ *   process); with OpenBLAS and libgomp some of those failures exit the process instead of
+ *   returning, which kdloss cannot catch (tests/README.md, test_fault_inject, has the figures).
  */
 KDLOSS_API kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
                                                      int64_t hs, int64_t ht, int64_t v,
                                                      kdloss_dtype student_dtype,
                                                      int want_grad, size_t *bytes);
+
+KDLOSS_API kdloss_status kdloss_fljsd_min_budget(const kdloss_fljsd_params *params, int64_t bt,
+                                                 int64_t hs, int64_t ht, int64_t v,
+                                                 kdloss_dtype student_dtype, int want_grad,
+                                                 size_t *bytes);
 
 KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t bt,
                                                  int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what kdloss needs when it is missing, so the README's two commands work on a fresh
-# machine. `deps.sh c` : compiler, CMake, OpenBLAS, pkg-config (Debian packages, via apt-get).
+# machine. `deps.sh c` : compiler, CMake, oneDNN, OpenBLAS, pkg-config, clang + libFuzzer (Debian).
 #           `deps.sh py`: a virtual environment at $KDLOSS_VENV with torch, numpy, pytest, matplotlib
 #                         (and Liger-Kernel for the peer harness), from PyPI.
 set -euo pipefail
@@ -10,8 +10,9 @@ need_pkgs=()
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 if [ "$what" = c ]; then
-    # libopenblas-dev: only for comparison (kdloss dlopens it as a second GEMM provider).
-    for p in build-essential cmake libdnnl-dev libopenblas-dev pkg-config; do
+    # libopenblas-dev: only for comparison (kdloss dlopens it as a second GEMM provider);
+    # clang + libclang-rt-14-dev: the libFuzzer target.
+    for p in build-essential cmake libdnnl-dev libopenblas-dev pkg-config clang libclang-rt-14-dev; do
         have_pkg "$p" || need_pkgs+=("$p")
     done
     if [ ${#need_pkgs[@]} -gt 0 ]; then

@@ -130,10 +130,61 @@ static void jsd_errors(void) {
     jsd_expect("grad dtype differs", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, s, te, lab, &loss, rows, (kdloss_mat){g, KDLOSS_F16, 0});
 }
 
+/* Issue 12: parameters that do not survive the fp32 cast the kernels make (eps 1e39 became inf
+ * on the scalar path and a wrong finite value on AVX; grad_scale 1e39 gave inf * 0 = NaN
+ * gradients where the true value is 0), and misaligned element pointers (undefined behaviour
+ * in the row kernels): errors now, nothing written. */
+static void issue12_errors(void) {
+    kdloss_kl_params p, q;
+    kdloss_kl_params_default(&p);
+    kdloss_jsd_params jp, jq;
+    kdloss_jsd_params_default(&jp);
+    kdloss_cmat in = {x, KDLOSS_F32, 0}, tg = {t, KDLOSS_F32, 0};
+    kdloss_mat gm = {g, KDLOSS_F32, 0};
+    kdloss_labels nol = {NULL, KDLOSS_I64};
+    q = p, q.eps = 1e39;
+    kl_expect("eps 1e39 (inf in fp32)", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.eps = 3.4028236e38; /* above FLT_MAX + half an ulp: rounds to inf */
+    kl_expect("eps just above FLT_MAX", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.grad_scale = 1e39, q.reduction = KDLOSS_REDUCTION_SUM;
+    kl_expect("grad_scale 1e39", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    q = p, q.grad_scale = -1e39, q.reduction = KDLOSS_REDUCTION_MEAN;
+    kl_expect("grad_scale -1e39 mean", KDLOSS_ERR_INVALID_PARAM, &q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    jq = jp, jq.grad_scale = 1e39;
+    jsd_expect("grad_scale 1e39", KDLOSS_ERR_INVALID_PARAM, &jq, BT, V, in, tg, nol, &loss, rows, gm);
+    /* the largest accepted values still give finite results where the math is finite */
+    q = p, q.eps = 3.4028234e38, q.reduction = KDLOSS_REDUCTION_SUM, q.grad_scale = 3.0e38;
+    poison_outputs();
+    kdloss_status st = kdloss_kl_div(&q, BT, V, in, tg, &loss, rows, NOMAT, gm);
+    KT_CHECK(st == KDLOSS_OK && !isnan(loss) && !isnan(g[0]), "kl eps FLT_MAX: %d, loss %g", st, loss);
+
+    /* misaligned element pointers: rejected, for every operand kind */
+    const char *xb = (const char *)x, *tb = (const char *)t;
+    char *gb = (char *)g;
+    kdloss_cmat mis_in = {xb + 2, KDLOSS_F32, 0}, mis_t16 = {tb + 1, KDLOSS_BF16, 0};
+    kl_expect("input fp32 at +2 bytes", KDLOSS_ERR_MISALIGNED, &p, BT, V - 1, mis_in, tg, &loss, rows, NOMAT, NOMAT);
+    kl_expect("target bf16 at +1 byte", KDLOSS_ERR_MISALIGNED, &p, BT, V - 1, in, mis_t16, &loss, rows, NOMAT, NOMAT);
+    kl_expect("grad fp16 at +1 byte", KDLOSS_ERR_MISALIGNED, &p, BT, V - 1, (kdloss_cmat){x, KDLOSS_F16, 0}, tg, NULL, rows, NOMAT,
+              (kdloss_mat){gb + 1, KDLOSS_F16, 0});
+    kl_expect("loss at +1 byte", KDLOSS_ERR_MISALIGNED, &p, BT, V, in, tg, (float *)(void *)((char *)rows + 1), NULL, NOMAT, NOMAT);
+    jsd_expect("student fp32 at +1", KDLOSS_ERR_MISALIGNED, &jp, BT, V - 1, (kdloss_cmat){xb + 1, KDLOSS_F32, 0}, tg, nol, &loss, rows, NOMAT);
+    jsd_expect("row_loss at +2", KDLOSS_ERR_MISALIGNED, &jp, BT, V, in, tg, nol, NULL, (float *)(void *)((char *)elem + 2), NOMAT);
+    for (int r = 0; r < BT; r++) labels[r] = r;
+    jsd_expect("int64 labels at +4", KDLOSS_ERR_MISALIGNED, &jp, BT - 1, V, in, tg,
+               (kdloss_labels){(const char *)labels + 4, KDLOSS_I64}, &loss, rows, NOMAT);
+    jsd_expect("int32 labels at +2", KDLOSS_ERR_MISALIGNED, &jp, BT - 1, V, in, tg,
+               (kdloss_labels){(const char *)labels + 2, KDLOSS_I32}, &loss, rows, NOMAT);
+    /* 2-byte dtypes at 2-byte (not 4-byte) alignment are fine */
+    poison_outputs();
+    st = kdloss_jsd(&jp, BT, V - 1, (kdloss_cmat){xb + 2, KDLOSS_BF16, 0}, (kdloss_cmat){tb + 2, KDLOSS_F16, 0}, nol, &loss, NULL,
+                    (kdloss_mat){gb + 2, KDLOSS_BF16, 0});
+    KT_CHECK(st == KDLOSS_OK, "bf16 at 2-byte alignment: %d", st);
+}
+
 static void misc(void) {
     /* every status has its own message; unknown codes get one too */
     const char *seen[32] = {0};
-    for (int c = 0; c >= KDLOSS_ERR_INTERNAL; c--) {
+    for (int c = 0; c >= KDLOSS_ERR_MISALIGNED; c--) {
         const char *m = kdloss_status_string((kdloss_status)c);
         KT_CHECK(m && *m && strcmp(m, "unknown status code"), "status %d has no message", c);
         for (int d = 0; d < -c; d++) KT_CHECK(strcmp(seen[d], m) != 0, "status %d repeats a message", c);
@@ -172,6 +223,7 @@ int main(void) {
     for (int i = 0; i < BT * V; i++) x[i] = -2.3f, t[i] = 0.1f;
     kl_errors();
     jsd_errors();
+    issue12_errors();
     misc();
     return kt_finish("test_errors");
 }

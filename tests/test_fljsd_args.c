@@ -12,6 +12,7 @@
 #include "testutil.h"
 
 enum { BT = 9, HS = 5, HT = 6, V = 11 };
+#define KD_ALIGN_SLACK 64 /* a workspace region's alignment padding, at most 64 bytes each */
 
 /* One call's arguments, valid until a test breaks one of them. */
 typedef struct call {
@@ -256,6 +257,104 @@ static void workspace_size_args(void) {
              "budget honoured: %zu bytes at 1 MiB, %zu at 64 MiB", small, big);
 }
 
+/* Issue 12 (fused-linear part): scale factors that overflow fp32, a budget that cannot hold one
+ * row, misaligned pointers, and the size query's chunk arithmetic at BT near INT64_MAX. */
+static void issue12(void) {
+    /* T = 3e-39 is subnormal in fp32 (logit gaps / T overflow); w_soft / T = 1e40 and
+     * grad_scale w_hard = 5e38 are not fp32: the old code gave NaN gradients for them */
+    CASE(KDLOSS_ERR_INVALID_PARAM, c.prm.temperature = 3e-39);
+    CASE(KDLOSS_ERR_INVALID_PARAM, c.prm.temperature = 1e-30; c.prm.weight_soft_loss = 1e10);
+    CASE(KDLOSS_ERR_INVALID_PARAM, c.prm.grad_scale = 1e39);
+    CASE(KDLOSS_ERR_INVALID_PARAM, c.prm.grad_scale = 1e30; c.prm.weight_hard_loss = 1e9);
+    {   /* the largest accepted factors give finite gradients */
+        call c;
+        valid_call(&c);
+        c.prm.temperature = 1.2e-38; /* normal */
+        c.prm.weight_soft_loss = 1e-3;
+        poison_outputs();
+        kdloss_status st = run(&c);
+        int nan = 0;
+        for (int i = 0; i < BT * HS; i++) nan += isnan(o_dxs[i]);
+        for (int i = 0; i < V * HS; i++) nan += isnan(o_dws[i]);
+        KT_CHECK(st == KDLOSS_OK && !nan, "T 1.2e-38: status %d, %d NaN gradient elements", st, nan);
+    }
+
+    /* memory_budget: below the one-row minimum is an error naming how to learn the minimum */
+    size_t min = 0, ws = 0;
+    {
+        call c;
+        valid_call(&c);
+        KT_CHECK(kdloss_fljsd_min_budget(&c.prm, BT, HS, HT, V, KDLOSS_F32, 1, &min) == KDLOSS_OK &&
+                     min > 0, "min budget %zu", min);
+        KT_CHECK(strstr(kdloss_status_string(KDLOSS_ERR_BUDGET_TOO_SMALL), "kdloss_fljsd_min_budget") != NULL,
+                 "budget message names kdloss_fljsd_min_budget");
+        c.prm.memory_budget = 1;
+        KT_CHECK(kdloss_fljsd_workspace_size(&c.prm, BT, HS, HT, V, KDLOSS_F32, 1, &ws) ==
+                     KDLOSS_ERR_BUDGET_TOO_SMALL && ws == 0, "size query with a 1-byte budget");
+        c.prm.memory_budget = min;
+        KT_CHECK(kdloss_fljsd_workspace_size(&c.prm, BT, HS, HT, V, KDLOSS_F32, 1, &ws) ==
+                     KDLOSS_OK && ws <= min + 16 * KD_ALIGN_SLACK, "min budget %zu: workspace %zu", min, ws);
+        poison_outputs();
+        KT_CHECK(run(&c) == KDLOSS_OK, "a call at exactly the minimum budget");
+    }
+    CASE(KDLOSS_ERR_BUDGET_TOO_SMALL, c.prm.memory_budget = 1);
+    CASE(KDLOSS_ERR_BUDGET_TOO_SMALL, c.prm.memory_budget = min - 1);
+    CASE(KDLOSS_ERR_BUDGET_TOO_SMALL, c.prm.memory_budget = min - 1; c.prm.chunk_size = 1);
+    {   /* a big problem: 1 MiB cannot hold one row of V = 2^20 logits */
+        kdloss_fljsd_params prm;
+        kdloss_fljsd_params_default(&prm);
+        prm.memory_budget = 1 << 20;
+        size_t b = 0, m = 0;
+        KT_CHECK(kdloss_fljsd_workspace_size(&prm, 1000, 64, 64, 1 << 20, KDLOSS_BF16, 1, &b) ==
+                     KDLOSS_ERR_BUDGET_TOO_SMALL, "1 MiB budget, V 2^20");
+        KT_CHECK(kdloss_fljsd_min_budget(&prm, 1000, 64, 64, 1 << 20, KDLOSS_BF16, 1, &m) ==
+                     KDLOSS_OK && m > (8u << 20), "min budget at V 2^20: %zu", m);
+        prm.memory_budget = 0; /* the default grows to the minimum instead of failing */
+        KT_CHECK(kdloss_fljsd_workspace_size(&prm, 1000, 64, 64, 1 << 20, KDLOSS_BF16, 1, &b) ==
+                     KDLOSS_OK, "default budget, V 2^20");
+        KT_CHECK(kdloss_fljsd_min_budget(NULL, 1, 1, 1, 1, KDLOSS_F32, 1, &m) == KDLOSS_ERR_NULL_POINTER &&
+                     kdloss_fljsd_min_budget(&prm, 0, 1, 1, 1, KDLOSS_F32, 1, &m) == KDLOSS_ERR_INVALID_SIZE,
+                 "min budget argument errors");
+    }
+
+    /* the size query at BT near INT64_MAX: no signed overflow (UBSan run), a sane answer */
+    static const int64_t huge[] = {(int64_t)1 << 62, INT64_MAX, INT64_MAX - 1, INT64_MAX / 3};
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k < 4; k++) {
+            kdloss_fljsd_params prm;
+            kdloss_fljsd_params_default(&prm);
+            size_t m = 0, b = 0;
+            kdloss_status st = kdloss_fljsd_min_budget(&prm, huge[i], 11, 9, 2, KDLOSS_BF16, 1, &m);
+            KT_CHECK(st == KDLOSS_OK, "min budget at bt %lld: %d", (long long)huge[i], st);
+            prm.memory_budget = k == 0 ? m : k == 1 ? m + 17 * 200 : k == 2 ? (size_t)1 << 20 : 0;
+            st = kdloss_fljsd_workspace_size(&prm, huge[i], 11, 9, 2, KDLOSS_BF16, 1, &b);
+            KT_CHECK(st == KDLOSS_OK && b > 0 && b <= (k == 3 ? (size_t)256 << 20 : prm.memory_budget) + 4096,
+                     "size query bt %lld budget %zu: status %d, %zu bytes", (long long)huge[i],
+                     prm.memory_budget, st, b);
+        }
+    }
+    {   /* the issue's own example: a 64-byte budget is now an error, not undefined behaviour */
+        kdloss_fljsd_params prm;
+        kdloss_fljsd_params_default(&prm);
+        prm.memory_budget = 64;
+        size_t b = 0;
+        KT_CHECK(kdloss_fljsd_workspace_size(&prm, (int64_t)1 << 62, 11, 9, 2, KDLOSS_BF16, 1, &b) ==
+                     KDLOSS_ERR_BUDGET_TOO_SMALL, "issue example");
+    }
+
+    /* misaligned pointers: every operand kind (rejected before anything is read, so the
+     * shifted views never reach past their arrays) */
+    const char *pxs = prob.pxs, *pws = prob.pws;
+    CASE(KDLOSS_ERR_MISALIGNED, c.xs.data = pxs + 2);
+    CASE(KDLOSS_ERR_MISALIGNED, c.ws.data = pws + 1);
+    CASE(KDLOSS_ERR_MISALIGNED, c.bs = (const char *)prob.pbias_s + 2);
+    CASE(KDLOSS_ERR_MISALIGNED, c.bt_bias = (const char *)prob.pbias_t + 1);
+    CASE(KDLOSS_ERR_MISALIGNED, c.out.dxs.data = (char *)o_dxs + 2);
+    CASE(KDLOSS_ERR_MISALIGNED, c.out.loss = (float *)(void *)((char *)o_loss + 1));
+    CASE(KDLOSS_ERR_MISALIGNED, c.out.dbs = (char *)o_dbs + 2);
+    CASE(KDLOSS_ERR_MISALIGNED, c.labels.data = (const char *)prob.labels + 4);
+}
+
 static void defaults(void) {
     kdloss_fljsd_params p;
     memset(&p, 0xff, sizeof(p));
@@ -274,6 +373,7 @@ int main(void) {
     bad_calls();
     out_of_memory();
     workspace_size_args();
+    issue12();
     defaults();
     kt_fljsd_problem_free(&prob);
     return kt_finish("test_fljsd_args");

@@ -33,6 +33,8 @@ ERR_UNSUPPORTED = -13
 ERR_BLAS = -14
 ERR_CUDA = -15
 ERR_INTERNAL = -16
+ERR_BUDGET_TOO_SMALL = -17
+ERR_MISALIGNED = -18
 
 STATUS_NAMES = {
     OK: "KDLOSS_OK",
@@ -52,6 +54,8 @@ STATUS_NAMES = {
     ERR_BLAS: "KDLOSS_ERR_BLAS",
     ERR_CUDA: "KDLOSS_ERR_CUDA",
     ERR_INTERNAL: "KDLOSS_ERR_INTERNAL",
+    ERR_BUDGET_TOO_SMALL: "KDLOSS_ERR_BUDGET_TOO_SMALL",
+    ERR_MISALIGNED: "KDLOSS_ERR_MISALIGNED",
 }
 
 F32, BF16, F16, I32, I64 = 0, 1, 2, 3, 4
@@ -145,6 +149,9 @@ _PROTOTYPES = {
     "kdloss_fljsd_workspace_size": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64,
                                           ctypes.c_int, ctypes.c_int,
                                           ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_fljsd_min_budget": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64,
+                                      ctypes.c_int, ctypes.c_int,
+                                      ctypes.POINTER(ctypes.c_size_t)]),
     "kdloss_fused_linear_jsd": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64, CMat,
                                       CMat, _P, CMat, CMat, _P, Labels, ctypes.POINTER(FljsdOut),
                                       _P, ctypes.c_size_t]),

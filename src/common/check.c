@@ -1,5 +1,6 @@
 #include "check.h"
 
+#include <float.h>
 #include <math.h>
 
 #include <stdint.h>
@@ -13,6 +14,7 @@ kdloss_status kd_check_fmat(int64_t rows, int64_t cols, const void *data, kdloss
     if (!data) return KDLOSS_ERR_NULL_POINTER;
     if (rows <= 0 || cols <= 0) return KDLOSS_ERR_INVALID_SIZE;
     if (!kd_is_float_dtype(dt)) return KDLOSS_ERR_INVALID_DTYPE;
+    if (!kd_aligned(data, kdloss_dtype_size(dt))) return KDLOSS_ERR_MISALIGNED;
     if (ld == 0) ld = cols;
     if (ld < cols) return KDLOSS_ERR_INVALID_STRIDE;
     int64_t es = (int64_t)kdloss_dtype_size(dt);
@@ -43,6 +45,7 @@ kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64
                               int64_t *n_valid) {
     if (!labels.data) return KDLOSS_ERR_NULL_POINTER;
     if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) return KDLOSS_ERR_INVALID_DTYPE;
+    if (!kd_aligned(labels.data, kdloss_dtype_size(labels.dtype))) return KDLOSS_ERR_MISALIGNED;
     int64_t n = 0;
     for (int64_t r = 0; r < bt; r++) {
         int64_t y = kd_label_at(labels, r);
@@ -60,8 +63,10 @@ kdloss_status kd_kl_check_args(const kdloss_kl_params *p, int64_t bt, int64_t v,
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
     if (p->reduction < KDLOSS_REDUCTION_NONE || p->reduction > KDLOSS_REDUCTION_BATCHMEAN)
         return KDLOSS_ERR_INVALID_REDUCTION;
-    if ((p->log_target != 0 && p->log_target != 1) || !(p->eps >= 0.0) || !isfinite(p->eps) ||
-        !isfinite(p->grad_scale))
+    /* eps and the gradient factor are used as fp32: they must stay finite there */
+    if ((p->log_target != 0 && p->log_target != 1) || !(p->eps >= 0.0) || !kd_fp32_finite(p->eps) ||
+        !kd_fp32_finite(p->grad_scale) ||
+        !kd_fp32_finite(kd_kl_reduction_scale(p->reduction, bt, v) * p->grad_scale))
         return KDLOSS_ERR_INVALID_PARAM;
     int none = p->reduction == KDLOSS_REDUCTION_NONE;
     /* "none" has no scalar loss; an elementwise loss exists only for "none" */
@@ -86,9 +91,14 @@ kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p) {
         return KDLOSS_ERR_INVALID_PARAM;
     if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
         return KDLOSS_ERR_INVALID_PARAM;
-    if (!isfinite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
-    /* 1/T must be a normal fp32 and T > 0 must stay so in fp32 */
-    if (!((float)p->temperature > 0.0f) || !isfinite((float)(1.0 / p->temperature)))
+    if (!kd_fp32_finite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
+    /* T must be a normal fp32 (a subnormal T makes logit gaps / T overflow) and 1/T finite */
+    if (!((float)p->temperature >= FLT_MIN) || !kd_fp32_finite(1.0 / p->temperature))
+        return KDLOSS_ERR_INVALID_PARAM;
+    /* the gradient factors the row kernels use in fp32, at their largest (n_valid = 1):
+     * grad_scale w_soft / (n_valid T) and grad_scale w_hard / n_valid */
+    if (!kd_fp32_finite(p->grad_scale * p->weight_soft_loss / p->temperature) ||
+        !kd_fp32_finite(p->grad_scale * p->weight_hard_loss))
         return KDLOSS_ERR_INVALID_PARAM;
     return KDLOSS_OK;
 }

@@ -3,6 +3,8 @@
 #ifndef KDLOSS_CHECK_H
 #define KDLOSS_CHECK_H
 
+#include <stdint.h>
+
 #include "kdloss.h"
 
 #ifdef __cplusplus
@@ -14,6 +16,17 @@ typedef struct kd_span {
     const char *lo;
     const char *hi;
 } kd_span;
+
+/* 1 if p is a multiple of `align` bytes (NULL is aligned). */
+static inline int kd_aligned(const void *p, size_t align) {
+    return align == 0 || (uintptr_t)p % align == 0;
+}
+
+/* 1 if x is finite and stays finite when rounded to fp32: |x| below FLT_MAX + half an ulp
+ * (NaN fails the comparison). */
+static inline int kd_fp32_finite(double x) {
+    return x < 0x1.ffffffp+127 && x > -0x1.ffffffp+127;
+}
 
 /* 1 for F32, BF16, F16. */
 int kd_is_float_dtype(kdloss_dtype dt);

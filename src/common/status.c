@@ -11,8 +11,9 @@ const char *kdloss_status_string(kdloss_status status) {
     case KDLOSS_ERR_INVALID_DTYPE: return "invalid dtype: unknown, or not allowed for this operand";
     case KDLOSS_ERR_INVALID_REDUCTION: return "invalid reduction: use none, sum, mean or batchmean";
     case KDLOSS_ERR_INVALID_PARAM:
-        return "invalid parameter: beta must be in [0,1], eps >= 0, temperature > 0, "
-               "weights >= 0, chunk_size >= 0, grad_scale finite";
+        return "invalid parameter: beta must be in [0,1], eps in [0, FLT_MAX], temperature a "
+               "normal fp32 > 0, weights >= 0, chunk_size >= 0, and every scale factor "
+               "(grad_scale times the reduction or weight / temperature factors) a finite fp32";
     case KDLOSS_ERR_INVALID_STRIDE:
         return "invalid stride: a leading dimension is below the row length";
     case KDLOSS_ERR_ALIASING:
@@ -27,6 +28,11 @@ const char *kdloss_status_string(kdloss_status status) {
     case KDLOSS_ERR_BLAS: return "BLAS failure";
     case KDLOSS_ERR_CUDA: return "CUDA failure (runtime, cuBLAS or cuBLASLt)";
     case KDLOSS_ERR_INTERNAL: return "internal error in kdloss";
+    case KDLOSS_ERR_BUDGET_TOO_SMALL:
+        return "memory budget too small: it cannot hold a one-row chunk; "
+               "kdloss_fljsd_min_budget() gives the minimum for these shapes";
+    case KDLOSS_ERR_MISALIGNED:
+        return "misaligned pointer: every pointer must be aligned to its element size";
     }
     return "unknown status code";
 }

@@ -6,17 +6,26 @@
 /* 0 = not decided yet; otherwise a kdloss_cpu_isa. Reads and writes are single aligned ints. */
 static volatile int g_isa = 0;
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c". */
+static int has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static int cpu_has(kdloss_cpu_isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     switch (isa) {
     case KDLOSS_ISA_AVX2:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+               has_f16c();
     case KDLOSS_ISA_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("fma") && has_f16c();
     default: return isa == KDLOSS_ISA_SCALAR || isa == KDLOSS_ISA_AUTO;
     }
 #else

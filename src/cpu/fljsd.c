@@ -110,13 +110,20 @@ static const float *x_rows(kdloss_cmat x, int64_t r0, int64_t n, int64_t cols, f
 
 /* acc[c] (= or +=) sum over rows i of dz[i][c], dz (n x v): each column summed in row order
  * (OpenMP over column blocks), so the result does not depend on the thread count. */
+static void col_block(const float *dz, int64_t n, int64_t v, float *acc, int first, int64_t c0) {
+    int64_t c1 = min64(c0 + 512, v);
+    if (first) memset(acc + c0, 0, (size_t)(c1 - c0) * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c = c0; c < c1; c++) acc[c] += dz[i * v + c];
+}
+
 static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int first) {
-#pragma omp parallel for schedule(static) if (n * v >= KD_FLJSD_PAR_MIN)
-    for (int64_t c0 = 0; c0 < v; c0 += 512) {
-        int64_t c1 = min64(c0 + 512, v);
-        if (first) memset(acc + c0, 0, (size_t)(c1 - c0) * sizeof(float));
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t c = c0; c < c1; c++) acc[c] += dz[i * v + c];
+    /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
+    if (n * v >= KD_FLJSD_PAR_MIN) {
+#pragma omp parallel for schedule(static)
+        for (int64_t c0 = 0; c0 < v; c0 += 512) col_block(dz, n, v, acc, first, c0);
+    } else {
+        for (int64_t c0 = 0; c0 < v; c0 += 512) col_block(dz, n, v, acc, first, c0);
     }
 }
 

@@ -42,10 +42,12 @@ typedef struct kd_fljsd_plan {
     size_t off_zs, off_zt, off_xconv, off_xs32, off_panel, off_ws32, off_wt32, off_bias, off_dbs,
         off_rows, off_dws;
     size_t bytes;    /* total, including KD_FLJSD_ALIGN - 1 bytes to align the caller's pointer */
+    size_t min_budget; /* smallest memory_budget that holds a one-row chunk */
 } kd_fljsd_plan;
 
 /* Lays the workspace out for these arguments (see above). Errors: KDLOSS_ERR_INVALID_SIZE
- * when the byte counts overflow. */
+ * when the byte counts overflow, KDLOSS_ERR_BUDGET_TOO_SMALL when a non-zero memory_budget
+ * cannot hold a one-row chunk. */
 kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
                                  int64_t v, kdloss_dtype student_dtype, int want_grad,
                                  kd_fljsd_plan *plan);

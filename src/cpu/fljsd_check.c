@@ -40,6 +40,7 @@ kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int6
     if (st == KDLOSS_OK) st = check_gemm_mat(v, ht, wt.data, wt.dtype, &wt.ld, &in[4]);
     if (st != KDLOSS_OK) return st;
     size_t es = kdloss_dtype_size(xs.dtype), et = kdloss_dtype_size(xt.dtype);
+    if (!kd_aligned(bs, es) || !kd_aligned(bt_bias, et)) return KDLOSS_ERR_MISALIGNED;
     in[2] = kd_vec_span(bs, v, es);
     in[5] = kd_vec_span(bt_bias, v, et);
     int64_t n_valid = 0;
@@ -67,6 +68,9 @@ kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int6
         if (st != KDLOSS_OK) return st;
     }
     if (o.dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
+    if (!kd_aligned(o.dbs, es) || !kd_aligned(o.loss, sizeof(float)) ||
+        !kd_aligned(o.soft_loss, sizeof(float)) || !kd_aligned(o.hard_loss, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
     os[5] = kd_vec_span(o.dbs, v, es);
 
     st = kd_fljsd_plan_make(params, bt, hs, ht, v, xs.dtype, grad, plan);

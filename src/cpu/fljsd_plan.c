@@ -40,15 +40,16 @@ static size_t take(size_t *end, size_t bytes, int *ok) {
 
 /* Rows per chunk when chunk_size is 0: the largest multiple of 16 whose per-row buffers fit in
  * what the budget leaves, at least 1, at most BT; then spread evenly over the same number of
- * chunks (still a multiple of 16), so the last chunk is not a sliver: fewer bytes, same GEMMs. */
+ * chunks (still a multiple of 16), so the last chunk is not a sliver: fewer bytes, same GEMMs.
+ * Unsigned arithmetic throughout: BT may be near INT64_MAX, and bt + cmax - 1 would overflow. */
 static int64_t auto_chunk(int64_t bt, size_t avail, size_t per_row) {
-    size_t fit = avail / per_row;
-    if (fit >= (uint64_t)bt) return bt;
-    int64_t cmax = fit >= 16 ? (int64_t)(fit / 16 * 16) : fit > 0 ? (int64_t)fit : 1;
-    int64_t nch = (bt + cmax - 1) / cmax;
-    int64_t c = (bt + nch - 1) / nch;
-    if (cmax >= 16) c = (c + 15) / 16 * 16; /* <= cmax, a multiple of 16 */
-    return c < bt ? c : bt;
+    uint64_t ubt = (uint64_t)bt, fit = avail / per_row;
+    if (fit >= ubt) return bt;
+    uint64_t cmax = fit >= 16 ? fit / 16 * 16 : fit > 0 ? fit : 1; /* < bt */
+    uint64_t nch = ubt / cmax + (ubt % cmax != 0);
+    uint64_t c = ubt / nch + (ubt % nch != 0); /* <= cmax */
+    if (cmax >= 16) c = (c + 15) / 16 * 16;    /* still <= cmax, a multiple of 16 */
+    return c < ubt ? (int64_t)c : bt;
 }
 
 kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
@@ -57,7 +58,6 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64
     const size_t f4 = sizeof(float);
     int sb = student_dtype == KDLOSS_BF16;
     int64_t h = hs > ht ? hs : ht;
-    size_t budget = p->memory_budget ? p->memory_budget : KD_DEFAULT_BUDGET;
     int ok = 1;
 
     plan->xconv_cols = sb && want_grad ? h : ht;
@@ -69,6 +69,18 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64
     size_t copies = mul3((size_t)v, (size_t)(hs + ht), f4);
     if (!copies) return KDLOSS_ERR_INVALID_SIZE; /* v (hs + ht) 4 overflows; the rest cannot */
     int64_t want_rows = p->chunk_size > 0 && p->chunk_size < bt ? p->chunk_size : bt;
+    /* The smallest budget that holds a one-row chunk: the fixed part with the smallest panel
+     * (16 weight rows, or V when fewer) plus one row. A given budget below it is an error; the
+     * default (0) is 256 MiB, or this minimum when shapes need more. */
+    size_t min_budget;
+    if (__builtin_add_overflow(base, mul3((size_t)(v < 16 ? v : 16), (size_t)h, f4),
+                               &min_budget) ||
+        __builtin_add_overflow(min_budget, per_row, &min_budget) || !per_row)
+        return KDLOSS_ERR_INVALID_SIZE;
+    plan->min_budget = min_budget;
+    if (p->memory_budget && p->memory_budget < min_budget) return KDLOSS_ERR_BUDGET_TOO_SMALL;
+    size_t budget = p->memory_budget ? p->memory_budget : KD_DEFAULT_BUDGET;
+    if (budget < min_budget) budget = min_budget;
 
     /* Whole fp32 copies of bf16 weights only when the budget holds them AND a chunk of every
      * row (or of chunk_size rows): they never shrink the chunk. At BT 2048, V 32768, bf16 with
@@ -109,10 +121,10 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64
     return KDLOSS_OK;
 }
 
-kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
-                                          int64_t hs, int64_t ht, int64_t v,
-                                          kdloss_dtype student_dtype, int want_grad,
-                                          size_t *bytes) {
+/* Shared checks of the two size queries. */
+static kdloss_status query_plan(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
+                                int64_t ht, int64_t v, kdloss_dtype student_dtype, int want_grad,
+                                size_t *bytes, kd_fljsd_plan *plan) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_fljsd_check_params(params);
     if (st != KDLOSS_OK) return st;
@@ -120,8 +132,29 @@ kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int
     if (st != KDLOSS_OK) return st;
     if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
         return KDLOSS_ERR_INVALID_DTYPE;
+    return kd_fljsd_plan_make(params, bt, hs, ht, v, student_dtype, want_grad != 0, plan);
+}
+
+kdloss_status kdloss_fljsd_min_budget(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
+                                      int64_t ht, int64_t v, kdloss_dtype student_dtype,
+                                      int want_grad, size_t *bytes) {
     kd_fljsd_plan plan;
-    st = kd_fljsd_plan_make(params, bt, hs, ht, v, student_dtype, want_grad != 0, &plan);
+    kdloss_fljsd_params p;
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    p = *params;
+    p.memory_budget = 0; /* the caller's budget is what is being sized */
+    kdloss_status st = query_plan(&p, bt, hs, ht, v, student_dtype, want_grad, bytes, &plan);
+    if (st != KDLOSS_OK) return st;
+    *bytes = plan.min_budget;
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
+                                          int64_t hs, int64_t ht, int64_t v,
+                                          kdloss_dtype student_dtype, int want_grad,
+                                          size_t *bytes) {
+    kd_fljsd_plan plan;
+    kdloss_status st = query_plan(params, bt, hs, ht, v, student_dtype, want_grad, bytes, &plan);
     if (st != KDLOSS_OK) return st;
     *bytes = plan.bytes;
     return KDLOSS_OK;

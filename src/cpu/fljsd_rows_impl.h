@@ -191,6 +191,11 @@ static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vjsd *k, int64_t i)
 
 void KD_SFX(kd_fljsd_rows)(const kd_fljsd_rows *a) {
     kd_vjsd k = kd_vjsd_make(a->coef);
-#pragma omp parallel for schedule(static) if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN)
-    for (int64_t i = 0; i < a->n; i++) KD_SFX(one_row)(a, &k, i);
+    /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
+    if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < a->n; i++) KD_SFX(one_row)(a, &k, i);
+    } else {
+        for (int64_t i = 0; i < a->n; i++) KD_SFX(one_row)(a, &k, i);
+    }
 }

@@ -96,6 +96,11 @@ static void one_row(const kd_fljsd_rows *a, int64_t i) {
 }
 
 void kd_fljsd_rows_scalar(const kd_fljsd_rows *a) {
-#pragma omp parallel for schedule(static) if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN)
-    for (int64_t i = 0; i < a->n; i++) one_row(a, i);
+    /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
+    if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < a->n; i++) one_row(a, i);
+    } else {
+        for (int64_t i = 0; i < a->n; i++) one_row(a, i);
+    }
 }

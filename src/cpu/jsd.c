@@ -17,7 +17,8 @@ kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdlo
                          kdloss_mat grad) {
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (!(p->beta >= 0.0 && p->beta <= 1.0) || !isfinite(p->grad_scale))
+    /* grad_scale / n_valid is used as an fp32: grad_scale must be one */
+    if (!(p->beta >= 0.0 && p->beta <= 1.0) || !kd_fp32_finite(p->grad_scale))
         return KDLOSS_ERR_INVALID_PARAM;
 
     kd_ew_job job = {0};
@@ -31,6 +32,8 @@ kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdlo
         job.ignore_index = p->ignore_index;
     }
     if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
+    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
     ins[0] = sp[0];
     ins[1] = sp[1];
     ins[2] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));

@@ -36,6 +36,8 @@ kdloss_status kdloss_kl_div(const kdloss_kl_params *p, int64_t bt, int64_t v, kd
         job.elem = elem_loss.data;
     }
     if (!loss && !row_loss && !elem_loss.data && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
+    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
     int in_place = grad.data && grad.data == input.data && job.ldg == job.ldx;
     if ((st = kd_ew_check_overlap(ins, 2, outs, 4, in_place))) return st;
 

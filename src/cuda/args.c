@@ -77,7 +77,7 @@ kdloss_status kd_args_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdl
                           kd_spanset *spans) {
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (!(p->beta >= 0.0 && p->beta <= 1.0) || !isfinite(p->grad_scale))
+    if (!(p->beta >= 0.0 && p->beta <= 1.0) || !kd_fp32_finite(p->grad_scale))
         return KDLOSS_ERR_INVALID_PARAM;
 
     kd_span s_s, s_t, s_g = {0, 0};

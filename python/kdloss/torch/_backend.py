@@ -83,7 +83,8 @@ def labels_view(labels, rows, device, what):
                           f"{what} has {labels.numel()} elements {tuple(labels.shape)}, "
                           f"expected one per row ({rows})")
     if labels.dtype not in LABEL_CODES:
-        if labels.is_floating_point() or labels.is_complex():
+        # bool is not a token id (True would silently become label 1): integers only
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
             raise KdlossError(_lib.ERR_INVALID_DTYPE, f"{what} is {labels.dtype}; use an integer dtype")
         labels = labels.to(torch.int64)
     labels = labels.reshape(rows).contiguous()

@@ -12,6 +12,8 @@ receive a gradient. Losses come back in the student's dtype (PyTorch's conventio
 computed in fp32 with double accumulation by the library.
 """
 
+import functools
+
 import torch
 
 from .. import _lib
@@ -33,6 +35,43 @@ def _scale(saved, grad_output):
     if grad_output.numel() == 1 and float(grad_output) == 1.0:
         return saved
     return saved * grad_output.to(saved.dtype)
+
+
+_TWICE = ("kdloss: these losses are differentiable once only (backward returns the gradient "
+          "saved by forward, a constant); double backward, e.g. a gradient penalty through the "
+          "loss, is not supported")
+
+
+def _first_order_only(backward):
+    """Marks an autograd backward first-order only, like torch's @once_differentiable, but also
+    when the upstream gradient does not require grad: under create_graph=True every returned
+    gradient gets a node that raises _TWICE if anything differentiates through it. That node's
+    inputs are the tensors forward saved (the student inputs among them) and the upstream
+    gradients, so torch.autograd.grad(..., inputs=x) reaches it too instead of pruning it and
+    silently dropping the second-order term. (Plain @once_differentiable leaves gradients
+    without a grad_fn when the upstream gradient is a constant: a gradient penalty then fails
+    with a misleading "does not require grad" error.)"""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grad_outputs):
+        create_graph = torch.is_grad_enabled()
+        with torch.no_grad():
+            grads = backward(ctx, *grad_outputs)
+        if not create_graph:
+            return grads
+        idx = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+        anchors = [t for t in tuple(ctx.saved_tensors) + tuple(grad_outputs)
+                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not idx:
+            return grads
+        if not anchors:  # nothing to differentiate through anyway; still mark the gradients
+            anchors = [grads[idx[0]].detach().requires_grad_()]
+        err = torch._C._functions.DelayedError(_TWICE.encode(), len(idx) + len(anchors))
+        wrapped = err(*[grads[i] for i in idx], *anchors)
+        out = list(grads)
+        for i, w in zip(idx, wrapped):
+            out[i] = w
+        return tuple(out)
+    return wrapper
 
 
 def _shape_error(what):
@@ -75,12 +114,13 @@ class _KLDivFunction(torch.autograd.Function):
     def forward(ctx, y_pred, y_true, reduction, log_target, eps):
         out, grad = _kl_compute(y_pred, y_true, reduction, log_target, eps, want_grad=True)
         ctx.elementwise = reduction == "none"
-        ctx.save_for_backward(grad)
+        ctx.save_for_backward(grad, y_pred)  # y_pred: for _first_order_only's error node
         return out
 
     @staticmethod
+    @_first_order_only  # the saved gradient is a constant: no double backward
     def backward(ctx, grad_output):
-        (grad,) = ctx.saved_tensors
+        grad = ctx.saved_tensors[0]
         if ctx.elementwise:
             grad = grad * grad_output.to(grad.dtype)
         else:
@@ -124,12 +164,13 @@ class _JSDFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, log_q, log_p, shift_labels, beta, ignore_index):
         out, grad = _jsd_compute(log_q, log_p, shift_labels, beta, ignore_index, want_grad=True)
-        ctx.save_for_backward(grad)
+        ctx.save_for_backward(grad, log_q)  # log_q: for _first_order_only's error node
         return out
 
     @staticmethod
+    @_first_order_only  # the saved gradient is a constant: no double backward
     def backward(ctx, grad_output):
-        (grad,) = ctx.saved_tensors
+        grad = ctx.saved_tensors[0]
         return _scale(grad, grad_output), None, None, None, None
 
 
@@ -208,13 +249,14 @@ class _FusedLinearJSDFunction(torch.autograd.Function):
         loss, soft, hard, dxs, dws, dbs = _fljsd_compute(
             xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
             chunk_size, want)
-        ctx.save_for_backward(dxs, dws, dbs)
+        ctx.save_for_backward(dxs, dws, dbs, xs, ws, bs)  # inputs: for _first_order_only
         ctx.mark_non_differentiable(soft, hard)  # their gradients are not computed separately
         return loss, soft, hard
 
     @staticmethod
+    @_first_order_only  # the saved gradients are constants: no double backward
     def backward(ctx, grad_loss, grad_soft, grad_hard):
-        dxs, dws, dbs = ctx.saved_tensors
+        dxs, dws, dbs = ctx.saved_tensors[:3]
         return (_scale(dxs, grad_loss), _scale(dws, grad_loss), None, None, None,
                 _scale(dbs, grad_loss), None, None, None, None, None, None, None, None)
 

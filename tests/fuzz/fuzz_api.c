@@ -1,0 +1,419 @@
+/* libFuzzer target over the whole C API (issue 12): kdloss_kl_div, kdloss_jsd,
+ * kdloss_fused_linear_jsd, kdloss_fljsd_workspace_size and kdloss_fljsd_min_budget, with the
+ * argument space drawn from the fuzz input: shapes (small, zero, negative, huge), leading
+ * dimensions, dtypes (valid and not), NULL / misaligned / aliasing pointers, labels, parameters
+ * (NaN, inf, values whose fp32 products overflow, ...), budgets, chunk sizes, workspaces.
+ * Every pointer lies in one of two arenas (inputs, outputs); both are snapshotted before a call.
+ *  - A call that returns an error must leave BOTH arenas byte-identical (nothing written).
+ *  - A valid call is checked against the double references of tests/support (KL / JSD loss and
+ *    fp32 gradients, the fused loss) when its inputs are finite.
+ * Built with clang -fsanitize=fuzzer,address,undefined (make fuzz; a bounded run in make test).
+ * Counters are printed at exit: calls, rejected calls with untouched arenas, reference checks. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kdloss.h"
+#include "reference.h"
+#include "ref_fljsd.h"
+#include "testutil.h"
+
+#define ARENA 8192
+static _Alignas(64) unsigned char in_arena[ARENA], out_arena[ARENA];
+static unsigned char in_snap[ARENA], out_snap[ARENA];
+static unsigned long n_calls, n_rejected, n_valid, n_ref_checked;
+
+static void report(void) {
+    fprintf(stderr, "fuzz_api: %lu calls, %lu rejected with nothing written, %lu accepted, "
+            "%lu checked against the double reference\n",
+            n_calls, n_rejected, n_valid, n_ref_checked);
+}
+
+/* ---- input reader ---- */
+typedef struct rd {
+    const uint8_t *p;
+    size_t n;
+} rd;
+static uint64_t take(rd *r, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++) {
+        v = v << 8 | (r->n ? *r->p : 0);
+        if (r->n) r->p++, r->n--;
+    }
+    return v;
+}
+static int pick(rd *r, int n) { return (int)(take(r, 1) % (uint64_t)n); }
+
+static int64_t size_arg(rd *r, int64_t max) {
+    switch (pick(r, 16)) {
+    case 0: return 0;
+    case 1: return -1 - pick(r, 3);
+    case 2: return (int64_t)1 << (31 + pick(r, 32));
+    case 3: return INT64_MAX - pick(r, 2);
+    default: return 1 + pick(r, (int)max);
+    }
+}
+static double param(rd *r, double lo, double hi) {
+    static const double odd[] = {0.0, -0.0, 1.0, -1.0, NAN, INFINITY, -INFINITY, 1e39, 3e-39,
+                                 1e-30, 3.4028234e38, 3.4028236e38, 1e-45, 1e10, 0.5, 2.0};
+    int k = pick(r, 24);
+    if (k < 16) return odd[k];
+    return lo + (hi - lo) * (double)take(r, 2) / 65535.0;
+}
+static kdloss_dtype dtype_arg(rd *r) {
+    int k = pick(r, 16);
+    return k < 12 ? (kdloss_dtype)(k % 3) : (kdloss_dtype)(k - 13); /* -1..2 rarely, else F32/BF16/F16 */
+}
+/* A pointer into an arena: NULL, aligned at a multiple of 64 plus a small offset, or misaligned. */
+static void *ptr_arg(rd *r, unsigned char *arena, int can_null) {
+    int k = pick(r, 32);
+    if (can_null && k == 0) return NULL;
+    size_t off = (size_t)pick(r, 64) * 64;
+    if (k == 1) off += 1 + pick(r, 3);
+    else if (k == 2) off += 2;
+    return arena + off;
+}
+static int64_t ld_arg(rd *r, int64_t cols) {
+    switch (pick(r, 12)) {
+    case 0: return cols - 1;
+    case 1: return -1;
+    case 2: return INT64_MAX / 2;
+    case 3: return cols > 0 && cols < 4096 ? cols + pick(r, 5) : 0;
+    default: return 0;
+    }
+}
+
+/* Views must stay inside their arena when the call is valid: a view that does not fit is
+ * replaced by NULL data... no: by a view that does fit (the library cannot know arena sizes). */
+static int fits(const void *p, const unsigned char *arena, int64_t rows, int64_t cols, int64_t ld,
+                kdloss_dtype dt) {
+    if (!p || rows <= 0 || cols <= 0 || rows > 64 || cols > 64) return 1; /* rejected anyway */
+    size_t es = kdloss_dtype_size(dt);
+    if (!es) return 1;
+    if (ld == 0) ld = cols;
+    if (ld < cols || ld > 4096) return 1;
+    size_t end = (size_t)((const unsigned char *)p - arena) + ((size_t)(rows - 1) * ld + cols) * es;
+    return end <= ARENA;
+}
+
+static double getv(const unsigned char *snap, const unsigned char *arena, const void *p,
+                   kdloss_dtype dt, int64_t ld, int64_t r, int64_t c) {
+    const void *q = snap + ((const unsigned char *)p - arena);
+    return kt_get(q, dt, ld, r, c);
+}
+
+static void fill_inputs(uint64_t seed) {
+    kt_rng g;
+    kt_rng_seed(&g, seed);
+    for (int i = 0; i < ARENA / 4; i++) {
+        float f = (float)(-12.0 * kt_uniform(&g));
+        if (i % 61 == 7) f = -INFINITY;
+        if (i % 53 == 5) f = 0.0f;
+        memcpy(in_arena + 4 * i, &f, 4);
+    }
+}
+
+static int arenas_same(void) {
+    return !memcmp(in_arena, in_snap, ARENA) && !memcmp(out_arena, out_snap, ARENA);
+}
+
+#define FAIL(...)                                                                               \
+    do {                                                                                        \
+        fprintf(stderr, __VA_ARGS__);                                                           \
+        fputc('\n', stderr);                                                                    \
+        abort();                                                                                \
+    } while (0)
+
+static void fuzz_kl(rd *r) {
+    kdloss_kl_params p;
+    kdloss_kl_params_default(&p);
+    if (pick(r, 2)) p.reduction = (kdloss_reduction)(pick(r, 6) - 1);
+    if (pick(r, 4) == 0) p.log_target = pick(r, 3);
+    if (pick(r, 3) == 0) p.eps = param(r, 0, 1);
+    if (pick(r, 3) == 0) p.grad_scale = param(r, -4, 4);
+    int64_t bt = size_arg(r, 6), v = size_arg(r, 40);
+    kdloss_cmat x = {ptr_arg(r, in_arena, 1), dtype_arg(r), ld_arg(r, v)};
+    kdloss_cmat t = {ptr_arg(r, in_arena, 1), dtype_arg(r), ld_arg(r, v)};
+    float *loss = pick(r, 2) ? (float *)ptr_arg(r, out_arena, 1) : NULL;
+    float *row = pick(r, 3) == 0 ? (float *)ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 1) : NULL;
+    kdloss_mat el = {pick(r, 4) == 0 ? ptr_arg(r, out_arena, 1) : NULL, dtype_arg(r), ld_arg(r, v)};
+    kdloss_mat g = {pick(r, 2) ? ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 1) : NULL, x.dtype,
+                    ld_arg(r, v)};
+    if (pick(r, 6) == 0) g.data = (void *)x.data, g.ld = x.ld; /* in place */
+    if (!fits(x.data, in_arena, bt, v, x.ld, x.dtype) || !fits(t.data, in_arena, bt, v, t.ld, t.dtype) ||
+        !fits(el.data, out_arena, bt, v, el.ld, el.dtype) ||
+        !fits(g.data, (unsigned char *)g.data >= in_arena && (unsigned char *)g.data < in_arena + ARENA ? in_arena : out_arena, bt, v, g.ld, g.dtype) ||
+        !fits(row, (unsigned char *)row >= in_arena && (unsigned char *)row < in_arena + ARENA ? in_arena : out_arena, 1, bt, 0, KDLOSS_F32) ||
+        !fits(loss, out_arena, 1, 1, 0, KDLOSS_F32))
+        return;
+    memcpy(in_snap, in_arena, ARENA);
+    memcpy(out_snap, out_arena, ARENA);
+    n_calls++;
+    kdloss_status st = kdloss_kl_div(&p, bt, v, x, t, loss, row, el, g);
+    if (st != KDLOSS_OK) {
+        if (!arenas_same()) FAIL("kl_div returned %d but wrote memory", st);
+        n_rejected++;
+        return;
+    }
+    n_valid++;
+    /* reference: loss and fp32 gradient */
+    double sum = 0, mag = 0, scale = p.reduction == KDLOSS_REDUCTION_MEAN ? 1.0 / ((double)bt * v)
+                                    : p.reduction == KDLOSS_REDUCTION_BATCHMEAN ? 1.0 / bt : 1.0;
+    int64_t ldx = x.ld ? x.ld : v, ldt = t.ld ? t.ld : v, ldg = g.ld ? g.ld : v;
+    for (int64_t i = 0; i < bt; i++)
+        for (int64_t c = 0; c < v; c++) {
+            double y = getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c);
+            double tv = getv(in_snap, in_arena, t.data, t.dtype, ldt, i, c);
+            if (!isfinite(y) || (p.log_target ? !(tv <= 80) : !(tv >= 0 && tv <= 1e4))) return;
+        }
+    for (int64_t i = 0; i < bt; i++)
+        for (int64_t c = 0; c < v; c++) {
+            double gr, m, y = getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c);
+            double tv = getv(in_snap, in_arena, t.data, t.dtype, ldt, i, c);
+            sum += ref_kl_elem(p.log_target, (double)(float)p.eps, y, tv, &gr, &m);
+            mag += m;
+            if (g.data && g.dtype == KDLOSS_F32) {
+                double want = gr * (double)(float)(scale * p.grad_scale);
+                double got = ((float *)g.data)[i * ldg + c];
+                double tol = 64 * 0x1p-24 * (fabs(gr) + m) * fabs(scale * p.grad_scale) + 1e-30;
+                if (!(fabs(got - want) <= tol) && !(isinf(want) && got == want))
+                    FAIL("kl grad (%lld,%lld): got %.9g want %.9g", (long long)i, (long long)c, got, want);
+            }
+        }
+    if (loss && isfinite(sum)) {
+        double want = sum * scale, tol = 256 * 0x1p-24 * mag * scale + 1e-30;
+        if (!(fabs(*loss - want) <= tol + 0x1p-24 * fabs(want)))
+            FAIL("kl loss: got %.9g want %.9g (tol %g)", *loss, want, tol);
+    }
+    n_ref_checked++;
+}
+
+static void fuzz_jsd(rd *r) {
+    kdloss_jsd_params p;
+    kdloss_jsd_params_default(&p);
+    if (pick(r, 2)) p.beta = pick(r, 2) ? param(r, 0, 1) : pick(r, 3) * 0.5;
+    if (pick(r, 3) == 0) p.grad_scale = param(r, -4, 4);
+    if (pick(r, 4) == 0) p.ignore_index = pick(r, 5) - 2;
+    int64_t bt = size_arg(r, 6), v = size_arg(r, 40);
+    kdloss_cmat x = {ptr_arg(r, in_arena, 1), dtype_arg(r), ld_arg(r, v)};
+    kdloss_cmat t = {ptr_arg(r, in_arena, 1), dtype_arg(r), ld_arg(r, v)};
+    kdloss_labels lab = {NULL, KDLOSS_I64};
+    if (pick(r, 2)) { /* labels in the output arena's last 512 bytes, sometimes misaligned */
+        lab.dtype = pick(r, 8) ? (kdloss_dtype)(3 + pick(r, 2)) : dtype_arg(r);
+        lab.data = out_arena + ARENA - 512 + (pick(r, 16) == 0 ? 4 : 0);
+    }
+    float *loss = pick(r, 2) ? (float *)ptr_arg(r, out_arena, 1) : NULL;
+    float *row = pick(r, 3) == 0 ? (float *)ptr_arg(r, out_arena, 1) : NULL;
+    kdloss_mat g = {pick(r, 2) ? ptr_arg(r, out_arena, 1) : NULL, x.dtype, ld_arg(r, v)};
+    if (pick(r, 6) == 0) g.data = (void *)x.data, g.ld = x.ld;
+    if (lab.data) { /* labels live in the output arena's upper half here: write them now */
+        unsigned char *l = (unsigned char *)lab.data;
+        for (int64_t i = 0; bt > 0 && bt < 64 && i < bt; i++) {
+            int64_t y = pick(r, 8) == 0 ? p.ignore_index : pick(r, (int)(v > 0 && v < 64 ? v + 2 : 3)) - (pick(r, 16) == 0);
+            if (lab.dtype == KDLOSS_I32) { int32_t y32 = (int32_t)y; memcpy(l + 4 * i, &y32, 4); }
+            else memcpy(l + 8 * i, &y, 8);
+        }
+    }
+    if (!fits(x.data, in_arena, bt, v, x.ld, x.dtype) || !fits(t.data, in_arena, bt, v, t.ld, t.dtype) ||
+        !fits(g.data, (unsigned char *)g.data >= in_arena && (unsigned char *)g.data < in_arena + ARENA ? in_arena : out_arena, bt, v, g.ld, g.dtype) ||
+        !fits(row, out_arena, 1, bt, 0, KDLOSS_F32) || !fits(loss, out_arena, 1, 1, 0, KDLOSS_F32))
+        return;
+    memcpy(in_snap, in_arena, ARENA);
+    memcpy(out_snap, out_arena, ARENA);
+    n_calls++;
+    kdloss_status st = kdloss_jsd(&p, bt, v, x, t, lab, loss, row, g);
+    if (st != KDLOSS_OK) {
+        if (!arenas_same()) FAIL("jsd returned %d but wrote memory", st);
+        n_rejected++;
+        return;
+    }
+    n_valid++;
+    int64_t ldx = x.ld ? x.ld : v, ldt = t.ld ? t.ld : v, ldg = g.ld ? g.ld : v, nv = 0;
+    for (int64_t i = 0; i < bt; i++) {
+        if (lab.data) {
+            const unsigned char *q = out_snap + ((const unsigned char *)lab.data - out_arena);
+            int64_t y;
+            if (lab.dtype == KDLOSS_I32) { int32_t y32; memcpy(&y32, q + 4 * i, 4); y = y32; }
+            else memcpy(&y, q + 8 * i, 8);
+            if (y == p.ignore_index) continue;
+        }
+        nv++;
+        for (int64_t c = 0; c < v; c++)
+            if (isnan(getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c)) ||
+                isnan(getv(in_snap, in_arena, t.data, t.dtype, ldt, i, c)) ||
+                getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c) > 0 ||
+                getv(in_snap, in_arena, t.data, t.dtype, ldt, i, c) > 0)
+                return; /* the reference is for log-probs */
+    }
+    double den = nv ? (double)nv : 1.0, gs = (double)(float)(p.grad_scale / den), sum = 0, mag = 0;
+    for (int64_t i = 0; i < bt; i++) {
+        int ign = 0;
+        if (lab.data) {
+            const unsigned char *q = out_snap + ((const unsigned char *)lab.data - out_arena);
+            int64_t y;
+            if (lab.dtype == KDLOSS_I32) { int32_t y32; memcpy(&y32, q + 4 * i, 4); y = y32; }
+            else memcpy(&y, q + 8 * i, 8);
+            ign = y == p.ignore_index;
+        }
+        for (int64_t c = 0; c < v; c++) {
+            double gr = 0, m = 0;
+            if (!ign) {
+                sum += ref_jsd_elem(p.beta, getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c),
+                                    getv(in_snap, in_arena, t.data, t.dtype, ldt, i, c), &gr, &m);
+                mag += m;
+            }
+            if (g.data && g.dtype == KDLOSS_F32) {
+                double want = gr * gs, got = ((float *)g.data)[i * ldg + c];
+                double tol = 64 * 0x1p-24 * (fabs(gr) + m) * fabs(gs) + 0x1p-140 * fabs(gs) * (1 + m);
+                if (!(got == want || fabs(got - want) <= tol))
+                    FAIL("jsd grad (%lld,%lld): got %.9g want %.9g", (long long)i, (long long)c, got, want);
+            }
+        }
+    }
+    if (loss) {
+        double want = sum / den, tol = 256 * 0x1p-24 * mag / den + 1e-30;
+        if (!(fabs(*loss - want) <= tol + 0x1p-24 * fabs(want)))
+            FAIL("jsd loss: got %.9g want %.9g (tol %g)", *loss, want, tol);
+    }
+    n_ref_checked++;
+}
+
+static void fuzz_fljsd(rd *r, int query) {
+    kdloss_fljsd_params p;
+    kdloss_fljsd_params_default(&p);
+    if (pick(r, 2)) p.beta = pick(r, 2) ? param(r, 0, 1) : pick(r, 3) * 0.5;
+    if (pick(r, 3) == 0) p.temperature = param(r, 0.25, 4);
+    if (pick(r, 3) == 0) p.weight_hard_loss = param(r, 0, 2);
+    if (pick(r, 3) == 0) p.weight_soft_loss = param(r, 0, 2);
+    if (pick(r, 3) == 0) p.grad_scale = param(r, -4, 4);
+    if (pick(r, 3) == 0) p.chunk_size = pick(r, 8) - 1;
+    if (pick(r, 3) == 0) p.memory_budget = pick(r, 2) ? (size_t)take(r, 3) : (size_t)take(r, 8);
+    int64_t bt = size_arg(r, 6), hs = size_arg(r, 6), ht = size_arg(r, 6), v = size_arg(r, 12);
+    if (query) {
+        size_t b1 = 7, b2 = 7;
+        kdloss_dtype dt = dtype_arg(r);
+        int want = pick(r, 2);
+        kdloss_status s1 = kdloss_fljsd_workspace_size(&p, bt, hs, ht, v, dt, want, &b1);
+        kdloss_status s2 = kdloss_fljsd_min_budget(&p, bt, hs, ht, v, dt, want, &b2);
+        n_calls += 2;
+        if (s1 != KDLOSS_OK) { if (b1 != 7) FAIL("workspace_size wrote on error %d", s1); n_rejected++; }
+        else n_valid++;
+        if (s2 != KDLOSS_OK) { if (b2 != 7) FAIL("min_budget wrote on error %d", s2); n_rejected++; }
+        else n_valid++;
+        if (s1 == KDLOSS_OK && s2 == KDLOSS_OK && p.memory_budget && p.memory_budget < b2)
+            FAIL("budget %zu below the minimum %zu accepted", p.memory_budget, b2);
+        return;
+    }
+    kdloss_dtype ds = pick(r, 4) ? (kdloss_dtype)pick(r, 2) : dtype_arg(r);
+    kdloss_dtype dtt = pick(r, 4) ? (kdloss_dtype)pick(r, 2) : dtype_arg(r);
+    kdloss_cmat xs = {ptr_arg(r, in_arena, 1), ds, ld_arg(r, hs)};
+    kdloss_cmat ws = {ptr_arg(r, in_arena, 1), pick(r, 8) ? ds : dtype_arg(r), ld_arg(r, hs)};
+    kdloss_cmat xt = {ptr_arg(r, in_arena, 1), dtt, ld_arg(r, ht)};
+    kdloss_cmat wt = {ptr_arg(r, in_arena, 1), pick(r, 8) ? dtt : dtype_arg(r), ld_arg(r, ht)};
+    const void *bs = pick(r, 2) ? ptr_arg(r, in_arena, 1) : NULL;
+    const void *btb = pick(r, 2) ? ptr_arg(r, in_arena, 1) : NULL;
+    kdloss_labels lab = {out_arena + ARENA - 512, pick(r, 8) ? (kdloss_dtype)(3 + pick(r, 2)) : dtype_arg(r)};
+    if (pick(r, 16) == 0) lab.data = NULL;
+    if (lab.data && pick(r, 16) == 0) lab.data = (const unsigned char *)lab.data + 4;
+    kdloss_fljsd_out o;
+    memset(&o, 0, sizeof o);
+    if (pick(r, 2)) o.loss = (float *)ptr_arg(r, out_arena, 1);
+    if (pick(r, 3) == 0) o.soft_loss = (float *)ptr_arg(r, out_arena, 1);
+    if (pick(r, 3) == 0) o.hard_loss = (float *)ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 1);
+    if (pick(r, 2)) o.dxs = (kdloss_mat){ptr_arg(r, out_arena, 1), pick(r, 8) ? ds : dtype_arg(r), ld_arg(r, hs)};
+    if (pick(r, 2)) o.dws = (kdloss_mat){ptr_arg(r, out_arena, 1), pick(r, 8) ? ds : dtype_arg(r), ld_arg(r, hs)};
+    if (pick(r, 3) == 0) o.dbs = ptr_arg(r, out_arena, 1);
+    void *work = NULL;
+    size_t work_bytes = 0;
+    if (pick(r, 4) == 0) work = ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 0), work_bytes = (size_t)take(r, 2);
+    if (bt > 0 && bt < 64) { /* labels */
+        unsigned char *l = out_arena + ARENA - 512;
+        for (int64_t i = 0; i < bt; i++) {
+            int64_t y = pick(r, 6) == 0 ? p.ignore_index : pick(r, (int)(v > 0 && v < 64 ? v + 1 : 3)) - (pick(r, 32) == 0);
+            if (lab.dtype == KDLOSS_I32) { int32_t y32 = (int32_t)y; memcpy(l + 4 * i, &y32, 4); }
+            else memcpy(l + 8 * i, &y, 8);
+        }
+    }
+    kdloss_dtype es = ds, et = dtt;
+    unsigned char *oa = out_arena;
+    if (!fits(xs.data, in_arena, bt, hs, xs.ld, xs.dtype) || !fits(ws.data, in_arena, v, hs, ws.ld, ws.dtype) ||
+        !fits(xt.data, in_arena, bt, ht, xt.ld, xt.dtype) || !fits(wt.data, in_arena, v, ht, wt.ld, wt.dtype) ||
+        !fits(bs, in_arena, 1, v, 0, es) || !fits(btb, in_arena, 1, v, 0, et) ||
+        !fits(o.dxs.data, oa, bt, hs, o.dxs.ld, o.dxs.dtype) || !fits(o.dws.data, oa, v, hs, o.dws.ld, o.dws.dtype) ||
+        !fits(o.dbs, oa, 1, v, 0, es) || (work && (size_t)((unsigned char *)work - (work >= (void *)oa ? oa : in_arena)) + work_bytes > ARENA) ||
+        (o.hard_loss && (unsigned char *)o.hard_loss >= in_arena && (unsigned char *)o.hard_loss < in_arena + ARENA && 0))
+        return;
+    if (o.dxs.data && (unsigned char *)o.dxs.data + 1 > oa + ARENA - 512) return; /* keep off the labels */
+    memcpy(in_snap, in_arena, ARENA);
+    memcpy(out_snap, out_arena, ARENA);
+    n_calls++;
+    kdloss_status st = kdloss_fused_linear_jsd(&p, bt, hs, ht, v, xs, ws, bs, xt, wt, btb, lab, &o, work, work_bytes);
+    if (st != KDLOSS_OK) {
+        if (!arenas_same()) FAIL("fused_linear_jsd returned %d but wrote memory", st);
+        n_rejected++;
+        return;
+    }
+    n_valid++;
+    if (!o.loss || xs.dtype != KDLOSS_F32 || xt.dtype != KDLOSS_F32 || work) return;
+    /* double reference of the loss */
+    double *x1 = calloc((size_t)(bt * hs), 8), *w1 = calloc((size_t)(v * hs), 8), *b1 = bs ? calloc((size_t)v, 8) : NULL;
+    double *x2 = calloc((size_t)(bt * ht), 8), *w2 = calloc((size_t)(v * ht), 8), *b2 = btb ? calloc((size_t)v, 8) : NULL;
+    double *zs = calloc((size_t)(bt * v), 8), *zt = calloc((size_t)(bt * v), 8);
+    int64_t *l64 = calloc((size_t)bt, 8);
+    int ok = 1;
+    for (int64_t i = 0; i < bt; i++) for (int64_t c = 0; c < hs; c++) x1[i * hs + c] = getv(in_snap, in_arena, xs.data, KDLOSS_F32, xs.ld ? xs.ld : hs, i, c);
+    for (int64_t i = 0; i < v; i++) for (int64_t c = 0; c < hs; c++) w1[i * hs + c] = getv(in_snap, in_arena, ws.data, KDLOSS_F32, ws.ld ? ws.ld : hs, i, c);
+    for (int64_t i = 0; i < bt; i++) for (int64_t c = 0; c < ht; c++) x2[i * ht + c] = getv(in_snap, in_arena, xt.data, KDLOSS_F32, xt.ld ? xt.ld : ht, i, c);
+    for (int64_t i = 0; i < v; i++) for (int64_t c = 0; c < ht; c++) w2[i * ht + c] = getv(in_snap, in_arena, wt.data, KDLOSS_F32, wt.ld ? wt.ld : ht, i, c);
+    for (int64_t c = 0; c < v; c++) {
+        if (b1) b1[c] = getv(in_snap, in_arena, bs, KDLOSS_F32, v, 0, c);
+        if (b2) b2[c] = getv(in_snap, in_arena, btb, KDLOSS_F32, v, 0, c);
+    }
+    for (int64_t i = 0; i < bt; i++) {
+        const unsigned char *q = out_snap + ARENA - 512;
+        if (lab.dtype == KDLOSS_I32) { int32_t y32; memcpy(&y32, q + 4 * i, 4); l64[i] = y32; }
+        else memcpy(&l64[i], q + 8 * i, 8);
+    }
+    double zmax = 0;
+    for (int64_t i = 0; i < bt * hs; i++) ok &= isfinite(x1[i]);
+    for (int64_t i = 0; i < v * hs; i++) ok &= isfinite(w1[i]);
+    for (int64_t i = 0; i < bt * ht; i++) ok &= isfinite(x2[i]);
+    for (int64_t i = 0; i < v * ht; i++) ok &= isfinite(w2[i]);
+    for (int64_t c = 0; c < v; c++) ok &= (!b1 || isfinite(b1[c])) && (!b2 || isfinite(b2[c]));
+    if (ok) {
+        kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
+        kt_ref_logits(bt, ht, v, x2, w2, b2, zt);
+        for (int64_t i = 0; i < bt * v; i++) zmax = fmax(zmax, fmax(fabs(zs[i]), fabs(zt[i])));
+        kt_fljsd_cfg cf = {p.beta, p.temperature, p.weight_hard_loss, p.weight_soft_loss, p.grad_scale, p.ignore_index};
+        double L, S, H;
+        kt_ref_fljsd_dz(&cf, bt, v, zs, zt, l64, &L, &S, &H, NULL, NULL);
+        /* fp32 logits carry ~H u |x||w| error, amplified by 1/T in the soft part */
+        double tol = 1e-5 * (1 + zmax) * (1 + 1 / p.temperature) * (p.weight_hard_loss + p.weight_soft_loss + 1) + 1e-5 * fabs(L);
+        if (isfinite(L) && !(fabs(*o.loss - L) <= tol))
+            FAIL("fused loss: got %.9g want %.9g (tol %g)", *o.loss, L, tol);
+        n_ref_checked++;
+    }
+    free(x1); free(w1); free(b1); free(x2); free(w2); free(b2); free(zs); free(zt); free(l64);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static int init;
+    if (!init) {
+        init = 1;
+        atexit(report);
+    }
+    rd r = {data, size};
+    fill_inputs(take(&r, 2));
+    memset(out_arena, 0xA5, ARENA);
+    int isa = pick(&r, 4);
+    if (kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
+    switch (pick(&r, 5)) {
+    case 0: fuzz_kl(&r); break;
+    case 1: fuzz_jsd(&r); break;
+    case 2: case 3: fuzz_fljsd(&r, 0); break;
+    default: fuzz_fljsd(&r, 1); break;
+    }
+    return 0;
+}
