@@ -245,6 +245,73 @@ KDLOSS_API kdloss_status kdloss_kl_div(const kdloss_kl_params *params, int64_t b
                                        float *row_loss, kdloss_mat elem_loss, kdloss_mat grad);
 
 /* ------------------------------------------------------------------------------------------ */
+/* The divergence family (docs/MATH.md section 7)                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Per row over the vocabulary, P = teacher distribution, Q = student distribution:
+ *   FORWARD_KL       KL(P || Q)
+ *   REVERSE_KL       KL(Q || P)
+ *   JSD              beta KL(P || M) + (1-beta) KL(Q || M), M = beta P + (1-beta) Q
+ *                    (beta = 0 is forward KL, beta = 1 reverse KL)
+ *   SKEW_FORWARD_KL  KL(P || alpha P + (1-alpha) Q)   (alpha = 0: forward KL; 1: zero)
+ *   SKEW_REVERSE_KL  KL(Q || alpha Q + (1-alpha) P)   (alpha = 0: reverse KL; 1: zero)
+ *   TVD              1/2 sum |P - Q|                  (subgradient 0 where P = Q)
+ * Mixtures are formed in log space; terms whose weight is 0 contribute 0 (0 log 0 = 0), so
+ * finite log-probs, however far below exp's range, give finite losses and gradients. */
+typedef enum kdloss_divergence {
+    KDLOSS_DIV_FORWARD_KL = 0,
+    KDLOSS_DIV_REVERSE_KL = 1,
+    KDLOSS_DIV_JSD = 2,
+    KDLOSS_DIV_SKEW_FORWARD_KL = 3,
+    KDLOSS_DIV_SKEW_REVERSE_KL = 4,
+    KDLOSS_DIV_TVD = 5
+} kdloss_divergence;
+
+/* A divergence and its parameters; every distillation function takes one. Both beta and alpha
+ * are checked (in [0, 1], not NaN: KDLOSS_ERR_INVALID_PARAM) whichever divergence is chosen. */
+typedef struct kdloss_div_params {
+    kdloss_divergence divergence; /* default KDLOSS_DIV_FORWARD_KL                              */
+    double beta;                  /* JSD mixture weight of P, default 0.5                        */
+    double alpha;                 /* skew KL mixture weight, default 0.1                         */
+} kdloss_div_params;
+
+KDLOSS_API void kdloss_div_params_default(kdloss_div_params *params);
+/* "forward_kl", "reverse_kl", "jsd", "skew_forward_kl", "skew_reverse_kl", "tvd"; "unknown". */
+KDLOSS_API const char *kdloss_divergence_name(kdloss_divergence divergence);
+/* The divergence named `name` (the strings above); KDLOSS_ERR_INVALID_PARAM if none is. */
+KDLOSS_API kdloss_status kdloss_divergence_from_name(const char *name,
+                                                     kdloss_divergence *divergence);
+
+typedef struct kdloss_distill_params {
+    kdloss_div_params div; /* default forward KL                                            */
+    int64_t ignore_index;  /* rows whose label equals it are skipped; default -100           */
+    double grad_scale;     /* upstream gradient, folded in; default 1; |grad_scale| <= FLT_MAX */
+} kdloss_distill_params;
+
+KDLOSS_API void kdloss_distill_params_default(kdloss_distill_params *params);
+
+/*
+ * A divergence of the family on log-probs, one pass that writes the gradient while it sums:
+ * X = student log-probs (Q = exp X), Y = teacher log-probs (P = exp Y), per row D(P, Q).
+ * Shapes: student (BT x V) any float dtype; teacher (BT x V) any float dtype;
+ *         labels [BT] optional (I64 or I32): rows whose label == ignore_index count nowhere,
+ *         every other label must be in [0, V).
+ * Outputs (each optional, at least one required):
+ *   loss     [1] fp32: sum of row divergences / n_valid (non-ignored rows; BT without labels),
+ *            0 when every row is ignored.
+ *   row_loss [BT] fp32: each row's divergence (0 for ignored rows), not divided by n_valid.
+ *   grad     (BT x V) in the student's dtype: dloss/dX * grad_scale, each X element treated as a
+ *            free variable (the caller applies the softmax's chain rule; for logits z with
+ *            X = log_softmax(z / T): dz = (g - softmax(z / T) sum(g)) / T). Zero on ignored
+ *            rows. grad.data may equal student.data (same ld, in place).
+ * The element gradients are in docs/MATH.md section 7.
+ */
+KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int64_t bt, int64_t v,
+                                        kdloss_cmat student, kdloss_cmat teacher,
+                                        kdloss_labels labels, float *loss, float *row_loss,
+                                        kdloss_mat grad);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Generalized Jensen-Shannon divergence JSD(beta)                                             */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -257,6 +324,7 @@ typedef struct kdloss_jsd_params {
 KDLOSS_API void kdloss_jsd_params_default(kdloss_jsd_params *params);
 
 /*
+ * kdloss_distill with divergence JSD(beta) (a thin wrapper, kept for compatibility).
  * Per row, with X = student log-probs (Q = exp X) and Y = teacher log-probs (P = exp Y):
  *   M = beta P + (1-beta) Q,  JSD = beta KL(P||M) + (1-beta) KL(Q||M)
  *   beta = 0: KL(P||Q) = sum P (Y - X);  beta = 1: KL(Q||P) = sum Q (X - Y)
@@ -310,7 +378,8 @@ typedef struct kdloss_fljsd_out {
 } kdloss_fljsd_out;
 
 /*
- * Chunked fused-linear JSD distillation loss (docs/MATH.md section 4):
+ * Chunked fused-linear JSD distillation loss (docs/MATH.md section 4); a thin wrapper over
+ * kdloss_fused_linear_distill (below) with divergence JSD(beta) and no T^2 factor:
  *   zs = xs ws^T + bs, zt = xt wt^T + bt (fp32, straight from the GEMM accumulator)
  *   hard = sum over valid rows of CE(zs, label);  soft = sum of JSD(beta)(log_softmax(zs/T), log_softmax(zt/T))
  *   loss = (w_hard * hard + w_soft * soft) / max(1, n_valid)
@@ -343,6 +412,56 @@ KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *para
                                                  kdloss_cmat wt, const void *bt_bias,
                                                  kdloss_labels labels, kdloss_fljsd_out *out,
                                                  void *workspace, size_t workspace_bytes);
+
+/* The fused-linear loss with any divergence of the family: the same computation as
+ * kdloss_fused_linear_jsd (which is this function with divergence JSD, t2_scale 0), plus:
+ *   t2_scale     1 multiplies the soft part (loss, soft_loss, its gradient) by T^2 (Hinton's
+ *                convention, keeps soft gradients' size independent of T); 0: no factor.
+ *   row outputs  per token, from the same pass (each [BT] fp32, NULL = not wanted): row_soft the
+ *                row's divergence of the tempered distributions (no weight, no T^2), row_hard the
+ *                row's cross-entropy of the untempered logits, row_lse the student's untempered
+ *                log-sum-exp log sum_v exp(zs_v). 0 on ignored rows.
+ *   loss = (w_hard * hard_sum + w_soft * soft_sum * (t2_scale ? T^2 : 1)) / max(1, n_valid)
+ * The factor grad_scale * w_soft * (t2_scale ? T : 1/T) must be a finite fp32. */
+typedef struct kdloss_fused_linear_distill_params {
+    kdloss_div_params div;   /* default JSD, beta 0.5, alpha 0.1                                  */
+    double temperature;      /* as kdloss_fljsd_params; default 1                                 */
+    double weight_hard_loss; /* >= 0; default 0.5                                                 */
+    double weight_soft_loss; /* >= 0; default 0.5                                                 */
+    int t2_scale;            /* 0 or 1; default 0                                                 */
+    int64_t ignore_index;    /* default -100                                                      */
+    int64_t chunk_size;      /* as kdloss_fljsd_params; default 0 (automatic)                     */
+    size_t memory_budget;    /* as kdloss_fljsd_params; default 0 (256 MiB)                       */
+    double grad_scale;       /* default 1                                                         */
+} kdloss_fused_linear_distill_params;
+
+KDLOSS_API void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_params *p);
+
+typedef struct kdloss_fused_linear_distill_out {
+    float *loss;      /* [1] the combined loss above                                             */
+    float *soft_loss; /* [1] soft_sum * (t2_scale ? T^2 : 1) / max(1, n_valid), before w_soft    */
+    float *hard_loss; /* [1] hard_sum / max(1, n_valid), before w_hard                           */
+    kdloss_mat dxs;   /* (BT x Hs), dtype of xs                                                  */
+    kdloss_mat dws;   /* (V x Hs), dtype of ws                                                   */
+    void *dbs;        /* [V], dtype of ws; requires a student bias                               */
+    float *row_soft;  /* [BT] per-row divergence                                                 */
+    float *row_hard;  /* [BT] per-row cross-entropy                                              */
+    float *row_lse;   /* [BT] per-row student log-sum-exp (untempered)                           */
+} kdloss_fused_linear_distill_out;
+
+KDLOSS_API kdloss_status kdloss_fused_linear_distill_workspace_size(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+
+KDLOSS_API kdloss_status kdloss_fused_linear_distill_min_budget(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+
+KDLOSS_API kdloss_status kdloss_fused_linear_distill(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt, kdloss_cmat wt,
+    const void *bt_bias, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
+    void *workspace, size_t workspace_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* CUDA backend (declared always; returns KDLOSS_ERR_UNSUPPORTED when built without CUDA)     */
@@ -394,6 +513,25 @@ KDLOSS_API kdloss_status kdloss_cuda_fused_linear_jsd(
     int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fljsd_out *out, void *workspace, size_t workspace_bytes);
+
+/* The divergence family on the GPU: the same semantics as kdloss_distill and
+ * kdloss_fused_linear_distill (kdloss_cuda_jsd and kdloss_cuda_fused_linear_jsd are wrappers),
+ * the same element definitions (src/common/div_elem.h). */
+KDLOSS_API kdloss_status kdloss_cuda_distill_workspace_size(int64_t bt, int64_t v, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
+                                             const kdloss_distill_params *params, int64_t bt,
+                                             int64_t v, kdloss_cmat student, kdloss_cmat teacher,
+                                             kdloss_labels labels, float *loss, float *row_loss,
+                                             kdloss_mat grad, void *workspace,
+                                             size_t workspace_bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
+    int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes);
 
 #ifdef __cplusplus
 }

@@ -100,6 +100,34 @@ class FljsdParams(ctypes.Structure):
                 ("memory_budget", ctypes.c_size_t), ("grad_scale", ctypes.c_double)]
 
 
+class DivParams(ctypes.Structure):
+    """kdloss_div_params: the divergence (enum) and its beta, alpha."""
+    _fields_ = [("divergence", ctypes.c_int), ("beta", ctypes.c_double),
+                ("alpha", ctypes.c_double)]
+
+
+class DistillParams(ctypes.Structure):
+    _fields_ = [("div", DivParams), ("ignore_index", ctypes.c_int64),
+                ("grad_scale", ctypes.c_double)]
+
+
+class FldParams(ctypes.Structure):
+    """kdloss_fused_linear_distill_params."""
+    _fields_ = [("div", DivParams), ("temperature", ctypes.c_double),
+                ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
+                ("t2_scale", ctypes.c_int), ("ignore_index", ctypes.c_int64),
+                ("chunk_size", ctypes.c_int64), ("memory_budget", ctypes.c_size_t),
+                ("grad_scale", ctypes.c_double)]
+
+
+class FldOut(ctypes.Structure):
+    """kdloss_fused_linear_distill_out."""
+    _fields_ = [("loss", ctypes.c_void_p), ("soft_loss", ctypes.c_void_p),
+                ("hard_loss", ctypes.c_void_p), ("dxs", Mat), ("dws", Mat), ("dbs", ctypes.c_void_p),
+                ("row_soft", ctypes.c_void_p), ("row_hard", ctypes.c_void_p),
+                ("row_lse", ctypes.c_void_p)]
+
+
 class FljsdOut(ctypes.Structure):
     _fields_ = [("loss", ctypes.c_void_p), ("soft_loss", ctypes.c_void_p),
                 ("hard_loss", ctypes.c_void_p), ("dxs", Mat), ("dws", Mat), ("dbs", ctypes.c_void_p)]
@@ -155,6 +183,28 @@ _PROTOTYPES = {
     "kdloss_fused_linear_jsd": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64, CMat,
                                       CMat, _P, CMat, CMat, _P, Labels, ctypes.POINTER(FljsdOut),
                                       _P, ctypes.c_size_t]),
+    "kdloss_divergence_from_name": (_ST, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]),
+    "kdloss_divergence_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kdloss_distill_params_default": (None, [ctypes.POINTER(DistillParams)]),
+    "kdloss_distill": (_ST, [ctypes.POINTER(DistillParams), _I64, _I64, CMat, CMat, Labels, _P, _P,
+                             Mat]),
+    "kdloss_fused_linear_distill_params_default": (None, [ctypes.POINTER(FldParams)]),
+    "kdloss_fused_linear_distill_workspace_size": (_ST, [ctypes.POINTER(FldParams), _I64, _I64,
+                                                         _I64, _I64, ctypes.c_int, ctypes.c_int,
+                                                         ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_fused_linear_distill": (_ST, [ctypes.POINTER(FldParams), _I64, _I64, _I64, _I64, CMat,
+                                          CMat, _P, CMat, CMat, _P, Labels,
+                                          ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
+    "kdloss_cuda_distill_workspace_size": (_ST, [_I64, _I64, ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_cuda_distill": (_ST, [_P, _P, ctypes.POINTER(DistillParams), _I64, _I64, CMat, CMat,
+                                  Labels, _P, _P, Mat, _P, ctypes.c_size_t]),
+    "kdloss_cuda_fused_linear_distill_workspace_size": (_ST, [ctypes.POINTER(FldParams), _I64,
+                                                              _I64, _I64, _I64, ctypes.c_int,
+                                                              ctypes.c_int,
+                                                              ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_cuda_fused_linear_distill": (_ST, [_P, _P, ctypes.POINTER(FldParams), _I64, _I64, _I64,
+                                               _I64, CMat, CMat, _P, CMat, CMat, _P, Labels,
+                                               ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
     "kdloss_cuda_available": (ctypes.c_int, []),
     "kdloss_cuda_context_create": (_ST, [ctypes.c_int, ctypes.POINTER(_P)]),
     "kdloss_cuda_context_destroy": (None, [_P]),
@@ -268,6 +318,38 @@ def fljsd_params(beta, temperature, weight_hard_loss, weight_soft_loss, ignore_i
     p = FljsdParams()
     fn("kdloss_fljsd_params_default")(ctypes.byref(p))
     p.beta, p.temperature = beta, temperature
+    p.weight_hard_loss, p.weight_soft_loss = weight_hard_loss, weight_soft_loss
+    p.ignore_index, p.chunk_size = ignore_index, chunk_size
+    p.memory_budget, p.grad_scale = memory_budget, grad_scale
+    return p
+
+
+DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "skew_forward_kl", "skew_reverse_kl", "tvd")
+
+
+def div_params(divergence, beta, alpha):
+    """kdloss_div_params for a divergence name; KdlossError(INVALID_PARAM) for an unknown name.
+    beta and alpha are range-checked by the C call that receives them."""
+    code = ctypes.c_int()
+    name = divergence if isinstance(divergence, str) else None
+    st = ERR_INVALID_PARAM if name is None else \
+        fn("kdloss_divergence_from_name")(name.encode(), ctypes.byref(code))
+    check(st, f"divergence={divergence!r} (one of {', '.join(DIVERGENCES)})")
+    return DivParams(code.value, float(beta), float(alpha))
+
+
+def distill_params(div, ignore_index, grad_scale=1.0):
+    p = DistillParams()
+    fn("kdloss_distill_params_default")(ctypes.byref(p))
+    p.div, p.ignore_index, p.grad_scale = div, ignore_index, grad_scale
+    return p
+
+
+def fld_params(div, temperature, weight_hard_loss, weight_soft_loss, ignore_index, chunk_size=0,
+               t2_scale=False, memory_budget=0, grad_scale=1.0):
+    p = FldParams()
+    fn("kdloss_fused_linear_distill_params_default")(ctypes.byref(p))
+    p.div, p.temperature, p.t2_scale = div, temperature, int(bool(t2_scale))
     p.weight_hard_loss, p.weight_soft_loss = weight_hard_loss, weight_soft_loss
     p.ignore_index, p.chunk_size = ignore_index, chunk_size
     p.memory_budget, p.grad_scale = memory_budget, grad_scale

@@ -84,23 +84,48 @@ double kd_kl_reduction_scale(kdloss_reduction r, int64_t bt, int64_t v) {
 
 /* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
  * queries and calls), so both return the same codes. */
-kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p) {
-    if (!(p->beta >= 0.0 && p->beta <= 1.0)) return KDLOSS_ERR_INVALID_PARAM; /* NaN fails too */
+kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
+    kdloss_status st = kd_div_check(&p->div);
+    if (st != KDLOSS_OK) return st;
     if (!(p->temperature > 0.0) || !isfinite(p->temperature)) return KDLOSS_ERR_INVALID_PARAM;
     if (!(p->weight_hard_loss >= 0.0) || !isfinite(p->weight_hard_loss))
         return KDLOSS_ERR_INVALID_PARAM;
     if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
         return KDLOSS_ERR_INVALID_PARAM;
+    if (p->t2_scale != 0 && p->t2_scale != 1) return KDLOSS_ERR_INVALID_PARAM;
     if (!kd_fp32_finite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
     /* T must be a normal fp32 (a subnormal T makes logit gaps / T overflow) and 1/T finite */
     if (!((float)p->temperature >= FLT_MIN) || !kd_fp32_finite(1.0 / p->temperature))
         return KDLOSS_ERR_INVALID_PARAM;
     /* the gradient factors the row kernels use in fp32, at their largest (n_valid = 1):
-     * grad_scale w_soft / (n_valid T) and grad_scale w_hard / n_valid */
-    if (!kd_fp32_finite(p->grad_scale * p->weight_soft_loss / p->temperature) ||
+     * grad_scale w_soft (T^2 or 1) / (n_valid T) and grad_scale w_hard / n_valid */
+    double t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
+    if (!kd_fp32_finite(p->grad_scale * p->weight_soft_loss * t_fac) ||
         !kd_fp32_finite(p->grad_scale * p->weight_hard_loss))
         return KDLOSS_ERR_INVALID_PARAM;
     return KDLOSS_OK;
+}
+
+kdloss_fused_linear_distill_params kd_fld_from_fljsd(const kdloss_fljsd_params *p) {
+    kdloss_fused_linear_distill_params d;
+    kdloss_fused_linear_distill_params_default(&d);
+    d.div.divergence = KDLOSS_DIV_JSD;
+    d.div.beta = p->beta;
+    d.temperature = p->temperature;
+    d.weight_hard_loss = p->weight_hard_loss;
+    d.weight_soft_loss = p->weight_soft_loss;
+    d.t2_scale = 0;
+    d.ignore_index = p->ignore_index;
+    d.chunk_size = p->chunk_size;
+    d.memory_budget = p->memory_budget;
+    d.grad_scale = p->grad_scale;
+    return d;
+}
+
+kdloss_fused_linear_distill_out kd_fld_out_from_fljsd(const kdloss_fljsd_out *o) {
+    kdloss_fused_linear_distill_out d = {o->loss, o->soft_loss, o->hard_loss, o->dxs, o->dws,
+                                         o->dbs, NULL, NULL, NULL};
+    return d;
 }
 
 kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {

@@ -60,8 +60,19 @@ kdloss_status kd_kl_check_args(const kdloss_kl_params *p, int64_t bt, int64_t v,
 /* Loss scale of a reduction: 1 (none, sum), 1/(BT*V) (mean), 1/BT (batchmean). */
 double kd_kl_reduction_scale(kdloss_reduction r, int64_t bt, int64_t v);
 
+/* The divergence and its beta, alpha (d not NULL): INVALID_PARAM when out of range. */
+kdloss_status kd_div_check(const kdloss_div_params *d);
+
+/* kdloss_distill parameters (NULL -> NULL_POINTER), shared by the CPU and CUDA backends. */
+kdloss_status kd_distill_check_params(const kdloss_distill_params *p);
+/* kdloss_jsd's parameters as kdloss_distill's (divergence JSD). */
+kdloss_distill_params kd_distill_from_jsd(const kdloss_jsd_params *p);
+
 /* Fused-linear parameters (p not NULL) and sizes, shared by the CPU and CUDA backends. */
-kdloss_status kd_fljsd_check_params(const kdloss_fljsd_params *p);
+kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p);
+/* kdloss_fljsd_params / _out as the fused_linear_distill ones (divergence JSD, no T^2). */
+kdloss_fused_linear_distill_params kd_fld_from_fljsd(const kdloss_fljsd_params *p);
+kdloss_fused_linear_distill_out kd_fld_out_from_fljsd(const kdloss_fljsd_out *o);
 kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
 
 #ifdef __cplusplus

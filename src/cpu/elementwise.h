@@ -1,9 +1,9 @@
-/* Row kernels of the elementwise divergences (KL, JSD) on the CPU. One job describes a whole
+/* Row kernels of the elementwise divergences (KL, the divergence family) on the CPU. One job describes a whole
  * call; a row function processes one row and returns that row's loss sum (in double). */
 #ifndef KDLOSS_CPU_ELEMENTWISE_H
 #define KDLOSS_CPU_ELEMENTWISE_H
 
-#include "div_math.h"
+#include "div_coef.h"
 #include "kdloss.h"
 
 /* Columns per tile: inputs in bf16/fp16 are converted tile by tile into fp32 stack buffers
@@ -13,10 +13,10 @@
 
 typedef struct kd_ew_job {
     int64_t v;
-    const char *x; /* KL input y / JSD student X, (BT x V) of xdt with row stride ldx */
+    const char *x; /* KL input y / student X, (BT x V) of xdt with row stride ldx */
     kdloss_dtype xdt;
     int64_t ldx;
-    const char *t; /* KL target / JSD teacher Y, (BT x V) of tdt */
+    const char *t; /* KL target / teacher Y, (BT x V) of tdt */
     kdloss_dtype tdt;
     int64_t ldt;
     char *g; /* gradient (BT x V) of xdt, or NULL */
@@ -28,7 +28,7 @@ typedef struct kd_ew_job {
     int stream_grad; /* gradient larger than the caches: write it with non-temporal stores */
     int log_target;
     float eps;
-    kd_jsd_coef coef;
+    kd_div_coef coef;     /* the family's element operation (kdloss_distill) */
     kdloss_labels labels; /* labels.data NULL: no labels */
     int64_t ignore_index;
 } kd_ew_job;
@@ -38,9 +38,9 @@ typedef double (*kd_row_fn)(const kd_ew_job *job, int64_t row);
 double kd_kl_row_scalar(const kd_ew_job *job, int64_t row);
 double kd_kl_row_avx2(const kd_ew_job *job, int64_t row);
 double kd_kl_row_avx512(const kd_ew_job *job, int64_t row);
-double kd_jsd_row_scalar(const kd_ew_job *job, int64_t row);
-double kd_jsd_row_avx2(const kd_ew_job *job, int64_t row);
-double kd_jsd_row_avx512(const kd_ew_job *job, int64_t row);
+double kd_div_row_scalar(const kd_ew_job *job, int64_t row);
+double kd_div_row_avx2(const kd_ew_job *job, int64_t row);
+double kd_div_row_avx512(const kd_ew_job *job, int64_t row);
 
 /* Gradients above this many bytes are streamed (non-temporal stores): larger than this CPU
  * family's last-level cache, they would be evicted before anyone reads them anyway. */

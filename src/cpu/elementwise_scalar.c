@@ -1,7 +1,8 @@
-/* Portable scalar path of the KL and JSD row kernels: the per-element functions of
+/* Portable scalar path of the KL and divergence-family row kernels: the per-element functions of
  * div_math.h (the very ones the CUDA kernels run), tile by tile like the vector paths. */
 #include <string.h>
 
+#include "div_math.h"
 #include "elementwise.h"
 #include "half.h"
 
@@ -48,7 +49,7 @@ double kd_kl_row_scalar(const kd_ew_job *j, int64_t r) {
     return sum;
 }
 
-double kd_jsd_row_scalar(const kd_ew_job *j, int64_t r) {
+double kd_div_row_scalar(const kd_ew_job *j, int64_t r) {
     size_t xes = kdloss_dtype_size(j->xdt), tes = kdloss_dtype_size(j->tdt);
     char *grow = j->g ? j->g + (size_t)(r * j->ldg) * xes : NULL;
     if (kd_row_ignored(j, r)) {
@@ -63,7 +64,7 @@ double kd_jsd_row_scalar(const kd_ew_job *j, int64_t r) {
         float acc = 0.0f;
         for (int64_t c = c0; c < c1; c++) {
             float gr;
-            acc += kd_jsd_elem(j->coef, ld_elem(xrow, j->xdt, c), ld_elem(trow, j->tdt, c), &gr);
+            acc += kd_div_elem(&j->coef, ld_elem(xrow, j->xdt, c), ld_elem(trow, j->tdt, c), &gr);
             if (grow) st_elem(grow, j->xdt, c, gr * j->gscale);
         }
         sum += acc;

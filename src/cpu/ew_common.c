@@ -44,10 +44,10 @@ kd_row_fn kd_kl_row_fn(void) {
     }
 }
 
-kd_row_fn kd_jsd_row_fn(void) {
+kd_row_fn kd_div_row_fn(void) {
     switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_jsd_row_avx512;
-    case KDLOSS_ISA_AVX2: return kd_jsd_row_avx2;
-    default: return kd_jsd_row_scalar;
+    case KDLOSS_ISA_AVX512: return kd_div_row_avx512;
+    case KDLOSS_ISA_AVX2: return kd_div_row_avx2;
+    default: return kd_div_row_scalar;
     }
 }

@@ -17,6 +17,6 @@ kdloss_status kd_ew_check_overlap(const kd_span *ins, int n_in, const kd_span *o
 
 /* The row function of the path in force. */
 kd_row_fn kd_kl_row_fn(void);
-kd_row_fn kd_jsd_row_fn(void);
+kd_row_fn kd_div_row_fn(void);
 
 #endif

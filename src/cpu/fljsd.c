@@ -140,7 +140,7 @@ static void zero_mat(kdloss_mat m, int64_t rows, int64_t cols) {
         memset((char *)m.data + (size_t)(r * m.ld) * es, 0, (size_t)cols * es);
 }
 
-static void write_losses(const kdloss_fljsd_out *o, float loss, float soft, float hard) {
+static void write_losses(const kdloss_fused_linear_distill_out *o, float loss, float soft, float hard) {
     if (o->loss) *o->loss = loss;
     if (o->soft_loss) *o->soft_loss = soft;
     if (o->hard_loss) *o->hard_loss = hard;
@@ -148,8 +148,11 @@ static void write_losses(const kdloss_fljsd_out *o, float loss, float soft, floa
 
 /* Every row ignored, or nothing weighted or asked for: loss 0 and zero gradients. */
 static void write_zero(const kd_fljsd_call *k) {
-    const kdloss_fljsd_out *o = &k->out;
+    const kdloss_fused_linear_distill_out *o = &k->out;
     write_losses(o, 0.0f, 0.0f, 0.0f);
+    float *rows[3] = {o->row_soft, o->row_hard, o->row_lse};
+    for (int i = 0; i < 3; i++)
+        if (rows[i]) memset(rows[i], 0, (size_t)k->bt * sizeof(float));
     if (o->dxs.data) zero_mat(o->dxs, k->bt, k->hs);
     if (o->dws.data) zero_mat(o->dws, k->v, k->hs);
     if (o->dbs) memset(o->dbs, 0, (size_t)k->v * kdloss_dtype_size(k->ws.dtype));
@@ -205,7 +208,7 @@ static kdloss_status chunk_logits(kdloss_cmat x, int64_t r0, int64_t n, const ws
 static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base,
                                  const wsrc *w_s, const float *dz, const float *as, int64_t lda,
                                  int64_t r0, int64_t n) {
-    const kdloss_fljsd_out *o = &k->out;
+    const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t hs = k->hs, v = k->v;
     int sb = k->xs.dtype == KDLOSS_BF16;
     kdloss_status st = KDLOSS_OK;
@@ -229,8 +232,11 @@ static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl
 /* The row-pass parameters that stay the same for every chunk. */
 static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base, int soft,
                        int hard, kd_fljsd_rows *r) {
-    const kdloss_fljsd_params *p = &k->p;
+    const kdloss_fused_linear_distill_params *p = &k->p;
     double nv = (double)k->n_valid;
+    /* the soft part's factor in the loss: T^2 with t2_scale; in the gradient it meets the 1/T
+     * of d(z/T)/dz */
+    double t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
     float *bias = (float *)(base + pl->off_bias);
     r->v = k->v;
     r->zs = (float *)(base + pl->off_zs);
@@ -239,12 +245,12 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     r->bt = soft ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
     r->labels = k->labels;
     r->ignore_index = p->ignore_index;
-    r->coef = kd_jsd_coef_make(p->beta);
+    r->coef = kd_div_coef_make(&p->div);
     r->inv_t = (float)(1.0 / p->temperature);
     r->soft = soft;
     r->hard = hard;
     r->grad = k->grad;
-    r->gs = k->grad ? (float)(p->grad_scale * p->weight_soft_loss / (nv * p->temperature)) : 0.0f;
+    r->gs = k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f;
     r->gh = k->grad ? (float)(p->grad_scale * p->weight_hard_loss / nv) : 0.0f;
     r->row_soft = (double *)(base + pl->off_rows);
     r->row_hard = r->row_soft + pl->chunk;
@@ -253,14 +259,14 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
 /* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
  * it with that status (outputs may then be partly written; kdloss.h says so). */
 static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
-    const kdloss_fljsd_params *p = &k->p;
-    const kdloss_fljsd_out *o = &k->out;
+    const kdloss_fused_linear_distill_params *p = &k->p;
+    const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t bt = k->bt, hs = k->hs, v = k->v;
     /* A loss part is computed when it is weighted or asked for: weight_hard_loss = 0 skips all
      * cross-entropy work unless the caller wants hard_loss itself (its gradient is skipped
      * then too); the same for the soft part, which also skips the teacher GEMM. */
-    int soft = p->weight_soft_loss > 0.0 || o->soft_loss;
-    int hard = p->weight_hard_loss > 0.0 || o->hard_loss;
+    int soft = p->weight_soft_loss > 0.0 || o->soft_loss || o->row_soft;
+    int hard = p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard || o->row_lse;
     if (k->n_valid == 0 || (!soft && !hard)) {
         write_zero(k);
         return KDLOSS_OK;
@@ -291,10 +297,13 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
             as = x_rows(k->xs, r0, n, hs, (float *)(base + pl->off_xs32), &lda);
         r.n = n;
         r.row0 = r0;
+        r.row_lse = o->row_lse ? o->row_lse + r0 : NULL;
         rows(&r);
         for (int64_t i = 0; i < n; i++) { /* row order: the sums do not depend on the chunk */
             soft_sum += r.row_soft[i];
             hard_sum += r.row_hard[i];
+            if (o->row_soft) o->row_soft[r0 + i] = (float)r.row_soft[i];
+            if (o->row_hard) o->row_hard[r0 + i] = (float)r.row_hard[i];
         }
         if (k->grad) st = chunk_grads(k, pl, base, &w_s, r.zs, as, lda, r0, n);
     }
@@ -303,20 +312,21 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
         kd_f32_rows_to_bf16((const float *)(base + pl->off_dws), hs, v, hs,
                             (uint16_t *)o->dws.data, o->dws.ld, 1);
     if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
-    double nv = (double)k->n_valid;
-    double soft_mean = soft ? soft_sum / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
+    double nv = (double)k->n_valid, t2 = p->t2_scale ? p->temperature * p->temperature : 1.0;
+    double soft_mean = soft ? soft_sum * t2 / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
     write_losses(o,
                  (float)(p->weight_hard_loss * hard_mean + p->weight_soft_loss * soft_mean),
                  (float)soft_mean, (float)hard_mean);
     return KDLOSS_OK;
 }
 
-kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
-                                      int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
-                                      const void *bs, kdloss_cmat xt, kdloss_cmat wt,
-                                      const void *bt_bias, kdloss_labels labels,
-                                      kdloss_fljsd_out *out, void *workspace,
-                                      size_t workspace_bytes) {
+kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_params *params,
+                                          int64_t bt, int64_t hs, int64_t ht, int64_t v,
+                                          kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                                          kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
+                                          kdloss_labels labels,
+                                          kdloss_fused_linear_distill_out *out, void *workspace,
+                                          size_t workspace_bytes) {
     kd_fljsd_call call;
     kd_fljsd_plan plan;
     kdloss_status st = kd_fljsd_check(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels,
@@ -332,4 +342,18 @@ kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t
     st = run(&call, &plan, (char *)a);
     free(mem);
     return st;
+}
+
+/* The JSD-only name: a wrapper (divergence JSD(beta), no T^2, no row outputs). */
+kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
+                                      int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
+                                      const void *bs, kdloss_cmat xt, kdloss_cmat wt,
+                                      const void *bt_bias, kdloss_labels labels,
+                                      kdloss_fljsd_out *out, void *workspace,
+                                      size_t workspace_bytes) {
+    if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    kdloss_fused_linear_distill_out o = kd_fld_out_from_fljsd(out);
+    return kdloss_fused_linear_distill(&p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, &o,
+                                       workspace, workspace_bytes);
 }

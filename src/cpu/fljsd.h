@@ -48,29 +48,29 @@ typedef struct kd_fljsd_plan {
 /* Lays the workspace out for these arguments (see above). Errors: KDLOSS_ERR_INVALID_SIZE
  * when the byte counts overflow, KDLOSS_ERR_BUDGET_TOO_SMALL when a non-zero memory_budget
  * cannot hold a one-row chunk. */
-kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
+kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
                                  int64_t v, kdloss_dtype student_dtype, int want_grad,
                                  kd_fljsd_plan *plan);
 
 
 /* A call whose every argument has been checked: matrix views carry their effective ld. */
 typedef struct kd_fljsd_call {
-    kdloss_fljsd_params p;
+    kdloss_fused_linear_distill_params p;
     int64_t bt, hs, ht, v;
     kdloss_cmat xs, ws, xt, wt;
     const void *bs, *bt_bias;
     kdloss_labels labels;
-    kdloss_fljsd_out out;
+    kdloss_fused_linear_distill_out out;
     int64_t n_valid; /* rows whose label is not ignore_index */
     int grad;        /* some gradient output is wanted */
 } kd_fljsd_call;
 
 /* Checks every argument (params, sizes, dtypes, strides, labels, aliasing, workspace size) and
  * fills *call and *plan. Writes nothing the caller owns. */
-kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int64_t hs, int64_t ht,
+kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
                              int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
                              kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
-                             kdloss_labels labels, const kdloss_fljsd_out *out,
+                             kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
                              const void *workspace, size_t workspace_bytes, kd_fljsd_call *call,
                              kd_fljsd_plan *plan);
 

@@ -1,4 +1,4 @@
-/* Argument checks of kdloss_fused_linear_jsd: everything that can fail is found here, before
+/* Argument checks of kdloss_fused_linear_distill (and its JSD wrapper): everything that can fail is found here, before
  * the driver writes a single byte the caller owns. */
 #include "check.h"
 #include "ew_common.h" /* kd_ew_check_overlap */
@@ -19,14 +19,14 @@ static kdloss_status check_gemm_mat(int64_t rows, int64_t cols, const void *data
     return *ld > INT32_MAX ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_OK;
 }
 
-kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int64_t hs, int64_t ht,
+kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
                              int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
                              kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
-                             kdloss_labels labels, const kdloss_fljsd_out *out,
+                             kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
                              const void *workspace, size_t workspace_bytes, kd_fljsd_call *call,
                              kd_fljsd_plan *plan) {
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status st = kd_fljsd_check_params(params);
+    kdloss_status st = kd_fld_check_params(params);
     if (st == KDLOSS_OK) st = kd_fljsd_check_sizes(bt, hs, ht, v);
     if (st == KDLOSS_OK) st = check_pair_dtype(xs.dtype, ws.dtype);
     if (st == KDLOSS_OK) st = check_pair_dtype(xt.dtype, wt.dtype);
@@ -49,14 +49,16 @@ kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int6
     in[6] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
 
     /* outputs: spans 0..5 = loss, soft_loss, hard_loss, dxs, dws, dbs */
-    kdloss_fljsd_out o = *out;
-    kd_span os[6];
+    kdloss_fused_linear_distill_out o = *out;
+    kd_span os[9];
     os[0] = kd_vec_span(o.loss, 1, sizeof(float));
     os[1] = kd_vec_span(o.soft_loss, 1, sizeof(float));
     os[2] = kd_vec_span(o.hard_loss, 1, sizeof(float));
     os[3] = os[4] = kd_vec_span(NULL, 0, 1);
     int grad = o.dxs.data || o.dws.data || o.dbs;
-    if (!grad && !o.loss && !o.soft_loss && !o.hard_loss) return KDLOSS_ERR_NO_OUTPUT;
+    if (!grad && !o.loss && !o.soft_loss && !o.hard_loss && !o.row_soft && !o.row_hard &&
+        !o.row_lse)
+        return KDLOSS_ERR_NO_OUTPUT;
     if (o.dxs.data) {
         if (o.dxs.dtype != xs.dtype) return KDLOSS_ERR_INVALID_DTYPE;
         st = check_gemm_mat(bt, hs, o.dxs.data, o.dxs.dtype, &o.dxs.ld, &os[3]);
@@ -69,16 +71,21 @@ kdloss_status kd_fljsd_check(const kdloss_fljsd_params *params, int64_t bt, int6
     }
     if (o.dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
     if (!kd_aligned(o.dbs, es) || !kd_aligned(o.loss, sizeof(float)) ||
-        !kd_aligned(o.soft_loss, sizeof(float)) || !kd_aligned(o.hard_loss, sizeof(float)))
+        !kd_aligned(o.soft_loss, sizeof(float)) || !kd_aligned(o.hard_loss, sizeof(float)) ||
+        !kd_aligned(o.row_soft, sizeof(float)) || !kd_aligned(o.row_hard, sizeof(float)) ||
+        !kd_aligned(o.row_lse, sizeof(float)))
         return KDLOSS_ERR_MISALIGNED;
     os[5] = kd_vec_span(o.dbs, v, es);
+    os[6] = kd_vec_span(o.row_soft, bt, sizeof(float));
+    os[7] = kd_vec_span(o.row_hard, bt, sizeof(float));
+    os[8] = kd_vec_span(o.row_lse, bt, sizeof(float));
 
     st = kd_fljsd_plan_make(params, bt, hs, ht, v, xs.dtype, grad, plan);
     if (st != KDLOSS_OK) return st;
     if (workspace && workspace_bytes < plan->bytes) return KDLOSS_ERR_WORKSPACE_TOO_SMALL;
     in[7] = kd_vec_span(workspace, workspace ? (int64_t)plan->bytes : 0, 1);
     /* the workspace is written too: it may overlap neither inputs nor outputs */
-    st = kd_ew_check_overlap(in, 8, os, 6, 0);
+    st = kd_ew_check_overlap(in, 8, os, 9, 0);
     if (st == KDLOSS_OK) st = kd_ew_check_overlap(in, 7, &in[7], 1, 0);
     if (st != KDLOSS_OK) return st;
 

@@ -52,7 +52,7 @@ static int64_t auto_chunk(int64_t bt, size_t avail, size_t per_row) {
     return c < ubt ? (int64_t)c : bt;
 }
 
-kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
+kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
                                  int64_t v, kdloss_dtype student_dtype, int want_grad,
                                  kd_fljsd_plan *plan) {
     const size_t f4 = sizeof(float);
@@ -121,12 +121,26 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64
     return KDLOSS_OK;
 }
 
-/* Shared checks of the two size queries. */
-static kdloss_status query_plan(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
-                                int64_t ht, int64_t v, kdloss_dtype student_dtype, int want_grad,
-                                size_t *bytes, kd_fljsd_plan *plan) {
+void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_params *p) {
+    if (!p) return;
+    kdloss_div_params_default(&p->div);
+    p->div.divergence = KDLOSS_DIV_JSD;
+    p->temperature = 1.0;
+    p->weight_hard_loss = 0.5;
+    p->weight_soft_loss = 0.5;
+    p->t2_scale = 0;
+    p->ignore_index = -100;
+    p->chunk_size = 0;
+    p->memory_budget = 0;
+    p->grad_scale = 1.0;
+}
+
+/* Shared checks of the size queries. */
+static kdloss_status query_plan(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                                int64_t hs, int64_t ht, int64_t v, kdloss_dtype student_dtype,
+                                int want_grad, size_t *bytes, kd_fljsd_plan *plan) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status st = kd_fljsd_check_params(params);
+    kdloss_status st = kd_fld_check_params(params);
     if (st != KDLOSS_OK) return st;
     st = kd_fljsd_check_sizes(bt, hs, ht, v);
     if (st != KDLOSS_OK) return st;
@@ -135,13 +149,12 @@ static kdloss_status query_plan(const kdloss_fljsd_params *params, int64_t bt, i
     return kd_fljsd_plan_make(params, bt, hs, ht, v, student_dtype, want_grad != 0, plan);
 }
 
-kdloss_status kdloss_fljsd_min_budget(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
-                                      int64_t ht, int64_t v, kdloss_dtype student_dtype,
-                                      int want_grad, size_t *bytes) {
+kdloss_status kdloss_fused_linear_distill_min_budget(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     kd_fljsd_plan plan;
-    kdloss_fljsd_params p;
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    p = *params;
+    kdloss_fused_linear_distill_params p = *params;
     p.memory_budget = 0; /* the caller's budget is what is being sized */
     kdloss_status st = query_plan(&p, bt, hs, ht, v, student_dtype, want_grad, bytes, &plan);
     if (st != KDLOSS_OK) return st;
@@ -149,13 +162,32 @@ kdloss_status kdloss_fljsd_min_budget(const kdloss_fljsd_params *params, int64_t
     return KDLOSS_OK;
 }
 
-kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
-                                          int64_t hs, int64_t ht, int64_t v,
-                                          kdloss_dtype student_dtype, int want_grad,
-                                          size_t *bytes) {
+kdloss_status kdloss_fused_linear_distill_workspace_size(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     kd_fljsd_plan plan;
     kdloss_status st = query_plan(params, bt, hs, ht, v, student_dtype, want_grad, bytes, &plan);
     if (st != KDLOSS_OK) return st;
     *bytes = plan.bytes;
     return KDLOSS_OK;
+}
+
+/* The JSD-only names: wrappers. */
+kdloss_status kdloss_fljsd_min_budget(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
+                                      int64_t ht, int64_t v, kdloss_dtype student_dtype,
+                                      int want_grad, size_t *bytes) {
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    return kdloss_fused_linear_distill_min_budget(&p, bt, hs, ht, v, student_dtype, want_grad,
+                                                  bytes);
+}
+
+kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
+                                          int64_t hs, int64_t ht, int64_t v,
+                                          kdloss_dtype student_dtype, int want_grad,
+                                          size_t *bytes) {
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    return kdloss_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, student_dtype,
+                                                      want_grad, bytes);
 }

@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "div_math.h"
+#include "div_coef.h"
 #include "kdloss.h"
 
 /* Row reductions run in fp32 vectors over tiles of this many columns, then in double: the
@@ -35,7 +35,7 @@ typedef struct kd_fljsd_rows {
     const float *bs, *bt;  /* [v] fp32 biases, or NULL */
     kdloss_labels labels;  /* checked: ignore_index or in [0, v) */
     int64_t ignore_index;
-    kd_jsd_coef coef;      /* JSD(beta) constants */
+    kd_div_coef coef;      /* the divergence's element operation and constants */
     float inv_t;           /* 1 / temperature */
     int soft;              /* compute the JSD terms (needs zt) */
     int hard;              /* compute the cross-entropy terms */
@@ -44,6 +44,7 @@ typedef struct kd_fljsd_rows {
     float gh;              /* hard gradient factor grad_scale * w_hard / n_valid; 0 = none */
     double *row_soft;      /* [n] out: each row's JSD (0 for ignored rows) */
     double *row_hard;      /* [n] out: each row's cross-entropy (0 for ignored rows) */
+    float *row_lse;        /* [n] out or NULL: each row's student log-sum-exp (0 when ignored) */
 } kd_fljsd_rows;
 
 /* Run the row work of one chunk, OpenMP over rows. Never calls BLAS. */

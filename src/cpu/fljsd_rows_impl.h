@@ -4,7 +4,7 @@
  *
  * A row of V fp32 logits (128 KiB at V = 32768) stays in L2 between passes, so each pass is
  * bound by its exp/log count, not by memory: pass 2 costs 2 exps an element (3 with a separate
- * cross-entropy normaliser when T != 1), pass 3 1 to 3 transcendentals (div_simd.h), pass 4 one
+ * cross-entropy normaliser when T != 1), pass 3 1 to 3 transcendentals and a division (div_elem.h), pass 4 one
  * exp for softmax(zs/T) and one more for softmax(zs) only when T != 1.
  *
  * Every pass runs the row's last partial vector through the same arithmetic as its body
@@ -63,19 +63,24 @@ typedef struct KD_SFX(rowc) {
     vf ms, mt, it, lss, lst;
 } KD_SFX(rowc);
 
-/* One vector of JSD terms at columns [c, c + VL) (k live lanes); g is dJSD/dX. */
-KD_INLINE vf KD_SFX(jsd_at)(const kd_vjsd *k, int mode, const KD_SFX(rowc) *r, vf zs, vf zt,
+/* One vector of divergence terms at columns [c, c + VL); g is dD/dX. `op` is a constant once
+ * inlined, so the switch folds away. */
+KD_INLINE vf KD_SFX(div_at)(const kd_vdiv *k, int op, const KD_SFX(rowc) *r, vf zs, vf zt,
                             vf *g) {
     vf x = vf_sub(vf_mul(vf_sub(zs, r->ms), r->it), r->lss);
     vf y = vf_sub(vf_mul(vf_sub(zt, r->mt), r->it), r->lst);
-    if (mode == KD_JSD_FORWARD_KL) return kd_vjsd_fwd(x, y, g);
-    if (mode == KD_JSD_REVERSE_KL) return kd_vjsd_rev(x, y, g);
-    return kd_vjsd_mix(k, x, y, g);
+    switch (op) {
+#define KD_AT(E, nm) case KD_OP_##E: return kd_v_##nm(k, x, y, g);
+        KD_DIV_OPS(KD_AT)
+#undef KD_AT
+    }
+    *g = vf_zero();
+    return vf_zero();
 }
 
-/* Pass 3 for one JSD mode (a constant once inlined): returns the row's JSD; when store_g,
- * writes g over zt and its row sum to *sum_g. */
-KD_INLINE double KD_SFX(jsd_pass)(const kd_vjsd *k, int mode, const KD_SFX(rowc) *r,
+/* Pass 3 for one element operation (a constant once inlined): returns the row's divergence;
+ * when store_g, writes g over zt and its row sum to *sum_g. */
+KD_INLINE double KD_SFX(div_pass)(const kd_vdiv *k, int op, const KD_SFX(rowc) *r,
                                   const float *zs, float *zt, int64_t v, int store_g,
                                   double *sum_g) {
     double loss = 0.0, gsum = 0.0;
@@ -84,7 +89,7 @@ KD_INLINE double KD_SFX(jsd_pass)(const kd_vjsd *k, int mode, const KD_SFX(rowc)
         vf lacc = vf_zero(), gacc = vf_zero(), g;
         int64_t c = t0;
         for (; c + VL <= t1; c += VL) {
-            lacc = vf_add(lacc, KD_SFX(jsd_at)(k, mode, r, vf_load(zs + c), vf_load(zt + c), &g));
+            lacc = vf_add(lacc, KD_SFX(div_at)(k, op, r, vf_load(zs + c), vf_load(zt + c), &g));
             if (store_g) {
                 vf_store(zt + c, g);
                 gacc = vf_add(gacc, g);
@@ -93,7 +98,7 @@ KD_INLINE double KD_SFX(jsd_pass)(const kd_vjsd *k, int mode, const KD_SFX(rowc)
         if (c < t1) {
             int64_t n = t1 - c;
             vm live = vm_first_n(n);
-            vf l = KD_SFX(jsd_at)(k, mode, r, vf_load_n(zs + c, n), vf_load_n(zt + c, n), &g);
+            vf l = KD_SFX(div_at)(k, op, r, vf_load_n(zs + c, n), vf_load_n(zt + c, n), &g);
             lacc = vf_add(lacc, vf_keep(live, l));
             if (store_g) {
                 vf_store_n(zt + c, g, n);
@@ -140,13 +145,14 @@ static void KD_SFX(grad_pass)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, flo
 }
 
 /* Everything for row i of the chunk. */
-static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vjsd *k, int64_t i) {
+static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vdiv *k, int64_t i) {
     int64_t v = a->v;
     float *zs = a->zs + i * v;
     float *zt = a->soft ? a->zt + i * v : NULL;
     int64_t y = kd_label_at(a->labels, a->row0 + i);
     a->row_soft[i] = 0.0;
     a->row_hard[i] = 0.0;
+    if (a->row_lse) a->row_lse[i] = 0.0f;
     if (y == a->ignore_index) {
         if (a->grad) memset(zs, 0, (size_t)v * sizeof(float));
         return;
@@ -167,20 +173,18 @@ static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vjsd *k, int64_t i)
     r.lss = vf_set1((float)lss);
     r.lst = vf_set1((float)lst);
     if (a->hard) a->row_hard[i] = ((double)ms - (double)zy) + lsh;
+    if (a->row_lse) a->row_lse[i] = (float)((double)ms + lsh);
     /* pass 3 */
     double sum_g = 0.0;
     int store_g = a->grad && a->gs != 0.0f;
     if (a->soft) {
-        switch (k->mode) {
-        case KD_JSD_FORWARD_KL:
-            a->row_soft[i] = KD_SFX(jsd_pass)(k, KD_JSD_FORWARD_KL, &r, zs, zt, v, store_g, &sum_g);
-            break;
-        case KD_JSD_REVERSE_KL:
-            a->row_soft[i] = KD_SFX(jsd_pass)(k, KD_JSD_REVERSE_KL, &r, zs, zt, v, store_g, &sum_g);
-            break;
-        default:
-            a->row_soft[i] = KD_SFX(jsd_pass)(k, KD_JSD_MIXED, &r, zs, zt, v, store_g, &sum_g);
-            break;
+        switch (k->op) { /* one specialised pass per element operation */
+#define KD_PASS(E, nm)                                                                         \
+    case KD_OP_##E:                                                                            \
+        a->row_soft[i] = KD_SFX(div_pass)(k, KD_OP_##E, &r, zs, zt, v, store_g, &sum_g);       \
+        break;
+            KD_DIV_OPS(KD_PASS)
+#undef KD_PASS
         }
     }
     /* pass 4 */
@@ -190,7 +194,7 @@ static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vjsd *k, int64_t i)
 }
 
 void KD_SFX(kd_fljsd_rows)(const kd_fljsd_rows *a) {
-    kd_vjsd k = kd_vjsd_make(a->coef);
+    kd_vdiv k = kd_vdiv_make(a->coef);
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
     if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN) {
 #pragma omp parallel for schedule(static)

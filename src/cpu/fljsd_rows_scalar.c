@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "div_math.h"
 #include "fljsd_rows.h"
 
 /* Adds the bias (when given) to z[0..v) in place and returns the row max. */
@@ -30,9 +31,9 @@ static double sum_exp(const float *z, int64_t v, float m, float s) {
     return sum;
 }
 
-/* Pass 3: the row's JSD on X = (zs - ms) it - lss, Y = (zt - mt) it - lst; when store_g,
+/* Pass 3: the row's divergence on X = (zs - ms) it - lss, Y = (zt - mt) it - lst; when store_g,
  * g = dJSD/dX goes over zt and its row sum to *sum_g. */
-static double jsd_pass(kd_jsd_coef k, const float *zs, float *zt, int64_t v, float ms, float mt,
+static double div_pass(const kd_div_coef *k, const float *zs, float *zt, int64_t v, float ms, float mt,
                        float it, float lss, float lst, int store_g, double *sum_g) {
     double loss = 0.0, gsum = 0.0;
     for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
@@ -40,7 +41,7 @@ static double jsd_pass(kd_jsd_coef k, const float *zs, float *zt, int64_t v, flo
         float lacc = 0.0f, gacc = 0.0f;
         for (int64_t c = t0; c < t1; c++) {
             float g, x = (zs[c] - ms) * it - lss, y = (zt[c] - mt) * it - lst;
-            lacc += kd_jsd_elem(k, x, y, &g);
+            lacc += kd_div_elem(k, x, y, &g);
             if (store_g) {
                 zt[c] = g;
                 gacc += g;
@@ -61,6 +62,7 @@ static void one_row(const kd_fljsd_rows *a, int64_t i) {
     int64_t y = kd_label_at(a->labels, a->row0 + i);
     a->row_soft[i] = 0.0;
     a->row_hard[i] = 0.0;
+    if (a->row_lse) a->row_lse[i] = 0.0f;
     if (y == a->ignore_index) {
         if (a->grad) memset(zs, 0, (size_t)v * sizeof(float));
         return;
@@ -74,10 +76,11 @@ static void one_row(const kd_fljsd_rows *a, int64_t i) {
     int share = a->soft && it == 1.0f; /* softmax(zs) = softmax(zs/T) */
     double lsh = !a->hard ? 0.0 : share ? lss : log(sum_exp(zs, v, ms, 1.0f));
     if (a->hard) a->row_hard[i] = ((double)ms - (double)zy) + lsh;
+    if (a->row_lse) a->row_lse[i] = (float)((double)ms + lsh);
     double sum_g = 0.0;
     int store_g = a->grad && a->gs != 0.0f;
     if (a->soft)
-        a->row_soft[i] = jsd_pass(a->coef, zs, zt, v, ms, mt, it, (float)lss, (float)lst, store_g,
+        a->row_soft[i] = div_pass(&a->coef, zs, zt, v, ms, mt, it, (float)lss, (float)lst, store_g,
                                   &sum_g);
     if (!a->grad) return;
     /* pass 4: dzs = gs (g - q sum_g) + gh p, q = softmax(zs/T), p = softmax(zs) */

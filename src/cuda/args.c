@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 static void spans_add(kd_spanset *s, kd_span sp) {
-    /* 16 slots: the largest call (fused-linear) has 13 operands */
+    /* 20 slots: the largest call (fused-linear) has 16 operands */
     if (s->n < (int)(sizeof s->s / sizeof s->s[0])) s->s[s->n++] = sp;
 }
 
@@ -71,14 +71,14 @@ kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdlos
     return KDLOSS_OK;
 }
 
-kdloss_status kd_args_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdloss_cmat student,
+kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_t v, kdloss_cmat student,
                           kdloss_cmat teacher, kdloss_labels labels, const float *loss,
                           const float *row_loss, kdloss_mat grad, kd_jsd_geom *g,
                           kd_spanset *spans) {
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (!(p->beta >= 0.0 && p->beta <= 1.0) || !kd_fp32_finite(p->grad_scale))
-        return KDLOSS_ERR_INVALID_PARAM;
+    kdloss_status st0 = kd_distill_check_params(p); /* the CPU's check (src/common) */
+    if (st0 != KDLOSS_OK) return st0;
 
     kd_span s_s, s_t, s_g = {0, 0};
     kdloss_status st =
@@ -124,8 +124,8 @@ kdloss_status kd_args_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdl
 
 /* Thin wrappers: the checks themselves are the CPU's (src/common/check.c), so both backends
  * return the same codes. */
-kdloss_status kd_args_fl_params(const kdloss_fljsd_params *p) {
-    return p ? kd_fljsd_check_params(p) : KDLOSS_ERR_NULL_POINTER;
+kdloss_status kd_args_fl_params(const kdloss_fused_linear_distill_params *p) {
+    return p ? kd_fld_check_params(p) : KDLOSS_ERR_NULL_POINTER;
 }
 
 kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
@@ -146,10 +146,11 @@ static kdloss_status fl_mat(int64_t rows, int64_t cols, const void *data, kdloss
     return *ld > INT32_MAX ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_OK;
 }
 
-kdloss_status kd_args_fl(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
+kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
                          int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
                          kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
-                         const kdloss_fljsd_out *out, kd_fl_geom *g, kd_spanset *spans) {
+                         const kdloss_fused_linear_distill_out *out, kd_fl_geom *g,
+                         kd_spanset *spans) {
     if (!p || !out) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_args_fl_params(p);
     if (st == KDLOSS_OK) st = kd_args_fl_sizes(bt, hs, ht, v);
@@ -167,7 +168,9 @@ kdloss_status kd_args_fl(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, i
     if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) return KDLOSS_ERR_INVALID_DTYPE;
 
     const int grad = out->dxs.data || out->dws.data || out->dbs;
-    if (!grad && !out->loss && !out->soft_loss && !out->hard_loss) return KDLOSS_ERR_NO_OUTPUT;
+    if (!grad && !out->loss && !out->soft_loss && !out->hard_loss && !out->row_soft &&
+        !out->row_hard && !out->row_lse)
+        return KDLOSS_ERR_NO_OUTPUT;
     kd_span s_dxs = {0, 0}, s_dws = {0, 0};
     g->ld_dxs = 0;
     g->ld_dws = 0;
@@ -202,6 +205,9 @@ kdloss_status kd_args_fl(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, i
     spans_add(spans, kd_vec_span(out->loss, 1, sizeof(float)));
     spans_add(spans, kd_vec_span(out->soft_loss, 1, sizeof(float)));
     spans_add(spans, kd_vec_span(out->hard_loss, 1, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_soft, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_hard, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_lse, bt, sizeof(float)));
     return KDLOSS_OK;
 }
 

@@ -15,7 +15,7 @@ extern "C" {
 
 /* Every byte range a call reads or writes, so the workspace can be checked against all of them. */
 typedef struct kd_spanset {
-    kd_span s[16];
+    kd_span s[20];
     int n;    /* spans in s */
     int n_in; /* s[0, n_in) are inputs, s[n_in, n) outputs */
 } kd_spanset;
@@ -40,21 +40,22 @@ kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdlos
                          kdloss_cmat target, const float *loss, const float *row_loss,
                          kdloss_mat elem_loss, kdloss_mat grad, kd_kl_geom *g, kd_spanset *spans);
 
-kdloss_status kd_args_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdloss_cmat student,
+kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_t v, kdloss_cmat student,
                           kdloss_cmat teacher, kdloss_labels labels, const float *loss,
                           const float *row_loss, kdloss_mat grad, kd_jsd_geom *g,
                           kd_spanset *spans);
 
 /* Parameter and size checks of the fused-linear loss alone (the workspace-size query uses them
  * too). Sizes above INT32_MAX are KDLOSS_ERR_UNSUPPORTED, as on the CPU. */
-kdloss_status kd_args_fl_params(const kdloss_fljsd_params *p);
+kdloss_status kd_args_fl_params(const kdloss_fused_linear_distill_params *p);
 kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
 
 /* Everything but the overlaps; kd_args_fl_workspace checks those after the workspace size. */
-kdloss_status kd_args_fl(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t ht,
+kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
                          int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
                          kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
-                         const kdloss_fljsd_out *out, kd_fl_geom *g, kd_spanset *spans);
+                         const kdloss_fused_linear_distill_out *out, kd_fl_geom *g,
+                         kd_spanset *spans);
 
 /* Workspace checks common to every CUDA call: NULL -> NULL_POINTER, not 16-byte aligned ->
  * INVALID_PARAM, smaller than `need` -> WORKSPACE_TOO_SMALL, overlapping any operand -> ALIASING.

@@ -41,7 +41,7 @@ typedef struct fl_plan {
     size_t total;
 } fl_plan;
 
-static kdloss_status fl_plan_make(const kdloss_fljsd_params *p, int64_t bt, int64_t hs, int64_t v,
+static kdloss_status fl_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t v,
                                   kdloss_dtype sdt, int want_grad, void *ws, fl_plan *P) {
     /* bounds that keep every byte count below 2^62 */
     if (v > ((int64_t)1 << 40) || bt > ((int64_t)1 << 40) || hs > ((int64_t)1 << 40))
@@ -101,13 +101,15 @@ typedef struct fl_row_args {
     int64_t v;
     float inv_t;          /* 1 / temperature */
     int same_t;           /* temperature == 1: tempered and plain student softmax coincide */
-    kd_jsd_coef coef;
-    int do_soft, do_hard; /* compute the JSD / the CE at all */
+    kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
+    int do_soft, do_hard; /* compute the divergence / the CE at all */
     int do_grad;          /* write dzs (zeros when both weights are 0: the GEMMs still read it) */
     int grad_soft, grad_hard; /* its terms: weight > 0 and gradients wanted */
     double w_hard, w_soft, grad_scale, temperature;
+    double soft_fac;      /* T^2 with t2_scale, else 1: the soft part's factor */
     const kd_ws_header *hdr; /* n_valid, counted before the first chunk */
     double *row_soft, *row_hard; /* [bt] */
+    float *out_soft, *out_hard, *out_lse; /* [bt] caller's per-row outputs, or NULL */
 } fl_row_args;
 
 /* Logits c0..c0+n-1 of one row plus bias (dtype DB), fp32. Rows of z are 256-byte aligned and
@@ -214,7 +216,7 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float g;
-                float l = kd_jsd_elem(a.coef, s[j] * a.inv_t - lseA, t[j] * a.inv_t - lseB, &g);
+                float l = kd_div_elem(&a.coef, s[j] * a.inv_t - lseA, t[j] * a.inv_t - lseB, &g);
                 if (j < n) {
                     accl += l;
                     accg += g;
@@ -227,6 +229,9 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
     if (tid == 0) {
         a.row_soft[gr] = a.do_soft ? soft : 0.0;
         a.row_hard[gr] = a.do_hard ? (double)(lseH - zy) : 0.0;
+        if (a.out_soft) a.out_soft[gr] = (float)a.row_soft[gr];
+        if (a.out_hard) a.out_hard[gr] = (float)a.row_hard[gr];
+        if (a.out_lse) a.out_lse[gr] = a.do_hard ? lseH : 0.0f;
     }
 
     /* ---- pass 3: dzs in place ---- */
@@ -234,7 +239,7 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
     const unsigned long long nv = a.hdr->n_valid;
     const double nvd = nv > 0 ? (double)nv : 1.0;
     const float ca = (float)(a.w_hard * a.grad_scale / nvd);
-    const float cb = (float)(a.w_soft * a.grad_scale / (nvd * a.temperature));
+    const float cb = (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature));
     const float Sf = (float)S;
     for (int64_t tile0 = 0; tile0 < a.v; tile0 += FL_TILE) { /* same trip count in every thread */
         const int64_t c0 = tile0 + (int64_t)tid * 8;
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
                 if (a.grad_soft) {
                     const float x = s[j] * a.inv_t - lseA;
                     float g;
-                    (void)kd_jsd_elem(a.coef, x, t[j] * a.inv_t - lseB, &g);
+                    (void)kd_div_elem(&a.coef, x, t[j] * a.inv_t - lseB, &g);
                     dzj += cb * (g - expf(x) * Sf);
                 }
                 d[j] = dzj;
@@ -303,7 +308,8 @@ fl_cast_kernel(const float *acc, int64_t ld_acc, void *out, int64_t ld_out, int6
 /* row_soft, row_hard [bt] -> the three scalar losses (one block, fixed order) and the status. */
 __global__ void __launch_bounds__(FL_FINAL_THREADS)
 fl_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, kd_ws_header *hdr,
-                float *loss, float *soft_loss, float *hard_loss, double w_hard, double w_soft) {
+                float *loss, float *soft_loss, float *hard_loss, double w_hard, double w_soft,
+                double soft_fac) {
     __shared__ double red[32];
     double s = 0.0, h = 0.0;
     for (int64_t i = threadIdx.x; i < bt; i += blockDim.x) {
@@ -316,7 +322,7 @@ fl_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, kd_w
         const int bad = hdr->n_bad > 0;
         const double n = hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0;
         const float qnan = __int_as_float(0x7fc00000);
-        const double sl = s / n, hl = h / n;
+        const double sl = s * soft_fac / n, hl = h / n;
         if (loss) *loss = bad ? qnan : (float)(w_hard * hl + w_soft * sl);
         if (soft_loss) *soft_loss = bad ? qnan : (float)sl;
         if (hard_loss) *hard_loss = bad ? qnan : (float)hl;
@@ -351,10 +357,9 @@ static unsigned fl_grid_1d(int64_t n, int threads) {
     return kd_grid(b > 65536 ? 65536 : b); /* grid-stride loops cover the rest */
 }
 
-kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
-                                               int64_t hs, int64_t ht, int64_t v,
-                                               kdloss_dtype student_dtype, int want_grad,
-                                               size_t *bytes) {
+kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = kd_args_fl_params(params);
     if (s == KDLOSS_OK) s = kd_args_fl_sizes(bt, hs, ht, v);
@@ -370,13 +375,11 @@ kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params
 
 /* Shapes: xs (bt x hs), ws (v x hs), bs [v], xt (bt x ht), wt (v x ht), bt_bias [v], labels [bt];
  * outputs per kdloss_fljsd_out; all device pointers, each matrix with its own ld. */
-kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *stream,
-                                           const kdloss_fljsd_params *params, int64_t bt,
-                                           int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs,
-                                           kdloss_cmat ws, const void *bs, kdloss_cmat xt,
-                                           kdloss_cmat wt, const void *bt_bias,
-                                           kdloss_labels labels, kdloss_fljsd_out *out,
-                                           void *workspace, size_t workspace_bytes) {
+kdloss_status kdloss_cuda_fused_linear_distill(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
+    int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_fl_geom g;
     kd_spanset spans;
@@ -395,8 +398,9 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
     const cudaDataType_t cs = fl_cuda_type(sdt), ct = fl_cuda_type(tdt);
     /* "0 skips all cross-entropy work": the CE runs only if it is weighted or asked for; the
      * same for the JSD and its teacher GEMM */
-    const int do_hard = params->weight_hard_loss > 0.0 || out->hard_loss != NULL;
-    const int do_soft = params->weight_soft_loss > 0.0 || out->soft_loss != NULL;
+    const int do_hard = params->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard ||
+                        out->row_lse;
+    const int do_soft = params->weight_soft_loss > 0.0 || out->soft_loss || out->row_soft;
     /* dzs in the student dtype: in place over zs, row pitch in elements of that dtype */
     const int64_t dz_pitch = sdt == KDLOSS_BF16 ? 2 * P.ldz : P.ldz;
     float *dw = sdt == KDLOSS_BF16 ? P.dw_acc : (float *)out->dws.data;
@@ -415,7 +419,7 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
     a.v = v;
     a.inv_t = (float)(1.0 / params->temperature);
     a.same_t = params->temperature == 1.0;
-    a.coef = kd_jsd_coef_make(params->beta);
+    a.coef = kd_div_coef_make(&params->div);
     a.do_soft = do_soft;
     a.do_hard = do_hard;
     a.do_grad = g.want_grad;
@@ -425,6 +429,10 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
     a.w_soft = params->weight_soft_loss;
     a.grad_scale = params->grad_scale;
     a.temperature = params->temperature;
+    a.soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;
+    a.out_soft = out->row_soft;
+    a.out_hard = out->row_hard;
+    a.out_lse = out->row_lse;
     a.hdr = P.hdr;
     a.row_soft = P.row_soft;
     a.row_hard = P.row_hard;
@@ -490,9 +498,34 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
     if (s == KDLOSS_OK) {
         fl_final_kernel<<<1, FL_FINAL_THREADS, 0, st>>>(
             P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
-            params->weight_hard_loss, params->weight_soft_loss);
+            params->weight_hard_loss, params->weight_soft_loss, a.soft_fac);
         s = kd_launch_status();
     }
     kd_dev_leave(&dg);
     return s;
+}
+
+/* The JSD-only names: wrappers (divergence JSD(beta), no T^2, no row outputs). */
+kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
+                                               int64_t hs, int64_t ht, int64_t v,
+                                               kdloss_dtype student_dtype, int want_grad,
+                                               size_t *bytes) {
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    const kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    return kdloss_cuda_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, student_dtype,
+                                                           want_grad, bytes);
+}
+
+kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *stream,
+                                           const kdloss_fljsd_params *params, int64_t bt,
+                                           int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs,
+                                           kdloss_cmat ws, const void *bs, kdloss_cmat xt,
+                                           kdloss_cmat wt, const void *bt_bias,
+                                           kdloss_labels labels, kdloss_fljsd_out *out,
+                                           void *workspace, size_t workspace_bytes) {
+    if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
+    const kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    kdloss_fused_linear_distill_out o = kd_fld_out_from_fljsd(out);
+    return kdloss_cuda_fused_linear_distill(ctx, stream, &p, bt, hs, ht, v, xs, ws, bs, xt, wt,
+                                            bt_bias, labels, &o, workspace, workspace_bytes);
 }

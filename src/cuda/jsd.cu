@@ -22,7 +22,7 @@ typedef struct jsd_args {
     const kd_ws_header *hdr; /* n_valid, when labels are given */
     double *part;         /* (bt x ntiles) block sums, or NULL */
     int64_t bt, v, ntiles;
-    kd_jsd_coef coef;
+    kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
     float gscale;         /* grad_scale / bt, used without labels */
     double grad_scale;
 } jsd_args;
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float gj;
-                float l = kd_jsd_elem(a.coef, x[g][j], y[g][j], &gj);
+                float l = kd_div_elem(&a.coef, x[g][j], y[g][j], &gj);
                 gr[j] = gj * gscale;
                 if (j < n[g]) acc += l;
             }
@@ -148,16 +148,16 @@ kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *byte
 /* Shapes: student, teacher, grad (bt x v) with their own ld; labels [bt] optional; row_loss [bt];
  * loss [1]; all device pointers. Launches on `stream`: with labels, a memset and a counting
  * kernel; then the main kernel; then the two small reduction kernels. */
-kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
-                              const kdloss_jsd_params *params, int64_t bt, int64_t v,
-                              kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
-                              float *loss, float *row_loss, kdloss_mat grad, void *workspace,
-                              size_t workspace_bytes) {
+kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
+                                  const kdloss_distill_params *params, int64_t bt, int64_t v,
+                                  kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                                  float *loss, float *row_loss, kdloss_mat grad, void *workspace,
+                                  size_t workspace_bytes) {
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_jsd_geom g;
     kd_spanset spans;
     kdloss_status s =
-        kd_args_jsd(params, bt, v, student, teacher, labels, loss, row_loss, grad, &g, &spans);
+        kd_args_distill(params, bt, v, student, teacher, labels, loss, row_loss, grad, &g, &spans);
     if (s != KDLOSS_OK) return s;
     kd_ew_plan plan;
     if ((s = kd_ew_plan_make(bt, v, NULL, &plan)) != KDLOSS_OK) return s;
@@ -180,7 +180,7 @@ kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
     a.bt = bt;
     a.v = v;
     a.ntiles = plan.ntiles;
-    a.coef = kd_jsd_coef_make(params->beta);
+    a.coef = kd_div_coef_make(&params->div);
     a.grad_scale = params->grad_scale;
     a.gscale = (float)(params->grad_scale / (double)bt);
     size_t es = kdloss_dtype_size(student.dtype), et = kdloss_dtype_size(teacher.dtype);
@@ -206,4 +206,21 @@ kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
                                 (double)bt, 1, labels.data != NULL, plan.hdr);
     kd_dev_leave(&dg);
     return s;
+}
+
+kdloss_status kdloss_cuda_distill_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    return kdloss_cuda_jsd_workspace_size(bt, v, bytes);
+}
+
+/* The JSD-only name: a wrapper (divergence JSD(beta)). */
+kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
+                              const kdloss_jsd_params *params, int64_t bt, int64_t v,
+                              kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                              float *loss, float *row_loss, kdloss_mat grad, void *workspace,
+                              size_t workspace_bytes) {
+    if (!ctx) return KDLOSS_ERR_NULL_POINTER;
+    if (!params) return KDLOSS_ERR_NULL_POINTER;
+    const kdloss_distill_params d = kd_distill_from_jsd(params);
+    return kdloss_cuda_distill(ctx, stream, &d, bt, v, student, teacher, labels, loss, row_loss,
+                               grad, workspace, workspace_bytes);
 }

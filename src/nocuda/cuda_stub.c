@@ -51,3 +51,29 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
                                            void *workspace, size_t workspace_bytes) {
     return KDLOSS_ERR_UNSUPPORTED;
 }
+
+kdloss_status kdloss_cuda_distill_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
+                                  const kdloss_distill_params *params, int64_t bt, int64_t v,
+                                  kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                                  float *loss, float *row_loss, kdloss_mat grad, void *workspace,
+                                  size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_distill(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
+    int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}

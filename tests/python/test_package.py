@@ -97,9 +97,14 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
     be.kl_div(dev, _lib.KlParams(), 4, 6, m, m, loss.data_ptr(), None, _lib.Mat(None, 0, 0), out)
     be.jsd(dev, _lib.JsdParams(), 4, 6, m, m, _lib.Labels(None, _lib.I64), loss.data_ptr(), None,
            out)
-    fo = _lib.FljsdOut(loss.data_ptr(), None, None, out, _lib.Mat(None, 0, 0), None)
-    be.fused_linear_jsd(dev, _lib.FljsdParams(), 4, 6, 6, 6, m, m, None, m, m, None,
-                        _lib.Labels(x.data_ptr(), _lib.I64), fo, _lib.F32, True)
+    be.distill(dev, _lib.DistillParams(), 4, 6, m, m, _lib.Labels(None, _lib.I64),
+               loss.data_ptr(), None, out)
+    fo = _lib.FldOut(loss.data_ptr(), None, None, out, _lib.Mat(None, 0, 0), None, None, None,
+                     None)
+    be.fused_linear_distill(dev, _lib.FldParams(), 4, 6, 6, 6, m, m, None, m, m, None,
+                            _lib.Labels(x.data_ptr(), _lib.I64), fo, _lib.F32, True)
     assert calls == ["kdloss_cuda_context_create", "kdloss_cuda_kl_div_workspace_size",
                      "kdloss_cuda_kl_div", "kdloss_cuda_jsd_workspace_size", "kdloss_cuda_jsd",
-                     "kdloss_cuda_fljsd_workspace_size", "kdloss_cuda_fused_linear_jsd"]
+                     "kdloss_cuda_distill_workspace_size", "kdloss_cuda_distill",
+                     "kdloss_cuda_fused_linear_distill_workspace_size",
+                     "kdloss_cuda_fused_linear_distill"]

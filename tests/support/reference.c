@@ -45,3 +45,55 @@ double ref_jsd_elem(double beta, double x, double y, double *grad, double *mag) 
     *mag = ref_wmul(p, 1 + fabs(x) + fabs(y)) + ref_wmul(q, 1 + fabs(x) + fabs(y)) + fabs(ta) + fabs(tb);
     return ta + tb;
 }
+
+/* log(e^u + e^w) in double, -inf when both are -inf. */
+static double ref_logaddexp(double u, double w) {
+    double m = u > w ? u : w;
+    if (m == -INFINITY) return -INFINITY;
+    return m + log(exp(u - m) + exp(w - m));
+}
+
+/* KL(P || alpha P + (1-alpha) Q) element, from the definition: P (y - log M). */
+static double ref_skew_fwd(double alpha, double x, double y, double *grad, double *mag) {
+    double p = exp(y), q = exp(x);
+    if (alpha == 0.0) return ref_jsd_elem(0.0, x, y, grad, mag);
+    double la = log(alpha), lb = log1p(-alpha); /* lb = -inf at alpha = 1 */
+    double lm = ref_logaddexp(la + y, lb + x);
+    double l = p > 0 ? p * (y - lm) : 0.0;
+    /* d/dx: -P dlogM/dx = -P (1-alpha) Q / M */
+    *grad = p > 0 ? -p * exp(lb + x - lm) : 0.0;
+    *mag = ref_wmul(p, 2 + fabs(x) + fabs(y) + fabs(la)) + ref_wmul(q, 1.0) + fabs(l);
+    return l;
+}
+
+/* KL(Q || alpha Q + (1-alpha) P) element: Q (x - log M). */
+static double ref_skew_rev(double alpha, double x, double y, double *grad, double *mag) {
+    double p = exp(y), q = exp(x);
+    if (alpha == 0.0) return ref_jsd_elem(1.0, x, y, grad, mag);
+    double la = log(alpha), lb = log1p(-alpha);
+    double lm = ref_logaddexp(la + x, lb + y);
+    double l = q > 0 ? q * (x - lm) : 0.0;
+    /* d/dx: Q (x - log M) + Q (1 - alpha Q / M) */
+    *grad = q > 0 ? q * (x - lm) + q * (1.0 - exp(la + x - lm)) : 0.0;
+    *mag = ref_wmul(q, 2 + fabs(x) + fabs(y) + fabs(la)) + ref_wmul(p, 1.0) + fabs(l);
+    return l;
+}
+
+double ref_div_elem(const kdloss_div_params *d, double x, double y, double *grad, double *mag) {
+    double p = exp(y), q = exp(x);
+    switch (d->divergence) {
+    case KDLOSS_DIV_FORWARD_KL: return ref_jsd_elem(0.0, x, y, grad, mag);
+    case KDLOSS_DIV_REVERSE_KL: return ref_jsd_elem(1.0, x, y, grad, mag);
+    case KDLOSS_DIV_JSD: return ref_jsd_elem(d->beta, x, y, grad, mag);
+    case KDLOSS_DIV_SKEW_FORWARD_KL: return ref_skew_fwd(d->alpha, x, y, grad, mag);
+    case KDLOSS_DIV_SKEW_REVERSE_KL: return ref_skew_rev(d->alpha, x, y, grad, mag);
+    case KDLOSS_DIV_TVD: {
+        double diff = q - p;
+        *grad = diff > 0 ? 0.5 * q : diff < 0 ? -0.5 * q : 0.0;
+        *mag = p + q;
+        return 0.5 * fabs(diff);
+    }
+    }
+    *grad = *mag = NAN;
+    return NAN;
+}

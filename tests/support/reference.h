@@ -28,11 +28,17 @@
 
 #include <stdint.h>
 
+#include "kdloss.h"
+
 /* KLDivLoss element (PyTorch semantics): returns the loss term, *grad = d/dy, *mag its magnitude. */
 double ref_kl_elem(int log_target, double eps, double y, double t, double *grad, double *mag);
 
 /* JSD(beta) element on log-probs x (student), y (teacher): loss term, *grad = d/dx, *mag. */
 double ref_jsd_elem(double beta, double x, double y, double *grad, double *mag);
+
+/* Any divergence of the family (kdloss.h) on log-probs x (student), y (teacher): the loss term,
+ * *grad = d/dx (x a free variable), *mag. Mixtures by a plain logaddexp in double. */
+double ref_div_elem(const kdloss_div_params *d, double x, double y, double *grad, double *mag);
 
 /* w * s with 0 * inf = 0 (a zero weight bounds nothing). */
 static inline double ref_wmul(double w, double s) { return w == 0.0 ? 0.0 : w * s; }

@@ -6,8 +6,11 @@
 
 from . import functional
 from ._backend import register_backend
-from .functional import fused_linear_jsd, fused_linear_jsd_loss, jsd, kl_div
-from .modules import JSD, FusedLinearJSD, FusedLinearJSDLoss, KLDivLoss
+from .functional import (distill_loss, fused_linear_distill_loss, fused_linear_jsd,
+                         fused_linear_jsd_loss, jsd, kl_div)
+from .modules import (JSD, DistillLoss, FusedLinearDistillLoss, FusedLinearJSD,
+                      FusedLinearJSDLoss, KLDivLoss)
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "functional", "kl_div",
-           "jsd", "fused_linear_jsd", "fused_linear_jsd_loss", "register_backend"]
+           "jsd", "fused_linear_jsd", "fused_linear_jsd_loss", "register_backend", "DistillLoss",
+           "FusedLinearDistillLoss", "distill_loss", "fused_linear_distill_loss"]

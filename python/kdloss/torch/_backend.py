@@ -124,10 +124,9 @@ class CpuBackend:
 
     def _workspace(self, params, bt, hs, ht, v, student_dtype, want_grad):
         size = ctypes.c_size_t()
-        _lib.check(_lib.fn("kdloss_fljsd_workspace_size")(ctypes.byref(params), bt, hs, ht, v,
-                                                          student_dtype, int(want_grad),
-                                                          ctypes.byref(size)),
-                   "kdloss_fljsd_workspace_size")
+        _lib.check(_lib.fn("kdloss_fused_linear_distill_workspace_size")(
+            ctypes.byref(params), bt, hs, ht, v, student_dtype, int(want_grad),
+            ctypes.byref(size)), "kdloss_fused_linear_distill_workspace_size")
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.numel() < size.value:
             self._local.buf = None  # free the old one before the new one is allocated
@@ -142,15 +141,20 @@ class CpuBackend:
         _lib.check(_lib.fn("kdloss_jsd")(ctypes.byref(params), bt, v, student, teacher, labels,
                                          loss, row_loss, grad), "kdloss_jsd")
 
-    def fused_linear_jsd(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels,
-                         out, student_dtype, want_grad):
+    def distill(self, device, params, bt, v, student, teacher, labels, loss, row_loss, grad):
+        _lib.check(_lib.fn("kdloss_distill")(ctypes.byref(params), bt, v, student, teacher, labels,
+                                             loss, row_loss, grad), "kdloss_distill")
+
+    def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
+                             labels, out, student_dtype, want_grad):
+        """params: FldParams, out: FldOut (kdloss_fused_linear_distill)."""
         work = self._workspace(params, bt, hs, ht, v, student_dtype, want_grad)
-        _lib.check(_lib.fn("kdloss_fused_linear_jsd")(ctypes.byref(params), bt, hs, ht, v, xs, ws,
-                                                      bs, xt, wt, bt_bias, labels,
-                                                      ctypes.byref(out),
-                                                      ctypes.c_void_p(work.data_ptr()),
-                                                      work.numel()),
-                   "kdloss_fused_linear_jsd")
+        _lib.check(_lib.fn("kdloss_fused_linear_distill")(ctypes.byref(params), bt, hs, ht, v, xs,
+                                                          ws, bs, xt, wt, bt_bias, labels,
+                                                          ctypes.byref(out),
+                                                          ctypes.c_void_p(work.data_ptr()),
+                                                          work.numel()),
+                   "kdloss_fused_linear_distill")
 
 
 class CudaBackend:
@@ -207,20 +211,30 @@ class CudaBackend:
                                               student, teacher, labels, loss, row_loss, grad,
                                               ptr(ws), n), "kdloss_cuda_jsd")
 
-    def fused_linear_jsd(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels,
-                         out, student_dtype, want_grad):
+    def distill(self, device, params, bt, v, student, teacher, labels, loss, row_loss, grad):
         ctx, index = self._ctx(device)
         size = ctypes.c_size_t()
-        _lib.check(_lib.fn("kdloss_cuda_fljsd_workspace_size")(ctypes.byref(params), bt, hs, ht, v,
-                                                               student_dtype, int(want_grad),
-                                                               ctypes.byref(size)),
-                   "kdloss_cuda_fljsd_workspace_size")
+        _lib.check(_lib.fn("kdloss_cuda_distill_workspace_size")(bt, v, ctypes.byref(size)),
+                   "kdloss_cuda_distill_workspace_size")
+        ws, n = self._workspace(size.value, device)
+        _lib.check(_lib.fn("kdloss_cuda_distill")(ctx, self._stream(index), ctypes.byref(params),
+                                                  bt, v, student, teacher, labels, loss, row_loss,
+                                                  grad, ptr(ws), n), "kdloss_cuda_distill")
+
+    def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
+                             labels, out, student_dtype, want_grad):
+        ctx, index = self._ctx(device)
+        size = ctypes.c_size_t()
+        _lib.check(_lib.fn("kdloss_cuda_fused_linear_distill_workspace_size")(
+            ctypes.byref(params), bt, hs, ht, v, student_dtype, int(want_grad),
+            ctypes.byref(size)), "kdloss_cuda_fused_linear_distill_workspace_size")
         work, n = self._workspace(size.value, device)
-        _lib.check(_lib.fn("kdloss_cuda_fused_linear_jsd")(ctx, self._stream(index),
-                                                           ctypes.byref(params), bt, hs, ht, v, xs,
-                                                           ws, bs, xt, wt, bt_bias, labels,
-                                                           ctypes.byref(out), ptr(work), n),
-                   "kdloss_cuda_fused_linear_jsd")
+        _lib.check(_lib.fn("kdloss_cuda_fused_linear_distill")(ctx, self._stream(index),
+                                                               ctypes.byref(params), bt, hs, ht,
+                                                               v, xs, ws, bs, xt, wt, bt_bias,
+                                                               labels, ctypes.byref(out),
+                                                               ptr(work), n),
+                   "kdloss_cuda_fused_linear_distill")
 
 
 _CPU = CpuBackend()
@@ -230,7 +244,7 @@ _BACKENDS = {}  # device type -> backend object; register_backend() adds more
 
 def register_backend(device_type, backend):
     """Route tensors on `device_type` (e.g. "cuda", "xpu") to `backend`, an object with the
-    kl_div / jsd / fused_linear_jsd methods of CpuBackend. Overrides the built-in choice."""
+    kl_div / jsd / distill / fused_linear_distill methods of CpuBackend. Overrides the built-in choice."""
     _BACKENDS[device_type] = backend
 
 

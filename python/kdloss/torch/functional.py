@@ -21,7 +21,8 @@ from .._lib import KdlossError
 from ._backend import (as_rows, backend_for, cmat, float_code, labels_view, out_mat, ptr,
                        same_device, scalar_out)
 
-__all__ = ["kl_div", "jsd", "fused_linear_jsd", "fused_linear_jsd_loss"]
+__all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
+           "fused_linear_distill_loss"]
 
 
 def _needs_grad(*tensors):
@@ -186,9 +187,9 @@ def jsd(log_q, log_p, shift_labels=None, beta=0.5, ignore_index=-100):
 
 # ---- fused linear JSD -----------------------------------------------------------------------------
 
-def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft,
-                   ignore_index, chunk_size, want):
-    """One kdloss_fused_linear_jsd call. `want` = (dxs, dws, dbs) booleans.
+def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
+                   ignore_index, chunk_size, t2_scale, want):
+    """One kdloss_fused_linear_distill call (div: a _lib.DivParams). `want` = (dxs, dws, dbs).
     Returns (loss, soft, hard, dxs, dws, dbs) with the gradients shaped like their inputs."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
                           ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
@@ -223,15 +224,15 @@ def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_har
     if labels is None:  # pure soft loss without labels: every row counts, CE weight is 0
         labels = torch.zeros(rows, dtype=torch.int32, device=device)
     labels, lview = labels_view(labels, rows, device, "labels")
-    params = _lib.fljsd_params(float(beta), float(temperature), float(w_hard), float(w_soft),
-                               int(ignore_index), int(chunk_size or 0))
+    params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
+                             int(ignore_index), int(chunk_size or 0), t2_scale)
     loss, soft, hard = scalar_out(device), scalar_out(device), scalar_out(device)
     dxs = torch.empty(rows, hs, dtype=xs.dtype, device=device) if want[0] else None
     dws = torch.empty(v, hs, dtype=ws.dtype, device=device) if want[1] else None
     dbs = torch.empty(v, dtype=ws.dtype, device=device) if want[2] and bs is not None else None
-    out = _lib.FljsdOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr(), out_mat(dxs),
-                        out_mat(dws), ptr(dbs))
-    backend_for(device).fused_linear_jsd(
+    out = _lib.FldOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr(), out_mat(dxs),
+                      out_mat(dws), ptr(dbs), None, None, None)
+    backend_for(device).fused_linear_distill(
         device, params, rows, hs, ht, v, cmat(xs2, ldxs, xs_c), cmat(ws2, ldws, ws_c), ptr(bs2),
         cmat(xt2, ldxt, xt_c), cmat(wt2, ldwt, wt_c), ptr(bt2), lview, out, xs_c, any(want))
     if dxs is not None:
@@ -244,11 +245,11 @@ def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_har
 
 class _FusedLinearJSDFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft,
-                ignore_index, chunk_size, want):
+    def forward(ctx, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
+                ignore_index, chunk_size, t2_scale, want):
         loss, soft, hard, dxs, dws, dbs = _fljsd_compute(
-            xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
-            chunk_size, want)
+            xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft, ignore_index,
+            chunk_size, t2_scale, want)
         ctx.save_for_backward(dxs, dws, dbs, xs, ws, bs)  # inputs: for _first_order_only
         ctx.mark_non_differentiable(soft, hard)  # their gradients are not computed separately
         return loss, soft, hard
@@ -258,20 +259,21 @@ class _FusedLinearJSDFunction(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_soft, grad_hard):
         dxs, dws, dbs = ctx.saved_tensors[:3]
         return (_scale(dxs, grad_loss), _scale(dws, grad_loss), None, None, None,
-                _scale(dbs, grad_loss), None, None, None, None, None, None, None, None)
+                _scale(dbs, grad_loss), None, None, None, None, None, None, None, None, None)
 
 
 def _fljsd(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
-           chunk_size):
+           chunk_size, divergence="jsd", alpha=0.1, t2_scale=False):
+    div = _lib.div_params(divergence, beta, alpha)
     grad_on = torch.is_grad_enabled()
     want = (grad_on and xs.requires_grad, grad_on and ws.requires_grad,
             grad_on and bs is not None and bs.requires_grad)
     if any(want):
-        return _FusedLinearJSDFunction.apply(xs, ws, xt, wt, labels, bs, bt_bias, beta,
+        return _FusedLinearJSDFunction.apply(xs, ws, xt, wt, labels, bs, bt_bias, div,
                                              temperature, w_hard, w_soft, ignore_index,
-                                             chunk_size, want)
-    return _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft,
-                          ignore_index, chunk_size, want)[:3]
+                                             chunk_size, t2_scale, want)
+    return _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
+                          ignore_index, chunk_size, t2_scale, want)[:3]
 
 
 def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
@@ -303,3 +305,103 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
                               true_labels, student_bias, teacher_bias, beta, temperature,
                               weight_hard_loss, weight_soft_loss, ignore_index, chunk_size)
     return (loss, soft, hard) if return_soft_hard_loss else loss
+
+
+def fused_linear_distill_loss(student_input, student_weight, teacher_input, teacher_weight,
+                              true_labels, student_bias=None, teacher_bias=None, *,
+                              divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
+                              weight_soft_loss=0.5, ignore_index=-100, temperature=1.0,
+                              t2_scale=False, chunk_size=0, return_soft_hard_loss=False):
+    """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
+    sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
+    max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
+    over the rows whose label is not ignore_index. Returns the loss, or (loss, soft, hard)."""
+    if true_labels is None and weight_hard_loss != 0:
+        raise KdlossError(_lib.ERR_NULL_POINTER,
+                          "true_labels is required when weight_hard_loss != 0")
+    loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
+                              true_labels, student_bias, teacher_bias, beta, temperature,
+                              weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
+                              divergence, alpha, t2_scale)
+    return (loss, soft, hard) if return_soft_hard_loss else loss
+
+
+# ---- distillation loss on logits ------------------------------------------------------------------
+
+_DISTILL_REDUCTIONS = ("batchmean", "sum", "none")
+
+
+def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad):
+    """Returns (loss, dz or None): dz = dloss/dzs for upstream 1 ("none": per row, unscaled)."""
+    if reduction not in _DISTILL_REDUCTIONS:
+        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
+                          "(distill_loss takes batchmean, sum or none)")
+    t = float(temperature)
+    if not t > 0.0 or t == float("inf"):  # NaN fails too; the C library's message
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"temperature={temperature!r}")
+    device = same_device([("student_logits", zs), ("teacher_logits", zt)])
+    if zs.shape != zt.shape:
+        raise _shape_error(f"distill_loss: student_logits {tuple(zs.shape)} vs teacher_logits "
+                           f"{tuple(zt.shape)}")
+    float_code(zs, "student_logits"), float_code(zt, "teacher_logits")
+    v = zs.shape[-1]
+    # log-probs in fp32; the divergence and its gradient in X come from one C pass
+    x = torch.log_softmax(zs.detach().reshape(-1, v).float() / t, dim=-1)
+    y = torch.log_softmax(zt.detach().reshape(-1, v).float() / t, dim=-1)
+    bt = x.shape[0]
+    labels, lview = labels_view(labels, bt, device, "labels")
+    n_kept = bt if labels is None else int((labels != ignore_index).sum())
+    denom = max(1, n_kept)
+    # the C gradient is scaled by grad_scale / max(1, n_kept): pick grad_scale per reduction
+    gscale = 1.0 if reduction == "batchmean" else float(denom)
+    params = _lib.distill_params(div, int(ignore_index), gscale)
+    loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
+    g = torch.empty(bt, v, dtype=torch.float32, device=device) if want_grad else None
+    backend_for(device).distill(device, params, bt, v, cmat(x, v, _lib.F32),
+                                cmat(y, v, _lib.F32), lview, ptr(loss), ptr(rows), out_mat(g))
+    if reduction == "batchmean":
+        out = loss[0]
+    elif reduction == "sum":
+        out = rows.double().sum().float()
+    else:
+        out = rows.view(zs.shape[:-1])
+    dz = None
+    if g is not None:  # chain rule of X = log_softmax(z / T): (g - softmax * sum(g)) / T
+        dz = (g - x.exp() * g.sum(-1, keepdim=True)) / t
+        dz = dz.to(zs.dtype).view(zs.shape)
+    return out.to(zs.dtype), dz
+
+
+class _DistillFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, zs, zt, labels, div, temperature, ignore_index, reduction):
+        out, dz = _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, True)
+        ctx.rowwise = reduction == "none"
+        ctx.save_for_backward(dz, zs)  # zs: for _first_order_only's error node
+        return out
+
+    @staticmethod
+    @_first_order_only  # the saved gradient is a constant: no double backward
+    def backward(ctx, grad_output):
+        dz = ctx.saved_tensors[0]
+        if ctx.rowwise:
+            dz = dz * grad_output.to(dz.dtype).unsqueeze(-1)
+        else:
+            dz = _scale(dz, grad_output)
+        return dz, None, None, None, None, None, None
+
+
+def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="forward_kl", beta=0.5,
+                 alpha=0.1, temperature=1.0, ignore_index=-100, reduction="batchmean"):
+    """A divergence of the family (docs/MATH.md section 7) between softmax(teacher_logits / T)
+    (P) and softmax(student_logits / T) (Q), per row over the last dim. divergence: forward_kl,
+    reverse_kl, jsd (beta), skew_forward_kl, skew_reverse_kl (alpha), tvd. Rows whose label
+    equals ignore_index are skipped. reduction: "batchmean" (sum over kept rows / max(1, kept)),
+    "sum", "none" (one loss per row, 0 for skipped rows). Gradient to student_logits only, formed
+    in the forward pass."""
+    div = _lib.div_params(divergence, beta, alpha)
+    if _needs_grad(student_logits):
+        return _DistillFunction.apply(student_logits, teacher_logits, labels, div, temperature,
+                                      ignore_index, reduction)
+    return _distill_compute(student_logits, teacher_logits, labels, div, temperature,
+                            ignore_index, reduction, False)[0]

@@ -7,7 +7,8 @@ from .. import _lib
 from .._lib import KdlossError
 from . import functional as F
 
-__all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss"]
+__all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "DistillLoss",
+           "FusedLinearDistillLoss"]
 
 
 class KLDivLoss(torch.nn.KLDivLoss):
@@ -102,3 +103,68 @@ class FusedLinearJSDLoss(torch.nn.Module):
                 f"weight_soft_loss={self.weight_soft_loss}, beta={self.beta}, "
                 f"ignore_index={self.ignore_index}, temperature={self.temperature}, "
                 f"chunk_size={self.chunk_size}")
+
+
+class DistillLoss(torch.nn.Module):
+    """A divergence of the family between the tempered softmaxes of teacher and student logits
+    (functional.distill_loss). forward(student_logits, teacher_logits, labels=None)."""
+
+    def __init__(self, divergence="forward_kl", beta=0.5, alpha=0.1, temperature=1.0,
+                 ignore_index=-100, reduction="batchmean"):
+        super().__init__()
+        _lib.div_params(divergence, beta, alpha)  # an unknown divergence fails here
+        self.divergence = divergence
+        self.beta = beta
+        self.alpha = alpha
+        self.temperature = temperature
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, student_logits, teacher_logits, labels=None):
+        return F.distill_loss(student_logits, teacher_logits, labels, divergence=self.divergence,
+                              beta=self.beta, alpha=self.alpha, temperature=self.temperature,
+                              ignore_index=self.ignore_index, reduction=self.reduction)
+
+    def extra_repr(self):
+        return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
+                f"temperature={self.temperature}, ignore_index={self.ignore_index}, "
+                f"reduction={self.reduction!r}")
+
+
+class FusedLinearDistillLoss(torch.nn.Module):
+    """Fused LM head + distillation loss with any divergence of the family:
+    (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
+    forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
+            student_bias=None, teacher_bias=None)."""
+
+    def __init__(self, divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
+                 weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
+                 return_soft_hard_loss=False, chunk_size=0):
+        super().__init__()
+        _lib.div_params(divergence, beta, alpha)  # an unknown divergence fails here
+        self.divergence = divergence
+        self.beta = beta
+        self.alpha = alpha
+        self.weight_hard_loss = weight_hard_loss
+        self.weight_soft_loss = weight_soft_loss
+        self.ignore_index = ignore_index
+        self.temperature = temperature
+        self.t2_scale = t2_scale
+        self.return_soft_hard_loss = return_soft_hard_loss
+        self.chunk_size = chunk_size
+
+    def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
+                student_bias=None, teacher_bias=None):
+        return F.fused_linear_distill_loss(
+            student_input, student_weight, teacher_input, teacher_weight, true_labels,
+            student_bias, teacher_bias, divergence=self.divergence, beta=self.beta,
+            alpha=self.alpha, weight_hard_loss=self.weight_hard_loss,
+            weight_soft_loss=self.weight_soft_loss, ignore_index=self.ignore_index,
+            temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
+            return_soft_hard_loss=self.return_soft_hard_loss)
+
+    def extra_repr(self):
+        return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
+                f"weight_hard_loss={self.weight_hard_loss}, "
+                f"weight_soft_loss={self.weight_soft_loss}, ignore_index={self.ignore_index}, "
+                f"temperature={self.temperature}, t2_scale={self.t2_scale}")

@@ -1,5 +1,6 @@
-/* kdloss_jsd on the CPU: validation (labels included) before anything is written, then one
- * parallel pass over the rows that writes the gradient while it sums the loss. */
+/* kdloss_distill on the CPU (and kdloss_jsd, its JSD wrapper): validation (labels included)
+ * before anything is written, then one parallel pass over the rows that writes the gradient
+ * while it sums the loss. The divergence's element math is div_elem.h's. */
 #include <math.h>
 
 #include "ew_common.h"
@@ -12,19 +13,17 @@ void kdloss_jsd_params_default(kdloss_jsd_params *p) {
 }
 
 /* Shapes: student, teacher, grad (BT x V); labels, row_loss [BT]; loss [1]. */
-kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdloss_cmat student,
-                         kdloss_cmat teacher, kdloss_labels labels, float *loss, float *row_loss,
-                         kdloss_mat grad) {
+kdloss_status kdloss_distill(const kdloss_distill_params *p, int64_t bt, int64_t v,
+                             kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                             float *loss, float *row_loss, kdloss_mat grad) {
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    /* grad_scale / n_valid is used as an fp32: grad_scale must be one */
-    if (!(p->beta >= 0.0 && p->beta <= 1.0) || !kd_fp32_finite(p->grad_scale))
-        return KDLOSS_ERR_INVALID_PARAM;
+    kdloss_status st = kd_distill_check_params(p);
+    if (st) return st;
 
     kd_ew_job job = {0};
     kd_span ins[3], outs[3], sp[3];
-    kdloss_status st = kd_ew_check_pair(bt, v, student, teacher, grad, &job, sp);
-    if (st) return st;
+    if ((st = kd_ew_check_pair(bt, v, student, teacher, grad, &job, sp))) return st;
     int64_t n_valid = bt;
     if (labels.data) {
         if ((st = kd_check_labels(labels, bt, v, p->ignore_index, &n_valid))) return st;
@@ -47,8 +46,16 @@ kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdlo
     job.gscale = (float)(p->grad_scale / denom);
     job.want_loss = loss || row_loss;
     job.stream_grad = grad.data && bt * v * (int64_t)kdloss_dtype_size(job.xdt) > KD_STREAM_BYTES;
-    job.coef = kd_jsd_coef_make(p->beta);
-    double total = kd_rows_sum(bt, kd_jsd_row_fn(), &job, row_loss);
+    job.coef = kd_div_coef_make(&p->div);
+    double total = kd_rows_sum(bt, kd_div_row_fn(), &job, row_loss);
     if (loss) *loss = (float)(total / denom);
     return KDLOSS_OK;
+}
+
+kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdloss_cmat student,
+                         kdloss_cmat teacher, kdloss_labels labels, float *loss, float *row_loss,
+                         kdloss_mat grad) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_distill_params d = kd_distill_from_jsd(p);
+    return kdloss_distill(&d, bt, v, student, teacher, labels, loss, row_loss, grad);
 }

@@ -1,0 +1,63 @@
+/* Names, defaults and the parameter check of the divergence family (kdloss.h), shared by every
+ * backend and every op that takes a kdloss_div_params. */
+#include <string.h>
+
+#include "check.h"
+
+static const char *const DIV_NAMES[] = {"forward_kl",      "reverse_kl",      "jsd",
+                                        "skew_forward_kl", "skew_reverse_kl", "tvd"};
+#define N_DIV ((int)(sizeof DIV_NAMES / sizeof DIV_NAMES[0]))
+
+void kdloss_div_params_default(kdloss_div_params *p) {
+    if (!p) return;
+    p->divergence = KDLOSS_DIV_FORWARD_KL;
+    p->beta = 0.5;
+    p->alpha = 0.1;
+}
+
+const char *kdloss_divergence_name(kdloss_divergence d) {
+    return (int)d >= 0 && (int)d < N_DIV ? DIV_NAMES[d] : "unknown";
+}
+
+kdloss_status kdloss_divergence_from_name(const char *name, kdloss_divergence *d) {
+    if (!name || !d) return KDLOSS_ERR_NULL_POINTER;
+    for (int i = 0; i < N_DIV; i++)
+        if (!strcmp(name, DIV_NAMES[i])) {
+            *d = (kdloss_divergence)i;
+            return KDLOSS_OK;
+        }
+    return KDLOSS_ERR_INVALID_PARAM;
+}
+
+kdloss_status kd_div_check(const kdloss_div_params *d) {
+    if ((int)d->divergence < 0 || (int)d->divergence >= N_DIV) return KDLOSS_ERR_INVALID_PARAM;
+    /* both are checked whatever the divergence, so a bad value never hides (NaN fails too) */
+    if (!(d->beta >= 0.0 && d->beta <= 1.0) || !(d->alpha >= 0.0 && d->alpha <= 1.0))
+        return KDLOSS_ERR_INVALID_PARAM;
+    return KDLOSS_OK;
+}
+
+void kdloss_distill_params_default(kdloss_distill_params *p) {
+    if (!p) return;
+    kdloss_div_params_default(&p->div);
+    p->ignore_index = -100;
+    p->grad_scale = 1.0;
+}
+
+kdloss_status kd_distill_check_params(const kdloss_distill_params *p) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_div_check(&p->div);
+    if (st != KDLOSS_OK) return st;
+    /* grad_scale / n_valid is used as an fp32: grad_scale must be one */
+    return kd_fp32_finite(p->grad_scale) ? KDLOSS_OK : KDLOSS_ERR_INVALID_PARAM;
+}
+
+kdloss_distill_params kd_distill_from_jsd(const kdloss_jsd_params *p) {
+    kdloss_distill_params d;
+    kdloss_distill_params_default(&d);
+    d.div.divergence = KDLOSS_DIV_JSD;
+    d.div.beta = p->beta;
+    d.ignore_index = p->ignore_index;
+    d.grad_scale = p->grad_scale;
+    return d;
+}

@@ -1,0 +1,274 @@
+/* kdloss_distill, every divergence of the family, against the double reference (ref_div_elem,
+ * written from the definitions): divergence and its beta / alpha edges x student dtype x
+ * teacher dtype x labels (none, some ignored, all ignored) x V x row stride x CPU path, plus
+ * rows far below exp's range, finite differences of reference and library, and the wrappers
+ * (kdloss_jsd equals kdloss_distill with JSD). Tolerances: tests/README.md (the table of
+ * tests/support/reference.h, with the mixture weights' logs in the magnitude). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reference.h"
+#include "testutil.h"
+
+#define U 0x1p-24
+
+typedef struct {
+    kdloss_divergence d;
+    double beta, alpha;
+} div_case;
+
+static const div_case DIVS[] = {
+    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
+    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.1, 0.1},
+    {KDLOSS_DIV_JSD, 0.5, 0.1},             {KDLOSS_DIV_JSD, 1.0, 0.1},
+    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
+    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0},
+    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
+    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 1.0},
+    {KDLOSS_DIV_TVD, 0.5, 0.1},
+};
+#define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
+
+static kdloss_div_params div_of(const div_case *c) {
+    kdloss_div_params d = {c->d, c->beta, c->alpha};
+    return d;
+}
+
+/* Where -inf log-probs keep the divergence finite: not in the student for forward KL (P > 0
+ * needs Q > 0), not in the teacher for reverse KL. */
+static int fwd_like(const div_case *c) {
+    return c->d == KDLOSS_DIV_FORWARD_KL || (c->d == KDLOSS_DIV_JSD && c->beta == 0.0) ||
+           (c->d == KDLOSS_DIV_SKEW_FORWARD_KL && c->alpha == 0.0);
+}
+static int rev_like(const div_case *c) {
+    return c->d == KDLOSS_DIV_REVERSE_KL || (c->d == KDLOSS_DIV_JSD && c->beta == 1.0) ||
+           (c->d == KDLOSS_DIV_SKEW_REVERSE_KL && c->alpha == 0.0);
+}
+
+/* |log| of the mixture weights (finite ones): they enter every mixture term. */
+static double log_weights(const div_case *c) {
+    double w = c->d == KDLOSS_DIV_JSD ? c->beta : c->alpha, s = 0;
+    if (w > 0 && w < 1) s = fabs(log(w)) + fabs(log1p(-w));
+    return s;
+}
+
+static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, int pad,
+                      kdloss_dtype xdt, kdloss_dtype tdt, int label_mode, const char *isa) {
+    int64_t ldx = v + (pad ? 5 : 0), ldt = v + (pad ? 3 : 0);
+    double *xd = malloc(sizeof(double) * bt * v), *td = malloc(sizeof(double) * bt * v);
+    int shift = (int)kt_randint(rng, KT_ROW_KINDS);
+    kt_gen_logprobs(rng, xd, bt, v, !fwd_like(dc), shift);
+    kt_gen_logprobs(rng, td, bt, v, !rev_like(dc), shift + 2);
+    kt_round_to(xd, bt * v, xdt);
+    kt_round_to(td, bt * v, tdt);
+    void *x = kt_pack(xd, bt, v, ldx, xdt), *t = kt_pack(td, bt, v, ldt, tdt);
+    int64_t *lab = NULL;
+    if (label_mode) {
+        lab = malloc(sizeof(int64_t) * bt);
+        for (int64_t r = 0; r < bt; r++)
+            lab[r] = label_mode == 2 || kt_uniform(rng) < 0.3 ? -100 : kt_randint(rng, v);
+    }
+    kdloss_distill_params p;
+    kdloss_distill_params_default(&p);
+    p.div = div_of(dc);
+    p.grad_scale = 2.0;
+    size_t es = kdloss_dtype_size(xdt);
+    void *g = malloc((size_t)(bt * ldx) * es);
+    float *rows = malloc(sizeof(float) * bt), loss = NAN;
+    kt_poison(g, bt * ldx, xdt);
+    kdloss_labels labels = {lab, KDLOSS_I64};
+    kdloss_status st = kdloss_distill(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
+                                      (kdloss_cmat){t, tdt, ldt}, labels, &loss, rows,
+                                      (kdloss_mat){g, xdt, ldx});
+    char tag[200];
+    snprintf(tag, sizeof tag, "distill %s %s beta=%g alpha=%g x=%s t=%s labels=%d v=%lld", isa,
+             kdloss_divergence_name(dc->d), dc->beta, dc->alpha, kt_dtype_name(xdt),
+             kt_dtype_name(tdt), label_mode, (long long)v);
+    if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
+        int64_t nv = 0;
+        for (int64_t r = 0; r < bt; r++) nv += !lab || lab[r] != -100;
+        double denom = nv ? (double)nv : 1.0, total = 0, tmag = 0, lw = log_weights(dc);
+        double geps = xdt == KDLOSS_F32 ? 0 : kt_eps(xdt);
+        int bad = 0;
+        kdloss_div_params d = div_of(dc);
+        for (int64_t r = 0; r < bt; r++) {
+            int ign = lab && lab[r] == -100;
+            double rs = 0, rmag = 0;
+            for (int64_t k = 0; k < v; k++) {
+                double gr = 0, mag = 0, xv = xd[r * v + k], yv = td[r * v + k];
+                double l = ign ? 0.0 : ref_div_elem(&d, xv, yv, &gr, &mag);
+                rs += l, rmag += mag;
+                double gw = gr * p.grad_scale / denom, w = exp(xv) + exp(yv);
+                double gtol = 16 * U * (fabs(gr) + ref_wmul(w, 2 + fabs(xv) + fabs(yv) + lw)) *
+                                  p.grad_scale / denom +
+                              geps * fabs(gw) + kt_tiny(xdt) +
+                              0x1p-148 * (1 + fabs(xv) + fabs(yv)) * p.grad_scale / denom;
+                /* TVD: where P and Q agree to fp32 rounding, the sign (the subgradient) may differ */
+                if (dc->d == KDLOSS_DIV_TVD && fabs(exp(xv) - exp(yv)) <= 1e-5 * w)
+                    gtol += exp(xv) * p.grad_scale / denom;
+                if (bad < 3 && !kt_close(kt_get(g, xdt, ldx, r, k), gw, gtol, 0,
+                                         "%s grad[%lld,%lld]", tag, (long long)r, (long long)k))
+                    bad++;
+            }
+            kt_close(rows[r], rs, 256 * U * rmag + 1e-30, 0, "%s row_loss[%lld]", tag,
+                     (long long)r);
+            total += rs, tmag += rmag;
+        }
+        kt_close(loss, total / denom, (256 * U * tmag + 1e-30) / denom, 0, "%s loss", tag);
+        if (label_mode == 2) KT_CHECK(loss == 0.0f, "%s: all ignored gives %g", tag, loss);
+    }
+    free(xd), free(td), free(x), free(t), free(lab), free(g), free(rows);
+}
+
+/* Rows whose log-probs lie far below exp's range (-1e4 .. -3e4) and one row of plain values:
+ * every output finite, every divergence. */
+static void check_far_below(void) {
+    enum { V = 67 };
+    float x[2 * V], t[2 * V], g[2 * V], rows[2], loss;
+    for (int k = 0; k < V; k++) {
+        x[k] = -1e4f - 97.0f * k, t[k] = -2e4f + 13.0f * k;
+        x[V + k] = -4.2f - 0.01f * k, t[V + k] = k == 3 ? -3e4f : -4.0f - 0.02f * k;
+    }
+    for (int i = 0; i < NDIV; i++) {
+        kdloss_distill_params p;
+        kdloss_distill_params_default(&p);
+        p.div = div_of(&DIVS[i]);
+        kdloss_labels nol = {NULL, KDLOSS_I64};
+        kdloss_status st = kdloss_distill(&p, 2, V, (kdloss_cmat){x, KDLOSS_F32, 0},
+                                          (kdloss_cmat){t, KDLOSS_F32, 0}, nol, &loss, rows,
+                                          (kdloss_mat){g, KDLOSS_F32, 0});
+        int fin = st == KDLOSS_OK && isfinite(loss) && isfinite(rows[0]) && isfinite(rows[1]);
+        for (int k = 0; k < 2 * V; k++) fin &= isfinite(g[k]);
+        KT_CHECK(fin, "far below exp's range: %s beta=%g alpha=%g not finite",
+                 kdloss_divergence_name(DIVS[i].d), DIVS[i].beta, DIVS[i].alpha);
+        KT_CHECK(rows[0] == 0.0f, "far below: %s row of zero probabilities has loss %g",
+                 kdloss_divergence_name(DIVS[i].d), rows[0]);
+    }
+}
+
+/* Central differences: of the reference in double (its gradient formula, h = 1e-5, 1e-6
+ * relative) and of the library's loss in fp32 (h = 1e-2). */
+static void check_finite_differences(kt_rng *rng) {
+    enum { BT = 3, V = 7 };
+    for (int i = 0; i < NDIV; i++) {
+        const div_case *dc = &DIVS[i];
+        kdloss_div_params d = div_of(dc);
+        double xd[BT * V], td[BT * V];
+        kt_gen_logprobs(rng, xd, BT, V, 0, 0);
+        kt_gen_logprobs(rng, td, BT, V, 0, 3);
+        float x[BT * V], t[BT * V], g[BT * V], l0, lp, lm;
+        for (int k = 0; k < BT * V; k++) x[k] = (float)xd[k], t[k] = (float)td[k];
+        for (int k = 0; k < BT * V; k++) xd[k] = x[k], td[k] = t[k];
+        kdloss_distill_params p;
+        kdloss_distill_params_default(&p);
+        p.div = d;
+        kdloss_labels nol = {NULL, KDLOSS_I64};
+        kdloss_cmat a = {x, KDLOSS_F32, 0}, b = {t, KDLOSS_F32, 0};
+        kdloss_mat nomat = {NULL, KDLOSS_F32, 0};
+        kdloss_distill(&p, BT, V, a, b, nol, &l0, NULL, (kdloss_mat){g, KDLOSS_F32, 0});
+        for (int k = 0; k < BT * V; k++) {
+            double gr, mag, dd, h = 1e-5;
+            ref_div_elem(&d, xd[k], td[k], &gr, &mag);
+            double fd = (ref_div_elem(&d, xd[k] + h, td[k], &dd, &mag) -
+                         ref_div_elem(&d, xd[k] - h, td[k], &dd, &mag)) / (2 * h);
+            if (dc->d != KDLOSS_DIV_TVD || fabs(exp(xd[k]) - exp(td[k])) > 1e-4)
+                kt_close(gr, fd, 1e-9, 1e-6, "reference FD %s beta=%g alpha=%g [%d]",
+                         kdloss_divergence_name(dc->d), dc->beta, dc->alpha, k);
+            if (xd[k] < -30 || td[k] < -30) continue; /* fp32 FD too coarse there */
+            if (dc->d == KDLOSS_DIV_TVD && fabs(exp(xd[k]) - exp(td[k])) < 0.05 * exp(xd[k]))
+                continue; /* a kink within h */
+            float hf = 1e-2f, keep = x[k];
+            x[k] = keep + hf;
+            kdloss_distill(&p, BT, V, a, b, nol, &lp, NULL, nomat);
+            x[k] = keep - hf;
+            kdloss_distill(&p, BT, V, a, b, nol, &lm, NULL, nomat);
+            x[k] = keep;
+            double lfd = ((double)lp - lm) / (2.0 * hf);
+            kt_close(g[k], lfd, 2e-3 * (1 + fabs(l0)), 2e-2, "library FD %s beta=%g alpha=%g [%d]",
+                     kdloss_divergence_name(dc->d), dc->beta, dc->alpha, k);
+        }
+    }
+}
+
+/* kdloss_jsd is kdloss_distill with JSD(beta), bitwise; names round-trip; bad parameters. */
+static void check_api(kt_rng *rng) {
+    enum { BT = 5, V = 300 };
+    double xd[BT * V], td[BT * V];
+    kt_gen_logprobs(rng, xd, BT, V, 0, 0);
+    kt_gen_logprobs(rng, td, BT, V, 0, 1);
+    float x[BT * V], t[BT * V], g1[BT * V], g2[BT * V], l1, l2;
+    for (int k = 0; k < BT * V; k++) x[k] = (float)xd[k], t[k] = (float)td[k];
+    kdloss_labels nol = {NULL, KDLOSS_I64};
+    kdloss_jsd_params jp;
+    kdloss_jsd_params_default(&jp);
+    jp.beta = 0.3;
+    kdloss_distill_params p;
+    kdloss_distill_params_default(&p);
+    p.div.divergence = KDLOSS_DIV_JSD;
+    p.div.beta = 0.3;
+    kdloss_cmat a = {x, KDLOSS_F32, 0}, b = {t, KDLOSS_F32, 0};
+    kdloss_jsd(&jp, BT, V, a, b, nol, &l1, NULL, (kdloss_mat){g1, KDLOSS_F32, 0});
+    kdloss_distill(&p, BT, V, a, b, nol, &l2, NULL, (kdloss_mat){g2, KDLOSS_F32, 0});
+    KT_CHECK(!memcmp(&l1, &l2, 4) && !memcmp(g1, g2, sizeof g1), "kdloss_jsd == distill JSD");
+    for (int i = 0; i <= KDLOSS_DIV_TVD; i++) {
+        kdloss_divergence d = (kdloss_divergence)-1;
+        KT_CHECK(kdloss_divergence_from_name(kdloss_divergence_name((kdloss_divergence)i), &d) ==
+                         KDLOSS_OK && d == (kdloss_divergence)i,
+                 "divergence name round trip %d", i);
+    }
+    kdloss_divergence d;
+    KT_CHECK(kdloss_divergence_from_name("kl", &d) == KDLOSS_ERR_INVALID_PARAM, "unknown name");
+    const double bad[] = {-0.1, 1.5, NAN};
+    for (int i = 0; i < 3; i++) {
+        float lz = 7.0f;
+        kdloss_distill_params q = p;
+        q.div.alpha = bad[i];
+        KT_CHECK(kdloss_distill(&q, BT, V, a, b, nol, &lz, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                         KDLOSS_ERR_INVALID_PARAM && lz == 7.0f,
+                 "alpha %g rejected, nothing written", bad[i]);
+        q = p;
+        q.div.beta = bad[i];
+        KT_CHECK(kdloss_distill(&q, BT, V, a, b, nol, &lz, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                         KDLOSS_ERR_INVALID_PARAM && lz == 7.0f,
+                 "beta %g rejected, nothing written", bad[i]);
+    }
+    kdloss_distill_params q = p;
+    q.div.divergence = (kdloss_divergence)6;
+    KT_CHECK(kdloss_distill(&q, BT, V, a, b, nol, &l1, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                 KDLOSS_ERR_INVALID_PARAM,
+             "unknown divergence rejected");
+}
+
+int main(void) {
+    kt_rng rng;
+    kt_rng_seed(&rng, kt_base_seed());
+    static const int64_t VS[] = {1, 9, 1100, 4133};
+    static const int64_t BTS[] = {11, 13, 7, 3};
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
+    int nv = kt_quick() ? 3 : 4;
+    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
+        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) {
+            printf("path %s: not supported by this CPU, skipped\n",
+                   kdloss_cpu_isa_name((kdloss_cpu_isa)isa));
+            continue;
+        }
+        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
+        const char *name = kdloss_cpu_isa_name((kdloss_cpu_isa)isa);
+        int before = kt_checks;
+        for (int i = 0; i < NDIV; i++)
+            for (int vi = 0; vi < nv; vi++)
+                for (int xi = 0; xi < 3; xi++) {
+                    kdloss_dtype tdt = (i + vi) % 2 ? dts[xi] : KDLOSS_F32;
+                    check_one(&DIVS[i], &rng, BTS[vi], VS[vi], (i + vi) % 2, dts[xi], tdt,
+                              (i + vi + xi) % 3, name);
+                }
+        check_far_below();
+        printf("path %s: %d checks\n", name, kt_checks - before);
+    }
+    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+    check_finite_differences(&rng);
+    check_api(&rng);
+    return kt_finish("test_distill");
+}
