@@ -47,7 +47,8 @@ KD_INLINE vf kd_vjsd_mix(const kd_vjsd *k, vf x, vf y, vf *grad) {
     vm age = vm_ge(a, b);
     vf wa = vf_select(age, em, eme), wb = vf_select(age, eme, em);
     vf zero = vf_zero();
-    vf ta = vf_keep(vm_gt(wa, zero), vf_mul(wa, vf_sub(k->neg_log_b, vf_add(vf_max(vf_neg(d), zero), s))));
+    /* s - min(d, 0) is max(-d, 0) + s of div_math.h, bit for bit, without the negation */
+    vf ta = vf_keep(vm_gt(wa, zero), vf_mul(wa, vf_sub(k->neg_log_b, vf_sub(s, vf_min(d, zero)))));
     vf tb = vf_keep(vm_gt(wb, zero), vf_mul(wb, vf_sub(k->neg_log_1mb, vf_add(vf_max(d, zero), s))));
     *grad = tb;
     return vf_add(ta, tb);
