@@ -41,15 +41,14 @@ KD_INLINE vf kd_vjsd_rev(vf x, vf y, vf *grad) {
 KD_INLINE vf kd_vjsd_mix(const kd_vjsd *k, vf x, vf y, vf *grad) {
     vf a = vf_sub(y, k->neg_log_b), b = vf_sub(x, k->neg_log_1mb);
     vf d = vf_sub(a, b), m = vf_max(a, b);
-    vf e = vf_exp(vf_neg(vf_abs(d)));
-    vf s = vf_log1p_unit(e);
-    vf em = vf_exp(m), eme = vf_mul(em, e);
+    vf e = vf_exp_nonpos(vf_neg(vf_abs(d)));
+    vf lm = vf_add(m, vf_log1p_unit(e)); /* log M */
+    vf em = vf_exp_nonnan(m), eme = vf_mul(em, e);
     vm age = vm_ge(a, b);
     vf wa = vf_select(age, em, eme), wb = vf_select(age, eme, em);
     vf zero = vf_zero();
-    /* s - min(d, 0) is max(-d, 0) + s of div_math.h, bit for bit, without the negation */
-    vf ta = vf_keep(vm_gt(wa, zero), vf_mul(wa, vf_sub(k->neg_log_b, vf_sub(s, vf_min(d, zero)))));
-    vf tb = vf_keep(vm_gt(wb, zero), vf_mul(wb, vf_sub(k->neg_log_1mb, vf_add(vf_max(d, zero), s))));
+    vf ta = vf_keep(vm_gt(wa, zero), vf_mul(wa, vf_sub(y, lm)));
+    vf tb = vf_keep(vm_gt(wb, zero), vf_mul(wb, vf_sub(x, lm)));
     *grad = tb;
     return vf_add(ta, tb);
 }

@@ -26,12 +26,15 @@
 #if defined(KD_ISA_AVX512)
 /* AVX-512: vscalefps applies 2^n to p with one correctly rounded result (also when it is
  * subnormal, and inf / 0 beyond the range), replacing the integer exponent arithmetic and the
- * two scaling multiplies; e^r by 1 + r + r^2 Q(r), Q of degree 4 fitted (relative-error weighted
- * least squares on Chebyshev nodes, iterated towards minimax) on [-ln2/2, ln2/2] with the
- * coefficients rounded to float: truncation 0.075 ULP, Horner (6 FMAs). */
-KD_INLINE vf vf_exp(vf x) {
-    x = vf_min(vf_set1(89.0f), vf_max(vf_set1(-110.0f), x)); /* keeps r finite for +-inf */
-    vf n = vf_round(vf_mul(x, vf_set1(1.44269504088896341f)));
+ * two scaling multiplies; n = round(x / ln2) by adding and subtracting 1.5 * 2^23 (an FMA and a
+ * subtraction, where vrndscaleps costs two uops after the multiply); e^r by 1 + r + r^2 Q(r), Q
+ * of degree 4 fitted (relative-error weighted least squares on Chebyshev nodes, iterated towards
+ * minimax) on [-ln2/2, ln2/2] with the coefficients rounded to float: truncation 0.075 ULP,
+ * Horner (6 FMAs; the last two add r and 1 exactly where Estrin's 1 + r would round: 0.9
+ * ULP against 1.7). x must already lie in [-110, 89] or be NaN. */
+KD_INLINE vf kd_vexp_clamped(vf x) {
+    vf sh = vf_set1(0x1.8p23f);
+    vf n = vf_sub(vf_fmadd(x, vf_set1(1.44269504088896341f), sh), sh);
     vf r = vf_fmadd(n, vf_set1(-KD_LN2_HI), x);
     r = vf_fmadd(n, vf_set1(-KD_LN2_LO), r);
     vf q = vf_fmadd(vf_set1(0x1.6a23ecp-10f), r, vf_set1(0x1.123a54p-7f));
@@ -42,6 +45,15 @@ KD_INLINE vf vf_exp(vf x) {
     vf p = vf_fmadd(q, r, vf_set1(1.0f));
     return _mm512_scalef_ps(p, n);
 }
+KD_INLINE vf vf_exp(vf x) {
+    /* the clamp keeps r finite for +-inf; max(lo, x) / min(hi, .) return x itself when x is NaN */
+    return kd_vexp_clamped(vf_min(vf_set1(89.0f), vf_max(vf_set1(-110.0f), x)));
+}
+/* exp(x) for x <= 0 or NaN (one clamp fewer); the same results as vf_exp there. */
+KD_INLINE vf vf_exp_nonpos(vf x) { return kd_vexp_clamped(vf_max(vf_set1(-110.0f), x)); }
+/* exp(x) for x not NaN (a NaN gives 0 or inf): one vrangeps clamps to [-110, 110] (sign(x) *
+ * min(|x|, 110), which maps a NaN to +-110); the same results as vf_exp elsewhere. */
+KD_INLINE vf vf_exp_nonnan(vf x) { return kd_vexp_clamped(_mm512_range_ps(x, vf_set1(110.0f), 0x02)); }
 #else
 KD_INLINE vf vf_exp(vf x) {
     /* clamp keeps 2^n in range; max(lo, x) / min(hi, .) return x itself when x is NaN */
@@ -63,6 +75,9 @@ KD_INLINE vf vf_exp(vf x) {
     vf s2 = vi_as_vf(vi_slli(vi_add(n2, vi_set1(127)), 23));
     return vf_mul(vf_mul(p, s1), s2);
 }
+/* exp(x) for x <= 0 or NaN; exp(x) for x not NaN */
+KD_INLINE vf vf_exp_nonpos(vf x) { return vf_exp(x); }
+KD_INLINE vf vf_exp_nonnan(vf x) { return vf_exp(x); }
 #endif
 
 /* log(1 + f) for f in [-0.2929, 0.4143] as f - f^2/2 + f^3 P(f), P of degree 7 fitted in
