@@ -8,12 +8,16 @@
  * tests/test_vmath_*.c, which fail above them):
  *   vf_exp        x in [-87.3, 88.7]: <= 2 ULP; below, subnormal results within 1.5 subnormal steps (p is rounded before the final scaling);
  *                 exp(-inf) = 0, exp(+inf) = inf (beyond 88.73), NaN -> NaN.
+ *                 Measured: AVX2 1.77 ULP, 1.02 steps; AVX-512 (own scheme below) 0.88 ULP, 0.86 steps.
+ *   vf_exp_nonpos / vf_exp_nonnan: vf_exp with one clamp instead of two, for x <= 0 or NaN /
+ *                 x not NaN; bitwise equal to vf_exp there (checked by the same tests).
  *   vf_log        x > 0 incl. subnormals: <= 2 ULP; log(0) = -inf, log(<0) = NaN, log(inf) = inf.
  *   vf_log1p_unit e in [0, 1]: <= 2 ULP (relative, also for tiny e); NaN -> NaN.
  *
  * exp: x = n ln2 + r, |r| <= ln2/2, with ln2 split in a 15-bit head (n r exact) and a tail;
- *      e^r by its degree-7 Taylor polynomial (truncation < 0.1 ULP, Estrin's scheme); 2^n as two
- *      power-of-two factors so results down to the subnormals round once, correctly scaled.
+ *      AVX2: e^r by its degree-7 Taylor polynomial (truncation < 0.1 ULP, Estrin's scheme); 2^n
+ *      as two power-of-two factors so results down to the subnormals round once, correctly
+ *      scaled. AVX-512: a fitted degree-6 polynomial and vscalefps (see there).
  * log: x = 2^k m, m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact);
  *      log(1+f) = f - f^2/2 + f^3 P(f) with a fitted degree-7 P (kd_vlog1p_core);
  *      k ln2 added in head/tail parts. */
