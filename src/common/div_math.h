@@ -1,14 +1,15 @@
 /* Per-element divergence math, shared by the scalar CPU path and the CUDA kernels (host and
  * device), so the CPU tests exercise the exact formulas the GPU runs.
  *
- * JSD(beta) on log-probs x (student) and y (teacher), with a = log(beta) + y, b = log(1-beta) + x,
- * d = a - b and m = max(a, b). The mixture is never formed as a sum of exps (it underflows to 0
- * below -87 and gives NaN); instead log M = log(e^a + e^b) = m + log1p(exp(-|d|)), and
- *   beta P (y - log M)      = e^a (y - log M)
- *   (1-beta) Q (x - log M)  = e^b (x - log M)
- * with e^max(a,b) = e^m and e^min(a,b) = e^m * exp(-|d|): three transcendentals per element
- * (exp(-|d|), its log1p, e^m). Terms whose weight e^a or e^b is 0 contribute exactly 0, so
- * -inf log-probs give 0 (0 log 0 = 0) instead of NaN. */
+ * JSD(beta) on log-probs x (student) and y (teacher), with a = log(beta) + y, b = log(1-beta) + x
+ * and d = a - b. The mixture is never formed as a sum of exps (it underflows to 0 below -87 and
+ * gives NaN); instead, with softplus(z) = log(1 + e^z):
+ *   log M - a = softplus(-d),  log M - b = softplus(d)
+ *   beta P (y - log M)      = e^a (-log beta     - softplus(-d))
+ *   (1-beta) Q (x - log M)  = e^b (-log(1-beta) - softplus(d))
+ * Both softplus values share one exp(-|d|) and one log1p, and e^min(a,b) = e^max * exp(-|d|):
+ * three transcendentals per element. Terms whose weight e^a or e^b is 0 contribute exactly 0,
+ * so -inf log-probs give 0 (0 log 0 = 0) instead of NaN. */
 #ifndef KDLOSS_DIV_MATH_H
 #define KDLOSS_DIV_MATH_H
 
@@ -55,9 +56,8 @@ KD_HDM float kd_jsd_elem(kd_jsd_coef c, float x, float y, float *grad) {
     float s = log1pf(e);
     float em = expf(m);
     float wa = a >= b ? em : em * e, wb = a >= b ? em * e : em;
-    float lm = m + s; /* log M */
-    float ta = wa > 0.0f ? wa * (y - lm) : 0.0f;
-    float tb = wb > 0.0f ? wb * (x - lm) : 0.0f;
+    float ta = wa > 0.0f ? wa * (c.neg_log_b - (fmaxf(-d, 0.0f) + s)) : 0.0f;
+    float tb = wb > 0.0f ? wb * (c.neg_log_1mb - (fmaxf(d, 0.0f) + s)) : 0.0f;
     *grad = tb;
     return ta + tb;
 }
