@@ -62,7 +62,8 @@ KD_INLINE vf vf_exp_nonnan(vf x) { return kd_vexp_clamped(_mm512_range_ps(x, vf_
 KD_INLINE vf vf_exp(vf x) {
     /* clamp keeps 2^n in range; max(lo, x) / min(hi, .) return x itself when x is NaN */
     x = vf_min(vf_set1(89.0f), vf_max(vf_set1(-110.0f), x));
-    vf n = vf_round(vf_mul(x, vf_set1(1.44269504088896341f)));
+    vf sh = vf_set1(0x1.8p23f); /* n = round(x / ln2) by adding and subtracting 1.5 * 2^23 */
+    vf n = vf_sub(vf_fmadd(x, vf_set1(1.44269504088896341f), sh), sh);
     vf r = vf_fmadd(n, vf_set1(-KD_LN2_HI), x);
     r = vf_fmadd(n, vf_set1(-KD_LN2_LO), r);
     /* Estrin's scheme (not Horner): the JSD chains exp -> log1p per element, and a short
