@@ -82,6 +82,34 @@ static int run_vmath_checks(const char *isa) {
     KT_CHECK(o[0] == 1.0f && o[1] == 1.0f && o[3] == INFINITY && o[4] == 0.0f && isnan(o[5]) &&
                  o[7] == INFINITY,
              "%s exp specials: %g %g %g %g %g %g", isa, o[0], o[1], o[3], o[4], o[5], o[7]);
+    /* the clamp variants the JSD uses: the same bits as vf_exp on their domains */
+    int diff = 0;
+    for (uint64_t b = 0; b <= 0xffffffffu && !diff; b += 4099) {
+        uint32_t u = (uint32_t)b;
+        float xs[VL], a[VL], r1[VL], r2[VL];
+        for (int i = 0; i < VL; i++) {
+            uint32_t ui = u + (uint32_t)i * 257u;
+            memcpy(&xs[i], &ui, 4);
+            if (isnan(xs[i])) xs[i] = 0.5f;
+        }
+        vf x = vf_load(xs);
+        vf_store(a, vf_exp(x));
+        vf_store(r1, vf_exp_nonnan(x));
+        vf_store(r2, vf_exp_nonpos(vf_neg(vf_abs(x))));
+        for (int i = 0; i < VL; i++) {
+            float an = a[i];
+            vf_store(o, vf_exp(vf_set1(-fabsf(xs[i]))));
+            if (memcmp(&r1[i], &an, 4) || memcmp(&r2[i], &o[0], 4)) diff = 1, w = xs[i];
+        }
+    }
+    KT_CHECK(!diff, "%s vf_exp_nonnan / vf_exp_nonpos differ from vf_exp at %a", isa, w);
+    float big[6] = {INFINITY, -INFINITY, 1e38f, -1e38f, 200.0f, -200.0f};
+    vf_store(o, vf_exp_nonnan(vf_load_n(big, 6)));
+    KT_CHECK(o[0] == INFINITY && o[1] == 0.0f && o[2] == INFINITY && o[3] == 0.0f &&
+                 o[4] == INFINITY && o[5] == 0.0f,
+             "%s exp_nonnan specials: %g %g %g %g %g %g", isa, o[0], o[1], o[2], o[3], o[4], o[5]);
+    vf_store(o, vf_exp_nonpos(vf_load_n(big + 1, 1)));
+    KT_CHECK(o[0] == 0.0f, "%s exp_nonpos(-inf) = %g", isa, o[0]);
     float ln[2] = {NAN, 0.0f};
     vf_store(o, vf_log1p_unit(vf_load_n(ln, 2)));
     KT_CHECK(isnan(o[0]) && o[1] == 0.0f, "%s log1p_unit specials", isa);

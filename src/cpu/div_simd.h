@@ -37,17 +37,21 @@ KD_INLINE vf kd_vjsd_rev(vf x, vf y, vf *grad) {
     return vf_keep(pos, vf_mul(q, diff));
 }
 
-/* Mixed beta in (0, 1): see div_math.h for the derivation. */
+/* Mixed beta in (0, 1): see div_math.h for the derivation. The terms stay in the softplus form
+ * (-log beta - softplus(-d), not y - log M): it is stationary in d, so the rounding of a, b and d
+ * does not reach the loss to first order (the y - log M form, 3 operations shorter, measured a
+ * 10x larger loss error at beta 0.1 / 0.9). */
 KD_INLINE vf kd_vjsd_mix(const kd_vjsd *k, vf x, vf y, vf *grad) {
     vf a = vf_sub(y, k->neg_log_b), b = vf_sub(x, k->neg_log_1mb);
     vf d = vf_sub(a, b), m = vf_max(a, b);
-    vf e = vf_exp(vf_neg(vf_abs(d)));
+    vf e = vf_exp_nonpos(vf_neg(vf_abs(d)));
     vf s = vf_log1p_unit(e);
-    vf em = vf_exp(m), eme = vf_mul(em, e);
+    vf em = vf_exp_nonnan(m), eme = vf_mul(em, e);
     vm age = vm_ge(a, b);
     vf wa = vf_select(age, em, eme), wb = vf_select(age, eme, em);
     vf zero = vf_zero();
-    vf ta = vf_keep(vm_gt(wa, zero), vf_mul(wa, vf_sub(k->neg_log_b, vf_add(vf_max(vf_neg(d), zero), s))));
+    /* s - min(d, 0) is max(-d, 0) + s of div_math.h, bit for bit, without the negation */
+    vf ta = vf_keep(vm_gt(wa, zero), vf_mul(wa, vf_sub(k->neg_log_b, vf_sub(s, vf_min(d, zero)))));
     vf tb = vf_keep(vm_gt(wb, zero), vf_mul(wb, vf_sub(k->neg_log_1mb, vf_add(vf_max(d, zero), s))));
     *grad = tb;
     return vf_add(ta, tb);

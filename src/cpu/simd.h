@@ -42,6 +42,9 @@ KD_INLINE vm vm_eq(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
 KD_INLINE vf vf_select(vm m, vf t, vf f) { return _mm512_mask_blend_ps(m, f, t); }
 /* m ? v : 0 (exactly +0, even where v is NaN) */
 KD_INLINE vf vf_keep(vm m, vf v) { return _mm512_maskz_mov_ps(m, v); }
+/* m ? a * b + c : a, and m ? a + b : a (one masked instruction each) */
+KD_INLINE vf vf_mask_fmadd(vm m, vf a, vf b, vf c) { return _mm512_mask_fmadd_ps(a, m, b, c); }
+KD_INLINE vf vf_mask_add(vm m, vf a, vf b) { return _mm512_mask_add_ps(a, m, a, b); }
 KD_INLINE float vf_hsum(vf v) { return _mm512_reduce_add_ps(v); }
 KD_INLINE float vf_hmax(vf v) { return _mm512_reduce_max_ps(v); }
 KD_INLINE vf vf_load_bf16(const uint16_t *p) {
@@ -110,6 +113,8 @@ KD_INLINE vm vm_ne(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_NEQ_UQ); }
 KD_INLINE vm vm_eq(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_EQ_OQ); }
 KD_INLINE vf vf_select(vm m, vf t, vf f) { return _mm256_blendv_ps(f, t, m); }
 KD_INLINE vf vf_keep(vm m, vf v) { return _mm256_and_ps(m, v); }
+KD_INLINE vf vf_mask_fmadd(vm m, vf a, vf b, vf c) { return _mm256_blendv_ps(a, _mm256_fmadd_ps(a, b, c), m); }
+KD_INLINE vf vf_mask_add(vm m, vf a, vf b) { return _mm256_add_ps(a, _mm256_and_ps(m, b)); }
 KD_INLINE float vf_hsum(vf v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
