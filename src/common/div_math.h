@@ -1,19 +1,13 @@
-/* Per-element divergence math, shared by the scalar CPU path and the CUDA kernels (host and
- * device), so the CPU tests exercise the exact formulas the GPU runs.
- *
- * JSD(beta) on log-probs x (student) and y (teacher), with a = log(beta) + y, b = log(1-beta) + x
- * and d = a - b. The mixture is never formed as a sum of exps (it underflows to 0 below -87 and
- * gives NaN); instead, with softplus(z) = log(1 + e^z):
- *   log M - a = softplus(-d),  log M - b = softplus(d)
- *   beta P (y - log M)      = e^a (-log beta     - softplus(-d))
- *   (1-beta) Q (x - log M)  = e^b (-log(1-beta) - softplus(d))
- * Both softplus values share one exp(-|d|) and one log1p, and e^min(a,b) = e^max * exp(-|d|):
- * three transcendentals per element. Terms whose weight e^a or e^b is 0 contribute exactly 0,
- * so -inf log-probs give 0 (0 log 0 = 0) instead of NaN. */
+/* Per-element divergence math on scalars, shared by the scalar CPU path and the CUDA kernels
+ * (host and device), so the CPU tests exercise the exact formulas the GPU runs. The divergence
+ * family's formulas are div_elem.h's (written once, also compiled for the SIMD layer by
+ * div_simd.h); this file gives them their scalar operations and adds the KLDivLoss element. */
 #ifndef KDLOSS_DIV_MATH_H
 #define KDLOSS_DIV_MATH_H
 
 #include <math.h>
+
+#include "div_coef.h"
 
 #ifdef __CUDACC__
 #define KD_HDM static __host__ __device__ __forceinline__
@@ -21,54 +15,70 @@
 #define KD_HDM static inline
 #endif
 
-enum { KD_JSD_FORWARD_KL = 0, KD_JSD_REVERSE_KL = 1, KD_JSD_MIXED = 2 };
+/* ---- the family on scalars: div_elem.h with float operations ---- */
+#define KDE_T float
+#define KDE_M int
+#define KDE_K kd_div_coef
+#define KDE(name) kd_s_##name
+#define KDE_FN KD_HDM
+#define KE_ADD(a, b) ((a) + (b))
+#define KE_SUB(a, b) ((a) - (b))
+#define KE_MUL(a, b) ((a) * (b))
+#define KE_DIV(a, b) ((a) / (b))
+#define KE_MIN(a, b) fminf(a, b)
+#define KE_MAX(a, b) fmaxf(a, b)
+#define KE_ABS(a) fabsf(a)
+#define KE_NEG(a) (-(a))
+#define KE_EXP(a) expf(a)
+#define KE_EXP_NONPOS(a) expf(a)
+#define KE_EXP_NONNAN(a) expf(a)
+#define KE_LOG1P_UNIT(a) log1pf(a)
+#define KE_C(c) (c)
+#define KE_GT(a, b) ((a) > (b))
+#define KE_GE(a, b) ((a) >= (b))
+#define KE_LT(a, b) ((a) < (b))
+#define KE_SEL(m, a, b) ((m) ? (a) : (b))
+#define KE_KEEP(m, a) ((m) ? (a) : 0.0f)
+#include "div_elem.h"
+#undef KDE_T
+#undef KDE_M
+#undef KDE_K
+#undef KDE
+#undef KDE_FN
+#undef KE_ADD
+#undef KE_SUB
+#undef KE_MUL
+#undef KE_DIV
+#undef KE_MIN
+#undef KE_MAX
+#undef KE_ABS
+#undef KE_NEG
+#undef KE_EXP
+#undef KE_EXP_NONPOS
+#undef KE_EXP_NONNAN
+#undef KE_LOG1P_UNIT
+#undef KE_C
+#undef KE_GT
+#undef KE_GE
+#undef KE_LT
+#undef KE_SEL
+#undef KE_KEEP
 
-/* Constants of one JSD call, computed once on the host. */
-typedef struct kd_jsd_coef {
-    int mode;          /* KD_JSD_* */
-    float neg_log_b;   /* -log(beta)   (mixed mode only) */
-    float neg_log_1mb; /* -log(1-beta) (mixed mode only) */
-} kd_jsd_coef;
-
-static inline kd_jsd_coef kd_jsd_coef_make(double beta) {
-    kd_jsd_coef c;
-    c.mode = beta == 0.0 ? KD_JSD_FORWARD_KL : beta == 1.0 ? KD_JSD_REVERSE_KL : KD_JSD_MIXED;
-    c.neg_log_b = c.mode == KD_JSD_MIXED ? (float)-log(beta) : 0.0f;
-    c.neg_log_1mb = c.mode == KD_JSD_MIXED ? (float)-log1p(-beta) : 0.0f;
-    return c;
+/* One element of the call's divergence: returns the loss term, writes dloss/dx to *grad. */
+KD_HDM float kd_div_elem(const kd_div_coef *c, float x, float y, float *grad) {
+    switch (c->op) {
+#define KD_ELEM(E, nm) case KD_OP_##E: return kd_s_##nm(c, x, y, grad);
+        KD_DIV_OPS(KD_ELEM)
+#undef KD_ELEM
+    }
+    *grad = 0.0f;
+    return 0.0f;
 }
 
-/* One element of JSD(beta): returns the loss term, writes dloss/dx to *grad. */
-KD_HDM float kd_jsd_elem(kd_jsd_coef c, float x, float y, float *grad) {
-    if (c.mode == KD_JSD_FORWARD_KL) { /* P (y - x), d/dx = -P */
-        float p = expf(y);
-        *grad = -p;
-        return p > 0.0f ? p * (y - x) : 0.0f;
-    }
-    if (c.mode == KD_JSD_REVERSE_KL) { /* Q (x - y), d/dx = Q (x - y + 1) */
-        float q = expf(x);
-        *grad = q > 0.0f ? q * (x - y + 1.0f) : 0.0f;
-        return q > 0.0f ? q * (x - y) : 0.0f;
-    }
-    float a = y - c.neg_log_b, b = x - c.neg_log_1mb;
-    float d = a - b, m = fmaxf(a, b);
-    float e = expf(-fabsf(d)); /* NaN only when a = b = +-inf */
-    float s = log1pf(e);
-    float em = expf(m);
-    float wa = a >= b ? em : em * e, wb = a >= b ? em * e : em;
-    float ta = wa > 0.0f ? wa * (c.neg_log_b - (fmaxf(-d, 0.0f) + s)) : 0.0f;
-    float tb = wb > 0.0f ? wb * (c.neg_log_1mb - (fmaxf(d, 0.0f) + s)) : 0.0f;
-    *grad = tb;
-    return ta + tb;
-}
-
-/* One element of KLDivLoss: returns the loss term, writes dloss/dy to *grad. */
+/* One element of KLDivLoss: returns the loss term, writes dloss/dy to *grad. With a log target
+ * it is the family's forward KL element (t the teacher's log-prob, y the student's). */
 KD_HDM float kd_kl_elem(int log_target, float eps, float y, float t, float *grad) {
-    if (log_target) {
-        float et = expf(t);
-        *grad = -et;
-        return et > 0.0f ? et * (t - y) : 0.0f;
-    }
+    if (log_target) return kd_s_fwd(NULL, y, t, grad);
     *grad = -t;
     return t != 0.0f ? t * (logf(fmaxf(t, eps)) - y) : 0.0f;
 }

@@ -1,4 +1,4 @@
-/* Generic vector source of the KL and JSD row kernels, compiled once per instruction set by
+/* Generic vector source of the KL and divergence-family row kernels, compiled once per instruction set by
  * elementwise_avx2.c and elementwise_avx512.c (which define KD_ISA_* first). The arithmetic is
  * div_simd.h's; this file only walks a row in tiles:
  *   load tile (fp32 in place, or bf16/fp16 converted into a stack buffer)
@@ -40,14 +40,14 @@ KD_INLINE void store_tile(char *dst, kdloss_dtype dt, const float *buf, int64_t 
 }
 
 /* One tile of n elements: a = x tile, b = t tile, gd = gradient tile or NULL, ed = elementwise
- * loss tile or NULL. ELEM(a, b, &g) yields the loss vector and the raw gradient. Tail lanes
+ * loss tile or NULL. ELEM(k, a, b, &g) yields the loss vector and the raw gradient. Tail lanes
  * run the same arithmetic on zeros and are masked out of the sum. */
 #define KD_TILE_LOOP(ELEM, PF)                                                                 \
     do {                                                                                       \
         int64_t i = 0;                                                                         \
         for (; i + VL <= n; i += VL) {                                                         \
             PF;                                                                                \
-            vf gr, l = ELEM(vf_load(a + i), vf_load(b + i), &gr);                               \
+            vf gr, l = ELEM(k, vf_load(a + i), vf_load(b + i), &gr);                               \
             acc = vf_add(acc, l);                                                              \
             if (ed) vf_store(ed + i, l);                                                       \
             if (gd) {                                                                          \
@@ -57,7 +57,7 @@ KD_INLINE void store_tile(char *dst, kdloss_dtype dt, const float *buf, int64_t 
         }                                                                                      \
         if (i < n) {                                                                           \
             int64_t rem = n - i;                                                               \
-            vf gr, l = ELEM(vf_load_n(a + i, rem), vf_load_n(b + i, rem), &gr);                 \
+            vf gr, l = ELEM(k, vf_load_n(a + i, rem), vf_load_n(b + i, rem), &gr);                 \
             acc = vf_add(acc, vf_keep(vm_first_n(rem), l));                                    \
             if (ed) vf_store_n(ed + i, l, rem);                                                \
             if (gd) vf_store_n(gd + i, vf_mul(gr, sc), rem);                                   \
@@ -66,7 +66,7 @@ KD_INLINE void store_tile(char *dst, kdloss_dtype dt, const float *buf, int64_t 
 
 #define KD_TILE_FN(name, ELEM)                                                                 \
     static vf name(const float *a, const float *b, float *gd, float *ed, int64_t n, vf sc,    \
-                   const kd_vjsd *k, vf eps, int nt) {                                         \
+                   const kd_vdiv *k, vf eps, int nt) {                                         \
         vf acc = vf_zero();                                                                    \
         (void)k;                                                                               \
         (void)eps;                                                                             \
@@ -81,7 +81,7 @@ KD_INLINE void store_tile(char *dst, kdloss_dtype dt, const float *buf, int64_t 
  * once). Prefetches never fault, also past the end of the data. */
 #define KD_TILE_FN_PF(name, ELEM)                                                              \
     static vf name(const float *a, const float *b, float *gd, int64_t n, vf sc,               \
-                   const kd_vjsd *k, int nt, const char *pfa, const char *pfb, int64_t es_a,  \
+                   const kd_vdiv *k, int nt, const char *pfa, const char *pfb, int64_t es_a,  \
                    int64_t es_b) {                                                             \
         vf acc = vf_zero();                                                                    \
         float *ed = NULL;                                                                      \
@@ -91,15 +91,13 @@ KD_INLINE void store_tile(char *dst, kdloss_dtype dt, const float *buf, int64_t 
         return acc;                                                                            \
     }
 
-#define JSD_FWD(x, y, g) kd_vjsd_fwd(x, y, g)
-#define JSD_REV(x, y, g) kd_vjsd_rev(x, y, g)
-#define JSD_MIX(x, y, g) kd_vjsd_mix(k, x, y, g)
-#define KL_PROB(y, t, g) kd_vkl_prob(y, t, eps, g)
-#define KL_PROB_NORMAL(y, t, g) kd_vkl_prob_normal(y, t, eps, g)
-#define KL_LOG(y, t, g) kd_vkl_log(y, t, g)
-KD_TILE_FN_PF(tile_jsd_fwd, JSD_FWD)
-KD_TILE_FN_PF(tile_jsd_rev, JSD_REV)
-KD_TILE_FN_PF(tile_jsd_mix, JSD_MIX)
+#define KL_PROB(k, y, t, g) kd_vkl_prob(y, t, eps, g)
+#define KL_PROB_NORMAL(k, y, t, g) kd_vkl_prob_normal(y, t, eps, g)
+#define KL_LOG kd_v_fwd /* KL to a log target is the family's forward KL element */
+/* one tile function per element operation of the family (div_coef.h): tile_fwd, tile_rev, ... */
+#define KD_DIV_TILE(E, nm) KD_TILE_FN_PF(tile_##nm, kd_v_##nm)
+KD_DIV_OPS(KD_DIV_TILE)
+#undef KD_DIV_TILE
 KD_TILE_FN(tile_kl_prob, KL_PROB)
 KD_TILE_FN(tile_kl_prob_normal, KL_PROB_NORMAL)
 KD_TILE_FN(tile_kl_log, KL_LOG)
@@ -157,7 +155,7 @@ double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
     return sum;
 }
 
-double KD_SFX(kd_jsd_row)(const kd_ew_job *j, int64_t r) {
+double KD_SFX(kd_div_row)(const kd_ew_job *j, int64_t r) {
     size_t xes = kdloss_dtype_size(j->xdt), tes = kdloss_dtype_size(j->tdt);
     char *grow = j->g ? j->g + (size_t)(r * j->ldg) * xes : NULL;
     if (kd_row_ignored(j, r)) {
@@ -167,7 +165,7 @@ double KD_SFX(kd_jsd_row)(const kd_ew_job *j, int64_t r) {
     const char *xrow = j->x + (size_t)(r * j->ldx) * xes;
     const char *trow = j->t + (size_t)(r * j->ldt) * tes;
     float bx[KD_TILE], bt[KD_TILE], bg[KD_TILE];
-    kd_vjsd k = kd_vjsd_make(j->coef);
+    kd_vdiv k = kd_vdiv_make(j->coef);
     vf sc = vf_set1(j->gscale);
     int nt = use_nt(j, grow);
     double sum = 0.0;
@@ -178,10 +176,12 @@ double KD_SFX(kd_jsd_row)(const kd_ew_job *j, int64_t r) {
         float *gd = !grow ? NULL : j->xdt == KDLOSS_F32 ? (float *)grow + c0 : bg;
         const char *pfa = xrow + (c0 + KD_TILE) * xes, *pfb = trow + (c0 + KD_TILE) * tes;
         vf acc;
-        switch (k.mode) {
-        case KD_JSD_FORWARD_KL: acc = tile_jsd_fwd(a, b, gd, n, sc, &k, nt, pfa, pfb, xes, tes); break;
-        case KD_JSD_REVERSE_KL: acc = tile_jsd_rev(a, b, gd, n, sc, &k, nt, pfa, pfb, xes, tes); break;
-        default: acc = tile_jsd_mix(a, b, gd, n, sc, &k, nt, pfa, pfb, xes, tes); break;
+        switch (k.op) {
+#define KD_DIV_CASE(E, nm)                                                                      \
+    case KD_OP_##E: acc = tile_##nm(a, b, gd, n, sc, &k, nt, pfa, pfb, xes, tes); break;
+            KD_DIV_OPS(KD_DIV_CASE)
+#undef KD_DIV_CASE
+        default: acc = vf_zero(); break;
         }
         sum += vf_hsum(acc);
         if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
