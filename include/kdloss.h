@@ -391,10 +391,12 @@ typedef struct kdloss_fljsd_out {
  *   allocate and free it itself (one malloc; KDLOSS_ERR_OUT_OF_MEMORY, nothing written, when it
  *   fails). kdloss_fljsd_min_budget() tells the smallest memory_budget these shapes accept (the
  *   fixed buffers plus a one-row chunk; the dWs accumulator is not counted against the budget).
- * Memory: a call allocates nothing itself besides that workspace. The BLAS and the OpenMP
- *   runtime may allocate inside a call (thread pools and buffers, mostly on the first call of a
- *   process); with OpenBLAS and libgomp some of those failures exit the process instead of
- *   returning, which kdloss cannot catch (tests/README.md, test_fault_inject, has the figures).
+ * Memory: a call allocates nothing itself besides that workspace. The GEMM provider allocates
+ *   its packing buffers inside each GEMM (oneDNN: a refused allocation comes back as
+ *   KDLOSS_ERR_OUT_OF_MEMORY; after the first chunk, gradient rows already written stay written,
+ *   the losses are untouched). The first call of a process also starts the OpenMP threads and
+ *   oneDNN's JIT kernels, whose allocation failures abort the process inside those runtimes;
+ *   kdloss cannot catch them (tests/README.md, test_fault_inject, has the figures).
  */
 KDLOSS_API kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
                                                      int64_t hs, int64_t ht, int64_t v,

@@ -668,6 +668,11 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
     p.chunk_size = k->chunk;
     p.memory_budget = k->budget;
     p.grad_scale = 0.5;
+    if (k->budget == 1) { /* "the smallest budget": one-row chunks (below it is an error now) */
+        size_t min = 0;
+        kdloss_fljsd_min_budget(&p, k->bt, k->hs, k->ht, k->v, k->ds, 1, &min);
+        p.memory_budget = min;
+    }
     kdloss_fljsd_out out;
     memset(&out, 0, sizeof out);
     out.loss = gl;
