@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main benchmark job: `make bench` or `bash bench/run_main.sh BUILD_DIR`.
-# Runs `kdloss bench` for kl_div and jsd at the reference shape (BT 16384, V 4096, fp32, full),
-# distill_jsd when the tool lists it, then bench/peers.sh when present and executable, writing
+# Runs `kdloss bench` for kl_div, jsd and distill (each divergence) at the reference shape (BT
+# 16384, V 4096, fp32, full), distill_jsd when the tool lists it, then bench/peers.sh when present and executable, writing
 # JSON records to bench/out/. Ends with one combined table and the targets (MET / NOT MET);
 # exits 1 if any benchmark failed, 3 if all ran but some target was NOT MET.
 set -uo pipefail
@@ -48,6 +48,14 @@ for k in kl_div jsd; do
     run "$k" "$kd" bench "$k" --mode full --bt 16384 --vocab 4096 --dtype fp32 \
         --json "$out/$k-full-$stamp.json"
 done
+
+# The divergence family on log-probs (kdloss_distill), one run per divergence, same shape.
+if "$kd" bench --list | awk '{print $1}' | grep -qx distill; then
+    for d in forward_kl reverse_kl jsd skew_forward_kl skew_reverse_kl tvd; do
+        run "distill-$d" "$kd" bench distill --divergence "$d" --mode full --bt 16384 \
+            --vocab 4096 --dtype fp32 --json "$out/distill-$d-full-$stamp.json"
+    done
+fi
 
 if "$kd" bench --list | awk '{print $1}' | grep -qx distill_jsd; then
     run distill_jsd "$kd" bench distill_jsd --mode full --json "$out/distill_jsd-full-$stamp.json"

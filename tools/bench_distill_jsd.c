@@ -1,7 +1,9 @@
-/* `kdloss bench distill_jsd`: kdloss_fused_linear_jsd on the reference distillation workload
+/* `kdloss bench distill_jsd`: kdloss_fused_linear_distill (by default JSD, which is what
+ * kdloss_fused_linear_jsd computes) on the reference distillation workload
  * (bench/README.md, "The reference workloads"): torch.rand hidden states, nn.Linear default
  * weights (uniform in +-1/sqrt(H), no bias), labels randint(0, V), no ignored rows, beta 0.5,
- * T 1, weights 0.5/0.5.
+ * T 1, weights 0.5/0.5. --divergence (and --beta, --alpha, --temperature, --t2-scale) choose
+ * another member of the family; the record's workload block names it.
  *
  * Besides the kernel's latency it reports, from the same run:
  *  - the GEMM floor: the four GEMMs (student logits, teacher logits, dXs, dWs) at full size,
@@ -27,14 +29,17 @@
 typedef struct dj_opts {
     int64_t hs, ht, chunk, budget_mib;
     int skip_openblas; /* --floor-providers onednn: no OpenBLAS survey round */
+    const char *divergence; /* --divergence NAME, default jsd */
+    double beta, alpha, temperature;
+    int t2_scale; /* --t2-scale: multiply the soft part by T^2 */
 } dj_opts;
 
 typedef struct dj_ctx {
-    kdloss_fljsd_params params;
+    kdloss_fused_linear_distill_params params;
     int64_t bt, hs, ht, v;
     kdloss_cmat xs, ws, xt, wt;
     kdloss_labels labels;
-    kdloss_fljsd_out out;
+    kdloss_fused_linear_distill_out out;
     float loss;
     void *work;
     size_t work_bytes;
@@ -50,6 +55,11 @@ static void dj_defaults(kb_options *o, void *kopts) {
     k->hs = 1024;
     k->ht = 2048;
     k->chunk = 0;
+    k->divergence = "jsd";
+    k->beta = 0.5;
+    k->alpha = 0.1;
+    k->temperature = 1.0;
+    k->t2_scale = 0;
 }
 
 static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
@@ -58,6 +68,15 @@ static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
     if ((r = kb_flag_i64(argc, argv, i, "--hs", 1, &k->hs))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--ht", 1, &k->ht))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--chunk", 0, &k->chunk))) return r;
+    if ((r = kb_flag_str(argc, argv, i, "--divergence", &k->divergence))) return r;
+    if ((r = kb_flag_double(argc, argv, i, "--beta", 0.0, 1.0, &k->beta))) return r;
+    if ((r = kb_flag_double(argc, argv, i, "--alpha", 0.0, 1.0, &k->alpha))) return r;
+    if ((r = kb_flag_double(argc, argv, i, "--temperature", 1e-6, 1e6, &k->temperature)))
+        return r;
+    if (strcmp(argv[i], "--t2-scale") == 0) {
+        k->t2_scale = 1;
+        return 1;
+    }
     if ((r = kb_flag_i64(argc, argv, i, "--budget", 0, &k->budget_mib))) return r;
     if (strcmp(argv[i], "--floor-providers") == 0 && i + 1 < argc) {
         if (strcmp(argv[i + 1], "onednn") == 0) k->skip_openblas = 1;
@@ -77,6 +96,11 @@ static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
 
 static int dj_check(const kb_options *o, const void *kopts) {
     const dj_opts *k = kopts;
+    kdloss_divergence d;
+    if (kdloss_divergence_from_name(k->divergence, &d) != KDLOSS_OK)
+        return kb_arg_error("distill_jsd: --divergence: unknown '%s' (forward_kl, reverse_kl, "
+                            "jsd, skew_forward_kl, skew_reverse_kl, tvd)",
+                            k->divergence);
     if (o->dtype == KDLOSS_F16) return kb_arg_error("distill_jsd: --dtype must be fp32 or bf16");
     if (k->budget_mib > ((int64_t)1 << 40)) return kb_arg_error("distill_jsd: --budget too large");
     if (k->hs > 0x7fffffff || k->ht > 0x7fffffff || o->vocab > 0x7fffffff)
@@ -86,9 +110,9 @@ static int dj_check(const kb_options *o, const void *kopts) {
 
 static kdloss_status dj_call(void *p) {
     dj_ctx *c = p;
-    return kdloss_fused_linear_jsd(&c->params, c->bt, c->hs, c->ht, c->v, c->xs, c->ws, NULL,
-                                   c->xt, c->wt, NULL, c->labels, &c->out, c->work,
-                                   c->work_bytes);
+    return kdloss_fused_linear_distill(&c->params, c->bt, c->hs, c->ht, c->v, c->xs, c->ws, NULL,
+                                       c->xt, c->wt, NULL, c->labels, &c->out, c->work,
+                                       c->work_bytes);
 }
 
 /* A uniform [0, 1) from (seed, i) alone, so any thread count fills the same tensor. */
@@ -111,12 +135,17 @@ static void fill_uniform(void *dst, kdloss_dtype dt, size_t n, float lo, float h
 }
 
 static void dj_describe(const kb_options *o, const dj_opts *k, kb_workload *w) {
-    kb_workload_init(w, "distill_jsd", "Fused-linear JSD distillation loss", o->dtype, o->bt,
+    kdloss_divergence d = KDLOSS_DIV_JSD;
+    kdloss_divergence_from_name(k->divergence, &d); /* checked in dj_check */
+    kb_workload_init(w, "distill_jsd", "Fused-linear distillation loss", o->dtype, o->bt,
                      o->vocab);
     kb_wl_int(w, "hidden_student", k->hs, 1);
     kb_wl_int(w, "hidden_teacher", k->ht, 1);
-    kb_wl_num(w, "beta", 0.5);
-    kb_wl_num(w, "temperature", 1.0);
+    kb_wl_str(w, "divergence", kdloss_divergence_name(d));
+    kb_wl_num(w, "beta", k->beta);
+    kb_wl_num(w, "alpha", k->alpha);
+    kb_wl_num(w, "temperature", k->temperature);
+    kb_wl_bool(w, "t2_scale", k->t2_scale);
     kb_wl_num(w, "weight_hard_loss", 0.5);
     kb_wl_num(w, "weight_soft_loss", 0.5);
     kb_wl_int(w, "chunk_size", k->chunk, 0);
@@ -257,8 +286,9 @@ static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_re
            "back-to-back pairs)\n",
            kd_med / fl_med, kd_med * 1e-9, paired, (long long)reps);
     if (full)
-        printf("TARGET distill_jsd %s BT %lld V %lld: kdloss / fastest GEMM floor %.3f "
-               "(target <= %.2f): %s\n", kb_dtype_name(o->dtype), (long long)o->bt,
+        printf("TARGET distill_jsd %s%s%s BT %lld V %lld: kdloss / fastest GEMM floor %.3f "
+               "(target <= %.2f): %s\n", strcmp(k->divergence, "jsd") ? k->divergence : "",
+               strcmp(k->divergence, "jsd") ? " " : "", kb_dtype_name(o->dtype), (long long)o->bt,
                (long long)o->vocab, kd_med / fl_med, DJ_FLOOR_TARGET,
                kd_med / fl_med <= DJ_FLOOR_TARGET ? "MET" : "NOT MET");
     kb_result_add_measure(res, "gemm_floor_latency", "median", "ns", fl_med);
@@ -285,7 +315,12 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     }
     dj_ctx c;
     memset(&c, 0, sizeof c);
-    kdloss_fljsd_params_default(&c.params);
+    kdloss_fused_linear_distill_params_default(&c.params);
+    kdloss_divergence_from_name(k->divergence, &c.params.div.divergence); /* checked */
+    c.params.div.beta = k->beta;
+    c.params.div.alpha = k->alpha;
+    c.params.temperature = k->temperature;
+    c.params.t2_scale = k->t2_scale;
     c.params.chunk_size = k->chunk;
     c.params.memory_budget = (size_t)k->budget_mib << 20;
     c.bt = bt;
@@ -313,8 +348,8 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     c.out.dxs = (kdloss_mat){dxs, o->dtype, 0};
     c.out.dws = (kdloss_mat){dws, o->dtype, 0};
     c.out.loss = loss ? &c.loss : NULL;
-    kdloss_status st = kdloss_fljsd_workspace_size(&c.params, bt, k->hs, k->ht, v, o->dtype, grad,
-                                                   &c.work_bytes);
+    kdloss_status st = kdloss_fused_linear_distill_workspace_size(&c.params, bt, k->hs, k->ht, v,
+                                                                  o->dtype, grad, &c.work_bytes);
     if (st == KDLOSS_OK) c.work = kb_alloc(c.work_bytes, "workspace");
 
     dj_describe(o, k, &res->wl);
@@ -340,7 +375,7 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     void *all[] = {xs, ws, xt, wt, labels, dxs, dws, c.work};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kb_free(all[i]);
     if (st != KDLOSS_OK) {
-        kb_report_status("kdloss_fused_linear_jsd", st);
+        kb_report_status("kdloss_fused_linear_distill", st);
         return 1;
     }
     return 0;
@@ -348,13 +383,19 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
 
 const kb_kernel kb_kernel_distill_jsd = {
     .name = "distill_jsd",
-    .summary = "chunked fused-linear JSD + CE distillation loss, with its GEMM floor",
+    .summary = "chunked fused-linear divergence (default JSD) + CE loss, with its GEMM floor",
     .flags_help =
         "  --hs N          student hidden size, default 1024 (--bt default 2048, --vocab 32768,\n"
         "                  --dtype bf16, --reps 3, --warmup 1 for this kernel)\n"
         "  --ht N          teacher hidden size, default 2048\n"
         "  --chunk N       rows per chunk, default 0 (automatic from the memory budget)\n"
         "  --budget MiB    the library's memory_budget, default 0 (= 256 MiB)\n"
+        "  --divergence D  forward_kl|reverse_kl|jsd|skew_forward_kl|skew_reverse_kl|tvd,\n"
+        "                  default jsd (kdloss_fused_linear_distill)\n"
+        "  --beta X        JSD beta in [0, 1], default 0.5\n"
+        "  --alpha X       skew KL alpha in [0, 1], default 0.1\n"
+        "  --temperature T default 1\n"
+        "  --t2-scale      multiply the soft part by T^2\n"
         "  --seed-shape    BT 8192, Hs 2048, Ht 4096, V 128256 (later flags override)\n"
         "  --floor-providers all|onednn  GEMM providers surveyed for the floor, default all\n"
         "                  (onednn skips OpenBLAS: minutes per round where its kernel is generic)\n",

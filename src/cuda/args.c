@@ -163,6 +163,11 @@ kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt
     if ((st = fl_mat(v, hs, ws.data, ws.dtype, ws.ld, &g->ld_ws, &s_ws)) != KDLOSS_OK) return st;
     if ((st = fl_mat(bt, ht, xt.data, xt.dtype, xt.ld, &g->ld_xt, &s_xt)) != KDLOSS_OK) return st;
     if ((st = fl_mat(v, ht, wt.data, wt.dtype, wt.ld, &g->ld_wt, &s_wt)) != KDLOSS_OK) return st;
+    /* biases and scalar / per-row outputs aligned to their element size, as the CPU's
+     * kd_fljsd_check (tests/cuda/test_cuda.c "fldistill row_soft misaligned") */
+    if (!kd_aligned(bs, kdloss_dtype_size(xs.dtype)) ||
+        !kd_aligned(bt_bias, kdloss_dtype_size(xt.dtype)))
+        return KDLOSS_ERR_MISALIGNED;
     /* labels are required; their values live on the device and are checked there */
     if (!labels.data) return KDLOSS_ERR_NULL_POINTER;
     if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) return KDLOSS_ERR_INVALID_DTYPE;
@@ -185,6 +190,11 @@ kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt
         if (st != KDLOSS_OK) return st;
     }
     if (out->dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
+    if (!kd_aligned(out->dbs, kdloss_dtype_size(xs.dtype)) || !kd_aligned(out->loss, sizeof(float)) ||
+        !kd_aligned(out->soft_loss, sizeof(float)) || !kd_aligned(out->hard_loss, sizeof(float)) ||
+        !kd_aligned(out->row_soft, sizeof(float)) || !kd_aligned(out->row_hard, sizeof(float)) ||
+        !kd_aligned(out->row_lse, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
     g->want_grad = grad;
 
     size_t es_s = kdloss_dtype_size(xs.dtype), es_t = kdloss_dtype_size(xt.dtype);

@@ -18,7 +18,14 @@
  *    atol = 1e-5 x the largest |reference| in the tensor (1e-6 for KL, whose gradient is -t);
  *  - scalar losses are double sums of fp32 terms: rtol 1e-4, atol 1e-5 x the sum of |terms|;
  *  - fused-linear gradients go through GEMMs: normwise 1e-4 in fp32 (no TF32), and 1.5e-2 in
- *    bf16, where dzs itself is rounded to bf16 (2^-9) before the two backward GEMMs. */
+ *    bf16, where dzs itself is rounded to bf16 (2^-9) before the two backward GEMMs.
+ *
+ * The divergence family (kdloss_cuda_distill, kdloss_cuda_fused_linear_distill): the JSD cases'
+ * structure for every divergence and its alpha / beta end points, against ref_div_elem of
+ * tests/support/reference.h (the CPU tests' float64 reference, written from the definitions);
+ * the same tolerances, except TVD's subgradient, whose sign may differ where P and Q agree to
+ * fp32 rounding (those elements are not compared). The fused cases also check t2_scale and the
+ * per-row outputs row_soft, row_hard, row_lse (rtol 1e-4, or 1e-3 with bf16 operands). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,12 +33,15 @@
 #include <string.h>
 
 #include "kdloss.h"
+#include "reference.h"
 #include "testutil.h"
 
 /* The CPU functions, when this build has them (resolved to NULL otherwise). */
 #pragma weak kdloss_kl_div
 #pragma weak kdloss_jsd
 #pragma weak kdloss_fused_linear_jsd
+#pragma weak kdloss_distill
+#pragma weak kdloss_fused_linear_distill
 
 static kdloss_cuda_context *g_ctx;
 static cudaStream_t g_st;
@@ -151,7 +161,7 @@ static int32_t read_status(const void *dws) {
 /* ------------------------------------------------------------------------------------------ */
 
 /* KL elementwise: returns l, writes dl/dy (unscaled). */
-static double ref_kl_elem(int log_target, double eps, double y, double t, double *g) {
+static double cu_ref_kl_elem(int log_target, double eps, double y, double t, double *g) {
     if (log_target) {
         double et = exp(t);
         *g = -et;
@@ -162,7 +172,7 @@ static double ref_kl_elem(int log_target, double eps, double y, double t, double
 }
 
 /* JSD(beta) elementwise on log-probs x (student), y (teacher): returns l, writes dl/dx. */
-static double ref_jsd_elem(double beta, double x, double y, double *g) {
+static double cu_ref_jsd_elem(double beta, double x, double y, double *g) {
     if (beta == 0.0) {
         double p = exp(y);
         *g = -p;
@@ -265,7 +275,7 @@ static void test_kl_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype di, kd
             double rs = 0;
             for (int64_t c = 0; c < v; c++) {
                 double g;
-                double l = ref_kl_elem(log_target, feps, y[r * v + c], t[r * v + c], &g);
+                double l = cu_ref_kl_elem(log_target, feps, y[r * v + c], t[r * v + c], &g);
                 rg[r * v + c] = g * scale;
                 rl[r * v + c] = l;
                 rs += l;
@@ -385,19 +395,45 @@ static void test_kl(kt_rng *rng) {
 
 /* labels: 0 none, 1 I64 with ignored rows, 2 I32 with ignored rows, 3 I64 all ignored,
  * 4 I32 with one out-of-range label. */
-static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, kdloss_dtype dt,
-                          double beta, int labels_kind, int64_t pad, int misalign, int in_place) {
-    char tag[160];
-    snprintf(tag, sizeof tag, "jsd bt=%lld v=%lld s=%s t=%s beta=%g labels=%d pad=%lld mis=%d ip=%d",
-             (long long)bt, (long long)v, kt_dtype_name(ds), kt_dtype_name(dt), beta, labels_kind,
+/* Where -inf log-probs keep the divergence finite (as tests/test_distill.c): not in the
+ * student for forward KL (P > 0 needs Q > 0), not in the teacher for reverse KL. */
+static int div_fwd_like(const kdloss_div_params *d) {
+    return d->divergence == KDLOSS_DIV_FORWARD_KL ||
+           (d->divergence == KDLOSS_DIV_JSD && d->beta == 0.0) ||
+           (d->divergence == KDLOSS_DIV_SKEW_FORWARD_KL && d->alpha == 0.0);
+}
+static int div_rev_like(const kdloss_div_params *d) {
+    return d->divergence == KDLOSS_DIV_REVERSE_KL ||
+           (d->divergence == KDLOSS_DIV_JSD && d->beta == 1.0) ||
+           (d->divergence == KDLOSS_DIV_SKEW_REVERSE_KL && d->alpha == 0.0);
+}
+
+/* TVD's subgradient at (near) ties: P and Q equal to fp32 rounding, either sign is right. */
+static int tvd_tie(const kdloss_div_params *d, double x, double y) {
+    double p = exp(y), q = exp(x);
+    return d->divergence == KDLOSS_DIV_TVD && fabs(p - q) <= 1e-5 * (p + q);
+}
+
+/* One elementwise case. dv NULL: kdloss_cuda_jsd with `beta` (its own reference); otherwise
+ * kdloss_cuda_distill with *dv (beta unused), against ref_div_elem and kdloss_distill. */
+static void test_div_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, kdloss_dtype dt,
+                          double beta, const kdloss_div_params *dv, int labels_kind, int64_t pad,
+                          int misalign, int in_place) {
+    char tag[200];
+    kdloss_div_params d = {KDLOSS_DIV_JSD, beta, 0.1};
+    if (dv) d = *dv;
+    snprintf(tag, sizeof tag,
+             "%s %s bt=%lld v=%lld s=%s t=%s beta=%g alpha=%g labels=%d pad=%lld mis=%d ip=%d",
+             dv ? "distill" : "jsd", kdloss_divergence_name(d.divergence), (long long)bt,
+             (long long)v, kt_dtype_name(ds), kt_dtype_name(dt), d.beta, d.alpha, labels_kind,
              (long long)pad, misalign, in_place);
     const int64_t ld = v + pad, n = bt * v;
     const size_t es = kdloss_dtype_size(ds), et = kdloss_dtype_size(dt);
     double *x = xmalloc((size_t)n * 8), *y = xmalloc((size_t)n * 8);
     /* -inf entries everywhere except where they make the loss infinite (and every tolerance
      * meaningless): student -inf under forward KL, teacher -inf under reverse KL */
-    kt_gen_logprobs(rng, x, bt, v, beta != 0.0, 0);
-    kt_gen_logprobs(rng, y, bt, v, beta != 1.0, 3);
+    kt_gen_logprobs(rng, x, bt, v, !div_fwd_like(&d), 0);
+    kt_gen_logprobs(rng, y, bt, v, !div_rev_like(&d), 3);
     kt_round_to(x, n, ds);
     kt_round_to(y, n, dt);
     void *hx = kt_pack(x, bt, v, ld, ds), *hy = kt_pack(y, bt, v, ld, dt);
@@ -437,17 +473,27 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
     dpoison(dloss, 4);
     dpoison(drow, (size_t)bt * 4);
     size_t wsb = 0;
-    KT_CHECK(kdloss_cuda_jsd_workspace_size(bt, v, &wsb) == KDLOSS_OK, "%s: ws size", tag);
+    KT_CHECK((dv ? kdloss_cuda_distill_workspace_size(bt, v, &wsb)
+                 : kdloss_cuda_jsd_workspace_size(bt, v, &wsb)) == KDLOSS_OK,
+             "%s: ws size", tag);
     void *dws = dalloc(wsb);
 
     kdloss_jsd_params p;
     p.beta = beta;
     p.ignore_index = ignore;
     p.grad_scale = 1.25;
+    kdloss_distill_params pd;
+    kdloss_distill_params_default(&pd);
+    pd.div = d;
+    pd.ignore_index = ignore;
+    pd.grad_scale = 1.25;
     kdloss_cmat cs = {dx, ds, ld}, ct = {dy, dt, ld};
     kdloss_labels L = {dlab, ldt};
     kdloss_mat gr = {dg, ds, ld};
-    kdloss_status s = kdloss_cuda_jsd(g_ctx, g_st, &p, bt, v, cs, ct, L, dloss, drow, gr, dws, wsb);
+#define DIV_CALL()                                                                            \
+    (dv ? kdloss_cuda_distill(g_ctx, g_st, &pd, bt, v, cs, ct, L, dloss, drow, gr, dws, wsb)   \
+        : kdloss_cuda_jsd(g_ctx, g_st, &p, bt, v, cs, ct, L, dloss, drow, gr, dws, wsb))
+    kdloss_status s = DIV_CALL();
     CK(cudaStreamSynchronize(g_st));
     if (!KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) goto done;
     {
@@ -466,11 +512,13 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
             int bad = labels_kind && !skip && (lab[r] < 0 || lab[r] >= v);
             double rs = 0;
             for (int64_t c = 0; c < v; c++) {
-                double g = 0, l = 0;
-                if (!skip && !bad) l = ref_jsd_elem(beta, x[r * v + c], y[r * v + c], &g);
+                double g = 0, l = 0, mag = 0;
+                if (!skip && !bad)
+                    l = dv ? ref_div_elem(&d, x[r * v + c], y[r * v + c], &g, &mag)
+                           : cu_ref_jsd_elem(beta, x[r * v + c], y[r * v + c], &g);
                 rg[r * v + c] = g * scale;
                 rs += l;
-                abs_tot += fabs(l);
+                abs_tot += fabs(l) > mag ? fabs(l) : mag;
             }
             rrow[r] = bad ? NAN : rs;
             if (!skip && !bad) tot += rs;
@@ -478,9 +526,16 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
         void *hg = xmalloc((size_t)(bt * ld) * es);
         d2h(hg, dg, (size_t)(bt * ld) * es);
         double *gg = to_double(hg, ds, bt, v, ld);
-        char what[200];
+        for (int64_t i = 0; i < n; i++) /* TVD ties: either subgradient */
+            if (tvd_tie(&d, x[i], y[i]) && fabs(gg[i] - rg[i]) <= 1.25 * exp(x[i])) gg[i] = rg[i];
+        char what[260];
+        /* the mixtures' log-differences cancel to 0 where P = Q: fp32 rounding of the mixture
+         * weights' logs (lw) then stays as an absolute error of a few u x (1 + lw) x scale */
+        double w_mix = d.divergence == KDLOSS_DIV_JSD ? d.beta : d.alpha, lw = 0;
+        if (dv && w_mix > 0 && w_mix < 1) lw = fabs(log(w_mix)) + fabs(log1p(-w_mix));
+        double mix_atol = dv ? 64 * 0x1p-24 * (1 + lw) * scale : 0;
         snprintf(what, sizeof what, "%s grad", tag);
-        cmp_arr(what, gg, rg, n, 1e-5 * max_abs(rg, n) + (ds == KDLOSS_F16 ? 6e-8 : 0),
+        cmp_arr(what, gg, rg, n, 1e-5 * max_abs(rg, n) + mix_atol + (ds == KDLOSS_F16 ? 6e-8 : 0),
                 2 * unit(ds) + 1e-5);
         if (!in_place) KT_CHECK(pad_untouched(hg, ds, bt, v, ld), "%s: grad padding written", tag);
         float *hrow = xmalloc((size_t)bt * 4);
@@ -496,7 +551,7 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
         if (!in_place) {
             void *hg2 = xmalloc((size_t)(bt * ld) * es);
             float hl2 = 0;
-            s = kdloss_cuda_jsd(g_ctx, g_st, &p, bt, v, cs, ct, L, dloss, drow, gr, dws, wsb);
+            s = DIV_CALL();
             CK(cudaStreamSynchronize(g_st));
             d2h(hg2, dg, (size_t)(bt * ld) * es);
             d2h(&hl2, dloss, 4);
@@ -506,7 +561,7 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
             free(hg2);
         }
 
-        if (kdloss_jsd && !misalign && !bad_label) {
+        if ((dv ? kdloss_distill != NULL : kdloss_jsd != NULL) && !misalign && !bad_label) {
             void *cg = xmalloc((size_t)(bt * ld) * es);
             float *crow = xmalloc((size_t)bt * 4), cl = 0;
             void *clab = NULL;
@@ -520,9 +575,13 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
             kdloss_cmat hcs = {hx, ds, ld}, hct = {hy, dt, ld};
             kdloss_labels hL = {clab, ldt};
             kdloss_mat hgr = {cg, ds, ld};
-            s = kdloss_jsd(&p, bt, v, hcs, hct, hL, &cl, crow, hgr);
+            s = dv ? kdloss_distill(&pd, bt, v, hcs, hct, hL, &cl, crow, hgr)
+                   : kdloss_jsd(&p, bt, v, hcs, hct, hL, &cl, crow, hgr);
             if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
                 double *cgg = to_double(cg, ds, bt, v, ld);
+                for (int64_t i = 0; i < n; i++)
+                    if (tvd_tie(&d, x[i], y[i]) && fabs(gg[i] - cgg[i]) <= 1.25 * exp(x[i]))
+                        cgg[i] = gg[i];
                 snprintf(what, sizeof what, "%s grad vs CPU", tag);
                 cmp_arr(what, gg, cgg, n, 1e-5 * max_abs(cgg, n) + (ds == KDLOSS_F16 ? 6e-8 : 0),
                         2 * unit(ds) + 1e-5);
@@ -541,6 +600,7 @@ static void test_jsd_case(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype ds, k
         free(hrow);
         free(grow);
     }
+#undef DIV_CALL
 done:
     CK(cudaFree(dx0));
     CK(cudaFree(dy0));
@@ -566,18 +626,51 @@ static void test_jsd(kt_rng *rng) {
             for (int i = 0; i < 3; i++)
                 for (int j = 0; j < 3; j++, k++)
                     if (!kt_quick() || k % 7 == 0)
-                        test_jsd_case(rng, 21, vs[k % 4], dts[i], dts[j], betas[b], lk, 0, 0, 0);
-    test_jsd_case(rng, 8, 300, KDLOSS_F32, KDLOSS_BF16, 0.5, 3, 0, 0, 0); /* all ignored */
-    test_jsd_case(rng, 8, 300, KDLOSS_BF16, KDLOSS_BF16, 0.5, 4, 0, 0, 0); /* bad label */
-    test_jsd_case(rng, 7, 4099, KDLOSS_BF16, KDLOSS_F32, 0.3, 1, 5, 0, 0);
-    test_jsd_case(rng, 7, 4099, KDLOSS_F16, KDLOSS_F16, 0.7, 2, 3, 1, 0);
-    test_jsd_case(rng, 9, 513, KDLOSS_F32, KDLOSS_F32, 0.5, 1, 0, 0, 1);
-    test_jsd_case(rng, 9, 513, KDLOSS_BF16, KDLOSS_F32, 1.0, 0, 8, 0, 1);
-    test_jsd_case(rng, 3, 100000, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1, 0, 0, 0);
+                        test_div_case(rng, 21, vs[k % 4], dts[i], dts[j], betas[b], NULL, lk, 0, 0, 0);
+    test_div_case(rng, 8, 300, KDLOSS_F32, KDLOSS_BF16, 0.5, NULL, 3, 0, 0, 0); /* all ignored */
+    test_div_case(rng, 8, 300, KDLOSS_BF16, KDLOSS_BF16, 0.5, NULL, 4, 0, 0, 0); /* bad label */
+    test_div_case(rng, 7, 4099, KDLOSS_BF16, KDLOSS_F32, 0.3, NULL, 1, 5, 0, 0);
+    test_div_case(rng, 7, 4099, KDLOSS_F16, KDLOSS_F16, 0.7, NULL, 2, 3, 1, 0);
+    test_div_case(rng, 9, 513, KDLOSS_F32, KDLOSS_F32, 0.5, NULL, 1, 0, 0, 1);
+    test_div_case(rng, 9, 513, KDLOSS_BF16, KDLOSS_F32, 1.0, NULL, 0, 8, 0, 1);
+    test_div_case(rng, 3, 100000, KDLOSS_BF16, KDLOSS_BF16, 0.5, NULL, 1, 0, 0, 0);
+}
+
+/* Every divergence of the family and its alpha / beta end points (as tests/test_distill.c). */
+static const kdloss_div_params DIVS[] = {
+    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
+    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.1, 0.1},
+    {KDLOSS_DIV_JSD, 0.5, 0.1},             {KDLOSS_DIV_JSD, 1.0, 0.1},
+    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
+    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0},
+    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
+    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 1.0},
+    {KDLOSS_DIV_TVD, 0.5, 0.1},
+};
+#define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
+
+static void test_distill(kt_rng *rng) {
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
+    const int64_t vs[] = {1, 37, 4096, 9001};
+    int k = 0;
+    for (int i = 0; i < NDIV; i++)
+        for (int lk = 0; lk < 3; lk++)
+            for (int j = 0; j < 3; j++, k++)
+                if (!kt_quick() || k % 7 == 0)
+                    test_div_case(rng, 21, vs[k % 4], dts[j], dts[(j + i) % 3], 0.5, &DIVS[i], lk,
+                                  0, 0, 0);
+    for (int i = 0; i < NDIV; i++) { /* all ignored; a bad label; padding, misaligned, in place */
+        test_div_case(rng, 8, 300, KDLOSS_F32, KDLOSS_BF16, 0.5, &DIVS[i], 3, 0, 0, 0);
+        if (kt_quick() && i % 3) continue;
+        test_div_case(rng, 8, 300, KDLOSS_BF16, KDLOSS_BF16, 0.5, &DIVS[i], 4, 0, 0, 0);
+        test_div_case(rng, 7, 4099, KDLOSS_F16, KDLOSS_F16, 0.5, &DIVS[i], 2, 3, 1, 0);
+        test_div_case(rng, 9, 513, KDLOSS_BF16, KDLOSS_F32, 0.5, &DIVS[i], 1, 8, 0, 1);
+    }
+    test_div_case(rng, 3, 100000, KDLOSS_BF16, KDLOSS_BF16, 0.5, &DIVS[12], 1, 0, 0, 0);
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* Fused-linear JSD                                                                             */
+/* Fused-linear JSD and the fused-linear divergence family                                      */
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct fl_case {
@@ -590,6 +683,12 @@ typedef struct fl_case {
     int64_t pad;       /* extra columns on every ld */
     int bad_label;     /* one label = v */
     int forward_only;
+    /* 0: kdloss_cuda_fused_linear_jsd (divergence JSD(beta)); 1: kdloss_cuda_fused_linear_distill
+     * with divergence div (beta, alpha), t2_scale t2, and the per-row outputs */
+    int distill;
+    kdloss_divergence div;
+    double alpha;
+    int t2;
 } fl_case;
 
 static void fill_normal(kt_rng *rng, double *x, int64_t n, double sd) {
@@ -599,8 +698,10 @@ static void fill_normal(kt_rng *rng, double *x, int64_t n, double sd) {
 static void test_fl_case(kt_rng *rng, const fl_case *k) {
     char tag[240];
     snprintf(tag, sizeof tag,
-             "fljsd bt=%lld hs=%lld ht=%lld v=%lld s=%s t=%s beta=%g T=%g wh=%g ws=%g bias=%d "
-             "chunk=%lld budget=%zu pad=%lld bad=%d fwd=%d",
+             "%s %s alpha=%g t2=%d bt=%lld hs=%lld ht=%lld v=%lld s=%s t=%s beta=%g T=%g wh=%g "
+             "ws=%g bias=%d chunk=%lld budget=%zu pad=%lld bad=%d fwd=%d",
+             k->distill ? "fldistill" : "fljsd",
+             kdloss_divergence_name(k->distill ? k->div : KDLOSS_DIV_JSD), k->alpha, k->t2,
              (long long)k->bt, (long long)k->hs, (long long)k->ht, (long long)k->v,
              kt_dtype_name(k->ds), kt_dtype_name(k->dt), k->beta, k->temperature, k->w_hard,
              k->w_soft, k->bias, (long long)k->chunk, k->budget, (long long)k->pad, k->bad_label,
@@ -653,7 +754,8 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
     h2d(dlab, hlab, (size_t)bt * kdloss_dtype_size(ldt));
     void *gdxs = dalloc((size_t)(bt * ldxs) * es), *gdws = dalloc((size_t)(v * ldws) * es);
     void *gdbs = dalloc((size_t)v * es);
-    float *gl = dalloc(12);
+    float *gl = dalloc(12), *grows = dalloc((size_t)bt * 12);
+    dpoison(grows, (size_t)bt * 12);
     dpoison(gdxs, (size_t)(bt * ldxs) * es);
     dpoison(gdws, (size_t)(v * ldws) * es);
     dpoison(gdbs, (size_t)v * es);
@@ -673,6 +775,24 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
         kdloss_fljsd_min_budget(&p, k->bt, k->hs, k->ht, k->v, k->ds, 1, &min);
         p.memory_budget = min;
     }
+    kdloss_fused_linear_distill_params pd;
+    kdloss_fused_linear_distill_params_default(&pd);
+    pd.div.divergence = k->distill ? k->div : KDLOSS_DIV_JSD;
+    pd.div.beta = k->beta;
+    pd.div.alpha = k->distill ? k->alpha : 0.1;
+    pd.temperature = k->temperature;
+    pd.weight_hard_loss = k->w_hard;
+    pd.weight_soft_loss = k->w_soft;
+    pd.t2_scale = k->t2;
+    pd.ignore_index = ignore;
+    pd.chunk_size = k->chunk;
+    pd.memory_budget = p.memory_budget;
+    pd.grad_scale = 0.5;
+    if (k->budget == 1) {
+        size_t min = 0;
+        kdloss_fused_linear_distill_min_budget(&pd, k->bt, k->hs, k->ht, k->v, k->ds, 1, &min);
+        pd.memory_budget = min;
+    }
     kdloss_fljsd_out out;
     memset(&out, 0, sizeof out);
     out.loss = gl;
@@ -683,15 +803,36 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
         out.dws = (kdloss_mat){gdws, k->ds, ldws};
         out.dbs = k->bias ? gdbs : NULL;
     }
+    kdloss_fused_linear_distill_out outd;
+    memset(&outd, 0, sizeof outd);
+    outd.loss = out.loss;
+    outd.soft_loss = out.soft_loss;
+    outd.hard_loss = out.hard_loss;
+    outd.dxs = out.dxs;
+    outd.dws = out.dws;
+    outd.dbs = out.dbs;
+    outd.row_soft = grows;
+    outd.row_hard = grows + bt;
+    outd.row_lse = grows + 2 * bt;
     size_t wsb = 0;
-    kdloss_status s = kdloss_cuda_fljsd_workspace_size(&p, bt, hs, ht, v, k->ds, !k->forward_only, &wsb);
+    kdloss_status s =
+        k->distill ? kdloss_cuda_fused_linear_distill_workspace_size(&pd, bt, hs, ht, v, k->ds,
+                                                                     !k->forward_only, &wsb)
+                   : kdloss_cuda_fljsd_workspace_size(&p, bt, hs, ht, v, k->ds, !k->forward_only,
+                                                      &wsb);
     KT_CHECK(s == KDLOSS_OK, "%s: ws size %d", tag, (int)s);
     void *dwk = dalloc(wsb);
     kdloss_cmat cxs = {dxs, k->ds, ldxs}, cws = {dwsm, k->ds, ldws};
     kdloss_cmat cxt = {dxt, k->dt, ldxt}, cwt = {dwt, k->dt, ldwt};
     kdloss_labels L = {dlab, ldt};
-    s = kdloss_cuda_fused_linear_jsd(g_ctx, g_st, &p, bt, hs, ht, v, cxs, cws, k->bias ? dbs : NULL,
-                                     cxt, cwt, k->bias ? dbt : NULL, L, &out, dwk, wsb);
+#define FL_CALL()                                                                             \
+    (k->distill ? kdloss_cuda_fused_linear_distill(g_ctx, g_st, &pd, bt, hs, ht, v, cxs, cws,   \
+                                                   k->bias ? dbs : NULL, cxt, cwt,              \
+                                                   k->bias ? dbt : NULL, L, &outd, dwk, wsb)    \
+                : kdloss_cuda_fused_linear_jsd(g_ctx, g_st, &p, bt, hs, ht, v, cxs, cws,        \
+                                               k->bias ? dbs : NULL, cxt, cwt,                  \
+                                               k->bias ? dbt : NULL, L, &out, dwk, wsb))
+    s = FL_CALL();
     CK(cudaStreamSynchronize(g_st));
     if (!KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) goto done;
     KT_CHECK(read_status(dwk) == (k->bad_label ? KDLOSS_ERR_LABEL_OUT_OF_RANGE : KDLOSS_OK),
@@ -699,7 +840,10 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
     {
         /* float64 reference */
         const double T = k->temperature, nv = n_valid > 0 ? (double)n_valid : 1.0;
-        const double ca = k->w_hard * 0.5 / nv, cb = k->w_soft * 0.5 / (nv * T);
+        const double t2f = k->distill && k->t2 ? T * T : 1.0;
+        const double ca = k->w_hard * 0.5 / nv, cb = k->w_soft * 0.5 * t2f / (nv * T);
+        const kdloss_div_params dp = pd.div;
+        double *rrow = calloc((size_t)bt * 3, 8), abs_row = 0; /* row_soft, row_hard, row_lse */
         double *dz = calloc((size_t)(bt * v), 8), *zs = xmalloc((size_t)v * 8);
         double *zt = xmalloc((size_t)v * 8), *g = xmalloc((size_t)v * 8);
         double soft = 0, hard = 0, abs_soft = 0;
@@ -716,19 +860,26 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
             double lb = logsumexp(zt, v, 1.0 / T), S = 0, js = 0;
             hard += lh - zs[lab[r]];
             for (int64_t c = 0; c < v; c++) {
-                double l = ref_jsd_elem(k->beta, zs[c] / T - la, zt[c] / T - lb, &g[c]);
+                double mag = 0, l;
+                if (k->distill) l = ref_div_elem(&dp, zs[c] / T - la, zt[c] / T - lb, &g[c], &mag);
+                else l = cu_ref_jsd_elem(k->beta, zs[c] / T - la, zt[c] / T - lb, &g[c]);
                 js += l;
-                abs_soft += fabs(l);
+                abs_soft += fabs(l) > mag ? fabs(l) : mag;
+                abs_row += fabs(l) > mag ? fabs(l) : mag;
                 S += g[c];
             }
             soft += js;
+            rrow[r] = js;
+            rrow[bt + r] = lh - zs[lab[r]];
+            rrow[2 * bt + r] = lh;
             for (int64_t c = 0; c < v; c++)
                 dz[r * v + c] = ca * (exp(zs[c] - lh) - (c == lab[r] ? 1.0 : 0.0)) +
                                 cb * (g[c] - exp(zs[c] / T - la) * S);
         }
         float hl[3];
         d2h(hl, gl, 12);
-        double want_soft = soft / nv, want_hard = hard / nv;
+        double want_soft = soft * t2f / nv, want_hard = hard / nv;
+        abs_soft *= t2f;
         double want = k->w_hard * want_hard + k->w_soft * want_soft;
         if (k->bad_label) want = want_soft = want_hard = NAN;
         double lt = 1e-4;
@@ -736,7 +887,17 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
         kt_close(hl[1], want_soft, 1e-5 * abs_soft / nv + 1e-6, lt, "%s soft_loss", tag);
         kt_close(hl[2], want_hard, 1e-6, lt, "%s hard_loss", tag);
         kt_close(hl[0], want, 1e-5 * abs_soft / nv + 1e-6, lt, "%s loss", tag);
-
+        if (k->distill && !k->bad_label) {
+            float *hr = xmalloc((size_t)bt * 12);
+            d2h(hr, grows, (size_t)bt * 12);
+            static const char *rn[3] = {"row_soft", "row_hard", "row_lse"};
+            for (int o = 0; o < 3; o++)
+                for (int64_t r = 0; r < bt; r++)
+                    kt_close(hr[o * bt + r], rrow[o * bt + r],
+                             (o ? 1e-6 : 1e-5 * abs_row / (double)bt + 1e-6), lt, "%s %s[%lld]",
+                             tag, rn[o], (long long)r);
+            free(hr);
+        }
         if (!k->forward_only) {
             double *rdx = calloc((size_t)(bt * hs), 8), *rdw = calloc((size_t)(v * hs), 8);
             double *rdb = calloc((size_t)v, 8);
@@ -778,9 +939,7 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
             /* same call again: bitwise the same */
             void *h1b = xmalloc((size_t)(bt * ldxs) * es), *h2b = xmalloc((size_t)(v * ldws) * es);
             float hlb[3];
-            s = kdloss_cuda_fused_linear_jsd(g_ctx, g_st, &p, bt, hs, ht, v, cxs, cws,
-                                             k->bias ? dbs : NULL, cxt, cwt, k->bias ? dbt : NULL,
-                                             L, &out, dwk, wsb);
+            s = FL_CALL();
             CK(cudaStreamSynchronize(g_st));
             d2h(h1b, gdxs, (size_t)(bt * ldxs) * es);
             d2h(h2b, gdws, (size_t)(v * ldws) * es);
@@ -792,7 +951,9 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
             snprintf(what, sizeof what, "%s losses", tag);
             cmp_bits(what, hl, hlb, 12);
 
-            if (kdloss_fused_linear_jsd && !k->bad_label) {
+            if ((k->distill ? kdloss_fused_linear_distill != NULL
+                            : kdloss_fused_linear_jsd != NULL) &&
+                !k->bad_label) {
                 void *c1 = xmalloc((size_t)(bt * ldxs) * es), *c2 = xmalloc((size_t)(v * ldws) * es);
                 float cl[3];
                 kdloss_fljsd_out co;
@@ -805,8 +966,20 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
                 kdloss_cmat hcxs = {hxs, k->ds, ldxs}, hcws = {hws, k->ds, ldws};
                 kdloss_cmat hcxt = {hxt, k->dt, ldxt}, hcwt = {hwt, k->dt, ldwt};
                 kdloss_labels hL = {hlab, ldt};
-                s = kdloss_fused_linear_jsd(&p, bt, hs, ht, v, hcxs, hcws, k->bias ? hbs : NULL,
-                                            hcxt, hcwt, k->bias ? hbt : NULL, hL, &co, NULL, 0);
+                kdloss_fused_linear_distill_out cod;
+                memset(&cod, 0, sizeof cod);
+                cod.loss = co.loss;
+                cod.soft_loss = co.soft_loss;
+                cod.hard_loss = co.hard_loss;
+                cod.dxs = co.dxs;
+                cod.dws = co.dws;
+                s = k->distill
+                        ? kdloss_fused_linear_distill(&pd, bt, hs, ht, v, hcxs, hcws,
+                                                      k->bias ? hbs : NULL, hcxt, hcwt,
+                                                      k->bias ? hbt : NULL, hL, &cod, NULL, 0)
+                        : kdloss_fused_linear_jsd(&p, bt, hs, ht, v, hcxs, hcws,
+                                                  k->bias ? hbs : NULL, hcxt, hcwt,
+                                                  k->bias ? hbt : NULL, hL, &co, NULL, 0);
                 if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
                     kt_close(hl[0], cl[0], 1e-5 * abs_soft / nv + 1e-6, lt, "%s loss vs CPU", tag);
                     double *a1 = to_double(h1, k->ds, bt, hs, ldxs), *b1 = to_double(c1, k->ds, bt, hs, ldxs);
@@ -836,7 +1009,9 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
         free(zs);
         free(zt);
         free(g);
+        free(rrow);
     }
+#undef FL_CALL
 done:
     CK(cudaFree(dxs));
     CK(cudaFree(dwsm));
@@ -849,6 +1024,7 @@ done:
     CK(cudaFree(gdws));
     CK(cudaFree(gdbs));
     CK(cudaFree(gl));
+    CK(cudaFree(grows));
     CK(cudaFree(dwk));
     free(hxs);
     free(hws);
@@ -879,21 +1055,56 @@ static void test_fl(kt_rng *rng) {
         for (int b = 0; b < 3; b++)
             for (int t = 0; t < 2; t++, k++) {
                 fl_case c = {37, 24, 40, 300, pairs[d][0], pairs[d][1], betas[b], temps[t],
-                             wts[k % 3][0], wts[k % 3][1], k % 2, chunks[k % 4], 0, 0, 0, 0};
+                             wts[k % 3][0], wts[k % 3][1], k % 2, chunks[k % 4], 0, 0, 0, 0,
+                             0, KDLOSS_DIV_JSD, 0.1, 0};
                 if (!kt_quick() || k % 5 == 0) test_fl_case(rng, &c);
             }
     /* pass 3 over more than one 4096-column tile (in-place narrowing across tiles), padded lds,
      * tiny memory budget (one row per chunk), a bad label, forward only */
-    fl_case c1 = {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 1, 4, 0, 3, 0, 0};
+    fl_case c1 = {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 1, 4, 0, 3, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0};
     test_fl_case(rng, &c1);
-    fl_case c2 = {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0};
+    fl_case c2 = {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0};
     test_fl_case(rng, &c2);
-    fl_case c3 = {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0};
+    fl_case c3 = {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0, 0, KDLOSS_DIV_JSD, 0.1, 0};
     test_fl_case(rng, &c3);
-    fl_case c4 = {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1};
+    fl_case c4 = {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1, 0, KDLOSS_DIV_JSD, 0.1, 0};
     test_fl_case(rng, &c4);
-    fl_case c5 = {130, 64, 32, 1000, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 64, 0, 0, 0, 0};
+    fl_case c5 = {130, 64, 32, 1000, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 64, 0, 0, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0};
     test_fl_case(rng, &c5);
+}
+
+/* kdloss_cuda_fused_linear_distill: every divergence and edge x dtype pair x T x t2_scale, the
+ * per-row outputs, chunking, biases, a tile boundary, a bad label, forward only. */
+static void test_fld(kt_rng *rng) {
+    const kdloss_dtype pairs[3][2] = {{KDLOSS_F32, KDLOSS_F32},
+                                      {KDLOSS_BF16, KDLOSS_BF16},
+                                      {KDLOSS_BF16, KDLOSS_F32}};
+    const double temps[] = {1.0, 2.0};
+    const double wts[3][2] = {{0.5, 0.5}, {0.0, 1.0}, {1.0, 0.0}};
+    const int64_t chunks[] = {0, 16, 1, 7};
+    int k = 0;
+    for (int i = 0; i < NDIV; i++)
+        for (int d = 0; d < 3; d++, k++) {
+            if (kt_quick() && k % 5) continue;
+            fl_case c = {37, 24, 40, 300, pairs[d][0], pairs[d][1], DIVS[i].beta, temps[k % 2],
+                         wts[k % 3][0], wts[k % 3][1], k % 2, chunks[k % 4], 0, 0, 0, 0,
+                         1, DIVS[i].divergence, DIVS[i].alpha, (k / 2) % 2};
+            test_fl_case(rng, &c);
+        }
+    for (int i = 0; i < NDIV; i += kt_quick() ? 4 : 1) {
+        fl_case c1 = {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, DIVS[i].beta, 1.5, 0.5, 0.5, 1,
+                      4, 0, 3, 0, 0, 1, DIVS[i].divergence, DIVS[i].alpha, 1};
+        test_fl_case(rng, &c1);
+    }
+    fl_case c2 = {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0,
+                  1, KDLOSS_DIV_SKEW_REVERSE_KL, 0.3, 1};
+    test_fl_case(rng, &c2);
+    fl_case c3 = {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0,
+                  1, KDLOSS_DIV_TVD, 0.1, 0};
+    test_fl_case(rng, &c3);
+    fl_case c4 = {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1,
+                  1, KDLOSS_DIV_REVERSE_KL, 0.1, 1};
+    test_fl_case(rng, &c4);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1025,6 +1236,8 @@ typedef struct jsd_call {
     size_t g_off;
     int labels, loss, row, grad;
     size_t ws_bytes;
+    int distill;          /* 1: kdloss_cuda_distill / kdloss_distill with divergence d */
+    kdloss_div_params d;  /* (p.beta unused then) */
 } jsd_call;
 
 static kdloss_status run_jsd(const jsd_call *c, int cpu) {
@@ -1034,6 +1247,13 @@ static kdloss_status run_jsd(const jsd_call *c, int cpu) {
     kdloss_mat g = {c->grad ? ar + c->g_off : NULL, c->dg, c->ld_g};
     float *loss = c->loss ? (float *)(ar + AR_LOSS) : NULL, *row = c->row ? (float *)(ar + AR_ROW) : NULL;
     const kdloss_jsd_params *p = c->null_params ? NULL : &c->p;
+    if (c->distill) {
+        kdloss_distill_params pd = {c->d, c->p.ignore_index, c->p.grad_scale};
+        const kdloss_distill_params *pp = c->null_params ? NULL : &pd;
+        if (cpu) return kdloss_distill(pp, c->bt, c->v, s, t, L, loss, row, g);
+        return kdloss_cuda_distill(c->null_ctx ? NULL : g_actx, g_st, pp, c->bt, c->v, s, t, L,
+                                   loss, row, g, ar + AR_WS, c->ws_bytes);
+    }
     if (cpu) return kdloss_jsd(p, c->bt, c->v, s, t, L, loss, row, g);
     return kdloss_cuda_jsd(c->null_ctx ? NULL : g_actx, g_st, p, c->bt, c->v, s, t, L, loss, row,
                            g, ar + AR_WS, c->ws_bytes);
@@ -1042,7 +1262,7 @@ static kdloss_status run_jsd(const jsd_call *c, int cpu) {
 static void jsd_err(const char *what, const jsd_call *c, kdloss_status want, int cpu_too) {
     if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
     kdloss_status got = run_jsd(c, 0);
-    int have_cpu = cpu_too && kdloss_jsd != NULL;
+    int have_cpu = cpu_too && (c->distill ? kdloss_distill != NULL : kdloss_jsd != NULL);
     expect_code(what, got, want, have_cpu, have_cpu ? run_jsd(c, 1) : KDLOSS_OK);
     KT_CHECK(arena_untouched(), "%s: an output was written on error", what);
 }
@@ -1083,6 +1303,9 @@ typedef struct fl_call {
     kdloss_dtype dxs, dws, dxt, dwt, dl, ddxs;
     int bias_s, want_dbs, labels, loss, dx;
     size_t dx_off, ws_bytes;
+    int distill; /* 1: the kdloss_*fused_linear_distill pair with pd (p unused) */
+    kdloss_fused_linear_distill_params pd;
+    int row_off; /* distill: row_soft at AR_ROW + row_off (with loss) */
 } fl_call;
 
 /* operands: xs @AR_IN, xt @AR_T, ws @AR_W1, wt @AR_W2, student bias just before AR_WS */
@@ -1099,6 +1322,22 @@ static kdloss_status run_fl(const fl_call *c, int cpu) {
     const void *bs = c->bias_s ? ar + AR_WS - 4096 : NULL;
     const kdloss_fljsd_params *p = c->null_params ? NULL : &c->p;
     kdloss_fljsd_out *op = c->null_out ? NULL : &o;
+    if (c->distill) {
+        kdloss_fused_linear_distill_out od;
+        memset(&od, 0, sizeof od);
+        od.loss = o.loss;
+        od.dxs = o.dxs;
+        od.dbs = o.dbs;
+        od.row_soft = c->loss ? (float *)(ar + AR_ROW + c->row_off) : NULL;
+        const kdloss_fused_linear_distill_params *pp = c->null_params ? NULL : &c->pd;
+        kdloss_fused_linear_distill_out *odp = c->null_out ? NULL : &od;
+        if (cpu)
+            return kdloss_fused_linear_distill(pp, c->bt, c->hs, c->ht, c->v, xs, ws, bs, xt, wt,
+                                               NULL, L, odp, NULL, 0);
+        return kdloss_cuda_fused_linear_distill(c->null_ctx ? NULL : g_actx, g_st, pp, c->bt,
+                                                c->hs, c->ht, c->v, xs, ws, bs, xt, wt, NULL, L,
+                                                odp, ar + AR_WS, c->ws_bytes);
+    }
     if (cpu)
         return kdloss_fused_linear_jsd(p, c->bt, c->hs, c->ht, c->v, xs, ws, bs, xt, wt, NULL, L,
                                        op, NULL, 0);
@@ -1110,7 +1349,8 @@ static kdloss_status run_fl(const fl_call *c, int cpu) {
 static void fl_err(const char *what, const fl_call *c, kdloss_status want, int cpu_too) {
     if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
     kdloss_status got = run_fl(c, 0);
-    int have_cpu = cpu_too && kdloss_fused_linear_jsd != NULL;
+    int have_cpu = cpu_too && (c->distill ? kdloss_fused_linear_distill != NULL
+                                          : kdloss_fused_linear_jsd != NULL);
     expect_code(what, got, want, have_cpu, have_cpu ? run_fl(c, 1) : KDLOSS_OK);
     KT_CHECK(arena_untouched(), "%s: an output was written on error", what);
 }
@@ -1165,6 +1405,76 @@ static void test_errors_fl(void) {
     c = b; c.dxs = KDLOSS_F16; c.labels = 0; fl_err("fljsd f16 xs and no labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
 }
 
+/* The divergence-family entry points: the shared checks (tests/test_errors.c has the CPU side). */
+static void test_errors_distill(void) {
+    jsd_call b;
+    memset(&b, 0, sizeof b);
+    b.distill = 1;
+    kdloss_div_params_default(&b.d);
+    b.p.ignore_index = -100;
+    b.p.grad_scale = 1.0;
+    b.bt = 4;
+    b.v = 8;
+    b.ds = b.dt = b.dg = KDLOSS_F32;
+    b.dl = KDLOSS_I64;
+    b.g_off = AR_G;
+    b.labels = b.loss = b.row = b.grad = 1;
+    KT_CHECK(kdloss_cuda_distill_workspace_size(4, 8, &b.ws_bytes) == KDLOSS_OK, "distill ws size");
+    KT_CHECK(kdloss_cuda_distill_workspace_size(0, 8, &b.ws_bytes) == KDLOSS_ERR_INVALID_SIZE,
+             "distill ws size bt=0");
+    KT_CHECK(kdloss_cuda_distill_workspace_size(4, 8, &b.ws_bytes) == KDLOSS_OK, "distill ws size");
+    jsd_call c;
+    c = b; c.null_params = 1; jsd_err("distill NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_ctx = 1; jsd_err("distill NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.d.divergence = (kdloss_divergence)6; jsd_err("distill unknown divergence", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.d.divergence = (kdloss_divergence)-1; jsd_err("distill divergence -1", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.d.beta = 1.5; jsd_err("distill beta > 1", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.d.alpha = NAN; jsd_err("distill alpha NaN", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.d.divergence = KDLOSS_DIV_TVD; c.d.alpha = -0.5; jsd_err("distill tvd alpha < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.grad_scale = NAN; jsd_err("distill grad_scale NaN", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.bt = -1; jsd_err("distill bt < 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.dl = KDLOSS_F32; jsd_err("distill float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.loss = c.row = c.grad = 0; jsd_err("distill no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
+    c = b; c.g_off = AR_T; jsd_err("distill grad on teacher", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.ws_bytes = 16; jsd_err("distill workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+
+    fl_call f;
+    memset(&f, 0, sizeof f);
+    f.distill = 1;
+    kdloss_fused_linear_distill_params_default(&f.pd);
+    f.bt = 4;
+    f.hs = 8;
+    f.ht = 8;
+    f.v = 16;
+    f.dxs = f.dws = f.dxt = f.dwt = f.ddxs = KDLOSS_BF16;
+    f.dl = KDLOSS_I64;
+    f.labels = f.loss = f.dx = 1;
+    f.dx_off = AR_G;
+    size_t need = 0;
+    KT_CHECK(kdloss_cuda_fused_linear_distill_workspace_size(&f.pd, 4, 8, 8, 16, KDLOSS_BF16, 1,
+                                                             &need) == KDLOSS_OK,
+             "fldistill ws size");
+    KT_CHECK(need <= AR_BYTES - AR_WS, "fldistill ws fits the arena");
+    f.ws_bytes = need;
+    KT_CHECK(kdloss_cuda_fused_linear_distill_workspace_size(NULL, 4, 8, 8, 16, KDLOSS_BF16, 1,
+                                                             &need) == KDLOSS_ERR_NULL_POINTER,
+             "fldistill ws size NULL params");
+    fl_call e;
+    e = f; e.null_params = 1; fl_err("fldistill NULL params", &e, KDLOSS_ERR_NULL_POINTER, 1);
+    e = f; e.null_out = 1; fl_err("fldistill NULL out", &e, KDLOSS_ERR_NULL_POINTER, 1);
+    e = f; e.null_ctx = 1; fl_err("fldistill NULL ctx", &e, KDLOSS_ERR_NULL_POINTER, 0);
+    e = f; e.pd.div.divergence = (kdloss_divergence)9; fl_err("fldistill unknown divergence", &e, KDLOSS_ERR_INVALID_PARAM, 1);
+    e = f; e.pd.div.alpha = 1.01; fl_err("fldistill alpha > 1", &e, KDLOSS_ERR_INVALID_PARAM, 1);
+    e = f; e.pd.div.beta = NAN; fl_err("fldistill beta NaN", &e, KDLOSS_ERR_INVALID_PARAM, 1);
+    e = f; e.pd.t2_scale = 2; fl_err("fldistill t2_scale 2", &e, KDLOSS_ERR_INVALID_PARAM, 1);
+    e = f; e.pd.temperature = NAN; fl_err("fldistill T NaN", &e, KDLOSS_ERR_INVALID_PARAM, 1);
+    e = f; e.pd.weight_soft_loss = -1; fl_err("fldistill weight < 0", &e, KDLOSS_ERR_INVALID_PARAM, 1);
+    e = f; e.row_off = 2; fl_err("fldistill row_soft misaligned", &e, KDLOSS_ERR_MISALIGNED, 1);
+    e = f; e.dx_off = AR_ROW - 16; fl_err("fldistill dxs overlaps row_soft", &e, KDLOSS_ERR_ALIASING, 1);
+    e = f; e.labels = 0; fl_err("fldistill no labels", &e, KDLOSS_ERR_NULL_POINTER, 1);
+    e = f; e.ws_bytes -= 256; fl_err("fldistill workspace small", &e, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+}
+
 static void test_errors(void) {
     g_har = xmalloc(AR_BYTES);
     memset(g_har, 0, AR_BYTES);
@@ -1179,6 +1489,7 @@ static void test_errors(void) {
     test_errors_kl();
     test_errors_jsd();
     test_errors_fl();
+    test_errors_distill();
     if (g_gpu) CK(cudaFree(g_ar));
     free(g_har);
 
@@ -1212,6 +1523,8 @@ int main(void) {
     test_kl(&rng);
     test_jsd(&rng);
     test_fl(&rng);
+    test_distill(&rng);
+    test_fld(&rng);
     CK(cudaStreamDestroy(g_st));
     kdloss_cuda_context_destroy(g_ctx);
     return kt_finish("test_cuda");

@@ -137,3 +137,57 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *st,
     *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
     return s;
 }
+
+typedef kdloss_status (*distill_fn)(kdloss_cuda_context *, void *, const kdloss_distill_params *,
+                                    int64_t, int64_t, kdloss_cmat, kdloss_cmat, kdloss_labels,
+                                    float *, float *, kdloss_mat, void *, size_t);
+kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *st, const kdloss_distill_params *p,
+                                  int64_t bt, int64_t v, kdloss_cmat x, kdloss_cmat t,
+                                  kdloss_labels l, float *loss, float *row, kdloss_mat g, void *ws,
+                                  size_t wsb) {
+    kdloss_status s = ((distill_fn)real_fn("kdloss_cuda_distill"))(ctx, st, p, bt, v, x, t, l, loss,
+                                                                    row, g, ws, wsb);
+    if (s != KDLOSS_ERR_CUDA) return s;
+    int bad;
+    kdloss_labels c = clean_labels(l, bt, v, p->ignore_index, &bad);
+    s = kdloss_distill(p, bt, v, x, t, c, loss, row, g);
+    if (bad) {
+        if (loss) *loss = NAN;
+        for (int64_t r = 0; row && r < bt; r++) {
+            int64_t y = label_at(l, r);
+            if (y != p->ignore_index && (y < 0 || y >= v)) row[r] = NAN;
+        }
+    }
+    if (c.data != l.data) free((void *)c.data);
+    *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
+    return s;
+}
+
+typedef kdloss_status (*fld_fn)(kdloss_cuda_context *, void *,
+                                const kdloss_fused_linear_distill_params *, int64_t, int64_t,
+                                int64_t, int64_t, kdloss_cmat, kdloss_cmat, const void *,
+                                kdloss_cmat, kdloss_cmat, const void *, kdloss_labels,
+                                kdloss_fused_linear_distill_out *, void *, size_t);
+kdloss_status kdloss_cuda_fused_linear_distill(kdloss_cuda_context *ctx, void *st,
+                                               const kdloss_fused_linear_distill_params *p,
+                                               int64_t bt, int64_t hs, int64_t ht, int64_t v,
+                                               kdloss_cmat xs, kdloss_cmat wsm, const void *bs,
+                                               kdloss_cmat xt, kdloss_cmat wt, const void *btb,
+                                               kdloss_labels l,
+                                               kdloss_fused_linear_distill_out *o, void *ws,
+                                               size_t wsb) {
+    kdloss_status s = ((fld_fn)real_fn("kdloss_cuda_fused_linear_distill"))(
+        ctx, st, p, bt, hs, ht, v, xs, wsm, bs, xt, wt, btb, l, o, ws, wsb);
+    if (s != KDLOSS_ERR_CUDA) return s;
+    int bad;
+    kdloss_labels c = clean_labels(l, bt, v, p->ignore_index, &bad);
+    s = kdloss_fused_linear_distill(p, bt, hs, ht, v, xs, wsm, bs, xt, wt, btb, c, o, NULL, 0);
+    if (bad) {
+        if (o->loss) *o->loss = NAN;
+        if (o->soft_loss) *o->soft_loss = NAN;
+        if (o->hard_loss) *o->hard_loss = NAN;
+    }
+    if (c.data != l.data) free((void *)c.data);
+    *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
+    return s;
+}

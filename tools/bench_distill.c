@@ -1,0 +1,123 @@
+/* `kdloss bench distill`: kdloss_distill, a divergence of the family (--divergence, default
+ * forward_kl; --beta for JSD, --alpha for the skew KLs) between student and teacher log-probs
+ * (both log_softmax(randn)), no labels. The same shapes, protocol, bandwidth accounting and
+ * TARGET line as `jsd` (which is this kernel with divergence jsd under its old name). */
+#include <string.h>
+
+#include "bench.h"
+
+typedef struct distill_opts {
+    const char *divergence; /* --divergence NAME (kdloss_divergence_from_name) */
+    double beta, alpha;     /* --beta, --alpha, in [0, 1] */
+} distill_opts;
+
+typedef struct distill_ctx {
+    kdloss_distill_params params;
+    int64_t bt, v;
+    kdloss_cmat student, teacher;
+    float loss;
+    float *loss_out; /* &loss, or NULL in backward mode */
+    kdloss_mat grad; /* data NULL in forward mode */
+} distill_ctx;
+
+static void distill_defaults(kb_options *o, void *kopts) {
+    (void)o;
+    distill_opts *k = kopts;
+    k->divergence = "forward_kl";
+    k->beta = 0.5;
+    k->alpha = 0.1;
+}
+
+static int distill_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
+    (void)o;
+    distill_opts *k = kopts;
+    int r;
+    if ((r = kb_flag_str(argc, argv, i, "--divergence", &k->divergence))) return r;
+    if ((r = kb_flag_double(argc, argv, i, "--beta", 0.0, 1.0, &k->beta))) return r;
+    return kb_flag_double(argc, argv, i, "--alpha", 0.0, 1.0, &k->alpha);
+}
+
+static int distill_check(const kb_options *o, const void *kopts) {
+    (void)o;
+    const distill_opts *k = kopts;
+    kdloss_divergence d;
+    if (kdloss_divergence_from_name(k->divergence, &d) != KDLOSS_OK)
+        return kb_arg_error("distill: --divergence: unknown '%s' (forward_kl, reverse_kl, jsd, "
+                            "skew_forward_kl, skew_reverse_kl, tvd)",
+                            k->divergence);
+    return 0;
+}
+
+static kdloss_status distill_call(void *p) {
+    distill_ctx *c = p;
+    kdloss_labels no_labels = {NULL, KDLOSS_I64};
+    return kdloss_distill(&c->params, c->bt, c->v, c->student, c->teacher, no_labels, c->loss_out,
+                          NULL, c->grad);
+}
+
+static void distill_describe(const kb_options *o, const kdloss_div_params *d, kb_workload *w) {
+    kb_workload_init(w, "distill", "Divergence-family distillation loss on log-probs", o->dtype,
+                     o->bt, o->vocab);
+    kb_wl_str(w, "divergence", kdloss_divergence_name(d->divergence));
+    kb_wl_num(w, "beta", d->beta);
+    kb_wl_num(w, "alpha", d->alpha);
+    kb_wl_str(w, "labels", "none");
+    kb_wl_str(w, "student", "log_softmax(randn)");
+    kb_wl_str(w, "teacher", "log_softmax(randn)");
+}
+
+static int distill_run(const kb_options *o, const void *kopts, kb_result *res) {
+    const distill_opts *k = kopts;
+    size_t tb = kb_matrix_bytes(o->bt, o->vocab, o->dtype);
+    int want_grad = o->mode != KB_MODE_FORWARD;
+    void *x = kb_alloc(tb, "student"), *y = kb_alloc(tb, "teacher");
+    void *g = want_grad ? kb_alloc(tb, "gradient") : NULL;
+    kb_fill_logprobs(x, o->dtype, o->bt, o->vocab, o->seed);
+    kb_fill_logprobs(y, o->dtype, o->bt, o->vocab, o->seed + 1);
+
+    distill_ctx c = {.bt = o->bt, .v = o->vocab};
+    kdloss_distill_params_default(&c.params);
+    kdloss_divergence_from_name(k->divergence, &c.params.div.divergence); /* checked */
+    c.params.div.beta = k->beta;
+    c.params.div.alpha = k->alpha;
+    c.student = (kdloss_cmat){x, o->dtype, 0};
+    c.teacher = (kdloss_cmat){y, o->dtype, 0};
+    c.loss_out = o->mode == KB_MODE_BACKWARD ? NULL : &c.loss;
+    c.grad = (kdloss_mat){g, o->dtype, 0};
+
+    distill_describe(o, &c.params.div, &res->wl);
+    /* reads of X and Y, plus the gradient's write whenever it is wanted */
+    res->bytes = (want_grad ? 3.0 : 2.0) * (double)tb;
+    res->working_set = (want_grad ? 3 : 2) * tb;
+    snprintf(res->note, sizeof res->note, "%s beta %g alpha %g",
+             kdloss_divergence_name(c.params.div.divergence), k->beta, k->alpha);
+    kdloss_status st = kb_time(distill_call, &c, o->warmup, o->reps, res->working_set, &res->t);
+    res->loss = c.loss;
+    res->has_loss = c.loss_out != NULL;
+    kb_free(x);
+    kb_free(y);
+    kb_free(g);
+    if (st != KDLOSS_OK) {
+        kb_report_status("kdloss_distill", st);
+        return 1;
+    }
+    return 0;
+}
+
+/* Issue 9's target for the KL class on log-probs: >= 0.6 of the streaming bandwidth (one
+ * target for every divergence: the JSD and skew ones do more transcendentals per element). */
+const kb_kernel kb_kernel_distill = {
+    .name = "distill",
+    .summary = "divergence family (kdloss_distill) on log-probs, no labels",
+    .flags_help =
+        "  --divergence D  forward_kl|reverse_kl|jsd|skew_forward_kl|skew_reverse_kl|tvd,\n"
+        "                  default forward_kl\n"
+        "  --beta X        JSD beta in [0, 1], default 0.5\n"
+        "  --alpha X       skew KL alpha in [0, 1], default 0.1\n",
+    .opts_size = sizeof(distill_opts),
+    .defaults = distill_defaults,
+    .parse_flag = distill_parse,
+    .check = distill_check,
+    .run = distill_run,
+    .stream_target = 0.6,
+};
