@@ -87,15 +87,19 @@ static int64_t ld_arg(rd *r, int64_t cols) {
 
 /* Views must stay inside their arena when the call is valid: a view that does not fit is
  * replaced by NULL data... no: by a view that does fit (the library cannot know arena sizes). */
+/* 1 when the matrix at p lies inside its arena, or when the library must reject it anyway (no
+ * pointer, a size <= 0, a stride below the row, an extent that overflows int64 bytes). A call
+ * with a valid but larger shape would read or write past the arena: the caller skips it. */
 static int fits(const void *p, const unsigned char *arena, int64_t rows, int64_t cols, int64_t ld,
                 kdloss_dtype dt) {
-    if (!p || rows <= 0 || cols <= 0 || rows > 64 || cols > 64) return 1; /* rejected anyway */
+    if (!p || rows <= 0 || cols <= 0) return 1;
     size_t es = kdloss_dtype_size(dt);
     if (!es) return 1;
     if (ld == 0) ld = cols;
-    if (ld < cols || ld > 4096) return 1;
-    size_t end = (size_t)((const unsigned char *)p - arena) + ((size_t)(rows - 1) * ld + cols) * es;
-    return end <= ARENA;
+    if (ld < cols) return 1;
+    __int128 ext = ((__int128)(rows - 1) * ld + cols) * (__int128)es;
+    if (ext > INT64_MAX) return 1;
+    return (__int128)((const unsigned char *)p - arena) + ext <= ARENA;
 }
 
 static double getv(const unsigned char *snap, const unsigned char *arena, const void *p,
