@@ -1,9 +1,8 @@
 /* Row-block conversions between bf16 matrices (with a row stride) and contiguous fp32.
- * par = 1 runs them OpenMP over rows (large, one-off conversions); par = 0 on the calling thread,
- * for conversions that sit between BLAS calls: an OpenMP team woken there keeps spinning while
- * the next GEMM runs and fights OpenBLAS's own threads for the cores (measured: the bf16 path
- * at BT 1024, V 32768 took 1.47x its GEMM floor with parallel panel conversions, 1.11x with
- * OMP_WAIT_POLICY=passive, i.e. without the fight). Never called inside a parallel region. */
+ * par = 1 runs them OpenMP over rows, par = 0 on the calling thread (small conversions). The
+ * GEMMs between which they sit run on the same OpenMP threads (gemm.h), so a woken team has no
+ * other pool to fight (with OpenBLAS's pthreads it had: BENCHMARKS.md). Never called inside a
+ * parallel region. */
 #ifndef KDLOSS_BF16_ROWS_H
 #define KDLOSS_BF16_ROWS_H
 

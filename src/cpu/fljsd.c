@@ -52,7 +52,7 @@ static const float *w_rows(const wsrc *w, int64_t r0, int64_t n, int64_t *ld) {
     }
     *ld = w->cols;
     if (w->f32) return w->f32 + r0 * w->cols;
-    kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel, 0);
+    kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel, 1);
     return w->panel;
 }
 
@@ -103,7 +103,7 @@ static const float *x_rows(kdloss_cmat x, int64_t r0, int64_t n, int64_t cols, f
         *ld = x.ld;
         return (const float *)x.data + r0 * x.ld;
     }
-    kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf, 0);
+    kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf, 1);
     *ld = cols;
     return buf;
 }
@@ -225,7 +225,7 @@ static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl
     st = gemm_dx(n, dz, w_s, tmp, hs);
     if (st == KDLOSS_OK)
         kd_f32_rows_to_bf16(tmp, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld,
-                            0);
+                            1);
     return st;
 }
 
