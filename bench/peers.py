@@ -708,10 +708,13 @@ def targets(results):
             lines.append(f"TARGET peers distill full {ps}: kdloss {k / flo:.3f}x the four bare GEMMs "
                          f"in torch (target <= 1.10x): {'MET' if k / flo <= 1.10 else 'NOT MET'}")
         res, tor = (results.get(("distill_jsd_loss", "full", p, ps)) for p in ("kdloss", "torch"))
-        if res and tor and has_peak(res) and has_peak(tor) and res["peak_mb"] > 0:
+        # The memory target is for BT >= 2048, where the logits dominate (at small BT the
+        # inputs and the runtimes do, for every provider).
+        big = results_point_slug(results, ps)["tokens"] >= 2048
+        if big and res and tor and has_peak(res) and has_peak(tor) and res["peak_mb"] > 0:
             mem = tor["peak_mb"] / res["peak_mb"]
             lines.append(f"TARGET peers distill full {ps}: {mem:.1f}x less peak memory than eager "
-                         f"torch (target >= 4x): {'MET' if mem >= 4 else 'NOT MET'}")
+                         f"torch at BT >= 2048 (target >= 4x): {'MET' if mem >= 4 else 'NOT MET'}")
     return "\n".join(lines)
 
 
