@@ -40,29 +40,7 @@
 #define KE_SEL(m, a, b) ((m) ? (a) : (b))
 #define KE_KEEP(m, a) ((m) ? (a) : 0.0f)
 #include "div_elem.h"
-#undef KDE_T
-#undef KDE_M
-#undef KDE_K
-#undef KDE
-#undef KDE_FN
-#undef KE_ADD
-#undef KE_SUB
-#undef KE_MUL
-#undef KE_DIV
-#undef KE_MIN
-#undef KE_MAX
-#undef KE_ABS
-#undef KE_NEG
-#undef KE_EXP
-#undef KE_EXP_NONPOS
-#undef KE_EXP_NONNAN
-#undef KE_LOG1P_UNIT
-#undef KE_C
-#undef KE_GT
-#undef KE_GE
-#undef KE_LT
-#undef KE_SEL
-#undef KE_KEEP
+#include "div_elem_end.h"
 
 /* One element of the call's divergence: returns the loss term, writes dloss/dx to *grad. */
 KD_HDM float kd_div_elem(const kd_div_coef *c, float x, float y, float *grad) {

@@ -47,29 +47,7 @@ KD_INLINE kd_vdiv kd_vdiv_make(kd_div_coef c) {
 #define KE_SEL vf_select
 #define KE_KEEP vf_keep
 #include "div_elem.h"
-#undef KDE_T
-#undef KDE_M
-#undef KDE_K
-#undef KDE
-#undef KDE_FN
-#undef KE_ADD
-#undef KE_SUB
-#undef KE_MUL
-#undef KE_DIV
-#undef KE_MIN
-#undef KE_MAX
-#undef KE_ABS
-#undef KE_NEG
-#undef KE_EXP
-#undef KE_EXP_NONPOS
-#undef KE_EXP_NONNAN
-#undef KE_LOG1P_UNIT
-#undef KE_C
-#undef KE_GT
-#undef KE_GE
-#undef KE_LT
-#undef KE_SEL
-#undef KE_KEEP
+#include "div_elem_end.h"
 
 /* KLDivLoss element with probability target: t (log(max(t, eps)) - y), 0 where t == 0; grad -t. */
 KD_INLINE vf kd_vkl_prob(vf y, vf t, vf eps, vf *grad) {
