@@ -311,6 +311,38 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
                                         kdloss_labels labels, float *loss, float *row_loss,
                                         kdloss_mat grad);
 
+typedef struct kdloss_distill_logits_params {
+    kdloss_div_params div; /* default forward KL                                            */
+    double temperature;    /* T > 0, finite; default 1                                       */
+    int64_t ignore_index;  /* rows whose label equals it are skipped; default -100           */
+    double grad_scale;     /* upstream gradient, folded in; default 1; |grad_scale| <= FLT_MAX */
+} kdloss_distill_logits_params;
+
+KDLOSS_API void kdloss_distill_logits_params_default(kdloss_distill_logits_params *params);
+
+/*
+ * kdloss_distill on LOGITS, one pass: per row, Q = softmax(zs / T), P = softmax(zt / T) and
+ * D(P, Q) for the chosen divergence, with the whole chain rule through the tempered softmax in
+ * the same call (the fused-linear loss's row pass on the caller's logits; docs/MATH.md 4, 7).
+ * Shapes: student_logits (BT x V) any float dtype; teacher_logits (BT x V) any float dtype;
+ *         labels [BT] optional (I64 or I32), checked as kdloss_distill's.
+ * Outputs (each optional, at least one required):
+ *   loss     [1] fp32: sum of row divergences / max(1, n_valid) (n_valid = non-ignored rows; BT
+ *            without labels); 0 when every row is ignored. Other reductions (sum, per row) are
+ *            the caller's, from row_loss.
+ *   row_loss [BT] fp32: each row's divergence (0 for ignored rows), not divided by n_valid.
+ *   grad     (BT x V) in the student's dtype: d loss / d student_logits * grad_scale
+ *            = grad_scale / (T max(1, n_valid)) (g - Q sum(g)), g = dD/dlog Q per element.
+ *            Zero on ignored rows. grad.data may equal student_logits.data (same ld, in place).
+ * Errors: kdloss_distill's, and INVALID_PARAM for a temperature that is not > 0 and finite or
+ * whose gradient factor grad_scale / T is not a finite fp32; OUT_OF_MEMORY (row buffers). Every
+ * check runs before anything is written.
+ */
+KDLOSS_API kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *params,
+                                               int64_t bt, int64_t v, kdloss_cmat student_logits,
+                                               kdloss_cmat teacher_logits, kdloss_labels labels,
+                                               float *loss, float *row_loss, kdloss_mat grad);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Generalized Jensen-Shannon divergence JSD(beta)                                             */
 /* ------------------------------------------------------------------------------------------ */

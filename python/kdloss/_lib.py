@@ -111,6 +111,12 @@ class DistillParams(ctypes.Structure):
                 ("grad_scale", ctypes.c_double)]
 
 
+class DistillLogitsParams(ctypes.Structure):
+    """kdloss_distill_logits_params."""
+    _fields_ = [("div", DivParams), ("temperature", ctypes.c_double),
+                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double)]
+
+
 class FldParams(ctypes.Structure):
     """kdloss_fused_linear_distill_params."""
     _fields_ = [("div", DivParams), ("temperature", ctypes.c_double),
@@ -188,6 +194,9 @@ _PROTOTYPES = {
     "kdloss_distill_params_default": (None, [ctypes.POINTER(DistillParams)]),
     "kdloss_distill": (_ST, [ctypes.POINTER(DistillParams), _I64, _I64, CMat, CMat, Labels, _P, _P,
                              Mat]),
+    "kdloss_distill_logits_params_default": (None, [ctypes.POINTER(DistillLogitsParams)]),
+    "kdloss_distill_logits": (_ST, [ctypes.POINTER(DistillLogitsParams), _I64, _I64, CMat, CMat,
+                                    Labels, _P, _P, Mat]),
     "kdloss_fused_linear_distill_params_default": (None, [ctypes.POINTER(FldParams)]),
     "kdloss_fused_linear_distill_workspace_size": (_ST, [ctypes.POINTER(FldParams), _I64, _I64,
                                                          _I64, _I64, ctypes.c_int, ctypes.c_int,
@@ -342,6 +351,14 @@ def distill_params(div, ignore_index, grad_scale=1.0):
     p = DistillParams()
     fn("kdloss_distill_params_default")(ctypes.byref(p))
     p.div, p.ignore_index, p.grad_scale = div, ignore_index, grad_scale
+    return p
+
+
+def distill_logits_params(div, temperature, ignore_index, grad_scale=1.0):
+    p = DistillLogitsParams()
+    fn("kdloss_distill_logits_params_default")(ctypes.byref(p))
+    p.div, p.temperature = div, temperature
+    p.ignore_index, p.grad_scale = ignore_index, grad_scale
     return p
 
 

@@ -145,6 +145,13 @@ class CpuBackend:
         _lib.check(_lib.fn("kdloss_distill")(ctypes.byref(params), bt, v, student, teacher, labels,
                                              loss, row_loss, grad), "kdloss_distill")
 
+    def distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
+                       grad):
+        """params: DistillLogitsParams (kdloss_distill_logits: the loss on logits, one pass)."""
+        _lib.check(_lib.fn("kdloss_distill_logits")(ctypes.byref(params), bt, v, student, teacher,
+                                                    labels, loss, row_loss, grad),
+                   "kdloss_distill_logits")
+
     def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
                              labels, out, student_dtype, want_grad):
         """params: FldParams, out: FldOut (kdloss_fused_linear_distill)."""

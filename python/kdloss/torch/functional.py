@@ -332,43 +332,53 @@ _DISTILL_REDUCTIONS = ("batchmean", "sum", "none")
 
 
 def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad):
-    """Returns (loss, dz or None): dz = dloss/dzs for upstream 1 ("none": per row, unscaled)."""
+    """Returns (loss, dz or None): dz = dloss/dzs for upstream 1 ("none": per row, unscaled).
+    Backends with distill_logits (the CPU's) make one pass over the logits that writes dz in the
+    student's dtype; others get log-probs from torch, kdloss_distill and the chain rule here."""
     if reduction not in _DISTILL_REDUCTIONS:
         raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
                           "(distill_loss takes batchmean, sum or none)")
-    t = float(temperature)
-    if not t > 0.0 or t == float("inf"):  # NaN fails too; the C library's message
-        raise KdlossError(_lib.ERR_INVALID_PARAM, f"temperature={temperature!r}")
     device = same_device([("student_logits", zs), ("teacher_logits", zt)])
     if zs.shape != zt.shape:
         raise _shape_error(f"distill_loss: student_logits {tuple(zs.shape)} vs teacher_logits "
                            f"{tuple(zt.shape)}")
-    float_code(zs, "student_logits"), float_code(zt, "teacher_logits")
-    v = zs.shape[-1]
-    # log-probs in fp32; the divergence and its gradient in X come from one C pass
-    x = torch.log_softmax(zs.detach().reshape(-1, v).float() / t, dim=-1)
-    y = torch.log_softmax(zt.detach().reshape(-1, v).float() / t, dim=-1)
-    bt = x.shape[0]
+    zc, tc = float_code(zs, "student_logits"), float_code(zt, "teacher_logits")
+    backend = backend_for(device)
+    zs2, bt, v, ldz = as_rows(zs.detach(), "student_logits")
+    zt2, _, _, ldt = as_rows(zt.detach(), "teacher_logits")
     labels, lview = labels_view(labels, bt, device, "labels")
     n_kept = bt if labels is None else int((labels != ignore_index).sum())
     denom = max(1, n_kept)
     # the C gradient is scaled by grad_scale / max(1, n_kept): pick grad_scale per reduction
     gscale = 1.0 if reduction == "batchmean" else float(denom)
-    params = _lib.distill_params(div, int(ignore_index), gscale)
     loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
-    g = torch.empty(bt, v, dtype=torch.float32, device=device) if want_grad else None
-    backend_for(device).distill(device, params, bt, v, cmat(x, v, _lib.F32),
-                                cmat(y, v, _lib.F32), lview, ptr(loss), ptr(rows), out_mat(g))
+    t = float(temperature)
+    if hasattr(backend, "distill_logits"):
+        params = _lib.distill_logits_params(div, t, int(ignore_index), gscale)
+        g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
+        backend.distill_logits(device, params, bt, v, cmat(zs2, ldz, zc), cmat(zt2, ldt, tc),
+                               lview, ptr(loss), ptr(rows), out_mat(g))
+        dz = g.view(zs.shape) if g is not None else None
+    else:
+        if not t > 0.0 or t == float("inf"):  # NaN fails too; the C library's message
+            raise KdlossError(_lib.ERR_INVALID_PARAM, f"temperature={temperature!r}")
+        # log-probs in fp32; the divergence and its gradient in X come from one C pass
+        x = torch.log_softmax(zs2.float() / t, dim=-1)
+        y = torch.log_softmax(zt2.float() / t, dim=-1)
+        params = _lib.distill_params(div, int(ignore_index), gscale)
+        g = torch.empty(bt, v, dtype=torch.float32, device=device) if want_grad else None
+        backend.distill(device, params, bt, v, cmat(x, v, _lib.F32), cmat(y, v, _lib.F32), lview,
+                        ptr(loss), ptr(rows), out_mat(g))
+        dz = None
+        if g is not None:  # chain rule of X = log_softmax(z / T): (g - softmax * sum(g)) / T
+            dz = (g - x.exp() * g.sum(-1, keepdim=True)) / t
+            dz = dz.to(zs.dtype).view(zs.shape)
     if reduction == "batchmean":
         out = loss[0]
     elif reduction == "sum":
         out = rows.double().sum().float()
     else:
         out = rows.view(zs.shape[:-1])
-    dz = None
-    if g is not None:  # chain rule of X = log_softmax(z / T): (g - softmax * sum(g)) / T
-        dz = (g - x.exp() * g.sum(-1, keepdim=True)) / t
-        dz = dz.to(zs.dtype).view(zs.shape)
     return out.to(zs.dtype), dz
 
 

@@ -1,0 +1,185 @@
+/* kdloss_distill_logits on the CPU: the divergence family on logits in one pass per row.
+ *
+ * Each row goes through the fused-linear loss's row kernel (fljsd_rows_impl.h / _scalar.c: row
+ * maxima, tempered log-sum-exps, the divergence of div_elem.h, dzs = gs (g - q sum g)) with the
+ * cross-entropy off, so every formula has one definition. The kernel works on fp32 rows that it
+ * may overwrite (dzs over zs, g over zt); per row:
+ *   - student: the fp32 gradient row itself when the gradient is fp32 (the student copied into
+ *     it unless in place), the student row itself when no gradient is wanted and it is fp32,
+ *     else the row widened into a per-thread buffer (then narrowed into the gradient);
+ *   - teacher: the teacher row itself when it is fp32 and no gradient is wanted (the kernel only
+ *     reads it then), else a copy in a per-thread buffer.
+ * Rows run on OpenMP threads through kd_rows_sum, whose summation order depends on BT alone. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "dispatch.h"
+#include "ew_common.h"
+#include "fljsd_rows.h"
+#include "half.h"
+
+void kdloss_distill_logits_params_default(kdloss_distill_logits_params *p) {
+    if (!p) return;
+    kdloss_div_params_default(&p->div);
+    p->temperature = 1.0;
+    p->ignore_index = -100;
+    p->grad_scale = 1.0;
+}
+
+/* One call: the elementwise job (first member: kd_rows_sum hands it back to the row function)
+ * and what the row kernel needs besides. */
+typedef struct dl_job {
+    kd_ew_job ew;
+    kd_fljsd_rows tmpl; /* n = 1; zs, zt, row0, labels, row_soft/row_hard set per row */
+    void (*rows)(const kd_fljsd_rows *);
+    float *bufs;        /* 2 v floats per thread: student, teacher */
+    int64_t buf_stride; /* floats per thread */
+    int nthreads;
+} dl_job;
+
+static void widen_row(const void *src, kdloss_dtype dt, int64_t v, float *dst) {
+    if (dt == KDLOSS_F32) {
+        memcpy(dst, src, (size_t)v * sizeof(float));
+    } else if (dt == KDLOSS_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t c = 0; c < v; c++) dst[c] = kd_bf16_to_f32(s[c]);
+    } else {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t c = 0; c < v; c++) dst[c] = kd_f16_to_f32(s[c]);
+    }
+}
+
+static void narrow_row(const float *src, int64_t v, kdloss_dtype dt, void *dst) {
+    uint16_t *d = (uint16_t *)dst;
+    if (dt == KDLOSS_BF16)
+        for (int64_t c = 0; c < v; c++) d[c] = kd_f32_to_bf16(src[c]);
+    else
+        for (int64_t c = 0; c < v; c++) d[c] = kd_f32_to_f16(src[c]);
+}
+
+static double logits_row(const kd_ew_job *ew, int64_t r) {
+    const dl_job *j = (const dl_job *)ew; /* ew is j's first member */
+    int64_t v = ew->v;
+    size_t es = kdloss_dtype_size(ew->xdt);
+    const char *xs = ew->x + (size_t)(r * ew->ldx) * es;
+    const char *xt = ew->t + (size_t)(r * ew->ldt) * kdloss_dtype_size(ew->tdt);
+    char *g = ew->g ? ew->g + (size_t)(r * ew->ldg) * es : NULL;
+    if (kd_row_ignored(ew, r)) {
+        if (g) memset(g, 0, (size_t)v * es); /* +0.0 in every float dtype */
+        return 0.0;
+    }
+    int tid = omp_get_thread_num();
+    if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
+    float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + v;
+    float *zs, *zt;
+    if (g && ew->xdt == KDLOSS_F32) {
+        zs = (float *)g;
+        if (g != xs) memcpy(zs, xs, (size_t)v * sizeof(float));
+    } else if (!g && ew->xdt == KDLOSS_F32) {
+        zs = (float *)(uintptr_t)xs; /* read only: no bias, no gradient */
+    } else {
+        widen_row(xs, ew->xdt, v, bs);
+        zs = bs;
+    }
+    if (!g && ew->tdt == KDLOSS_F32) {
+        zt = (float *)(uintptr_t)xt; /* read only: no bias, g is not stored */
+    } else {
+        widen_row(xt, ew->tdt, v, bt);
+        zt = bt;
+    }
+    kd_fljsd_rows a = j->tmpl;
+    double soft = 0.0, hard = 0.0;
+    a.zs = zs;
+    a.zt = zt;
+    a.row_soft = &soft;
+    a.row_hard = &hard;
+    if (ew->labels.data) a.row0 = r; /* else the template's one-element label array, row0 0 */
+    j->rows(&a);
+    if (g && ew->xdt != KDLOSS_F32) narrow_row(zs, v, ew->xdt, g);
+    return soft;
+}
+
+static void (*row_kernel(void))(const kd_fljsd_rows *) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return kd_fljsd_rows_avx512;
+    case KDLOSS_ISA_AVX2: return kd_fljsd_rows_avx2;
+    default: return kd_fljsd_rows_scalar;
+    }
+}
+
+kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64_t bt, int64_t v,
+                                    kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                                    float *loss, float *row_loss, kdloss_mat grad) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    kdloss_distill_params dp = {p->div, p->ignore_index, p->grad_scale};
+    kdloss_status st = kd_distill_check_params(&dp);
+    if (st) return st;
+    double t = p->temperature;
+    if (!(t > 0.0) || !kd_fp32_finite(t) || !kd_fp32_finite(1.0 / t) ||
+        !kd_fp32_finite(p->grad_scale / t))
+        return KDLOSS_ERR_INVALID_PARAM;
+
+    dl_job job;
+    memset(&job, 0, sizeof job);
+    kd_span ins[3], outs[3], sp[3];
+    if ((st = kd_ew_check_pair(bt, v, student, teacher, grad, &job.ew, sp))) return st;
+    int64_t n_valid = bt;
+    if (labels.data) {
+        if ((st = kd_check_labels(labels, bt, v, p->ignore_index, &n_valid))) return st;
+        job.ew.labels = labels;
+        job.ew.ignore_index = p->ignore_index;
+    }
+    if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
+    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
+    ins[0] = sp[0];
+    ins[1] = sp[1];
+    ins[2] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
+    outs[0] = sp[2];
+    outs[1] = kd_vec_span(row_loss, bt, sizeof(float));
+    outs[2] = kd_vec_span(loss, 1, sizeof(float));
+    int in_place = grad.data && grad.data == student.data && job.ew.ldg == job.ew.ldx;
+    if ((st = kd_ew_check_overlap(ins, 3, outs, 3, in_place))) return st;
+
+    /* per-thread row buffers: 2 v floats each, rounded to whole cache lines */
+    job.nthreads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    job.buf_stride = (2 * v + 15) / 16 * 16;
+    if ((uint64_t)job.buf_stride > ((uint64_t)1 << 56) / (uint64_t)job.nthreads)
+        return KDLOSS_ERR_OUT_OF_MEMORY;
+    size_t bytes = (size_t)job.nthreads * (size_t)job.buf_stride * sizeof(float);
+    job.bufs = aligned_alloc(64, bytes);
+    if (!job.bufs) return KDLOSS_ERR_OUT_OF_MEMORY;
+
+    double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
+    static const int64_t no_label = 0;
+    kd_fljsd_rows *a = &job.tmpl;
+    a->n = 1;
+    a->v = v;
+    a->bs = a->bt = NULL;
+    if (labels.data) {
+        a->labels = labels;
+        a->ignore_index = p->ignore_index;
+    } else { /* every row kept: label 0, an ignore_index it never equals */
+        a->labels = (kdloss_labels){&no_label, KDLOSS_I64};
+        a->ignore_index = -1;
+    }
+    a->coef = kd_div_coef_make(&p->div);
+    a->inv_t = (float)(1.0 / t);
+    a->soft = 1;
+    a->hard = 0;
+    a->grad = grad.data != NULL;
+    /* d loss / d zs = grad_scale / (T denom) (g - q sum g): the 1/T of d(z/T)/dz folded in */
+    a->gs = grad.data ? (float)(p->grad_scale / (t * denom)) : 0.0f;
+    a->gh = 0.0f;
+    a->row_lse = NULL;
+    job.rows = row_kernel();
+    job.ew.want_loss = 1;
+    double total = kd_rows_sum(bt, logits_row, &job.ew, row_loss);
+    free(job.bufs);
+    if (loss) *loss = (float)(total / denom);
+    return KDLOSS_OK;
+}

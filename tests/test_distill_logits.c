@@ -1,0 +1,346 @@
+/* kdloss_distill_logits against a double reference written from the formulas: per row
+ * X = log_softmax(zs / T), Y = log_softmax(zt / T) (log-sum-exp in double), the divergence's
+ * element terms (ref_div_elem) and the chain rule dz = (g - Q sum g) / T. Every divergence x
+ * student dtype x teacher dtype x labels (none, some ignored, all ignored) x V x temperature x
+ * row stride x CPU path, on rows of every kind (normal, peaked, far below exp's range, flat)
+ * shifted by large offsets (logits near -1e4); finite differences of the reference and of the
+ * library; in place; no-gradient calls; argument checks (nothing written on error). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reference.h"
+#include "testutil.h"
+
+#define U 0x1p-24
+
+typedef struct {
+    kdloss_divergence d;
+    double beta, alpha;
+} div_case;
+
+static const div_case DIVS[] = {
+    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
+    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.5, 0.1},
+    {KDLOSS_DIV_JSD, 1.0, 0.1},             {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
+    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
+    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_TVD, 0.5, 0.1},
+};
+#define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
+
+static kdloss_div_params div_of(const div_case *c) {
+    kdloss_div_params d = {c->d, c->beta, c->alpha};
+    return d;
+}
+
+static double log_weights(const div_case *c) {
+    double w = c->d == KDLOSS_DIV_JSD ? c->beta : c->alpha, s = 0;
+    if (w > 0 && w < 1) s = fabs(log(w)) + fabs(log1p(-w));
+    return s;
+}
+
+/* log_softmax(z / T) of one row in double. */
+static void ref_log_softmax(const double *z, int64_t v, double t, double *out) {
+    double m = -INFINITY, s = 0;
+    for (int64_t k = 0; k < v; k++) m = fmax(m, z[k] / t);
+    for (int64_t k = 0; k < v; k++) s += exp(z[k] / t - m);
+    double l = m + log(s);
+    for (int64_t k = 0; k < v; k++) out[k] = z[k] / t - l;
+}
+
+/* The reference row: returns D(P, Q); dz[k] = dD/dzs[k] (unscaled); mag, gmag: magnitudes of
+ * the loss terms and of each gradient element's terms (for tolerances). */
+static double ref_row(const kdloss_div_params *d, const double *zs, const double *zt, int64_t v,
+                      double t, double *dz, double *gmag, double *mag, double lw) {
+    double *x = malloc(sizeof(double) * v), *y = malloc(sizeof(double) * v);
+    double *g = malloc(sizeof(double) * v);
+    ref_log_softmax(zs, v, t, x);
+    ref_log_softmax(zt, v, t, y);
+    double loss = 0, sg = 0, m = 0, sgm = 0, xm = 0;
+    for (int64_t k = 0; k < v; k++) {
+        double mg;
+        loss += ref_div_elem(d, x[k], y[k], &g[k], &mg);
+        m += mg;
+        sg += g[k];
+        double w = exp(x[k]) + exp(y[k]);
+        /* fp32 X, Y carry an absolute error of about U (|z / T| + |lse|): it enters each term
+         * weighted by the probabilities */
+        double e = 2 + fabs(x[k]) + fabs(y[k]) + lw;
+        m += ref_wmul(w, e);
+        gmag[k] = fabs(g[k]) + ref_wmul(w, e);
+        sgm += gmag[k];
+        xm = fmax(xm, fabs(zs[k] / t));
+    }
+    for (int64_t k = 0; k < v; k++) {
+        double q = exp(x[k]);
+        dz[k] = (g[k] - q * sg) / t;
+        gmag[k] = (gmag[k] + q * (sgm + fabs(sg) * (2 + fabs(x[k])))) / t;
+    }
+    *mag = m;
+    free(x), free(y), free(g);
+    return loss;
+}
+
+/* Logits: log-probs of every row kind, scaled, and shifted per row (some near -1e4). */
+static void gen_logits(kt_rng *rng, double *z, int64_t bt, int64_t v, int shift, double scale) {
+    kt_gen_logprobs(rng, z, bt, v, 0, shift);
+    for (int64_t r = 0; r < bt; r++) {
+        double off = (r % 3 == 1) ? -1e4 + 17.0 * r : 5.0 * kt_normal(rng);
+        for (int64_t k = 0; k < v; k++) z[r * v + k] = z[r * v + k] * scale + off;
+    }
+}
+
+static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, int pad, double t,
+                      kdloss_dtype xdt, kdloss_dtype tdt, int label_mode, const char *isa) {
+    int64_t ldx = v + (pad ? 5 : 0), ldt = v + (pad ? 3 : 0);
+    double *zs = malloc(sizeof(double) * bt * v), *zt = malloc(sizeof(double) * bt * v);
+    int shift = (int)kt_randint(rng, KT_ROW_KINDS);
+    gen_logits(rng, zs, bt, v, shift, 1.0 + kt_uniform(rng));
+    gen_logits(rng, zt, bt, v, shift + 2, 1.0 + kt_uniform(rng));
+    kt_round_to(zs, bt * v, xdt);
+    kt_round_to(zt, bt * v, tdt);
+    void *x = kt_pack(zs, bt, v, ldx, xdt), *tt = kt_pack(zt, bt, v, ldt, tdt);
+    int32_t *lab = NULL;
+    if (label_mode) {
+        lab = malloc(sizeof(int32_t) * bt);
+        for (int64_t r = 0; r < bt; r++)
+            lab[r] = label_mode == 2 || kt_uniform(rng) < 0.3 ? -7 : (int32_t)kt_randint(rng, v);
+    }
+    kdloss_distill_logits_params p;
+    kdloss_distill_logits_params_default(&p);
+    p.div = div_of(dc);
+    p.temperature = t;
+    p.ignore_index = -7;
+    p.grad_scale = 2.0;
+    size_t es = kdloss_dtype_size(xdt);
+    void *g = malloc((size_t)(bt * ldx) * es);
+    float *rows = malloc(sizeof(float) * bt), loss = NAN;
+    kt_poison(g, bt * ldx, xdt);
+    kdloss_labels labels = {lab, KDLOSS_I32};
+    kdloss_status st = kdloss_distill_logits(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
+                                             (kdloss_cmat){tt, tdt, ldt}, labels, &loss, rows,
+                                             (kdloss_mat){g, xdt, ldx});
+    char tag[200];
+    snprintf(tag, sizeof tag, "logits %s %s beta=%g alpha=%g T=%g x=%s t=%s labels=%d v=%lld",
+             isa, kdloss_divergence_name(dc->d), dc->beta, dc->alpha, t, kt_dtype_name(xdt),
+             kt_dtype_name(tdt), label_mode, (long long)v);
+    if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
+        int64_t nv = 0;
+        for (int64_t r = 0; r < bt; r++) nv += !lab || lab[r] != -7;
+        double denom = nv ? (double)nv : 1.0, total = 0, tmag = 0, lw = log_weights(dc);
+        double geps = xdt == KDLOSS_F32 ? 0 : kt_eps(xdt), sc = p.grad_scale / denom;
+        double *dz = malloc(sizeof(double) * v), *gm = malloc(sizeof(double) * v);
+        kdloss_div_params d = div_of(dc);
+        int bad = 0;
+        for (int64_t r = 0; r < bt; r++) {
+            int ign = lab && lab[r] == -7;
+            double rs = 0, rmag = 0;
+            if (!ign) rs = ref_row(&d, zs + r * v, zt + r * v, v, t, dz, gm, &rmag, lw);
+            double *xr = malloc(sizeof(double) * v), *yr = malloc(sizeof(double) * v);
+            ref_log_softmax(zs + r * v, v, t, xr);
+            ref_log_softmax(zt + r * v, v, t, yr);
+            for (int64_t k = 0; k < v; k++) {
+                double want = ign ? 0.0 : dz[k] * sc;
+                double gtol = ign ? 0.0 : 64 * U * gm[k] * sc + geps * fabs(want) + kt_tiny(xdt);
+                /* TVD: where P and Q agree to fp32 rounding, the subgradient's sign may differ */
+                if (!ign && dc->d == KDLOSS_DIV_TVD) gtol += 2 * (exp(xr[k]) + exp(yr[k])) * sc / t;
+                if (bad < 3 && !kt_close(kt_get(g, xdt, ldx, r, k), want, gtol, 0,
+                                         "%s grad[%lld,%lld]", tag, (long long)r, (long long)k))
+                    bad++;
+            }
+            free(xr), free(yr);
+            kt_close(rows[r], rs, 256 * U * rmag + 1e-30, 0, "%s row_loss[%lld]", tag,
+                     (long long)r);
+            total += rs, tmag += rmag;
+        }
+        kt_close(loss, total / denom, (256 * U * tmag + 1e-30) / denom, 0, "%s loss", tag);
+        if (label_mode == 2) KT_CHECK(loss == 0.0f, "%s: all ignored gives %g", tag, loss);
+        free(dz), free(gm);
+
+        /* no gradient: the same losses bitwise; in place: the same gradient bitwise */
+        float l2 = NAN, *rows2 = malloc(sizeof(float) * bt);
+        st = kdloss_distill_logits(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
+                                   (kdloss_cmat){tt, tdt, ldt}, labels, &l2, rows2,
+                                   (kdloss_mat){NULL, xdt, 0});
+        KT_CHECK(st == KDLOSS_OK && !memcmp(&l2, &loss, 4) &&
+                     !memcmp(rows2, rows, sizeof(float) * bt),
+                 "%s: losses without the gradient differ", tag);
+        st = kdloss_distill_logits(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
+                                   (kdloss_cmat){tt, tdt, ldt}, labels, NULL, NULL,
+                                   (kdloss_mat){x, xdt, ldx});
+        int same = st == KDLOSS_OK;
+        for (int64_t r = 0; r < bt && same; r++)
+            same = !memcmp((char *)x + r * ldx * es, (char *)g + r * ldx * es, (size_t)v * es);
+        KT_CHECK(same, "%s: in place differs", tag);
+        free(rows2);
+    }
+    free(zs), free(zt), free(x), free(tt), free(lab), free(g), free(rows);
+}
+
+/* Central differences of the reference (double, h = 1e-5) and of the library (fp32, h = 1e-2)
+ * against the reference's chain-rule gradient and the library's. */
+static void check_finite_differences(kt_rng *rng) {
+    enum { BT = 3, V = 7 };
+    const double ts[] = {1.0, 2.5, 0.5};
+    for (int i = 0; i < NDIV; i++) {
+        const div_case *dc = &DIVS[i];
+        kdloss_div_params d = div_of(dc);
+        double t = ts[i % 3];
+        double zd[BT * V], td[BT * V], dz[V], gm[V], dd[V], mag;
+        kt_gen_logprobs(rng, zd, BT, V, 0, 0);
+        kt_gen_logprobs(rng, td, BT, V, 0, 3);
+        float z[BT * V], tf[BT * V], g[BT * V], l0, lp, lm;
+        for (int k = 0; k < BT * V; k++) z[k] = (float)zd[k], tf[k] = (float)td[k];
+        for (int k = 0; k < BT * V; k++) zd[k] = z[k], td[k] = tf[k];
+        kdloss_distill_logits_params p;
+        kdloss_distill_logits_params_default(&p);
+        p.div = d;
+        p.temperature = t;
+        kdloss_labels nol = {NULL, KDLOSS_I64};
+        kdloss_cmat a = {z, KDLOSS_F32, 0}, b = {tf, KDLOSS_F32, 0};
+        kdloss_mat nomat = {NULL, KDLOSS_F32, 0};
+        kdloss_distill_logits(&p, BT, V, a, b, nol, &l0, NULL, (kdloss_mat){g, KDLOSS_F32, 0});
+        for (int r = 0; r < BT; r++) {
+            ref_row(&d, zd + r * V, td + r * V, V, t, dz, gm, &mag, 0);
+            for (int c = 0; c < V; c++) {
+                int k = r * V + c;
+                double h = 1e-5, keep = zd[k];
+                zd[k] = keep + h;
+                double fp = ref_row(&d, zd + r * V, td + r * V, V, t, dd, gm, &mag, 0);
+                zd[k] = keep - h;
+                double fm = ref_row(&d, zd + r * V, td + r * V, V, t, dd, gm, &mag, 0);
+                zd[k] = keep;
+                if (dc->d != KDLOSS_DIV_TVD)
+                    kt_close(dz[c], (fp - fm) / (2 * h), 1e-8, 1e-5,
+                             "reference FD %s beta=%g alpha=%g T=%g [%d]",
+                             kdloss_divergence_name(dc->d), dc->beta, dc->alpha, t, k);
+                if (dc->d == KDLOSS_DIV_TVD) continue; /* kinks within h */
+                float hf = 1e-2f, kf = z[k];
+                z[k] = kf + hf;
+                kdloss_distill_logits(&p, BT, V, a, b, nol, &lp, NULL, nomat);
+                z[k] = kf - hf;
+                kdloss_distill_logits(&p, BT, V, a, b, nol, &lm, NULL, nomat);
+                z[k] = kf;
+                double lfd = ((double)lp - lm) / (2.0 * hf);
+                kt_close(g[k], lfd, 2e-3 * (1 + fabs(l0)), 2e-2,
+                         "library FD %s beta=%g alpha=%g T=%g [%d]",
+                         kdloss_divergence_name(dc->d), dc->beta, dc->alpha, t, k);
+                kt_close(g[k], dz[c] / BT, 1e-5, 1e-3, "library vs reference %s [%d]",
+                         kdloss_divergence_name(dc->d), k);
+            }
+        }
+    }
+}
+
+/* Bad arguments are rejected before anything is written. */
+static void check_api(void) {
+    enum { BT = 4, V = 33 };
+    float z[BT * V], t[BT * V], g[BT * V], rows[BT];
+    for (int k = 0; k < BT * V; k++) z[k] = (float)(k % 7) * 0.3f, t[k] = (float)(k % 5) * 0.2f;
+    kdloss_labels nol = {NULL, KDLOSS_I64};
+    kdloss_cmat a = {z, KDLOSS_F32, 0}, b = {t, KDLOSS_F32, 0};
+    kdloss_distill_logits_params p0;
+    kdloss_distill_logits_params_default(&p0);
+    KT_CHECK(p0.temperature == 1.0 && p0.ignore_index == -100 && p0.grad_scale == 1.0 &&
+                 p0.div.divergence == KDLOSS_DIV_FORWARD_KL,
+             "defaults");
+    const double bad_t[] = {0.0, -1.0, NAN, INFINITY, 1e-300};
+    for (int i = 0; i < 5; i++) {
+        kdloss_distill_logits_params p = p0;
+        p.temperature = bad_t[i];
+        float l = 7.0f;
+        kt_poison(g, BT * V, KDLOSS_F32);
+        kdloss_status st = kdloss_distill_logits(&p, BT, V, a, b, nol, &l, rows,
+                                                 (kdloss_mat){g, KDLOSS_F32, 0});
+        KT_CHECK(st == KDLOSS_ERR_INVALID_PARAM && l == 7.0f && kt_is_poison(g, BT * V, KDLOSS_F32),
+                 "temperature %g rejected, nothing written", bad_t[i]);
+    }
+    kdloss_distill_logits_params p = p0;
+    p.div.alpha = 1.5;
+    float l = 7.0f;
+    KT_CHECK(kdloss_distill_logits(&p, BT, V, a, b, nol, &l, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                     KDLOSS_ERR_INVALID_PARAM && l == 7.0f,
+             "alpha 1.5 rejected");
+    p = p0;
+    p.grad_scale = NAN;
+    KT_CHECK(kdloss_distill_logits(&p, BT, V, a, b, nol, &l, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                 KDLOSS_ERR_INVALID_PARAM,
+             "grad_scale NaN rejected");
+    KT_CHECK(kdloss_distill_logits(NULL, BT, V, a, b, nol, &l, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                 KDLOSS_ERR_NULL_POINTER,
+             "NULL params");
+    KT_CHECK(kdloss_distill_logits(&p0, BT, V, a, b, nol, NULL, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                 KDLOSS_ERR_NO_OUTPUT,
+             "no output");
+    KT_CHECK(kdloss_distill_logits(&p0, 0, V, a, b, nol, &l, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                 KDLOSS_ERR_INVALID_SIZE,
+             "BT 0");
+    int64_t lab[BT] = {1, 2, V, 3};
+    kdloss_labels bl = {lab, KDLOSS_I64};
+    l = 7.0f;
+    KT_CHECK(kdloss_distill_logits(&p0, BT, V, a, b, bl, &l, NULL, (kdloss_mat){NULL, 0, 0}) ==
+                     KDLOSS_ERR_LABEL_OUT_OF_RANGE && l == 7.0f,
+             "label out of range");
+    KT_CHECK(kdloss_distill_logits(&p0, BT, V, a, b, nol, &l, (float *)t,
+                                   (kdloss_mat){NULL, 0, 0}) == KDLOSS_ERR_ALIASING,
+             "row_loss over the teacher");
+    KT_CHECK(kdloss_distill_logits(&p0, BT, V, a, b, nol, &l, NULL,
+                                   (kdloss_mat){t, KDLOSS_F32, 0}) == KDLOSS_ERR_ALIASING,
+             "grad over the teacher");
+    KT_CHECK(kdloss_distill_logits(&p0, BT, V, a, b, nol, &l, NULL,
+                                   (kdloss_mat){g, KDLOSS_BF16, 0}) == KDLOSS_ERR_INVALID_DTYPE,
+             "grad dtype differs from the student's");
+    /* T = 1 on log-probs equals kdloss_distill on the same log-probs */
+    double zd[BT * V];
+    kt_rng rng;
+    kt_rng_seed(&rng, 5);
+    kt_gen_logprobs(&rng, zd, BT, V, 0, 1);
+    for (int k = 0; k < BT * V; k++) z[k] = (float)zd[k];
+    kdloss_distill_params dp;
+    kdloss_distill_params_default(&dp);
+    float l1, l2;
+    kdloss_distill_logits(&p0, BT, V, a, b, nol, &l1, NULL, (kdloss_mat){NULL, 0, 0});
+    float tl[BT * V];
+    double td[BT * V], tmp[V];
+    for (int r = 0; r < BT; r++) {
+        for (int c = 0; c < V; c++) td[r * V + c] = t[r * V + c];
+        ref_log_softmax(td + r * V, V, 1.0, tmp);
+        for (int c = 0; c < V; c++) tl[r * V + c] = (float)tmp[c];
+    }
+    kdloss_distill(&dp, BT, V, a, (kdloss_cmat){tl, KDLOSS_F32, 0}, nol, &l2, NULL,
+                   (kdloss_mat){NULL, 0, 0});
+    kt_close(l1, l2, 1e-5, 1e-4, "logits T=1 vs kdloss_distill on log-probs");
+}
+
+int main(void) {
+    kt_rng rng;
+    kt_rng_seed(&rng, kt_base_seed());
+    static const int64_t VS[] = {1, 9, 1100, 4133};
+    static const int64_t BTS[] = {5, 13, 7, 3};
+    static const double TS[] = {1.0, 2.0, 0.7};
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
+    int nv = kt_quick() ? 3 : 4;
+    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
+        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) {
+            printf("path %s: not supported by this CPU, skipped\n",
+                   kdloss_cpu_isa_name((kdloss_cpu_isa)isa));
+            continue;
+        }
+        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
+        const char *name = kdloss_cpu_isa_name((kdloss_cpu_isa)isa);
+        int before = kt_checks;
+        for (int i = 0; i < NDIV; i++)
+            for (int vi = 0; vi < nv; vi++)
+                for (int xi = 0; xi < 3; xi++) {
+                    kdloss_dtype tdt = (i + vi) % 2 ? dts[xi] : KDLOSS_F32;
+                    check_one(&DIVS[i], &rng, BTS[vi], VS[vi], (i + vi) % 2,
+                              TS[(i + vi + xi) % 3], dts[xi], tdt, (i + 2 * vi + xi) % 3, name);
+                }
+        printf("path %s: %d checks\n", name, kt_checks - before);
+    }
+    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+    check_finite_differences(&rng);
+    check_api();
+    return kt_finish("test_distill_logits");
+}
