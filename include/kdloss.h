@@ -204,9 +204,9 @@ KDLOSS_API kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode);
 /* The layer itself, exposed for benchmarks and floors: row-major fp32
  *   C (m x n, ldc) = alpha op(A) op(B) + beta C,  op(A) m x k, op(B) k x n,
  * trans_a / trans_b 0 or 1 (A stored k x m when transposed, B stored n x k). provider AUTO is the
- * one the losses use. beta = 0 ignores C's contents (NaN included). C must not overlap A or B
- * (not checked, as in BLAS). KDLOSS_ERR_OUT_OF_MEMORY or KDLOSS_ERR_BLAS if the provider fails;
- * C may then be partly written. */
+ * one the losses use. beta = 0 ignores C's contents (NaN included). C overlapping A or B is
+ * KDLOSS_ERR_ALIASING (nothing written). KDLOSS_ERR_OUT_OF_MEMORY or KDLOSS_ERR_BLAS if the
+ * provider fails; C may then be partly written. */
 KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b,
                                          int64_t m, int64_t n, int64_t k, float alpha,
                                          const float *a, int64_t lda, const float *b, int64_t ldb,

@@ -152,6 +152,10 @@ static void argument_errors(void) {
                  KDLOSS_ERR_INVALID_STRIDE, "lda < k");
     KT_CHECK(kdloss_gemm_f32(0, 0, 1, 2, 2, 3, 1, a, 3, b, 2, 0, c, 2) ==
                  KDLOSS_ERR_INVALID_STRIDE, "ldb < k with trans_b");
+    float ab[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    KT_CHECK(kdloss_gemm_f32(0, 0, 0, 2, 2, 2, 1, ab, 2, b, 2, 0, ab + 2, 2) ==
+                 KDLOSS_ERR_ALIASING, "C overlapping A");
+    KT_CHECK(ab[2] == 3.0f && ab[5] == 6.0f, "C written on the aliasing error");
     for (int i = 0; i < 4; i++) KT_CHECK(c[i] == 7.0f, "C written on error");
     kdloss_gemm_info info;
     KT_CHECK(kdloss_gemm_query(0, NULL) == KDLOSS_ERR_NULL_POINTER, "query NULL");

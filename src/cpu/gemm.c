@@ -17,6 +17,8 @@
  * split of N re-reads (packs) A once per column of tiles, a split of M re-reads B once per row. */
 #include "gemm.h"
 
+#include "check.h"
+
 #include <dlfcn.h>
 #include <dnnl.h>
 #include <limits.h>
@@ -383,6 +385,17 @@ kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int tr
     if (lda < (a_cols > 1 ? a_cols : 1) || ldb < (b_cols > 1 ? b_cols : 1) ||
         ldc < (n > 1 ? n : 1))
         return KDLOSS_ERR_INVALID_STRIDE;
+    if (m > 0 && n > 0) { /* C must not overlap the operands (every span also size-checked) */
+        int64_t ld;
+        kd_span sa = {0}, sb = {0}, sc;
+        kdloss_status st = kd_check_fmat(m, n, c, KDLOSS_F32, ldc, &ld, &sc);
+        if (st == KDLOSS_OK && k > 0)
+            st = kd_check_fmat(trans_a ? k : m, a_cols, a, KDLOSS_F32, lda, &ld, &sa);
+        if (st == KDLOSS_OK && k > 0)
+            st = kd_check_fmat(trans_b ? n : k, b_cols, b, KDLOSS_F32, ldb, &ld, &sb);
+        if (st != KDLOSS_OK) return st;
+        if (kd_spans_overlap(sc, sa) || kd_spans_overlap(sc, sb)) return KDLOSS_ERR_ALIASING;
+    }
     if (provider == KDLOSS_GEMM_AUTO) provider = kd_gemm_provider_in_use();
     if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
     kd_gemm g = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
