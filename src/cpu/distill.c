@@ -22,25 +22,10 @@ kdloss_status kdloss_distill(const kdloss_distill_params *p, int64_t bt, int64_t
     if (st) return st;
 
     kd_ew_job job = {0};
-    kd_span ins[3], outs[3], sp[3];
-    if ((st = kd_ew_check_pair(bt, v, student, teacher, grad, &job, sp))) return st;
-    int64_t n_valid = bt;
-    if (labels.data) {
-        if ((st = kd_check_labels(labels, bt, v, p->ignore_index, &n_valid))) return st;
-        job.labels = labels;
-        job.ignore_index = p->ignore_index;
-    }
-    if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
-    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
-        return KDLOSS_ERR_MISALIGNED;
-    ins[0] = sp[0];
-    ins[1] = sp[1];
-    ins[2] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
-    outs[0] = sp[2];
-    outs[1] = kd_vec_span(row_loss, bt, sizeof(float));
-    outs[2] = kd_vec_span(loss, 1, sizeof(float));
-    int in_place = grad.data && grad.data == student.data && job.ldg == job.ldx;
-    if ((st = kd_ew_check_overlap(ins, 3, outs, 3, in_place))) return st;
+    int64_t n_valid;
+    st = kd_ew_check_distill(bt, v, student, teacher, labels, p->ignore_index, loss, row_loss,
+                             grad, &job, &n_valid);
+    if (st) return st;
 
     double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
     job.gscale = (float)(p->grad_scale / denom);

@@ -51,3 +51,29 @@ kd_row_fn kd_div_row_fn(void) {
     default: return kd_div_row_scalar;
     }
 }
+
+kdloss_status kd_ew_check_distill(int64_t bt, int64_t v, kdloss_cmat student, kdloss_cmat teacher,
+                                  kdloss_labels labels, int64_t ignore_index, const float *loss,
+                                  const float *row_loss, kdloss_mat grad, kd_ew_job *job,
+                                  int64_t *n_valid) {
+    kd_span ins[3], outs[3], sp[3];
+    kdloss_status st = kd_ew_check_pair(bt, v, student, teacher, grad, job, sp);
+    if (st) return st;
+    *n_valid = bt;
+    if (labels.data) {
+        if ((st = kd_check_labels(labels, bt, v, ignore_index, n_valid))) return st;
+        job->labels = labels;
+        job->ignore_index = ignore_index;
+    }
+    if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
+    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
+    ins[0] = sp[0];
+    ins[1] = sp[1];
+    ins[2] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
+    outs[0] = sp[2];
+    outs[1] = kd_vec_span(row_loss, bt, sizeof(float));
+    outs[2] = kd_vec_span(loss, 1, sizeof(float));
+    int in_place = grad.data && grad.data == student.data && job->ldg == job->ldx;
+    return kd_ew_check_overlap(ins, 3, outs, 3, in_place);
+}

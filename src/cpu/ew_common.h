@@ -15,6 +15,17 @@ kdloss_status kd_ew_check_pair(int64_t bt, int64_t v, kdloss_cmat x, kdloss_cmat
 kdloss_status kd_ew_check_overlap(const kd_span *ins, int n_in, const kd_span *outs, int n_out,
                                   int grad_in_place);
 
+/* Every operand check of the divergence-family calls (kdloss_distill, kdloss_distill_logits):
+ * the student/teacher pair and gradient (kd_ew_check_pair), labels (counting the kept rows into
+ * *n_valid, BT without labels), at least one output, aligned float outputs, and no output
+ * overlapping an input or another output (the gradient may be the student in place). Fills the
+ * job's operand and label fields. Shapes: student, teacher, grad (BT x V); labels, row_loss
+ * [BT]; loss [1]. */
+kdloss_status kd_ew_check_distill(int64_t bt, int64_t v, kdloss_cmat student, kdloss_cmat teacher,
+                                  kdloss_labels labels, int64_t ignore_index, const float *loss,
+                                  const float *row_loss, kdloss_mat grad, kd_ew_job *job,
+                                  int64_t *n_valid);
+
 /* The row function of the path in force. */
 kd_row_fn kd_kl_row_fn(void);
 kd_row_fn kd_div_row_fn(void);
