@@ -10,46 +10,31 @@
 #include <string.h>
 
 #include "reference.h"
+#include "div_cases.h"
 #include "testutil.h"
 
 #define U 0x1p-24
 
-typedef struct {
-    kdloss_divergence d;
-    double beta, alpha;
-} div_case;
+typedef kdloss_div_params div_case;
+#define DIVS KT_DIV_CASES
+#define NDIV KT_NDIV_CASES
 
-static const div_case DIVS[] = {
-    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.1, 0.1},
-    {KDLOSS_DIV_JSD, 0.5, 0.1},             {KDLOSS_DIV_JSD, 1.0, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 1.0},
-    {KDLOSS_DIV_TVD, 0.5, 0.1},
-};
-#define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
-
-static kdloss_div_params div_of(const div_case *c) {
-    kdloss_div_params d = {c->d, c->beta, c->alpha};
-    return d;
-}
+static kdloss_div_params div_of(const div_case *c) { return *c; }
 
 /* Where -inf log-probs keep the divergence finite: not in the student for forward KL (P > 0
  * needs Q > 0), not in the teacher for reverse KL. */
 static int fwd_like(const div_case *c) {
-    return c->d == KDLOSS_DIV_FORWARD_KL || (c->d == KDLOSS_DIV_JSD && c->beta == 0.0) ||
-           (c->d == KDLOSS_DIV_SKEW_FORWARD_KL && c->alpha == 0.0);
+    return c->divergence == KDLOSS_DIV_FORWARD_KL || (c->divergence == KDLOSS_DIV_JSD && c->beta == 0.0) ||
+           (c->divergence == KDLOSS_DIV_SKEW_FORWARD_KL && c->alpha == 0.0);
 }
 static int rev_like(const div_case *c) {
-    return c->d == KDLOSS_DIV_REVERSE_KL || (c->d == KDLOSS_DIV_JSD && c->beta == 1.0) ||
-           (c->d == KDLOSS_DIV_SKEW_REVERSE_KL && c->alpha == 0.0);
+    return c->divergence == KDLOSS_DIV_REVERSE_KL || (c->divergence == KDLOSS_DIV_JSD && c->beta == 1.0) ||
+           (c->divergence == KDLOSS_DIV_SKEW_REVERSE_KL && c->alpha == 0.0);
 }
 
 /* |log| of the mixture weights (finite ones): they enter every mixture term. */
 static double log_weights(const div_case *c) {
-    double w = c->d == KDLOSS_DIV_JSD ? c->beta : c->alpha, s = 0;
+    double w = c->divergence == KDLOSS_DIV_JSD ? c->beta : c->alpha, s = 0;
     if (w > 0 && w < 1) s = fabs(log(w)) + fabs(log1p(-w));
     return s;
 }
@@ -84,7 +69,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
                                       (kdloss_mat){g, xdt, ldx});
     char tag[200];
     snprintf(tag, sizeof tag, "distill %s %s beta=%g alpha=%g x=%s t=%s labels=%d v=%lld", isa,
-             kdloss_divergence_name(dc->d), dc->beta, dc->alpha, kt_dtype_name(xdt),
+             kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, kt_dtype_name(xdt),
              kt_dtype_name(tdt), label_mode, (long long)v);
     if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
         int64_t nv = 0;
@@ -106,7 +91,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
                               geps * fabs(gw) + kt_tiny(xdt) +
                               0x1p-148 * (1 + fabs(xv) + fabs(yv)) * p.grad_scale / denom;
                 /* TVD: where P and Q agree to fp32 rounding, the sign (the subgradient) may differ */
-                if (dc->d == KDLOSS_DIV_TVD && fabs(exp(xv) - exp(yv)) <= 1e-5 * w)
+                if (dc->divergence == KDLOSS_DIV_TVD && fabs(exp(xv) - exp(yv)) <= 1e-5 * w)
                     gtol += exp(xv) * p.grad_scale / denom;
                 if (bad < 3 && !kt_close(kt_get(g, xdt, ldx, r, k), gw, gtol, 0,
                                          "%s grad[%lld,%lld]", tag, (long long)r, (long long)k))
@@ -142,9 +127,9 @@ static void check_far_below(void) {
         int fin = st == KDLOSS_OK && isfinite(loss) && isfinite(rows[0]) && isfinite(rows[1]);
         for (int k = 0; k < 2 * V; k++) fin &= isfinite(g[k]);
         KT_CHECK(fin, "far below exp's range: %s beta=%g alpha=%g not finite",
-                 kdloss_divergence_name(DIVS[i].d), DIVS[i].beta, DIVS[i].alpha);
+                 kdloss_divergence_name(DIVS[i].divergence), DIVS[i].beta, DIVS[i].alpha);
         KT_CHECK(rows[0] == 0.0f, "far below: %s row of zero probabilities has loss %g",
-                 kdloss_divergence_name(DIVS[i].d), rows[0]);
+                 kdloss_divergence_name(DIVS[i].divergence), rows[0]);
     }
 }
 
@@ -173,11 +158,11 @@ static void check_finite_differences(kt_rng *rng) {
             ref_div_elem(&d, xd[k], td[k], &gr, &mag);
             double fd = (ref_div_elem(&d, xd[k] + h, td[k], &dd, &mag) -
                          ref_div_elem(&d, xd[k] - h, td[k], &dd, &mag)) / (2 * h);
-            if (dc->d != KDLOSS_DIV_TVD || fabs(exp(xd[k]) - exp(td[k])) > 1e-4)
+            if (dc->divergence != KDLOSS_DIV_TVD || fabs(exp(xd[k]) - exp(td[k])) > 1e-4)
                 kt_close(gr, fd, 1e-9, 1e-6, "reference FD %s beta=%g alpha=%g [%d]",
-                         kdloss_divergence_name(dc->d), dc->beta, dc->alpha, k);
+                         kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, k);
             if (xd[k] < -30 || td[k] < -30) continue; /* fp32 FD too coarse there */
-            if (dc->d == KDLOSS_DIV_TVD && fabs(exp(xd[k]) - exp(td[k])) < 0.05 * exp(xd[k]))
+            if (dc->divergence == KDLOSS_DIV_TVD && fabs(exp(xd[k]) - exp(td[k])) < 0.05 * exp(xd[k]))
                 continue; /* a kink within h */
             float hf = 1e-2f, keep = x[k];
             x[k] = keep + hf;
@@ -187,7 +172,7 @@ static void check_finite_differences(kt_rng *rng) {
             x[k] = keep;
             double lfd = ((double)lp - lm) / (2.0 * hf);
             kt_close(g[k], lfd, 2e-3 * (1 + fabs(l0)), 2e-2, "library FD %s beta=%g alpha=%g [%d]",
-                     kdloss_divergence_name(dc->d), dc->beta, dc->alpha, k);
+                     kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, k);
         }
     }
 }

@@ -34,6 +34,7 @@
 
 #include "kdloss.h"
 #include "reference.h"
+#include "div_cases.h"
 #include "testutil.h"
 
 /* The CPU functions, when this build has them (resolved to NULL otherwise). */
@@ -636,18 +637,9 @@ static void test_jsd(kt_rng *rng) {
     test_div_case(rng, 3, 100000, KDLOSS_BF16, KDLOSS_BF16, 0.5, NULL, 1, 0, 0, 0);
 }
 
-/* Every divergence of the family and its alpha / beta end points (as tests/test_distill.c). */
-static const kdloss_div_params DIVS[] = {
-    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.1, 0.1},
-    {KDLOSS_DIV_JSD, 0.5, 0.1},             {KDLOSS_DIV_JSD, 1.0, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 1.0},
-    {KDLOSS_DIV_TVD, 0.5, 0.1},
-};
-#define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
+/* Every divergence of the family and its alpha / beta end points (tests/support/div_cases.h). */
+#define DIVS KT_DIV_CASES
+#define NDIV KT_NDIV_CASES
 
 static void test_distill(kt_rng *rng) {
     const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
