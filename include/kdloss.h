@@ -72,7 +72,9 @@ typedef enum kdloss_status {
     KDLOSS_ERR_INTERNAL = -16,         /* a bug in kdloss: please report it */
     KDLOSS_ERR_BUDGET_TOO_SMALL = -17, /* memory_budget cannot hold a one-row chunk: the minimum is
                                           what kdloss_fljsd_min_budget() returns */
-    KDLOSS_ERR_MISALIGNED = -18        /* a pointer is not aligned to its element size */
+    KDLOSS_ERR_MISALIGNED = -18,       /* a pointer is not aligned to its element size */
+    KDLOSS_ERR_INVALID_ID = -19        /* a sparse teacher's token id is neither -1 nor in [0, V),
+                                          or repeats among one row's used slots */
 } kdloss_status;
 
 /* A static, human-readable message for a status code ("invalid size: ..."). Never NULL. */
@@ -499,6 +501,131 @@ KDLOSS_API kdloss_status kdloss_fused_linear_distill(
     void *workspace, size_t workspace_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
+/* Sparse top-k teacher (docs/MATH.md section 8)                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Offline distillation stores, per token, the teacher's K most likely token ids and their
+ * log-probabilities. These functions compare that sparse teacher with the student's full
+ * distribution Q = softmax(zs / T) over V tokens. The teacher's log-probs must be normalized over
+ * the FULL vocabulary at the distillation temperature (log_softmax(teacher_logits / T), then
+ * gathered); kdloss never re-tempers them.
+ *
+ * Per row, S = the row's used ids (slots with id != -1, in slot order), P_k = exp(lp_k):
+ *   BUCKET          K+1 bins: the used ids and one tail bin. Teacher tail = 1 - sum_S P_k, formed
+ *                   as -expm1(logsumexp(lp_S)) in double and floored at 2^-126 (so that
+ *                   reverse-type divergences stay finite when the teacher's top-k mass rounds to
+ *                   1; the floor moves a forward-type loss by < 1e-35). Student tail = sum of Q
+ *                   over the ids NOT in S, summed directly in log space (never 1 - sum, so it is
+ *                   exact, and > 0 whenever some id is outside S). When S holds all V ids there is
+ *                   no tail bin (then this equals kdloss_distill on the dense distributions).
+ *                   Every divergence of the family applies to the two (|S|+1)-bin distributions.
+ *   RENORM_BOTH     both distributions renormalized over S (log-softmax over the used slots);
+ *                   every divergence applies. It depends on the student only through the |S|
+ *                   selected logits, so the fused loss computes them from the |S| gathered weight
+ *                   rows, O(BT K H) instead of O(BT V H), when no cross-entropy or row_lse is wanted.
+ *   RENORM_TEACHER  the teacher renormalized over S against the student's full-vocabulary
+ *                   log-probs at S: sum_S P'_k (log P'_k - log Q_k) (the axolotl / DistillKit
+ *                   convention; not a divergence between two distributions, and >= -log sum_S Q).
+ *                   FORWARD_KL only: any other divergence is KDLOSS_ERR_INVALID_PARAM.
+ * A row with no used slot contributes 0 (loss and gradient) and still counts as a kept row. */
+typedef enum kdloss_topk_tail {
+    KDLOSS_TAIL_BUCKET = 0,
+    KDLOSS_TAIL_RENORM_BOTH = 1,
+    KDLOSS_TAIL_RENORM_TEACHER = 2
+} kdloss_topk_tail;
+
+/* "bucket", "renorm_both", "renorm_teacher"; "unknown" otherwise. */
+KDLOSS_API const char *kdloss_topk_tail_name(kdloss_topk_tail tail);
+/* The tail mode named `name`; KDLOSS_ERR_INVALID_PARAM if none is. */
+KDLOSS_API kdloss_status kdloss_topk_tail_from_name(const char *name, kdloss_topk_tail *tail);
+
+/* A sparse teacher for BT rows: K slots per row.
+ *   ids       (BT x K) KDLOSS_I32 or KDLOSS_I64: token ids in [0, V), -1 = unused slot. Every
+ *             row is checked, ignored rows too: any other value, or an id used twice in one row,
+ *             is KDLOSS_ERR_INVALID_ID (nothing written).
+ *   logprobs  (BT x K) F32, BF16 or F16: the teacher's log-probs at those ids (finite or -inf;
+ *             the value in an unused slot is never read). */
+typedef struct kdloss_topk_teacher {
+    int64_t k;
+    kdloss_cmat ids;
+    kdloss_cmat logprobs;
+} kdloss_topk_teacher;
+
+typedef struct kdloss_topk_distill_params {
+    kdloss_div_params div; /* default forward KL                                             */
+    kdloss_topk_tail tail; /* default KDLOSS_TAIL_BUCKET                                      */
+    double temperature;    /* divides the student logits; > 0, 1/T a finite fp32; default 1   */
+    int64_t ignore_index;  /* rows whose label equals it are skipped; default -100            */
+    double grad_scale;     /* upstream gradient, folded in; default 1; grad_scale / T must be a
+                              finite fp32                                                      */
+} kdloss_topk_distill_params;
+
+KDLOSS_API void kdloss_topk_distill_params_default(kdloss_topk_distill_params *params);
+
+/*
+ * The sparse-teacher loss on the student's LOGITS, one pass per row (the fused loss's row pass):
+ * Q = softmax(zs / T) over V, the teacher as above, per row D in the chosen tail mode.
+ * Shapes: student_logits (BT x V) any float dtype; teacher: BT rows of K slots; labels [BT]
+ *         optional (I64 or I32), checked as kdloss_distill's.
+ * Outputs (each optional, at least one required):
+ *   loss     [1] fp32: sum of row losses / max(1, n_valid) (n_valid: non-ignored rows; BT without
+ *            labels).
+ *   row_loss [BT] fp32: each row's loss (0 for ignored rows), not divided by n_valid.
+ *   grad     (BT x V) in the student's dtype: d loss / d student_logits * grad_scale, the chain
+ *            rule through the tempered softmax included (docs/MATH.md 8). Zero on ignored rows.
+ *            grad.data may equal student_logits.data (same ld, in place).
+ * Errors: kdloss_distill_logits's, INVALID_ID (ids), INVALID_SIZE (K < 1), INVALID_PARAM
+ * (unknown tail; RENORM_TEACHER with another divergence), OUT_OF_MEMORY (row buffers). Every
+ * check runs before anything is written.
+ */
+KDLOSS_API kdloss_status kdloss_topk_distill_logits(const kdloss_topk_distill_params *params,
+                                                    int64_t bt, int64_t v,
+                                                    kdloss_cmat student_logits,
+                                                    kdloss_topk_teacher teacher,
+                                                    kdloss_labels labels, float *loss,
+                                                    float *row_loss, kdloss_mat grad);
+
+/* The fused-linear loss against a sparse teacher: the student's logits zs = xs ws^T + bs are
+ * formed chunk by chunk as in kdloss_fused_linear_distill; no teacher GEMM exists.
+ *   loss = (w_hard * CE_sum + w_soft * soft_sum * (t2_scale ? T^2 : 1)) / max(1, n_valid)
+ * with CE on the untempered logits and the soft part in the chosen tail mode, over rows whose
+ * label is not ignore_index. labels.data = NULL keeps every row; weight_hard_loss must then be 0
+ * and hard_loss / row_hard not asked for (KDLOSS_ERR_INVALID_PARAM). Outputs as
+ * kdloss_fused_linear_distill's (row_soft: the row's soft loss; row_lse: the untempered
+ * log-sum-exp). RENORM_BOTH without any cross-entropy or row_lse output runs the sparse path:
+ * K gathered weight rows per token, no BT x V logits (workspace O(chunk K + V Hs) at most). */
+typedef struct kdloss_fused_linear_topk_distill_params {
+    kdloss_div_params div;   /* default forward KL                                             */
+    kdloss_topk_tail tail;   /* default KDLOSS_TAIL_BUCKET                                      */
+    double temperature;      /* as kdloss_fused_linear_distill_params; default 1               */
+    double weight_hard_loss; /* >= 0; default 0                                                */
+    double weight_soft_loss; /* >= 0; default 1                                                */
+    int t2_scale;            /* 0 or 1; default 0                                              */
+    int64_t ignore_index;    /* default -100                                                   */
+    int64_t chunk_size;      /* rows per chunk; 0 = automatic; default 0                        */
+    size_t memory_budget;    /* as kdloss_fused_linear_distill_params; default 0 (256 MiB)      */
+    double grad_scale;       /* default 1                                                      */
+} kdloss_fused_linear_topk_distill_params;
+
+KDLOSS_API void kdloss_fused_linear_topk_distill_params_default(
+    kdloss_fused_linear_topk_distill_params *params);
+
+/* Workspace bytes for these shapes (K slots per row); want_grad as kdloss_fljsd_workspace_size.
+ * The plan depends on whether labels are given only through the params' weights, so this is
+ * the size for any call with these params and shapes. */
+KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+
+/* Shapes: xs (BT x Hs), ws (V x Hs), bs [V] optional (dtype of ws), teacher (BT rows of K),
+ * labels [BT] optional. xs/ws F32 or BF16 (the same). */
+KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher,
+    kdloss_labels labels, kdloss_fused_linear_distill_out *out, void *workspace,
+    size_t workspace_bytes);
+
+/* ------------------------------------------------------------------------------------------ */
 /* CUDA backend (declared always; returns KDLOSS_ERR_UNSUPPORTED when built without CUDA)     */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -567,6 +694,26 @@ KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill(
     int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes);
+
+/* The sparse top-k teacher on the GPU: the same semantics as kdloss_topk_distill_logits and
+ * kdloss_fused_linear_topk_distill, from the same row definitions (src/common/topk_row.h). The
+ * teacher's ids are device memory: like labels, an invalid id (or a repeated one) is reported
+ * through the workspace's status word (KDLOSS_ERR_INVALID_ID; scalar losses NaN, the row's loss
+ * NaN and its gradient zero) instead of before the first launch. */
+KDLOSS_API kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t v,
+                                                                       int64_t k, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_topk_distill_logits(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_topk_distill_params *params, int64_t bt,
+    int64_t v, kdloss_cmat student_logits, kdloss_topk_teacher teacher, kdloss_labels labels,
+    float *loss, float *row_loss, kdloss_mat grad, void *workspace, size_t workspace_bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_topk_distill(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_topk_distill_params *params,
+    int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
+    void *workspace, size_t workspace_bytes);
 
 #ifdef __cplusplus
 }
