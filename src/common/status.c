@@ -33,6 +33,8 @@ const char *kdloss_status_string(kdloss_status status) {
                "kdloss_fljsd_min_budget() gives the minimum for these shapes";
     case KDLOSS_ERR_MISALIGNED:
         return "misaligned pointer: every pointer must be aligned to its element size";
+    case KDLOSS_ERR_INVALID_ID:
+        return "invalid teacher id: an id is neither -1 nor in [0, V), or repeats within a row";
     }
     return "unknown status code";
 }

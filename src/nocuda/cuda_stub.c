@@ -77,3 +77,29 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
     return KDLOSS_ERR_UNSUPPORTED;
 }
+
+kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t v, int64_t k,
+                                                            size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_topk_distill_logits(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_topk_distill_params *params, int64_t bt,
+    int64_t v, kdloss_cmat student_logits, kdloss_topk_teacher teacher, kdloss_labels labels,
+    float *loss, float *row_loss, kdloss_mat grad, void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_topk_distill(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_topk_distill_params *params,
+    int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
+    void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
