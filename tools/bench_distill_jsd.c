@@ -156,151 +156,30 @@ static void dj_describe(const kb_options *o, const dj_opts *k, kb_workload *w) {
 
 static double mb(double bytes) { return bytes / 1048576.0; }
 
-/* Median of n samples (sorted in place). */
-static double median(double *x, int64_t n) { return kb_quantile(x, n, 0.5); }
-
-/* The samples of the alternating timing loop, `reps` of each (one block, freed with kd). */
-typedef struct dj_samples {
-    double *kd;        /* kdloss call times */
-    double *floor_sum; /* the floor rounds' sums (of the GEMMs the mode needs); -1: none */
-    double *paired;    /* kd[r] / floor_sum[r]: the two measured back to back */
-    double *gemm_ns;   /* [g * reps + r]: each GEMM of each round */
-} dj_samples;
-
-static void samples_alloc(dj_samples *sm, int64_t reps) {
-    sm->kd = malloc(sizeof(double) * (size_t)reps * (3 + KB_GEMM_COUNT));
-    if (!sm->kd) {
-        fprintf(stderr, "kdloss bench: out of memory\n");
-        exit(1);
-    }
-    sm->floor_sum = sm->kd + reps;
-    sm->paired = sm->kd + 2 * reps;
-    sm->gemm_ns = sm->kd + 3 * reps;
-    for (int64_t r = 0; r < reps; r++) sm->floor_sum[r] = -1.0;
-}
-
-/* One floor round per loadable GEMM provider (after an untimed one unless a round is over a
- * TFLOP): the fastest is the floor the alternating rounds use; the others are printed beside
- * it, so a slow provider (the one the library uses, say) cannot hide. */
-typedef struct dj_survey {
-    int n, best; /* best: index of the fastest, -1 when none ran */
-    kdloss_gemm_info info[2];
-    double sum[2]; /* seconds for the GEMMs the mode needs; < 0: the provider failed */
-} dj_survey;
-
-static void survey_providers(const kb_options *o, const dj_opts *k, kb_floor *fl, dj_survey *sv) {
-    static const kdloss_gemm_provider all[2] = {KDLOSS_GEMM_ONEDNN, KDLOSS_GEMM_OPENBLAS};
-    int n_gemm = o->mode == KB_MODE_FORWARD ? 2 : KB_GEMM_COUNT;
-    int warm = 2.0 * (double)o->bt * (double)o->vocab * (double)(3 * k->hs + k->ht) < 1e12;
-    memset(sv, 0, sizeof *sv);
-    sv->best = -1;
-    for (int i = 0; i < 2 && fl->pid; i++) {
-        if (all[i] == KDLOSS_GEMM_OPENBLAS && k->skip_openblas) continue;
-        if (kdloss_gemm_query(all[i], &sv->info[sv->n]) != KDLOSS_OK) continue;
-        double ns[KB_GEMM_COUNT];
-        int r = 0;
-        for (int w = 0; w <= warm && r == 0; w++) r = kb_floor_round(fl, all[i], ns);
-        if (r < 0) return;
-        double sum = 0.0;
-        for (int g = 0; g < n_gemm; g++) sum += ns[g] * 1e-9;
-        sv->sum[sv->n] = r == 0 ? sum : -1.0;
-        if (r == 0 && (sv->best < 0 || sum < sv->sum[sv->best])) sv->best = sv->n;
-        sv->n++;
-    }
-}
-
-/* Times `reps` kdloss calls (after o->warmup untimed ones) alternating with GEMM-floor rounds
- * when the floor child runs, so both see the same machine load. Fills res->t and *sm. */
-static kdloss_status time_alternating(const kb_options *o, dj_ctx *c, kb_floor *fl,
-                                      kdloss_gemm_provider prov, kb_result *res,
-                                      dj_samples *sm) {
-    int64_t reps = o->reps;
-    int n_gemm = o->mode == KB_MODE_FORWARD ? 2 : KB_GEMM_COUNT;
-    for (int64_t r = 0; r < reps; r++) {
-        kb_stats one;
-        kdloss_status st = kb_time(dj_call, c, r == 0 ? o->warmup : 0, 1, res->working_set, &one);
-        if (st != KDLOSS_OK) return st;
-        sm->kd[r] = one.median_ns;
-        double ns[KB_GEMM_COUNT];
-        if (!fl->pid || kb_floor_round(fl, prov, ns) != 0) {
-            kb_floor_stop(fl);
-            continue;
-        }
-        sm->floor_sum[r] = 0.0;
-        for (int g = 0; g < KB_GEMM_COUNT; g++) sm->gemm_ns[g * reps + r] = ns[g];
-        for (int g = 0; g < n_gemm; g++) sm->floor_sum[r] += ns[g];
-        sm->paired[r] = sm->kd[r] / sm->floor_sum[r];
-    }
-    double *kd = sm->kd; /* kb_quantile sorts: the pairing is in sm->paired already */
-    res->t.n = reps;
-    res->t.min_ns = kb_quantile(kd, reps, 0.0);
-    res->t.max_ns = kb_quantile(kd, reps, 1.0);
-    res->t.p20_ns = kb_quantile(kd, reps, 0.2);
-    res->t.median_ns = kb_quantile(kd, reps, 0.5);
-    res->t.p80_ns = kb_quantile(kd, reps, 0.8);
-    return KDLOSS_OK;
-}
-
 /* Prints and records the floor, the ratio and the memory figures. */
 static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_result *res,
-                   dj_samples *sm, const dj_survey *sv, double in_bytes, double out_bytes) {
-    int64_t reps = o->reps;
-    double flop = 2.0 * (double)o->bt * (double)o->vocab *
-                  (o->mode == KB_MODE_FORWARD ? (double)(k->hs + k->ht)
-                                              : (double)(3 * k->hs + k->ht));
-    for (int i = 0; i < sv->n; i++) {
-        const kdloss_gemm_info *g = &sv->info[i];
-        printf("gemm floor, %s %s (%s%s): ", g->name, g->version, g->kernel,
-               g->generic ? ", GENERIC kernel on this CPU" : "");
-        if (sv->sum[i] < 0) printf("failed\n");
-        else printf("%.3f s, %.0f GFLOP/s%s\n", sv->sum[i], flop / sv->sum[i] * 1e-9,
-                    i == sv->best ? "  <- fastest, the floor below" : "");
-        char metric[32];
-        snprintf(metric, sizeof metric, "gemm_floor_%s", g->name);
-        if (sv->sum[i] >= 0) kb_result_add_measure(res, metric, "one_round", "ns", sv->sum[i] * 1e9);
-    }
+                   kb_floor_bench *fb, double in_bytes, double out_bytes) {
+    kb_floor_bench_print_survey(fb, res);
     printf("memory: inputs %.1f MiB, outputs %.1f MiB, library workspace %.1f MiB; "
            "materializing BT x V fp32 logits for both models would add %.1f MiB\n",
            mb(in_bytes), mb(out_bytes), mb((double)c->work_bytes),
            mb(2.0 * 4.0 * (double)o->bt * (double)o->vocab));
     kb_result_add_measure(res, "workspace", "bytes", "B", (double)c->work_bytes);
-    for (int64_t r = 0; r < reps; r++) {
-        if (sm->floor_sum[r] < 0.0) {
-            snprintf(res->note, sizeof res->note, "hs%lld ht%lld gemm floor not measured",
-                     (long long)k->hs, (long long)k->ht);
-            return;
-        }
+    double kd_med = res->t.median_ns, fl_med, ratio;
+    if (kb_floor_bench_report(fb, res, kd_med, &fl_med, &ratio) != 0) {
+        snprintf(res->note, sizeof res->note, "hs%lld ht%lld gemm floor not measured",
+                 (long long)k->hs, (long long)k->ht);
+        return;
     }
-    printf("gemm floor (%s, fp32, in a child process, rounds alternating with the kdloss calls, "
-           "median of %lld):", sv->info[sv->best].name, (long long)reps);
-    double med[KB_GEMM_COUNT];
-    for (int g = 0; g < KB_GEMM_COUNT; g++) {
-        med[g] = median(sm->gemm_ns + g * reps, reps);
-        printf(" %s %.3f s;", kb_gemm_name(g), med[g] * 1e-9);
-    }
-    double kd_med = res->t.median_ns, fl_med = median(sm->floor_sum, reps);
-    double paired = median(sm->paired, reps);
-    int full = o->mode != KB_MODE_FORWARD;
-    printf(" sum%s %.3f s\n", full ? "" : " of the two logits GEMMs", fl_med * 1e-9);
-    printf("kdloss / gemm floor = %.3f (medians; kdloss %.3f s), %.3f (median of the %lld "
-           "back-to-back pairs)\n",
-           kd_med / fl_med, kd_med * 1e-9, paired, (long long)reps);
-    if (full)
+    if (o->mode != KB_MODE_FORWARD)
         printf("TARGET distill_jsd %s%s%s BT %lld V %lld: kdloss / fastest GEMM floor %.3f "
                "(target <= %.2f): %s\n", strcmp(k->divergence, "jsd") ? k->divergence : "",
                strcmp(k->divergence, "jsd") ? " " : "", kb_dtype_name(o->dtype), (long long)o->bt,
-               (long long)o->vocab, kd_med / fl_med, DJ_FLOOR_TARGET,
-               kd_med / fl_med <= DJ_FLOOR_TARGET ? "MET" : "NOT MET");
-    kb_result_add_measure(res, "gemm_floor_latency", "median", "ns", fl_med);
-    kb_result_add_measure(res, "gemm_student_logits", "median", "ns", med[KB_GEMM_ZS]);
-    kb_result_add_measure(res, "gemm_teacher_logits", "median", "ns", med[KB_GEMM_ZT]);
-    kb_result_add_measure(res, "gemm_dxs", "median", "ns", med[KB_GEMM_DXS]);
-    kb_result_add_measure(res, "gemm_dws", "median", "ns", med[KB_GEMM_DWS]);
-    kb_result_add_measure(res, "gemm_floor_ratio", "median", "x", kd_med / fl_med);
-    kb_result_add_measure(res, "gemm_floor_ratio_paired", "median", "x", paired);
+               (long long)o->vocab, ratio, DJ_FLOOR_TARGET,
+               ratio <= DJ_FLOOR_TARGET ? "MET" : "NOT MET");
     snprintf(res->note, sizeof res->note, "hs%lld ht%lld floor(%s) %.2fs %.2fx",
-             (long long)k->hs, (long long)k->ht, sv->info[sv->best].name, fl_med * 1e-9,
-             kd_med / fl_med);
+             (long long)k->hs, (long long)k->ht, kb_floor_bench_provider(fb), fl_med * 1e-9,
+             ratio);
 }
 
 static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
@@ -357,21 +236,17 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     double out_bytes = grad ? (double)(bxs + bws) : 0.0;
     res->bytes = in_bytes + out_bytes;
     res->working_set = (size_t)res->bytes + c.work_bytes;
-    dj_samples sm;
-    samples_alloc(&sm, o->reps);
-    kb_floor fl;
-    dj_survey sv;
-    if (kb_floor_start(&fl, bt, k->hs, k->ht, v) != 0)
-        printf("gemm floor: not measured (see above)\n");
-    survey_providers(o, k, &fl, &sv);
-    if (sv.best < 0) kb_floor_stop(&fl);
-    kdloss_gemm_provider best = sv.best >= 0 ? sv.info[sv.best].provider : KDLOSS_GEMM_AUTO;
-    if (st == KDLOSS_OK) st = time_alternating(o, &c, &fl, best, res, &sm);
-    kb_floor_stop(&fl);
+    kb_floor_bench fb;
+    kb_floor_bench_start(&fb, bt, k->hs, k->ht, v, o->mode == KB_MODE_FORWARD,
+                         k->skip_openblas ? KB_FLOOR_ONEDNN : KB_FLOOR_ALL, o->reps, 1);
+    kb_call_fn fn = dj_call;
+    void *ctx = &c;
+    if (st == KDLOSS_OK) st = kb_floor_bench_time(&fb, &fn, &ctx, o->warmup, res->working_set, &res->t);
+    kb_floor_stop(&fb.fl);
     res->loss = c.loss;
     res->has_loss = loss;
-    if (st == KDLOSS_OK) report(o, k, &c, res, &sm, &sv, in_bytes, out_bytes);
-    free(sm.kd);
+    if (st == KDLOSS_OK) report(o, k, &c, res, &fb, in_bytes, out_bytes);
+    kb_floor_bench_end(&fb);
     void *all[] = {xs, ws, xt, wt, labels, dxs, dws, c.work};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kb_free(all[i]);
     if (st != KDLOSS_OK) {
