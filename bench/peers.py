@@ -19,6 +19,8 @@ Protocol (bench/README.md's reference workloads, adapted to a CPU):
     it (VmHWM; getrusage's ru_maxrss is not reset by clear_refs, so it is only the fallback) - the
     RSS before the inputs existed: inputs, outputs,
     gradients and working space of a steady-state full pass, without the Python/torch runtime;
+  * torch_gemms (not a peer: the floor): the fused-linear loss's bare GEMMs through torch's
+    matmul in this process (distillation: four; top-k: three, no teacher GEMM);
   * every provider gets the same inputs from the same seed, and the same input pipeline: for KL the
     input is randn(BT,V).log_softmax(-1) of a leaf that requires grad (so "full" includes the
     log_softmax backward for everyone); for distillation torch.rand hidden states, nn.Linear
@@ -30,6 +32,15 @@ Providers:
   distill_jsd_loss: torch = full fp32 logits + CE + JSD written from docs/MATH.md section 4,
                     liger = chunked LigerFusedLinearJSDLoss (plain torch, compiled=True by default),
                     kdloss = kdloss.torch.FusedLinearJSDLoss (module defaults)
+  topk_distill:     the LM head against a sparse top-k teacher (issue 10, docs/MATH.md section 8),
+                    forward KL, bucket tail, T 1, no labels: torch = eager (fp32 logits,
+                    log_softmax, gather at the ids, tails via logsumexp/expm1, autograd),
+                    kdloss = kdloss.torch.FusedLinearTopKDistillLoss when this build has it
+                    (otherwise recorded as unavailable, not as a failure: `kdloss bench
+                    topk_distill` times the C call), no Liger equivalent. Teacher: per row the K
+                    most likely ids of log_softmax(5 randn(V)) and their log-probs (int32 ids for
+                    kdloss, int64 for torch's gather). --topk-rss-bt: a fresh child doing one
+                    kdloss call at that BT reports its whole peak RSS (target < 1.5 GiB)
 
 Output: one KernelIndex-style JSON record per (workload, mode, provider, point) in --out, PNG plots
 of time and memory against size per provider, and a markdown table on stdout.
@@ -110,6 +121,47 @@ def torch_distill_loss(xs, ws, xt, wt, labels, beta=0.5, temperature=1.0, w_hard
     return w_hard * hard + w_soft * soft
 
 
+def torch_topk_loss(xs, ws, ids, lp, temperature=1.0, tail="bucket"):
+    """Eager reference of docs/MATH.md section 8, forward KL: full fp32 logits, log_softmax,
+    gather at the teacher's ids; bucket tails from the K values (logsumexp, expm1, floored at
+    2^-126 like kdloss's teacher tail), mean over rows; autograd does the backward."""
+    import torch
+    import torch.nn.functional as F
+    zs = (xs @ ws.T).float()
+    bt = zs.shape[0]
+    if tail == "renorm_both":  # both renormalized over S: only the gathered logits matter
+        x = F.log_softmax(zs.gather(1, ids) / temperature, -1)
+        y = lp - torch.logsumexp(lp, -1, keepdim=True)
+        return (y.exp() * (y - x)).sum() / bt
+    x = F.log_softmax(zs / temperature, -1).gather(1, ids)  # student log-probs at S
+    if tail == "renorm_teacher":
+        y = lp - torch.logsumexp(lp, -1, keepdim=True)
+        return (y.exp() * (y - x)).sum() / bt
+    floor = 2.0 ** -126
+    x_tail = torch.log((-torch.expm1(torch.logsumexp(x, -1))).clamp_min(floor))
+    y_tail = torch.log((-torch.expm1(torch.logsumexp(lp.double(), -1))).clamp_min(floor)).float()
+    rows = (lp.exp() * (lp - x)).sum(-1) + y_tail.exp() * (y_tail - x_tail)
+    return rows.sum() / bt
+
+
+def topk_teacher(bt, v, k, scale=5.0, chunk=256):
+    """(ids int64, log-probs fp32): per row the k most likely ids of log_softmax(scale randn(v)),
+    most likely first, drawn chunk by chunk so no BT x V tensor exists at once."""
+    import torch
+    ids, lps = [], []
+    for r in range(0, bt, chunk):
+        z = torch.randn(min(chunk, bt - r), v).mul_(scale).log_softmax(-1)
+        lp, i = z.topk(k, -1)
+        ids.append(i)
+        lps.append(lp)
+        del z
+    return torch.cat(ids), torch.cat(lps)
+
+
+class ProviderUnavailable(Exception):
+    """This provider does not exist in this build (recorded, not counted as a failure)."""
+
+
 def gemm_floor_fn():
     """The distillation loss's four bare GEMMs in torch (its own matmul, MKL on x86): the student
     and teacher logits in forward, dXs = zs ws and dWs = zs^T xs in backward. Nothing else, so
@@ -133,6 +185,26 @@ def gemm_floor_fn():
     return GemmFloor.apply
 
 
+def gemm_floor3_fn():
+    """The top-k loss's three bare GEMMs in torch: the student logits zs = xs ws^T in forward,
+    dXs = zs ws and dWs = zs^T xs in backward (no teacher GEMM: the teacher is sparse)."""
+    import torch
+
+    class GemmFloor3(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, xs, ws):
+            zs = xs @ ws.T
+            ctx.save_for_backward(xs, ws, zs)
+            return zs.new_zeros(())
+
+        @staticmethod
+        def backward(ctx, g):
+            xs, ws, zs = ctx.saved_tensors
+            return zs @ ws, zs.T @ xs
+
+    return GemmFloor3.apply
+
+
 def make_inputs(wl, p, seed=0):
     """The tensors every provider of a point shares. `leaves` get their .grad reset."""
     import torch
@@ -143,6 +215,13 @@ def make_inputs(wl, p, seed=0):
         leaf = torch.randn(bt, v, dtype=dtype, requires_grad=True)
         return {"leaf": leaf, "x": leaf.log_softmax(-1),
                 "t": torch.randn(bt, v, dtype=dtype).softmax(-1), "leaves": [leaf], "retain": True}
+    if wl == "topk_distill":
+        bt, hs, v, k = p["tokens"], p["hidden"], p["vocab"], p["topk"]
+        xs = torch.rand(bt, hs, dtype=dtype, requires_grad=True)
+        ws = torch.nn.Linear(hs, v, bias=False, dtype=dtype).weight
+        ids, lp = topk_teacher(bt, v, k)
+        return {"xs": xs, "ws": ws, "ids": ids, "ids32": ids.to(torch.int32), "lp": lp,
+                "leaves": [xs, ws], "retain": False}
     bt, hs, ht, v = p["tokens"], p["hidden_student"], p["hidden_teacher"], p["vocab"]
     xs = torch.rand(bt, hs, dtype=dtype, requires_grad=True)
     xt = torch.rand(bt, ht, dtype=dtype)
@@ -167,6 +246,8 @@ def make_provider(wl, prov, inp, liger_compiled=True):
             import kdloss.torch
             fn, impl = kdloss.torch.KLDivLoss(reduction="batchmean"), "kdloss.torch.KLDivLoss"
         return (lambda: fn(x, t)), {"module": impl, "options": {"reduction": "batchmean"}}
+    if wl == "topk_distill":
+        return make_topk_provider(prov, inp)
     xs, ws, xt, wt, labels = (inp[k] for k in ("xs", "ws", "xt", "wt", "labels"))
     opts = {"weight_hard_loss": 0.5, "weight_soft_loss": 0.5, "beta": 0.5, "temperature": 1.0}
     if prov == "torch":
@@ -190,7 +271,32 @@ def make_provider(wl, prov, inp, liger_compiled=True):
     return (lambda: m(xs, ws, xt, wt, labels)), {"module": impl, "options": opts}
 
 
-TINY = {"tokens": 8, "vocab": 64, "hidden_student": 16, "hidden_teacher": 32}
+def make_topk_provider(prov, inp):
+    import torch
+    xs, ws, ids, ids32, lp = (inp[k] for k in ("xs", "ws", "ids", "ids32", "lp"))
+    opts = {"divergence": "forward_kl", "tail": "bucket", "temperature": 1.0}
+    if prov == "torch":
+        impl = "eager torch: fp32 logits, log_softmax, gather, bucket tails (bench/peers.py)"
+        return (lambda: torch_topk_loss(xs, ws, ids, lp)), {"module": impl, "options": opts}
+    if prov == "torch_gemms":
+        floor = gemm_floor3_fn()
+        return (lambda: floor(xs, ws)), {
+            "module": "torch matmul: the three bare GEMMs (the floor; bench/peers.py)",
+            "options": {}}
+    if prov == "kdloss":
+        import kdloss.torch
+        cls = getattr(kdloss.torch, "FusedLinearTopKDistillLoss", None)
+        if cls is None:
+            raise ProviderUnavailable("kdloss.torch.FusedLinearTopKDistillLoss is not in this "
+                                      "build (kdloss bench topk_distill times the C call)")
+        m = cls(**opts)
+        return (lambda: m(xs, ws, ids32, lp)), {
+            "module": "kdloss.torch.FusedLinearTopKDistillLoss", "options": opts}
+    raise ProviderUnavailable(f"no {prov} implementation of a sparse top-k teacher loss")
+
+
+TINY = {"tokens": 8, "vocab": 64, "hidden_student": 16, "hidden_teacher": 32, "hidden": 16,
+        "topk": 4}
 
 
 def quantiles(ns):
@@ -337,6 +443,52 @@ def mem_child(spec):
     return out
 
 
+def topk_rss_child(spec):
+    """One full kdloss top-k call at spec's point in this fresh process: its whole peak RSS
+    (VmHWM: the Python/torch runtime, the inputs, the outputs, the library's workspace)."""
+    import torch  # noqa: F401
+    import kdloss
+    kdloss.version()
+    out = {"baseline_rss_mb": rss_now_mb()}
+    try:
+        inp = make_inputs("topk_distill", spec["point"])
+        fwd, _ = make_provider("topk_distill", "kdloss", inp)
+        del inp["ids"]  # kdloss reads the int32 copy; torch's int64 one is not part of its call
+        out["inputs_rss_mb"] = rss_now_mb()
+        y = fwd()
+        y.backward()
+        out["loss"] = float(y.detach())
+        out["status"] = "passed"
+    except ProviderUnavailable as exc:
+        out["status"], out["error"] = "unavailable", error_text(exc)
+    except Exception as exc:
+        out["status"], out["error"] = "failed", error_text(exc)
+    out["peak_rss_mb"] = rss_peak_mb()
+    return out
+
+
+def run_topk_rss(args):
+    """The top-k peak-RSS child at BT args.topk_rss_bt: a result dict (status passed,
+    unavailable or failed)."""
+    point = {"tokens": args.topk_rss_bt, "hidden": args.topk_hs, "vocab": args.vocab,
+             "topk": args.topk_k, "dtype": args.dtype}
+    try:
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-topk-rss",
+                              json.dumps({"point": point})], capture_output=True, text=True,
+                             timeout=args.timeout, env=child_env())
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": f"timed out after {args.timeout}s", "point": point}
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if out.returncode != 0 or not lines:
+        err = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return {"status": "failed", "error": f"child exited {out.returncode}: {err}",
+                "point": point}
+    return dict(json.loads(lines[-1]), point=point)
+
+
+TOPK_RSS_TARGET_MIB = 1536  # issue 10: one BT 8192 call, the whole process below 1.5 GiB
+
+
 # ---------------------------------------------------------------------------------------------------
 # parent side: sweeps, records, plots, table
 # ---------------------------------------------------------------------------------------------------
@@ -417,6 +569,8 @@ THP = False  # --thp: torch's CPU allocator asks for transparent huge pages (eve
 def point_slug(wl, p):
     if wl == "kl_div":
         return f"tokens{p['tokens']}-vocab{p['vocab']}-{p['dtype']}"
+    if wl == "topk_distill":  # kdloss bench's id order: in-id keys sorted, then the dtype
+        return f"hidden{p['hidden']}-tokens{p['tokens']}-topk{p['topk']}-vocab{p['vocab']}-{p['dtype']}"
     # seed convention: "hidden" is the teacher's hidden size, the student's is half of it
     return f"hidden{p['hidden_teacher']}-tokens{p['tokens']}-vocab{p['vocab']}-{p['dtype']}"
 
@@ -428,6 +582,13 @@ def workload_obj(wl, p):
                     input="randn(BT,V).log_softmax(-1) of a leaf requiring grad",
                     target="randn(BT,V).softmax(-1)")
         title = "KL-divergence loss"
+    elif wl == "topk_distill":
+        spec.update(student_input="rand(BT,H)", weights="nn.Linear default init, no bias",
+                    teacher="per row the top-k ids of log_softmax(5 randn(V)) and their log-probs"
+                            " (int32 ids for kdloss, int64 for torch), fp32",
+                    labels="none", divergence="forward_kl", tail="bucket", temperature=1.0,
+                    weight_soft_loss=1.0, weight_hard_loss=0.0)
+        title = "Fused-linear distillation loss, sparse top-k teacher"
     else:
         spec.update(student_input="rand(BT,Hs)", teacher_input="rand(BT,Ht)",
                     weights="nn.Linear default init, no bias; teacher frozen",
@@ -517,7 +678,8 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
     else:
         spec["error"] = res.get("error", f"mode {mode} not run")
     spec["sourceNative"] = native
-    titles = {"kl_div": "KL-divergence loss", "distill_jsd_loss": "Chunked distillation JSD loss"}
+    titles = {"kl_div": "KL-divergence loss", "distill_jsd_loss": "Chunked distillation JSD loss",
+              "topk_distill": "Fused-linear distillation loss, sparse top-k teacher"}
     run = {"kind": "BenchmarkRun", "spec": spec,
            "metadata": {"name": slug(f"kdloss-peers-{wl}-{mode}-{prov}-{cpu['slug']}-{ps}-{stamp}")[:100],
                         "title": f"{titles[wl]} · {prov} · {mode}",
@@ -569,6 +731,11 @@ def plan(args):
                                               "hidden_teacher": args.ht, "vocab": args.vocab,
                                               "dtype": args.dtype}, modes,
                          min(args.min_reps, args.distill_min_reps)))
+    if "topk_distill" in args.workloads:
+        for bt in args.topk_bt:
+            jobs.append(("topk_distill", {"tokens": bt, "hidden": args.topk_hs, "vocab": args.vocab,
+                                          "topk": args.topk_k, "dtype": args.dtype}, ["full"],
+                         min(args.min_reps, args.distill_min_reps)))
     return jobs
 
 
@@ -585,7 +752,7 @@ def table(results, all_providers):
     keys = sorted({(wl, mode) for (wl, mode, _, _) in results},
                   key=lambda k: (k[0], ["forward", "backward", "full"].index(k[1])))
     for wl, mode in keys:
-        providers = [p for p in all_providers if p not in FLOORS or wl == "distill_jsd_loss"]
+        providers = [p for p in all_providers if p in workload_providers(wl)]
         pts = [p for (w, m, _, p) in results if (w, m) == (wl, mode)]
         pts = list(dict.fromkeys(pts))
         head = ["point"] + [f"{p} ms [p20–p80]" for p in providers] + \
@@ -597,8 +764,8 @@ def table(results, all_providers):
             row = [p]
             res = {pr: results.get((wl, mode, pr, p)) for pr in providers}
             qs = {pr: (r or {}).get("modes", {}).get(mode) for pr, r in res.items()}
-            row += [fmt_ms(qs[pr]) if qs[pr] else f"failed: {(res[pr] or {}).get('error', 'not run')[:60]}"
-                    for pr in providers]
+            row += [fmt_ms(qs[pr]) if qs[pr] else f"{failed_word(res[pr])}: "
+                    f"{(res[pr] or {}).get('error', 'not run')[:60]}" for pr in providers]
             row += [f"{res[pr]['peak_mb']:.0f}" if qs[pr] and has_peak(res[pr]) else "—"
                     for pr in providers]
             k = qs.get("kdloss")
@@ -685,9 +852,10 @@ def _full_ms(results, wl, prov, ps):
     return q["ms_50"] if q else None
 
 
-def targets(results):
+def targets(results, topk_rss=None):
     """TARGET lines (bench/run_main.sh collects them): MET or NOT MET, never a bare "passed"."""
     lines = ["\n### Targets\n"]
+    lines += topk_targets(results, topk_rss)
     k, t = (_full_ms(results, "kl_div", p, "tokens16384-vocab4096-fp32") for p in ("kdloss", "torch"))
     if k and t:
         lines.append(f"TARGET peers kl_div full at the seed shape (BT 16384, V 4096, fp32): kdloss "
@@ -718,6 +886,38 @@ def targets(results):
     return "\n".join(lines)
 
 
+def topk_targets(results, topk_rss):
+    """Issue 10's targets, in this process: the fused top-k loss (forward KL, bucket) within
+    1.10x of torch's three bare GEMMs and faster than eager torch; one kdloss call at BT 8192 in
+    a fresh process below 1.5 GiB peak RSS. Without kdloss's module only what ran is said."""
+    lines = []
+    pts = sorted({ps for (wl, _, _, ps) in results if wl == "topk_distill"},
+                 key=lambda ps: results_point_slug(results, ps)["tokens"])
+    for ps in pts:
+        k, t, flo = (_full_ms(results, "topk_distill", p, ps) for p in ("kdloss", "torch", "torch_gemms"))
+        if not k:
+            err = (results.get(("topk_distill", "full", "kdloss", ps)) or {}).get("error", "not run")
+            lines.append(f"(topk_distill {ps}: kdloss not timed in this process: {err[:160]}; "
+                         f"eager torch {t and f'{t:.0f} ms'}, torch's three GEMMs "
+                         f"{flo and f'{flo:.0f} ms'}; compare with `kdloss bench topk_distill`)")
+            continue
+        if flo:
+            lines.append(f"TARGET peers topk_distill full {ps}: kdloss {k / flo:.3f}x the three "
+                         f"bare GEMMs in torch (target <= 1.10x): {'MET' if k / flo <= 1.10 else 'NOT MET'}")
+        if t:
+            lines.append(f"TARGET peers topk_distill full {ps}: kdloss {t / k:.2f}x faster than "
+                         f"eager torch (target > 1x): {'MET' if t / k > 1 else 'NOT MET'}")
+    if topk_rss and topk_rss["status"] == "passed":
+        mib = topk_rss["peak_rss_mb"]
+        lines.append(f"TARGET peers topk_distill peak RSS of a PyTorch process doing one kdloss call "
+                     f"at {point_slug('topk_distill', topk_rss['point'])}: {mib:.0f} MiB (target < "
+                     f"{TOPK_RSS_TARGET_MIB} MiB): {'MET' if mib < TOPK_RSS_TARGET_MIB else 'NOT MET'}")
+    elif topk_rss:
+        lines.append(f"(topk_distill peak-RSS child: {topk_rss['status']}: "
+                     f"{topk_rss.get('error', '')[:160]})")
+    return lines
+
+
 def results_point_slug(results, ps):
     for (w, _, _, p), res in results.items():
         if p == ps:
@@ -730,7 +930,7 @@ def parse(argv):
     ap.add_argument("--quick", action="store_true",
                     help="seed KL point and distillation BT 256 only, full mode, 3 timed runs")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
-    ap.add_argument("--workloads", default="kl_div,distill_jsd_loss")
+    ap.add_argument("--workloads", default="kl_div,distill_jsd_loss,topk_distill")
     ap.add_argument("--providers", default="torch,liger,kdloss,torch_gemms",
                     help="torch_gemms: the distillation loss's four bare GEMMs in torch (its floor)")
     ap.add_argument("--kl-points", default="16384x4096,4096x4096,4096x8192,4096x16384,4096x32768",
@@ -740,6 +940,12 @@ def parse(argv):
     ap.add_argument("--ht", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--topk-bt", default="2048", help="BT list of the sparse top-k teacher loss")
+    ap.add_argument("--topk-hs", type=int, default=1024, help="its hidden size (V: --vocab)")
+    ap.add_argument("--topk-k", type=int, default=64, help="its teacher slots per row")
+    ap.add_argument("--topk-rss-bt", type=int, default=8192,
+                    help="BT of the top-k peak-RSS child (one kdloss call in a fresh process; "
+                         "0: none)")
     ap.add_argument("--kl-all-modes", default="16384x4096",
                     help="KL points (BTxV) that also get forward and backward modes")
     ap.add_argument("--distill-all-modes-max-bt", type=int, default=256,
@@ -760,17 +966,21 @@ def parse(argv):
                     help="untimed sleep before each run, so thread pools still spinning from the "
                          "previous provider's call (OpenBLAS: ~0.1 s) are parked")
     ap.add_argument("--child-mem", help=argparse.SUPPRESS)
+    ap.add_argument("--child-topk-rss", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.child_mem:
+    if a.child_mem or a.child_topk_rss:
         return a
     a.workloads = a.workloads.split(",")
     a.providers = a.providers.split(",")
     a.kl_points = [tuple(int(x) for x in s.split("x")) for s in a.kl_points.split(",") if s]
     a.distill_bt = [int(x) for x in a.distill_bt.split(",") if x]
+    a.topk_bt = [int(x) for x in a.topk_bt.split(",") if x]
     a.kl_all_modes = [tuple(int(x) for x in s.split("x")) for s in a.kl_all_modes.split(",") if s]
     if a.quick:
         a.kl_points = [(16384, 4096)]
         a.distill_bt = [256]
+        a.topk_bt = [256]
+        a.topk_rss_bt = 0
         a.min_reps, a.max_reps, a.target_s, a.warmup_s = 3, 5, 1.0, 0.0
     return a
 
@@ -780,6 +990,9 @@ def main(argv):
     args = parse(argv)
     if args.child_mem:
         print(json.dumps(mem_child(json.loads(args.child_mem))))
+        return 0
+    if args.child_topk_rss:
+        print(json.dumps(topk_rss_child(json.loads(args.child_topk_rss))))
         return 0
     THP = args.thp
     # This process times every provider: same environment as the memory children, set before
@@ -829,16 +1042,30 @@ def main(argv):
                 path = os.path.join(args.out, f"{wl}-{mode}-{prov}-{ps}.json")
                 with open(path, "w") as f:
                     json.dump(rec, f, indent=2)
+    topk_rss = None
+    if "topk_distill" in args.workloads and args.topk_rss_bt > 0 and "kdloss" in args.providers:
+        topk_rss = run_topk_rss(args)
+        with open(os.path.join(args.out, f"topk_distill-peak-rss-kdloss-"
+                               f"{point_slug('topk_distill', topk_rss['point'])}.json"), "w") as f:
+            json.dump(dict(topk_rss, cpu=cpu, software=sw, observedAt=dt.datetime.now(
+                dt.timezone.utc).isoformat(timespec="seconds")), f, indent=2)
+        print(f"[{time.time() - t_start:6.0f}s] topk_distill peak RSS child at BT "
+              f"{args.topk_rss_bt}: " + (f"{topk_rss['peak_rss_mb']:.0f} MiB (baseline "
+              f"{topk_rss['baseline_rss_mb']:.0f}, with inputs {topk_rss['inputs_rss_mb']:.0f})"
+              if topk_rss["status"] == "passed" else
+              f"{topk_rss['status']}: {topk_rss.get('error', '')}"), flush=True)
     pngs = plots(results, args.providers, args.out, kl_bt=4096)
     print(f"\n## kdloss vs peers on {cpu['model']} ({cpu['cores']} cores), "
           f"{time.time() - t_start:.0f} s total; times in ms, median [p20–p80]")
     print(table(results, args.providers))
-    print(targets(results))
+    print(targets(results, topk_rss))
     print("\nrecords: " + args.out + "/*.json" + ("; plots: " + ", ".join(pngs) if pngs else ""))
     print()
     print(combined_rows(results))
     bad = sorted({f"{wl}/{prov}" for (wl, _, prov, _), r in results.items()
                   if r.get("status") != "passed" and not expected_failure(wl, prov, r)})
+    if topk_rss and topk_rss["status"] == "failed":
+        bad.append("topk_distill/kdloss peak-RSS child")
     if bad:
         print("FAILED: " + ", ".join(bad))
         return 1
@@ -848,15 +1075,29 @@ def main(argv):
 FLOORS = ("torch_gemms",)  # not peers: the GEMMs alone, the floor of a fused-linear loss
 
 
+def workload_providers(wl):
+    """Who can run a workload: the GEMM floor only for the fused-linear losses; no Liger
+    equivalent of the sparse top-k teacher loss."""
+    return {"kl_div": ("torch", "liger", "kdloss"),
+            "distill_jsd_loss": ("torch", "liger", "kdloss", "torch_gemms"),
+            "topk_distill": ("torch", "kdloss", "torch_gemms")}[wl]
+
+
 def providers_for(wl, args):
-    """The providers a workload runs: the GEMM floor only for the fused-linear distillation."""
-    return [p for p in args.providers if p not in FLOORS or wl == "distill_jsd_loss"]
+    """The providers a workload runs (those asked for that can run it)."""
+    return [p for p in args.providers if p in workload_providers(wl)]
 
 
 def expected_failure(wl, prov, res):
     """Liger's KL module is a Triton kernel: without a GPU it cannot run, and that is recorded,
-    not counted as a failure. Its chunked distillation loss is plain torch and must run."""
-    return prov == "liger" and wl == "kl_div"
+    not counted as a failure. Its chunked distillation loss is plain torch and must run. A
+    provider this build does not have (kdloss's top-k module before its binding exists) is
+    recorded as unavailable, not as a failure."""
+    return (prov == "liger" and wl == "kl_div") or "ProviderUnavailable" in res.get("error", "")
+
+
+def failed_word(res):
+    return "unavailable" if "ProviderUnavailable" in (res or {}).get("error", "") else "failed"
 
 
 def combined_rows(results):
@@ -864,7 +1105,7 @@ def combined_rows(results):
     implementation column names the provider (torch, liger, kdloss-py: the PyTorch module);
     RSS_MiB is the peak above the child's baseline (see the protocol), GB/s and stream are not
     measured here."""
-    names = {"kl_div": "kl_div", "distill_jsd_loss": "distill_jsd"}
+    names = {"kl_div": "kl_div", "distill_jsd_loss": "distill_jsd", "topk_distill": "topk_distill"}
     impl = {"torch": "torch", "liger": "liger", "kdloss": "kdloss-py", "torch_gemms": "torch-gemm"}
     out = [f"{'kernel':<12} {'mode':<8} {'BT':>8} {'V':>7} {'dtype':<5} {'isa':<9} "
            f"{'median_ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8} {'stream':>6} "
@@ -876,7 +1117,9 @@ def combined_rows(results):
         head = (f"{names[wl]:<12} {mode:<8} {p['tokens']:>8} {p['vocab']:>7} {p['dtype']:<5} "
                 f"{impl[prov]:<9} ")
         note = "peers.py" + (f", Hs {p['hidden_student']} Ht {p['hidden_teacher']}"
-                             if wl != "kl_div" else "") + ", RSS above baseline"
+                             if wl == "distill_jsd_loss" else
+                             f", H {p['hidden']} K {p['topk']} bucket" if wl == "topk_distill"
+                             else "") + ", RSS above baseline"
         if q:
             loss = r.get("loss")
             peak = f"{r['peak_mb']:.0f}" if has_peak(r) else "-"
@@ -885,7 +1128,7 @@ def combined_rows(results):
                        f"{'-':>8} {'-':>6} {peak:>8} {loss_s:>13}  {note}")
         else:
             out.append(head + f"{'-':>10} {'-':>10} {'-':>10} {'-':>8} {'-':>6} {'-':>8} "
-                       f"{'-':>13}  failed: {r.get('error', '')[:80]}")
+                       f"{'-':>13}  {failed_word(r)}: {r.get('error', '')[:80]}")
     return "\n".join(out)
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main benchmark job: `make bench` or `bash bench/run_main.sh BUILD_DIR`.
 # Runs `kdloss bench` for kl_div, jsd and distill (each divergence) at the reference shape (BT
-# 16384, V 4096, fp32, full), distill_jsd when the tool lists it, then bench/peers.sh when present and executable, writing
+# 16384, V 4096, fp32, full), distill_jsd and topk_distill when the tool lists them, then
+# bench/peers.sh when present and executable, writing
 # JSON records to bench/out/. Ends with one combined table and the targets (MET / NOT MET);
 # exits 1 if any benchmark failed, 3 if all ran but some target was NOT MET.
 set -uo pipefail
@@ -62,6 +63,20 @@ if "$kd" bench --list | awk '{print $1}' | grep -qx distill_jsd; then
 else
     echo
     echo "== distill_jsd: not in 'kdloss bench --list', skipped"
+fi
+
+# The sparse top-k teacher (issue 10): bucket, renorm_both and renorm_teacher side by side
+# (forward KL, BT 2048, H 1024, V 32768, K 64, fp32) with the three-GEMM floor, TARGETs bucket
+# <= 1.10x the floor and renorm_both <= 0.10x bucket; then one bucket call at BT 8192 in a fresh
+# process (no floor), TARGET its peak RSS below 1.5 GiB. About a minute and a half together.
+if "$kd" bench --list | awk '{print $1}' | grep -qx topk_distill; then
+    run topk_distill "$kd" bench topk_distill --tail all --mode full \
+        --json "$out/topk_distill-full-$stamp.json"
+    run topk_distill-rss "$kd" bench topk_distill --bt 8192 --reps 1 --warmup 0 \
+        --floor-providers none --rss-target 1536 --json "$out/topk_distill-rss-full-$stamp.json"
+else
+    echo
+    echo "== topk_distill: not in 'kdloss bench --list', skipped"
 fi
 
 if [ -x "$here/peers.sh" ]; then

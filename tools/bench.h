@@ -191,6 +191,19 @@ void kb_fill_logprobs(void *dst, kdloss_dtype dt, int64_t bt, int64_t v, uint64_
 /* Rows of softmax(randn): probabilities (the reference's KL target). */
 void kb_fill_probs(void *dst, kdloss_dtype dt, int64_t bt, int64_t v, uint64_t seed);
 
+/* A uniform [0, 1) from (seed, i) alone. */
+float kb_uniform_at(uint64_t seed, uint64_t i);
+/* n elements of dt (fp32 or bf16): lo + (hi - lo) * kb_uniform_at(seed, i), rounded to dt; any
+ * thread count fills the same tensor (torch.rand hidden states, nn.Linear's uniform init). */
+void kb_fill_uniform(void *dst, kdloss_dtype dt, size_t n, float lo, float hi, uint64_t seed);
+
+/* A sparse top-k teacher (kdloss_topk_teacher), bt x k, contiguous: per row the k most likely
+ * ids of log_softmax(scale * randn(v)) (int32, most likely first) and their log-probs (fp32,
+ * normalized over all v). Row r depends only on (seed, r). scale 5 at v 32768: the top 1 holds
+ * about 0.45 of the mass and the top 64 about 0.94, a peaked teacher with a tail. */
+void kb_fill_topk_teacher(int32_t *ids, float *logprobs, int64_t bt, int64_t v, int64_t k,
+                          double scale, uint64_t seed);
+
 /* ---- results -------------------------------------------------------------------------------- */
 
 /* An extra measurement for the record (besides latency p20/p80 and peak memory). */

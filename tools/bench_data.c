@@ -36,6 +36,25 @@ size_t kb_matrix_bytes(int64_t bt, int64_t v, kdloss_dtype dt) {
     return n * es;
 }
 
+/* A uniform [0, 1) from (seed, i) alone, so any thread count fills the same tensor. */
+float kb_uniform_at(uint64_t seed, uint64_t i) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * 0x1p-24f;
+}
+
+/* n elements of dt: lo + (hi - lo) * uniform, rounded to dt. */
+void kb_fill_uniform(void *dst, kdloss_dtype dt, size_t n, float lo, float hi, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = lo + (hi - lo) * kb_uniform_at(seed, i);
+        if (dt == KDLOSS_F32) ((float *)dst)[i] = x;
+        else ((uint16_t *)dst)[i] = kd_f32_to_bf16(x);
+    }
+}
+
 /* A fresh generator for row r: rows are independent of the thread that draws them. */
 static void row_rng(kt_rng *g, uint64_t seed, int64_t r) {
     kt_rng_seed(g, seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)r * 0xd1b54a32d192ed03ull);
@@ -102,4 +121,55 @@ void kb_fill_logprobs(void *dst, kdloss_dtype dt, int64_t bt, int64_t v, uint64_
 
 void kb_fill_probs(void *dst, kdloss_dtype dt, int64_t bt, int64_t v, uint64_t seed) {
     fill_rows(dst, dt, bt, v, seed, 1);
+}
+
+/* Indices of the k largest of z[0..v) into ids[0..k), largest first (ties: lower index first).
+ * One pass keeping the current k best, replacing the smallest when a larger value comes: the
+ * replacements are few (about k log(v / k) on random rows), each a scan of k. */
+static void topk_row(const float *z, int64_t v, int64_t k, int32_t *ids) {
+    int64_t n = 0, lo = 0; /* lo: the slot holding the smallest of the kept values */
+    for (int64_t c = 0; c < v; c++) {
+        if (n < k) {
+            ids[n++] = (int32_t)c;
+            if (n == k)
+                for (int64_t j = 0; j < k; j++)
+                    if (z[ids[j]] < z[ids[lo]]) lo = j;
+            continue;
+        }
+        if (!(z[c] > z[ids[lo]])) continue;
+        ids[lo] = (int32_t)c;
+        for (int64_t j = 0; j < k; j++)
+            if (z[ids[j]] < z[ids[lo]] || (z[ids[j]] == z[ids[lo]] && ids[j] > ids[lo])) lo = j;
+    }
+    for (int64_t a = 1; a < k; a++) { /* insertion sort, largest first */
+        int32_t id = ids[a];
+        int64_t b = a;
+        for (; b > 0 && (z[ids[b - 1]] < z[id] || (z[ids[b - 1]] == z[id] && ids[b - 1] > id)); b--)
+            ids[b] = ids[b - 1];
+        ids[b] = id;
+    }
+}
+
+void kb_fill_topk_teacher(int32_t *ids, float *logprobs, int64_t bt, int64_t v, int64_t k,
+                          double scale, uint64_t seed) {
+#pragma omp parallel
+    {
+        float *z = malloc((size_t)v * sizeof *z);
+        if (!z) {
+            fprintf(stderr, "kdloss bench: out of memory (row buffer)\n");
+            exit(1);
+        }
+        kt_rng g;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < bt; r++) {
+            row_rng(&g, seed, r);
+            randn_row(&g, z, v);
+            for (int64_t c = 0; c < v; c++) z[c] = (float)(scale * z[c]);
+            normalize_row(z, v, 0);
+            int32_t *id = ids + r * k;
+            topk_row(z, v, k, id);
+            for (int64_t j = 0; j < k; j++) logprobs[r * k + j] = z[id[j]];
+        }
+        free(z);
+    }
 }

@@ -21,7 +21,6 @@
 
 #include "bench.h"
 #include "bench_gemm_floor.h"
-#include "half.h"
 
 /* The full-mode target: kdloss within 8% of the fastest provider's four bare GEMMs. */
 #define DJ_FLOOR_TARGET 1.08
@@ -115,25 +114,6 @@ static kdloss_status dj_call(void *p) {
                                        c->work_bytes);
 }
 
-/* A uniform [0, 1) from (seed, i) alone, so any thread count fills the same tensor. */
-static float uniform_at(uint64_t seed, uint64_t i) {
-    uint64_t z = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return (float)(z >> 40) * 0x1p-24f;
-}
-
-/* n elements of dt: lo + (hi - lo) * uniform, rounded to dt. */
-static void fill_uniform(void *dst, kdloss_dtype dt, size_t n, float lo, float hi, uint64_t seed) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = lo + (hi - lo) * uniform_at(seed, i);
-        if (dt == KDLOSS_F32) ((float *)dst)[i] = x;
-        else ((uint16_t *)dst)[i] = kd_f32_to_bf16(x);
-    }
-}
-
 static void dj_describe(const kb_options *o, const dj_opts *k, kb_workload *w) {
     kdloss_divergence d = KDLOSS_DIV_JSD;
     kdloss_divergence_from_name(k->divergence, &d); /* checked in dj_check */
@@ -210,13 +190,13 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     void *xs = kb_alloc(bxs, "xs"), *ws = kb_alloc(bws, "ws");
     void *xt = kb_alloc(bxt, "xt"), *wt = kb_alloc(bwt, "wt");
     int64_t *labels = kb_alloc((size_t)bt * sizeof(int64_t), "labels");
-    fill_uniform(xs, o->dtype, bxs / kdloss_dtype_size(o->dtype), 0.0f, 1.0f, o->seed);
-    fill_uniform(xt, o->dtype, bxt / kdloss_dtype_size(o->dtype), 0.0f, 1.0f, o->seed + 1);
+    kb_fill_uniform(xs, o->dtype, bxs / kdloss_dtype_size(o->dtype), 0.0f, 1.0f, o->seed);
+    kb_fill_uniform(xt, o->dtype, bxt / kdloss_dtype_size(o->dtype), 0.0f, 1.0f, o->seed + 1);
     float as = 1.0f / sqrtf((float)k->hs), at = 1.0f / sqrtf((float)k->ht);
-    fill_uniform(ws, o->dtype, bws / kdloss_dtype_size(o->dtype), -as, as, o->seed + 2);
-    fill_uniform(wt, o->dtype, bwt / kdloss_dtype_size(o->dtype), -at, at, o->seed + 3);
+    kb_fill_uniform(ws, o->dtype, bws / kdloss_dtype_size(o->dtype), -as, as, o->seed + 2);
+    kb_fill_uniform(wt, o->dtype, bwt / kdloss_dtype_size(o->dtype), -at, at, o->seed + 3);
     for (int64_t r = 0; r < bt; r++)
-        labels[r] = (int64_t)((double)uniform_at(o->seed + 4, (uint64_t)r) * (double)v) % v;
+        labels[r] = (int64_t)((double)kb_uniform_at(o->seed + 4, (uint64_t)r) * (double)v) % v;
     c.xs = (kdloss_cmat){xs, o->dtype, 0};
     c.ws = (kdloss_cmat){ws, o->dtype, 0};
     c.xt = (kdloss_cmat){xt, o->dtype, 0};
