@@ -240,9 +240,12 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     float *bias = (float *)(base + pl->off_bias);
     r->v = k->v;
     r->zs = (float *)(base + pl->off_zs);
-    r->zt = (float *)(base + pl->off_zt);
+    r->zt = k->topk.k ? NULL : (float *)(base + pl->off_zt);
     r->bs = bias_f32(k->bs, k->ws.dtype, k->v, bias);
-    r->bt = soft ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
+    r->bt = soft && !k->topk.k ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
+    r->topk = k->topk.k ? &k->topk : NULL;
+    r->tail = k->tail;
+    r->tk = base + pl->off_tk;
     r->labels = k->labels;
     r->ignore_index = p->ignore_index;
     r->coef = kd_div_coef_make(&p->div);
@@ -273,10 +276,11 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
     }
     int native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
     int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
+    int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
     float *panel = (float *)(base + pl->off_panel);
     wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp};
     wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp};
-    widen_whole(pl, base, soft, native_t, &w_s, &w_t);
+    widen_whole(pl, base, dense_t, native_t, &w_s, &w_t);
     kd_fljsd_rows r;
     rows_setup(k, pl, base, soft, hard, &r);
     void (*rows)(const kd_fljsd_rows *) = row_kernel();
@@ -286,7 +290,7 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
     for (int64_t r0 = 0; r0 < bt && st == KDLOSS_OK; r0 += pl->chunk) {
         int64_t n = min64(pl->chunk, bt - r0), lda;
         const float *at, *as;
-        if (soft)
+        if (dense_t)
             st = chunk_logits(k->xt, r0, n, &w_t, native_t, (float *)(base + pl->off_xconv), r.zt,
                               &at, &lda);
         if (st == KDLOSS_OK)
@@ -320,17 +324,16 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
     return KDLOSS_OK;
 }
 
-kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_params *params,
-                                          int64_t bt, int64_t hs, int64_t ht, int64_t v,
-                                          kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                                          kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
-                                          kdloss_labels labels,
-                                          kdloss_fused_linear_distill_out *out, void *workspace,
-                                          size_t workspace_bytes) {
+/* A call with either teacher: check, workspace, run. */
+static kdloss_status fused(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                           int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                           const kd_fl_teacher *t, kdloss_labels labels,
+                           kdloss_fused_linear_distill_out *out, void *workspace,
+                           size_t workspace_bytes) {
     kd_fljsd_call call;
     kd_fljsd_plan plan;
-    kdloss_status st = kd_fljsd_check(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels,
-                                      out, workspace, workspace_bytes, &call, &plan);
+    kdloss_status st = kd_fljsd_check(params, bt, hs, v, xs, ws, bs, t, labels, out, workspace,
+                                      workspace_bytes, &call, &plan);
     if (st != KDLOSS_OK) return st;
     void *mem = NULL;
     if (!workspace) {
@@ -342,6 +345,31 @@ kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_para
     st = run(&call, &plan, (char *)a);
     free(mem);
     return st;
+}
+
+kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_params *params,
+                                          int64_t bt, int64_t hs, int64_t ht, int64_t v,
+                                          kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                                          kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
+                                          kdloss_labels labels,
+                                          kdloss_fused_linear_distill_out *out, void *workspace,
+                                          size_t workspace_bytes) {
+    kd_fl_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
+    return fused(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
+}
+
+kdloss_status kdloss_fused_linear_topk_distill(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher,
+    kdloss_labels labels, kdloss_fused_linear_distill_out *out, void *workspace,
+    size_t workspace_bytes) {
+    if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_topk_check_fused_params(params);
+    if (st != KDLOSS_OK) return st;
+    kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
+    kd_fl_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
+                       (int)params->tail};
+    return fused(&p, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
 }
 
 /* The JSD-only name: a wrapper (divergence JSD(beta), no T^2, no row outputs). */
