@@ -19,8 +19,9 @@
  *    materializing implementation holds; this process's peak RSS, and with --rss-target MiB a
  *    TARGET line on it (bench/run_main.sh: one call at BT 8192, target < 1536 MiB);
  *  - --breakdown: in the same rounds, a forward-only call (loss, no gradient) and the row pass
- *    alone (kdloss_topk_distill_logits on the materialized fp32 logits, gradient in place), to
- *    tell where the time beyond the GEMMs goes. */
+ *    alone (kdloss_topk_distill_logits on the materialized fp32 logits xs ws^T, the gradient
+ *    into a second BT x V buffer; its loss matches the fused call's), to tell where the time
+ *    beyond the GEMMs goes. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,8 +56,8 @@ typedef struct tk_ctx {
     float loss;
     void *work;
     size_t work_bytes;
-    int row_pass;    /* 1: kdloss_topk_distill_logits on `logits`, gradient in place */
-    float *logits;
+    int row_pass;    /* 1: kdloss_topk_distill_logits on `logits`, gradient into `dlogits` */
+    float *logits, *dlogits;
 } tk_ctx;
 
 static const char *const TAILS[] = {"bucket", "renorm_both", "renorm_teacher", "all"};
@@ -143,7 +144,7 @@ static kdloss_status tk_call(void *p) {
         rp.temperature = c->params.temperature;
         rp.grad_scale = c->params.grad_scale;
         kdloss_cmat z = {c->logits, KDLOSS_F32, 0};
-        kdloss_mat g = {c->out.dxs.data ? c->logits : NULL, KDLOSS_F32, 0};
+        kdloss_mat g = {c->out.dxs.data ? c->dlogits : NULL, KDLOSS_F32, 0};
         return kdloss_topk_distill_logits(&rp, c->bt, c->v, z, c->teacher, none,
                                           c->out.loss, NULL, g);
     }
@@ -252,7 +253,7 @@ static void report(const kb_options *o, const tk_opts *k, tk_ctx *calls, int n_c
     }
     size_t rss = kb_peak_rss_bytes();
     printf("peak RSS of this process so far: %.0f MiB (inputs, outputs, workspace%s; the floor "
-           "runs in its own process)\n", mb((double)rss), k->breakdown ? ", row-pass logits" : "");
+           "runs in its own process)\n", mb((double)rss), k->breakdown ? ", row-pass logits and gradient" : "");
     if (k->rss_target_mib > 0)
         printf("TARGET topk_distill peak RSS %s %s %s BT %lld V %lld Hs %lld K %lld: %.0f MiB "
                "(target < %lld MiB): %s\n", div, TAILS[k->tail], kb_dtype_name(o->dtype),
@@ -350,9 +351,11 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
     }
     void *work = st == KDLOSS_OK && work_bytes ? kb_alloc(work_bytes, "workspace") : NULL;
     float *logits = k->breakdown && st == KDLOSS_OK ? row_pass_logits(o, k, xs, ws) : NULL;
+    float *dlogits = logits && grad ? kb_alloc(kb_matrix_bytes(bt, v, KDLOSS_F32), "row-pass gradient")
+                                    : NULL;
     for (int c = 0; c < n_calls; c++) {
         calls[c].work = work, calls[c].work_bytes = work_bytes;
-        calls[c].logits = logits;
+        calls[c].logits = logits, calls[c].dlogits = dlogits;
     }
 
     tk_describe(o, k, &res->wl);
@@ -377,7 +380,7 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
         report(o, k, calls, n_calls, n_tails, t, res, &fb, in_bytes, out_bytes, work_bytes);
     }
     kb_floor_bench_end(&fb);
-    void *all[] = {xs, ws, ids, lp, dxs, dws, work, logits};
+    void *all[] = {xs, ws, ids, lp, dxs, dws, work, logits, dlogits};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kb_free(all[i]);
     if (st != KDLOSS_OK) {
         kb_report_status("kdloss_fused_linear_topk_distill", st);
@@ -403,7 +406,8 @@ const kb_kernel kb_kernel_topk_distill = {
         "  --chunk N, --budget MiB                as distill_jsd's\n"
         "  --floor-providers all|onednn|none      GEMM floor providers, default all\n"
         "  --breakdown     also time a forward-only call and the row pass alone\n"
-        "                  (kdloss_topk_distill_logits on materialized logits) in the same rounds\n"
+        "                  (kdloss_topk_distill_logits on materialized logits, 2 x BT x V fp32\n"
+        "                  more memory) in the same rounds\n"
         "  --rss-target MiB  print a TARGET line: this process's peak RSS below MiB\n",
     .opts_size = sizeof(tk_opts),
     .defaults = tk_defaults,
