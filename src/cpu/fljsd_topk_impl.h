@@ -14,20 +14,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "half.h"
 #include "topk.h"
 #include "topk_row.h"
-
-/* Log-prob in slot j of teacher row r as fp32. */
-static inline float tk_logprob(const kdloss_topk_teacher *t, int64_t r, int64_t j) {
-    const char *p = (const char *)t->logprobs.data +
-                    (size_t)(r * t->logprobs.ld + j) * kdloss_dtype_size(t->logprobs.dtype);
-    switch (t->logprobs.dtype) {
-    case KDLOSS_BF16: return kd_bf16_to_f32(*(const uint16_t *)p);
-    case KDLOSS_F16: return kd_f16_to_f32(*(const uint16_t *)p);
-    default: return *(const float *)p;
-    }
-}
 
 /* Gathers row r's used slots in slot order: col[n] = id, zk[n] = z[id], lp[n] = its log-prob;
  * masks z[id] = -inf. Returns n = |S|. */
@@ -40,7 +28,7 @@ static inline int64_t tk_gather(const kdloss_topk_teacher *t, int64_t r, float *
         if (id < 0) continue; /* -1: unused (the ids were checked) */
         col[n] = id;
         zk[n] = z[id];
-        lp[n] = tk_logprob(t, r, j);
+        lp[n] = kd_topk_logprob(t, r, j);
         z[id] = -INFINITY;
         n++;
     }
