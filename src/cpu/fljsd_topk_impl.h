@@ -6,41 +6,29 @@
  *   TK_REST_GRAD(z, v, c1, m1, s1, l1, c2, m2, l2)
  *                            z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2) in place (a term
  *                            whose c is 0 is skipped; a -inf element gives 0)
- * Per row: the bias and the row max; the used slots S gathered (logits, the teacher's log-probs)
- * and masked to -inf in the row, so the next passes see only the columns outside S: their max
- * and tempered sum-exp give R = lse(zs_j / T : j not in S); then kd_topk_row (topk_row.h) does
- * all the work on S, and the gradient pass writes the columns outside S before the slots and the
- * label's -1 are written over them. */
+ * Per row: the used slots S are gathered (logits with their bias, the teacher's log-probs) and
+ * masked to -inf in the row first, so every V-wide pass sees only the columns outside S: their
+ * max (the bias added in the same pass) and tempered sum-exp give R = lse(zs_j / T : j not in S).
+ * kd_topk_row (topk_row.h) does all the work on S; the gradient pass writes the columns outside
+ * S, then the slots and the label's -1 are written over them. */
 #include <math.h>
 #include <string.h>
 
-#include "half.h"
 #include "topk.h"
 #include "topk_row.h"
 
-/* Log-prob in slot j of teacher row r as fp32. */
-static inline float tk_logprob(const kdloss_topk_teacher *t, int64_t r, int64_t j) {
-    const char *p = (const char *)t->logprobs.data +
-                    (size_t)(r * t->logprobs.ld + j) * kdloss_dtype_size(t->logprobs.dtype);
-    switch (t->logprobs.dtype) {
-    case KDLOSS_BF16: return kd_bf16_to_f32(*(const uint16_t *)p);
-    case KDLOSS_F16: return kd_f16_to_f32(*(const uint16_t *)p);
-    default: return *(const float *)p;
-    }
-}
-
-/* Gathers row r's used slots in slot order: col[n] = id, zk[n] = z[id], lp[n] = its log-prob;
- * masks z[id] = -inf. Returns n = |S|. */
-static inline int64_t tk_gather(const kdloss_topk_teacher *t, int64_t r, float *z, int64_t *col,
-                                float *zk, float *lp) {
+/* Gathers row r's used slots in slot order: col[n] = id, zk[n] = z[id] + b[id] (the bias as
+ * TK_FOLD_MAX adds it), lp[n] = its log-prob; masks z[id] = -inf. Returns n = |S|. */
+static inline int64_t tk_gather(const kdloss_topk_teacher *t, int64_t r, float *z, const float *b,
+                                int64_t *col, float *zk, float *lp) {
     int is64 = t->ids.dtype == KDLOSS_I64;
     int64_t n = 0;
     for (int64_t j = 0; j < t->k; j++) {
         int64_t id = kd_topk_id(t->ids.data, is64, t->ids.ld, r, j);
         if (id < 0) continue; /* -1: unused (the ids were checked) */
         col[n] = id;
-        zk[n] = z[id];
-        lp[n] = tk_logprob(t, r, j);
+        zk[n] = b ? z[id] + b[id] : z[id];
+        lp[n] = kd_topk_logprob(t, r, j);
         z[id] = -INFINITY;
         n++;
     }
@@ -61,10 +49,12 @@ static void TK_ROW(const kd_fljsd_rows *a, int64_t i) {
     }
     int64_t *col = (int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(kk));
     float *zk = (float *)(col + kk), *lp = zk + kk, *gk = lp + kk;
-    float it = a->inv_t, m = TK_FOLD_MAX(z, a->bs, v);
-    float zy = a->hard ? z[y] : 0.0f; /* labels exist when the cross-entropy is on */
-    int64_t n = tk_gather(a->topk, r, z, col, zk, lp);
-    float mr = TK_FOLD_MAX(z, NULL, v); /* -inf when S holds every column */
+    float it = a->inv_t;
+    /* labels exist when the cross-entropy is on; read before the mask */
+    float zy = a->hard ? (a->bs ? z[y] + a->bs[y] : z[y]) : 0.0f;
+    int64_t n = tk_gather(a->topk, r, z, a->bs, col, zk, lp);
+    float mr = TK_FOLD_MAX(z, a->bs, v), m = mr; /* mr: -inf when S holds every column */
+    for (int64_t k = 0; k < n; k++) m = zk[k] > m ? zk[k] : m;
     double lr = 0.0, rest = -INFINITY;
     if (mr > -INFINITY) {
         lr = log(TK_SUM_EXP(z, v, mr, it));
