@@ -5,8 +5,9 @@
  * cross-entropy off, so every formula has one definition. The kernel works on fp32 rows that it
  * may overwrite (dzs over zs, g over zt); per row:
  *   - student: the fp32 gradient row itself when the gradient is fp32 (the student copied into
- *     it unless in place), the student row itself when no gradient is wanted and it is fp32,
- *     else the row widened into a per-thread buffer (then narrowed into the gradient);
+ *     it unless in place), the student row itself when no gradient is wanted, it is fp32 and the
+ *     teacher is dense (the sparse teacher's pass masks its ids in the row), else the row widened
+ *     into a per-thread buffer (then narrowed into the gradient);
  *   - teacher: the teacher row itself when it is fp32 and no gradient is wanted (the kernel only
  *     reads it then), else a copy in a per-thread buffer.
  * Rows run on OpenMP threads through kd_rows_sum, whose summation order depends on BT alone. */
@@ -81,8 +82,10 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     if (g && ew->xdt == KDLOSS_F32) {
         zs = (float *)g;
         if (g != xs) memcpy(zs, xs, (size_t)v * sizeof(float));
-    } else if (!g && ew->xdt == KDLOSS_F32) {
-        zs = (float *)(uintptr_t)xs; /* read only: no bias, no gradient */
+    } else if (!g && ew->xdt == KDLOSS_F32 && !j->topk.k) {
+        /* read only: no bias, no gradient (a sparse teacher's row pass masks its ids in the
+         * row, so it always gets a copy) */
+        zs = (float *)(uintptr_t)xs;
     } else {
         widen_row(xs, ew->xdt, v, bs);
         zs = bs;
