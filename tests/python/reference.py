@@ -1,6 +1,7 @@
 """float64 reference losses written from docs/MATH.md (sections 2-4, 7, 8), never from a
-peer's code or the library's. Gradients come from torch.autograd on these float64 formulas, which is exactly the
-"log-probs as free variables" gradient docs/MATH.md states (checked in test_reference_formulas)."""
+peer's code or the library's. Gradients come from torch.autograd on these float64 formulas, which
+is exactly the "log-probs as free variables" gradient docs/MATH.md states (checked in
+test_reference_formulas; the top-k one in test_topk.py)."""
 
 import math
 
@@ -77,7 +78,7 @@ def fused_linear_jsd_loss(xs, ws, xt, wt, labels, bs=None, bt=None, w_hard=0.5, 
     return w_hard * hard + w_soft * soft, soft, hard
 
 
-# ---- the divergence family (section 7) ------------------------------------------------------------
+# ---- the divergence family (section 7) -----------------------------------------------------------
 
 def _kl(lp, lq):
     """sum p (log p - log q) over the last dim, 0 log 0 = 0 (float64)."""
@@ -112,7 +113,7 @@ def div_rows(lp, lq, div, beta=0.5, alpha=0.1):
     return 0.5 * (lp.exp() - lq.exp()).abs().sum(-1)
 
 
-# ---- sparse top-k teacher (section 8) -------------------------------------------------------------
+# ---- sparse top-k teacher (section 8) ------------------------------------------------------------
 
 TAIL_FLOOR = 2.0 ** -126  # the teacher tail's floor, the smallest normal fp32
 

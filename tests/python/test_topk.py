@@ -131,7 +131,8 @@ def test_leading_dims_and_padded_views(spy, gen):
                             reduction="none")
     assert out.shape == (b, s)
     teacher_view = spy.calls[-1][1][5]
-    assert teacher_view.k == k and teacher_view.ids.ld == k + 3 and teacher_view.logprobs.ld == k + 3
+    assert teacher_view.k == k
+    assert teacher_view.ids.ld == k + 3 and teacher_view.logprobs.ld == k + 3
     assert teacher_view.ids.data == wide_ids.data_ptr()
     want, zd = reference(zs, ids, lps, labels.reshape(-1), "reverse_kl", "bucket", 0.5, 0.1, t,
                          "none")
@@ -139,6 +140,20 @@ def test_leading_dims_and_padded_views(spy, gen):
     out.sum().backward()
     want.sum().backward()
     torch.testing.assert_close(zs3.grad.reshape(b * s, v).double(), zd.grad, **GRAD_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("grad", [False, True])
+def test_student_logits_are_left_untouched(dtype, grad, gen):
+    """The student's logits are an input: no call may write them (a forward-only fp32 call
+    once masked the teacher's ids to -inf in them, so a second call on the same tensor was
+    infinite)."""
+    ids, lps = teacher(gen, 6, 17, 3, 1.0)
+    zs = student(gen, 6, 17).detach().to(dtype).requires_grad_(grad)
+    before = zs.detach().clone()
+    first = topk_distill_loss(zs, ids, lps)
+    assert torch.equal(zs.detach(), before)
+    assert torch.equal(topk_distill_loss(zs, ids, lps).detach(), first.detach())
 
 
 def test_forward_only_passes_no_gradient_output(spy, gen):
@@ -152,16 +167,16 @@ def test_forward_only_passes_no_gradient_output(spy, gen):
     assert torch.equal(a, b.detach())
 
 
-@pytest.mark.parametrize("tail", ["bucket", "renorm_both", "renorm_teacher"])
-@pytest.mark.parametrize("div", ["forward_kl", "reverse_kl", "jsd", "skew_forward_kl", "tvd"])
+@pytest.mark.parametrize("div,tail", [(d, t) for d in ("forward_kl", "reverse_kl", "jsd",
+                                                       "skew_forward_kl", "tvd")
+                                      for t in ("bucket", "renorm_both")] +
+                         [("forward_kl", "renorm_teacher")])
 def test_full_vocabulary_teacher_is_the_dense_loss(div, tail, gen):
     """K = V (ids a permutation of the vocabulary): no tail bin, no renormalization left, so every
     tail mode is distill_loss with the dense teacher (renorm_teacher: forward KL only). Both are
     the library in fp32; they differ by the teacher log-probs' rounding (formed by torch here,
     by the C library from the logits there: ~1 ulp of |y| <= 10) and summation order, hence
     loss rtol 1e-5 and gradient rtol 1e-4 (atol 1e-6, the fp32 terms' size)."""
-    if tail == "renorm_teacher" and div != "forward_kl":
-        pytest.skip("renorm_teacher is forward KL only")
     bt, v, t = 6, 19, 2.0
     zt = torch.randn(bt, v, generator=gen) * 2
     ids = torch.stack([torch.randperm(v, generator=gen) for _ in range(bt)])
@@ -179,20 +194,29 @@ def test_full_vocabulary_teacher_is_the_dense_loss(div, tail, gen):
     torch.testing.assert_close(zs.grad, zd.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_teacher_mass_one_and_minus_inf_logprobs(gen):
+@pytest.mark.parametrize("div", ["reverse_kl", "skew_reverse_kl", "forward_kl", "tvd"])
+def test_teacher_mass_one_and_minus_inf_logprobs(div, gen):
     """The stored top-k mass is exactly 1 (two slots of log 1/2): the bucket's teacher tail is
-    the 2^-126 floor, so reverse-type divergences stay finite; a -inf log-prob in a used slot
-    is a zero-probability bin (0 log 0 = 0 for forward KL)."""
+    the 2^-126 floor, so reverse-type divergences stay finite. A -inf log-prob in a used slot
+    is a zero-probability bin: 0 log 0 = 0 for the forward-type ones, while reverse KL is
+    rightly infinite there (student mass where the teacher has none, MATH.md section 5)."""
     bt, v, t = 3, 11, 1.0
     ids = torch.tensor([[2, 7], [0, 10], [4, 5]])
     half = math.log(0.5)
     lps = torch.tensor([[half, half], [half, half], [0.0, -math.inf]])
-    for div in ("reverse_kl", "skew_reverse_kl", "forward_kl", "tvd"):
-        zs = student(gen, bt, v)
-        out = topk_distill_loss(zs, ids, lps, divergence=div, alpha=0.25, temperature=t)
-        assert torch.isfinite(out), div
-        check_against_reference(zs, ids, lps, None, div, "bucket", 0.5, 0.25, t, "batchmean", out)
-        assert torch.isfinite(zs.grad).all(), div
+    zs = student(gen, bt, v)
+    out = topk_distill_loss(zs, ids, lps, divergence=div, alpha=0.25, temperature=t,
+                            reduction="none")
+    assert torch.isfinite(out[:2]).all()
+    assert bool(torch.isinf(out[2])) == (div == "reverse_kl")
+    zs.grad = None
+    finite = slice(0, 2) if div == "reverse_kl" else slice(0, 3)
+    zs2 = zs.detach()[finite].clone().requires_grad_()
+    out = topk_distill_loss(zs2, ids[finite], lps[finite], divergence=div, alpha=0.25,
+                            temperature=t)
+    check_against_reference(zs2, ids[finite], lps[finite], None, div, "bucket", 0.5, 0.25, t,
+                            "batchmean", out)
+    assert torch.isfinite(zs2.grad).all()
 
 
 def test_all_rows_ignored_or_empty():
@@ -209,7 +233,7 @@ def test_all_rows_ignored_or_empty():
     assert loss.item() == 0.0 and torch.count_nonzero(zs.grad) == 0
 
 
-# ---- the reference against MATH.md's closed forms and finite differences --------------------------
+# ---- the reference against MATH.md's closed forms and finite differences -------------------------
 
 def test_reference_forward_kl_bucket_gradient_closed_form(gen):
     """docs/MATH.md section 8: forward KL with the bucket has dD/du = Q_k - P_k on S and
@@ -381,7 +405,7 @@ def fused_case(gen, bt=12, h=16, v=41, k=5, t=1.5, dtype=torch.float32, bias=Tru
     bs = (torch.randn(v, generator=gen) * 0.5).to(dtype).requires_grad_() if bias else None
     ids, lps = teacher(gen, bt, v, k, t)
     labels = torch.randint(0, v, (bt,), generator=gen)
-    labels[[3, 4]] = -100
+    labels[[3, -1]] = -100
     return xs, ws, bs, ids, lps, labels
 
 
@@ -426,20 +450,49 @@ def test_fused_matches_reference(tail, div, mode, wh, wsft, t2, gen):
 
 
 @fused_only
-@pytest.mark.parametrize("tail", ["bucket", "renorm_both"])
-def test_fused_chunked_soft_and_hard_parts(tail, gen):
-    """chunk_size 5 over 12 rows (three chunks, the last partial); soft and hard parts."""
+@pytest.mark.parametrize("tail,wh", [("bucket", 0.4), ("renorm_both", 0.4), ("renorm_both", 0.0)])
+def test_fused_chunked_soft_and_hard_parts(tail, wh, gen):
+    """chunk_size 5 over 12 rows (three chunks, the last partial); soft and hard parts (the hard
+    part asked for; renorm_both without CE weight: the sparse path, whose hard part is 0)."""
     xs, ws, bs, ids, lps, labels = fused_case(gen)
     loss, soft, hard = fused_linear_topk_distill_loss(
-        xs, ws, ids, lps, labels, bs, tail=tail, divergence="reverse_kl", weight_hard_loss=0.4,
+        xs, ws, ids, lps, labels, bs, tail=tail, divergence="reverse_kl", weight_hard_loss=wh,
         weight_soft_loss=0.6, temperature=2.0, t2_scale=True, chunk_size=5,
         return_soft_hard_loss=True)
     loss.backward()
     copies = float64_copies(xs, ws, bs)
-    want = fused_reference(*copies, ids, lps, labels, "reverse_kl", tail, 2.0, 0.4, 0.6, True)
+    want = fused_reference(*copies, ids, lps, labels, "reverse_kl", tail, 2.0, wh, 0.6, True)
     torch.testing.assert_close(soft.double(), want[1].detach(), **LOSS_TOL)
     torch.testing.assert_close(hard.double(), want[2].detach(), **LOSS_TOL)
     check_fused(loss, (xs, ws, bs), want[0], copies)
+
+
+@fused_only
+@pytest.mark.parametrize("div", ["forward_kl", "jsd"])
+def test_fused_full_vocabulary_teacher_is_the_dense_fused_loss(div, gen):
+    """K = V (a permutation per row, stored in fp32): FusedLinearTopKDistillLoss with the bucket
+    is FusedLinearDistillLoss with the teacher's LM head, cross-entropy included. Both are the
+    library in fp32, differing by where the teacher's log-probs are rounded: rtol 1e-5 loss,
+    1e-4 gradients (as the logits-level K = V test)."""
+    from kdloss.torch import FusedLinearDistillLoss
+    bt, h, v, t = 10, 12, 23, 2.0
+    xs = torch.randn(bt, h, generator=gen, requires_grad=True)
+    ws = (torch.randn(v, h, generator=gen) * 0.3).requires_grad_()
+    xt, wt = torch.randn(bt, h, generator=gen), torch.randn(v, h, generator=gen) * 0.3
+    labels = torch.randint(0, v, (bt,), generator=gen)
+    labels[2] = -100
+    ids = torch.stack([torch.randperm(v, generator=gen) for _ in range(bt)])
+    lps = torch.log_softmax(xt @ wt.T / t, -1).gather(1, ids)
+    kw = dict(divergence=div, beta=0.3, weight_hard_loss=0.3, weight_soft_loss=0.7,
+              temperature=t, t2_scale=True)
+    a = FusedLinearTopKDistillLoss(**kw)(xs, ws, ids, lps, labels)
+    a.backward()
+    xd, wd = xs.detach().clone().requires_grad_(), ws.detach().clone().requires_grad_()
+    b = FusedLinearDistillLoss(**kw)(xd, wd, xt, wt, labels)
+    b.backward()
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(xs.grad, xd.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ws.grad, wd.grad, rtol=1e-4, atol=1e-6)
 
 
 @fused_only
@@ -466,8 +519,12 @@ def test_fused_errors_leave_gradients_untouched(gen):
     xs, ws, bs, ids, lps, labels = fused_case(gen, bt=4, v=17, k=3)
     for t in (xs, ws, bs):
         t.grad = torch.full_like(t, 2.0)
+    repeat_in_ignored_row = ids.clone()
+    repeat_in_ignored_row[3, :2] = 5
+    assert labels[3] == -100
     bad = [
         (dict(), (ids.masked_fill(ids == ids[0, 0], 17), lps, labels), "KDLOSS_ERR_INVALID_ID"),
+        (dict(), (repeat_in_ignored_row, lps, labels), "KDLOSS_ERR_INVALID_ID"),
         (dict(), (ids[:, :2], lps, labels), "KDLOSS_ERR_SHAPE_MISMATCH"),
         (dict(), (ids[:3], lps[:3], labels), "KDLOSS_ERR_SHAPE_MISMATCH"),
         (dict(), (ids > 0, lps, labels), "KDLOSS_ERR_INVALID_DTYPE"),
