@@ -88,9 +88,16 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
         zs = bs;
     }
     kd_fljsd_rows a = j->tmpl;
+    double st[64];
+    a.st_max = st;
+    a.st_sum = st + 2;
+    a.st_div = st + 2 + a.n_sum;
     if (j->topk.k) {
         zt = NULL;
         a.tk = (char *)bt;
+        a.st_max = (double *)(a.tk + kd_topk_row_scratch(j->topk.k)); /* 4 + K may exceed st */
+        a.st_sum = a.st_max + 2;
+        a.st_div = a.st_sum + a.n_sum;
     } else if (!g && ew->tdt == KDLOSS_F32) {
         zt = (float *)(uintptr_t)xt; /* read only: no bias, g is not stored */
     } else {
@@ -124,7 +131,10 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
                          kdloss_mat grad) {
     /* per-thread row buffers, rounded to whole cache lines */
     job->nthreads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
-    int64_t second = job->topk.k ? (int64_t)(kd_topk_row_scratch(job->topk.k) / sizeof(float)) : v;
+    int64_t second = job->topk.k ? (int64_t)((kd_topk_row_scratch(job->topk.k) +
+                                              kd_fljsd_n_stats(job->topk.k) * sizeof(double)) /
+                                             sizeof(float))
+                                 : v;
     job->buf_stride = (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;
@@ -150,6 +160,8 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     a->row_lse = NULL;
     a->topk = job->topk.k ? &job->topk : NULL;
     a->tail = tail;
+    a->v_lo = 0;
+    a->n_sum = kd_fljsd_n_sum(job->topk.k);
     job->rows = row_kernel();
     job->ew.want_loss = 1;
     double total = kd_rows_sum(bt, logits_row, &job->ew, row_loss);
