@@ -247,6 +247,11 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     r->topk = k->topk.k ? &k->topk : NULL;
     r->tail = k->tail;
     r->tk = base + pl->off_tk;
+    r->v_lo = 0;
+    r->n_sum = kd_fljsd_n_sum(k->topk.k);
+    r->st_max = (double *)(base + pl->off_st);
+    r->st_sum = r->st_max + 2 * pl->chunk;
+    r->st_div = r->st_sum + r->n_sum * pl->chunk;
     r->labels = k->labels;
     r->ignore_index = p->ignore_index;
     r->coef = kd_div_coef_make(&p->div);
