@@ -78,15 +78,23 @@ typedef struct kd_fljsd_call {
     kdloss_fused_linear_distill_out out;
     int64_t n_valid; /* rows whose label is not ignore_index */
     int grad;        /* some gradient output is wanted */
+    const kdloss_comm *comm; /* vocabulary-parallel: the ranks' communicator; NULL otherwise */
+    int64_t v_lo;    /* vocabulary-parallel: the global id of this rank's first row */
 } kd_fljsd_call;
 
 /* Checks every argument (params, sizes, dtypes, strides, labels, aliasing, workspace size, a
  * sparse teacher's ids) and fills *call and *plan. Writes nothing the caller owns. Labels are
  * optional with a sparse teacher only (then nothing may need them: no cross-entropy). */
 kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
-                             int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                             const kd_fl_teacher *t, kdloss_labels labels,
+                             int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
+                             const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
                              const kdloss_fused_linear_distill_out *out, const void *workspace,
                              size_t workspace_bytes, kd_fljsd_call *call, kd_fljsd_plan *plan);
+
+/* Runs a checked call: the caller's workspace or one allocated here, the sparse renorm_both path
+ * or the chunked one. v_ids (above) is the range of labels and teacher ids: V, or the whole
+ * vocabulary of a vocabulary-parallel call (whose call->comm and v_lo the caller sets). */
+kdloss_status kd_fljsd_execute(const kd_fljsd_call *call, const kd_fljsd_plan *plan,
+                               void *workspace);
 
 #endif /* KDLOSS_FLJSD_H */

@@ -67,7 +67,9 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, in
     size_t tk_row = topk_k > 0 ? kd_topk_row_scratch(topk_k) : 0;
     if (topk_k > 0 && tk_row / (3 * sizeof(float) + sizeof(int64_t)) < (size_t)topk_k)
         return KDLOSS_ERR_INVALID_SIZE;
-    plan->xconv_cols = sb && want_grad ? h : ht;
+    /* xconv also holds a chunk's fp32 dxs rows before their cast (bf16) or all-reduce (the
+     * vocabulary-parallel loss), so it has room for Hs columns whenever gradients are wanted */
+    plan->xconv_cols = want_grad ? h : ht;
     size_t per_row = mul3((size_t)v + zt_cols, 1, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
                      (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double) + tk_row +
                      mul3((size_t)kd_fljsd_n_stats(topk_k), sizeof(double), 1);
