@@ -68,7 +68,8 @@ fi
 # The sparse top-k teacher (issue 10): bucket, renorm_both and renorm_teacher side by side
 # (forward KL, BT 2048, H 1024, V 32768, K 64, fp32) with the three-GEMM floor, TARGETs bucket
 # <= 1.10x the floor and renorm_both <= 0.10x bucket; then one bucket call at BT 8192 in a fresh
-# process (no floor), TARGET its peak RSS below 1.5 GiB. About a minute and a half together.
+# process (no floor), TARGET its peak RSS below 1.5 GiB. Under two minutes together (1 min 43 s
+# at load ~300 on the 2-core Xeon, BENCHMARKS.md).
 if "$kd" bench --list | awk '{print $1}' | grep -qx topk_distill; then
     run topk_distill "$kd" bench topk_distill --tail all --mode full \
         --json "$out/topk_distill-full-$stamp.json"

@@ -76,14 +76,16 @@ int kb_floor_child_main(int argc, char **argv) {
         b.zt = filled(bt * v, 0.0f, 0.0f, 6);
     }
     char ok = b.xs && b.ws && b.zs && b.dxs && b.dws && (b.ht == 0 || (b.xt && b.wt && b.zt));
-    if (write(out, &ok, 1) != 1 || !ok) return 1;
+    int rc = write(out, &ok, 1) != 1 || !ok;
     char req;
-    while (read(in, &req, 1) == 1) {
+    while (rc == 0 && read(in, &req, 1) == 1) {
         double ns[KB_GEMM_COUNT + 1];
         ns[KB_GEMM_COUNT] = one_round(&b, (kdloss_gemm_provider)req, ns);
-        if (write(out, ns, sizeof ns) != (ssize_t)sizeof ns) return 1;
+        if (write(out, ns, sizeof ns) != (ssize_t)sizeof ns) rc = 1;
     }
-    return 0;
+    float *all[] = {b.xs, b.ws, b.xt, b.wt, b.zs, b.zt, b.dxs, b.dws};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    return rc;
 }
 
 int kb_floor_start(kb_floor *f, int64_t bt, int64_t hs, int64_t ht, int64_t v) {

@@ -215,9 +215,12 @@ static void report(const kb_options *o, const tk_opts *k, tk_ctx *calls, int n_c
            mb(in_bytes), mb(out_bytes), mb((double)work_bytes),
            mb(4.0 * (double)o->bt * (double)o->vocab));
     kb_result_add_measure(res, "workspace", "bytes", "B", (double)work_bytes);
-    for (int c = 0; c < n_calls; c++)
-        printf("%-34s median %.4f s (p20 %.4f, p80 %.4f), loss %.7g\n", calls[c].label,
-               t[c].median_ns * 1e-9, t[c].p20_ns * 1e-9, t[c].p80_ns * 1e-9, calls[c].loss);
+    for (int c = 0; c < n_calls; c++) {
+        char loss[32] = "-"; /* backward mode: no loss output */
+        if (calls[c].out.loss) snprintf(loss, sizeof loss, "%.7g", calls[c].loss);
+        printf("%-34s median %.4f s (p20 %.4f, p80 %.4f), loss %s\n", calls[c].label,
+               t[c].median_ns * 1e-9, t[c].p20_ns * 1e-9, t[c].p80_ns * 1e-9, loss);
+    }
     for (int c = 1; c < n_calls; c++) {
         char metric[32];
         snprintf(metric, sizeof metric, "latency_%s", calls[c].label);
@@ -312,7 +315,10 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
     int n_calls = 0;
     memset(calls, 0, sizeof calls);
     static char labels[TK_MAX_CALLS][48];
-    for (int c = 0; c < n_tails + 2 * k->breakdown; c++) {
+    /* --breakdown: a forward-only call (full and backward modes: forward mode times it already),
+     * then the row pass */
+    int n_fwd = k->breakdown && grad, n_all = n_tails + n_fwd + k->breakdown;
+    for (int c = 0; c < n_all; c++) {
         tk_ctx *x = &calls[n_calls++];
         kdloss_fused_linear_topk_distill_params_default(&x->params);
         x->params.div.divergence = d;
@@ -326,8 +332,8 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
         x->xs = (kdloss_cmat){xs, o->dtype, 0};
         x->ws = (kdloss_cmat){ws, o->dtype, 0};
         x->teacher = (kdloss_topk_teacher){k->k, {ids, KDLOSS_I32, 0}, {lp, KDLOSS_F32, 0}};
-        int fwd_only = c == n_tails; /* the breakdown's forward-only call */
-        x->row_pass = c == n_tails + 1;
+        int fwd_only = n_fwd && c == n_tails; /* the breakdown's forward-only call */
+        x->row_pass = k->breakdown && c == n_all - 1;
         x->out.loss = want_loss || fwd_only ? &x->loss : NULL;
         if (grad && !fwd_only) {
             x->out.dxs = (kdloss_mat){dxs, o->dtype, 0};
