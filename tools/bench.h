@@ -35,7 +35,9 @@
  *     prints the table row and writes the JSON record if --json was given.
  *     Kernel-specific numbers that belong in the record go in res->wl (workload key/values;
  *     in_id = 1 puts them in the external id, e.g. hidden4096) or res->extra (extra
- *     measurements such as a GEMM-floor time, via kb_result_add_measure).
+ *     measurements such as a GEMM-floor time, via kb_result_add_measure). A fused-linear
+ *     kernel times its GEMM floor beside its calls with kb_floor_bench_* (bench_gemm_floor.h;
+ *     bench_distill_jsd.c and bench_topk.c use it).
  *
  *  2. Register it in tools/bench_registry.c, the ONE list of kernels: add
  *       extern const kb_kernel kb_kernel_distill_jsd;
