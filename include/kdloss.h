@@ -671,8 +671,9 @@ typedef struct kdloss_vocab_shard {
  * logit), a SUM of 2 (the divergence's terms and sum of its gradient), and a SUM of the chunk's
  * Hs fp32 dxs values a row: 64 bytes + 4 Hs a token (docs/MATH.md section 9).
  * A rank whose own arguments are bad returns that status and the others KDLOSS_ERR_PEER, with
- * nothing written anywhere; a NULL shard, comm or callback returns KDLOSS_ERR_NULL_POINTER at
- * once (the other ranks would then wait in the first collective). KDLOSS_ERR_COMM after the
+ * nothing written anywhere; a NULL shard, comm or callback (KDLOSS_ERR_NULL_POINTER), or a rank
+ * outside [0, size) (KDLOSS_ERR_INVALID_PARAM), returns at once: that rank cannot take part, and
+ * the other ranks would then wait in the first collective. KDLOSS_ERR_COMM after the
  * first chunk may leave outputs partly written. The workspace is *_workspace_size() with this
  * rank's v.
  */
