@@ -13,6 +13,7 @@ parent's deadline turn a hang into a failure.
 """
 
 import datetime
+import gc
 import os
 import time
 import traceback
@@ -60,6 +61,7 @@ def _entry(rank, store, outdir):
                 raise
             open(outcome, "w").close()
     finally:
+        gc.collect()  # cycles that hold the group (DDP's, the caught errors' tracebacks) go first
         dist.destroy_process_group()
 
 

@@ -288,7 +288,8 @@ class CudaBackend:
                   (p, bt, hs, v, xs, ws, bs, teacher, labels, ctypes.byref(out)))
 
 
-_COMM_TYPES = {_lib.F32: (ctypes.c_float, torch.float32), _lib.F64: (ctypes.c_double, torch.float64)}
+_COMM_TYPES = {_lib.F32: (ctypes.c_float, torch.float32),
+               _lib.F64: (ctypes.c_double, torch.float64)}
 
 
 def _allreduce_callback(dist, group, errors):
