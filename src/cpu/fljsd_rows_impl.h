@@ -144,23 +144,56 @@ static void KD_SFX(grad_pass)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, flo
     }
 }
 
+/* One vector of the sparse teacher's gradient pass (see rest_grad). */
+KD_INLINE vf KD_SFX(rest_grad_at)(vf z, float c1, vf vc1, vf m1, vf s1, vf l1, float c2, vf vc2,
+                                  vf m2, vf l2) {
+    vf d = vf_zero();
+    if (c1 != 0.0f) d = vf_mul(vc1, vf_exp(vf_sub(vf_mul(vf_sub(z, m1), s1), l1)));
+    if (c2 != 0.0f) d = vf_fmadd(vc2, vf_exp(vf_sub(vf_sub(z, m2), l2)), d);
+    return d;
+}
+
+/* z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2) in place. */
+static void KD_SFX(rest_grad)(float *z, int64_t v, float c1, float m1, float s1, float l1,
+                              float c2, float m2, float l2) {
+    vf vc1 = vf_set1(c1), vm1 = vf_set1(m1), vs1 = vf_set1(s1), vl1 = vf_set1(l1);
+    vf vc2 = vf_set1(c2), vm2 = vf_set1(m2), vl2 = vf_set1(l2);
+    int64_t c = 0;
+    for (; c + VL <= v; c += VL)
+        vf_store(z + c, KD_SFX(rest_grad_at)(vf_load(z + c), c1, vc1, vm1, vs1, vl1, c2, vc2,
+                                             vm2, vl2));
+    if (c < v)
+        vf_store_n(z + c, KD_SFX(rest_grad_at)(vf_load_n(z + c, v - c), c1, vc1, vm1, vs1, vl1,
+                                               c2, vc2, vm2, vl2), v - c);
+}
+
+#define TK_ROW KD_SFX(topk_row)
+#define TK_FOLD_MAX KD_SFX(fold_max)
+#define TK_SUM_EXP KD_SFX(sum_exp)
+#define TK_REST_GRAD KD_SFX(rest_grad)
+#include "fljsd_topk_impl.h"
+
 /* Everything for row i of the chunk. */
 static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vdiv *k, int64_t i) {
+    if (a->topk) {
+        KD_SFX(topk_row)(a, i);
+        return;
+    }
     int64_t v = a->v;
     float *zs = a->zs + i * v;
     float *zt = a->soft ? a->zt + i * v : NULL;
-    int64_t y = kd_label_at(a->labels, a->row0 + i);
+    int64_t y = a->labels.data ? kd_label_at(a->labels, a->row0 + i) : -1;
     a->row_soft[i] = 0.0;
     a->row_hard[i] = 0.0;
     if (a->row_lse) a->row_lse[i] = 0.0f;
-    if (y == a->ignore_index) {
+    if (a->labels.data && y == a->ignore_index) {
         if (a->grad) memset(zs, 0, (size_t)v * sizeof(float));
         return;
     }
     /* pass 1 */
     float ms = KD_SFX(fold_max)(zs, a->bs, v);
     float mt = a->soft ? KD_SFX(fold_max)(zt, a->bt, v) : 0.0f;
-    float zy = zs[y];
+    float zy = a->hard ? zs[y] : 0.0f; /* labels exist when the cross-entropy is on */
     /* pass 2 */
     KD_SFX(rowc) r;
     r.ms = vf_set1(ms);

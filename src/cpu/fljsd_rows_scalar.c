@@ -54,23 +54,44 @@ static double div_pass(const kd_div_coef *k, const float *zs, float *zt, int64_t
     return loss;
 }
 
+/* z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2): the sparse teacher's gradient pass. */
+static void rest_grad(float *z, int64_t v, float c1, float m1, float s1, float l1, float c2,
+                      float m2, float l2) {
+    for (int64_t c = 0; c < v; c++) {
+        float d = 0.0f;
+        if (c1 != 0.0f) d = c1 * expf((z[c] - m1) * s1 - l1);
+        if (c2 != 0.0f) d += c2 * expf((z[c] - m2) - l2);
+        z[c] = d;
+    }
+}
+
+#define TK_ROW topk_row
+#define TK_FOLD_MAX fold_max
+#define TK_SUM_EXP sum_exp
+#define TK_REST_GRAD rest_grad
+#include "fljsd_topk_impl.h"
+
 /* Everything for row i of the chunk. */
 static void one_row(const kd_fljsd_rows *a, int64_t i) {
+    if (a->topk) {
+        topk_row(a, i);
+        return;
+    }
     int64_t v = a->v;
     float *zs = a->zs + i * v;
     float *zt = a->soft ? a->zt + i * v : NULL;
-    int64_t y = kd_label_at(a->labels, a->row0 + i);
+    int64_t y = a->labels.data ? kd_label_at(a->labels, a->row0 + i) : -1;
     a->row_soft[i] = 0.0;
     a->row_hard[i] = 0.0;
     if (a->row_lse) a->row_lse[i] = 0.0f;
-    if (y == a->ignore_index) {
+    if (a->labels.data && y == a->ignore_index) {
         if (a->grad) memset(zs, 0, (size_t)v * sizeof(float));
         return;
     }
     float it = a->inv_t;
     float ms = fold_max(zs, a->bs, v);
     float mt = a->soft ? fold_max(zt, a->bt, v) : 0.0f;
-    float zy = zs[y];
+    float zy = a->hard ? zs[y] : 0.0f; /* labels exist when the cross-entropy is on */
     double lss = a->soft ? log(sum_exp(zs, v, ms, it)) : 0.0;
     double lst = a->soft ? log(sum_exp(zt, v, mt, it)) : 0.0;
     int share = a->soft && it == 1.0f; /* softmax(zs) = softmax(zs/T) */
