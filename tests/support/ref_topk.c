@@ -117,10 +117,14 @@ ref_topk_row_out ref_topk_row(const kdloss_div_params *d, kdloss_topk_tail tail,
     double lw = log_weights(d), loss = 0.0, mag = 0.0, cond = 0.0;
     double G = 0.0, GM = 0.0, GC = 0.0;
     for (int b = 0; b < nb; b++) {
-        double m;
-        loss += ref_div_elem(d, x[b], y[b], &g[b], &m);
-        double w = exp(x[b]) + exp(y[b]), e = 2.0 + fabs(x[b]) + fabs(y[b]) + lw;
-        mag += m + ref_wmul(w, e);
+        double m, l = ref_div_elem(d, x[b], y[b], &g[b], &m);
+        /* ref_div_elem's m weighs both log-probs by both weights, so it is infinite for a
+         * teacher log-prob of -inf against a positive Q even where the term is finite (JSD,
+         * skew reverse KL: M >= w Q). A -inf log-prob has weight 0: only finite ones count. */
+        double w = exp(x[b]) + exp(y[b]);
+        double e = 2.0 + (isfinite(x[b]) ? fabs(x[b]) : 0.0) + (isfinite(y[b]) ? fabs(y[b]) : 0.0) + lw;
+        loss += l;
+        mag += fabs(l) + 2.0 * ref_wmul(w, e);
         gm[b] = fabs(g[b]) + ref_wmul(w, e);
         if (b == n) { /* the tail bin: |de/dy| and |dg/dy| are at most w e */
             cond += ref_wmul(ref_wmul(w, e), dy_tail);

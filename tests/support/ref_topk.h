@@ -20,9 +20,11 @@
  * central differences of the loss.
  *
  * Besides the values the reference returns error scales, in the style of reference.h:
- *   mag     the size of what an fp32 evaluation of the loss rounds: per bin the element's own
- *           magnitude (ref_div_elem) plus (P_b + Q_b) (2 + |x_b| + |y_b| + lw) (the fp32 log-
- *           probs carry an absolute error of about u (|x| + |y| + the log mixture weights lw)).
+ *   mag     the size of what an fp32 evaluation of the loss rounds: per bin |e(x_b, y_b)| plus
+ *           2 (P_b + Q_b) (2 + |x_b| + |y_b| + lw): the weights times the log-differences'
+ *           size (the fp32 log-probs carry an absolute error of about u (|x| + |y| + the log
+ *           mixture weights lw)), once for the term and once for the log-probs' own error;
+ *           a log-prob of -inf counts 0 there (its weight is 0).
  *   cond    an ABSOLUTE uncertainty of the loss that does not scale with fp32 rounding: the
  *           teacher's tail 1 - sum_S P is formed in double from |S| values and has an absolute
  *           error of about (|S| + 2) 2^-53; where the tail is tiny (top-k mass within 1e-9 of 1)
