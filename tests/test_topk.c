@@ -617,15 +617,7 @@ static void fz_make(fz_setup *f, kt_rng *rng, int64_t bt, int64_t hs, int64_t v,
     log_softmax_rows(zt, bt, v, t, full);
     teacher_make(&f->te, rng, full, bt, v, k, 0, 0.2, bt > 4 ? 4 : -1, idt, ldt, 1);
     f->dzl = DALLOC(bt);
-    for (int64_t r = 0; r < bt; r++) {
-        double worst = 0.0;
-        for (int64_t c = 0; c < v; c++) {
-            double s = f->p.bias_s ? fabs(f->p.bias_s[c]) : 0.0;
-            for (int64_t h = 0; h < hs; h++) s += fabs(f->p.xs[r * hs + h]) * fabs(f->p.ws[c * hs + h]);
-            worst = fmax(worst, s);
-        }
-        f->dzl[r] = (double)(hs + 1) * U * worst; /* gamma_{Hs+1} sum |x| |w| + |b| */
-    }
+    ref_topk_logit_err(bt, hs, v, f->p.xs, f->p.ws, f->p.bias_s, f->dzl);
     free(zt), free(full);
 }
 
@@ -765,21 +757,10 @@ static fz_ref fz_reference(const fz_setup *f, const kdloss_fused_linear_topk_dis
     double *dz = DALLOC(bt * v), *dm = DALLOC(bt * v), *dc = DALLOC(bt * v);
     ref_topk_fused(&c, bt, v, f->te.k, f->zs, f->te.ids, f->te.lp, labels, &w.o, w.rows, dz, dm, dc);
     w.tol_row_soft = DALLOC(bt), w.tol_row_hard = DALLOC(bt), w.tol_row_lse = DALLOC(bt);
-    double fs = prm->t2_scale ? prm->temperature * prm->temperature : 1.0, ss = 0.0, sh = 0.0;
-    double den = w.o.n_valid ? (double)w.o.n_valid : 1.0;
-    for (int64_t r = 0; r < bt; r++) {
-        const ref_topk_fused_row *ri = &w.rows[r];
-        int keep = !labels || labels[r] != IGN;
-        double zy = labels && keep ? fabs(f->zs[r * v + labels[r]]) : 0.0;
-        w.tol_row_soft[r] = keep ? 256 * U * ri->soft_mag + ri->soft_cond + ri->soft_sens * f->dzl[r] : 0.0;
-        w.tol_row_hard[r] = keep ? 2 * f->dzl[r] + 8 * U * (1 + fabs(ri->lse) + zy) : 0.0;
-        w.tol_row_lse[r] = keep ? f->dzl[r] + 8 * U * (1 + fabs(ri->lse)) : 0.0;
-        ss += w.tol_row_soft[r], sh += w.tol_row_hard[r];
-    }
-    w.tol_soft = fs * ss / den + 4 * U * fabs(w.o.soft) + 1e-30;
-    w.tol_hard = sh / den + 4 * U * fabs(w.o.hard) + 1e-30;
-    w.tol_loss = (prm->weight_soft_loss * fs * ss + prm->weight_hard_loss * sh) / den +
-                 4 * U * fabs(w.o.loss) + 1e-30;
+    ref_topk_tols tt;
+    ref_topk_fused_tols(&c, bt, v, f->zs, labels, &w.o, w.rows, f->dzl, &tt, w.tol_row_soft,
+                        w.tol_row_hard, w.tol_row_lse);
+    w.tol_loss = tt.loss, w.tol_soft = tt.soft, w.tol_hard = tt.hard;
     for (int64_t i = 0; i < bt * v; i++) dm[i] = 1e-4 * dm[i] + dc[i];
     w.dxs = DALLOC(bt * hs), w.dws = DALLOC(v * hs), w.dbs = DALLOC(v);
     w.txs = DALLOC(bt * hs), w.tws = DALLOC(v * hs), w.tbs = DALLOC(v);

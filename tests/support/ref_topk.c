@@ -206,3 +206,39 @@ void ref_topk_fused(const ref_topk_cfg *c, int64_t bt, int64_t v, int64_t k, con
     out->loss = (c->w_hard * hard_sum + c->w_soft * f * soft_sum) / den;
     free(ds), free(dm), free(dc);
 }
+
+void ref_topk_logit_err(int64_t bt, int64_t h, int64_t v, const double *x, const double *w,
+                        const double *b, double *err) {
+    for (int64_t r = 0; r < bt; r++) {
+        double worst = 0.0;
+        for (int64_t c = 0; c < v; c++) {
+            double s = b ? fabs(b[c]) : 0.0;
+            for (int64_t k = 0; k < h; k++) s += fabs(x[r * h + k]) * fabs(w[c * h + k]);
+            worst = fmax(worst, s);
+        }
+        err[r] = (double)(h + 1) * 0x1p-24 * worst;
+    }
+}
+
+void ref_topk_fused_tols(const ref_topk_cfg *c, int64_t bt, int64_t v, const double *zs,
+                         const int64_t *labels, const ref_topk_fused_out *o,
+                         const ref_topk_fused_row *rows, const double *err, ref_topk_tols *t,
+                         double *row_soft_tol, double *row_hard_tol, double *row_lse_tol) {
+    const double u = 0x1p-24;
+    double fs = c->t2_scale ? c->temperature * c->temperature : 1.0, ss = 0.0, sh = 0.0;
+    double den = o->n_valid ? (double)o->n_valid : 1.0;
+    for (int64_t r = 0; r < bt; r++) {
+        const ref_topk_fused_row *ri = &rows[r];
+        int keep = !labels || labels[r] != c->ignore_index;
+        double zy = labels && keep ? fabs(zs[r * v + labels[r]]) : 0.0;
+        double ts = keep ? 256 * u * ri->soft_mag + ri->soft_cond + ri->soft_sens * err[r] : 0.0;
+        double th = keep ? 2 * err[r] + 8 * u * (1 + fabs(ri->lse) + zy) : 0.0;
+        if (row_soft_tol) row_soft_tol[r] = ts;
+        if (row_hard_tol) row_hard_tol[r] = th;
+        if (row_lse_tol) row_lse_tol[r] = keep ? err[r] + 8 * u * (1 + fabs(ri->lse)) : 0.0;
+        ss += ts, sh += th;
+    }
+    t->soft = fs * ss / den + 4 * u * fabs(o->soft) + 1e-30;
+    t->hard = sh / den + 4 * u * fabs(o->hard) + 1e-30;
+    t->loss = (c->w_soft * fs * ss + c->w_hard * sh) / den + 4 * u * fabs(o->loss) + 1e-30;
+}

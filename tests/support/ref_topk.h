@@ -101,4 +101,26 @@ void ref_topk_fused(const ref_topk_cfg *c, int64_t bt, int64_t v, int64_t k, con
                     ref_topk_fused_out *out, ref_topk_fused_row *rows, double *dz,
                     double *dz_mag, double *dz_cond);
 
+/* Tolerances of the fused form's outputs in fp32 (u = 2^-24), for test_topk and the fuzzer:
+ *   err[r]      a bound on the fp32 logits' error in row r: (H + 1) u max_j (sum_h |x_rh| |w_jh|
+ *               + |b_j|), the worst-case error of an fp32 dot product of H terms plus the bias
+ *               (ref_topk_logit_err, from the float64 operands);
+ *   row soft    256 u soft_mag + soft_cond + soft_sens err (the row's own rounding, the teacher
+ *               tail's spread, and the logits' error carried to first order);
+ *   row hard    2 err + 8 u (1 + |lse| + |z_label|);   row lse   err + 8 u (1 + |lse|);
+ *   soft, hard, loss   the row bounds summed over kept rows, weighted as the outputs are
+ *               ((t2_scale ? T^2 : 1) w_soft, w_hard), / max(1, n_valid), + 4 u |value|.
+ * Row arrays may be NULL. */
+void ref_topk_logit_err(int64_t bt, int64_t h, int64_t v, const double *x, const double *w,
+                        const double *b, double *err);
+
+typedef struct ref_topk_tols {
+    double loss, soft, hard;
+} ref_topk_tols;
+
+void ref_topk_fused_tols(const ref_topk_cfg *c, int64_t bt, int64_t v, const double *zs,
+                         const int64_t *labels, const ref_topk_fused_out *o,
+                         const ref_topk_fused_row *rows, const double *err, ref_topk_tols *t,
+                         double *row_soft_tol, double *row_hard_tol, double *row_lse_tol);
+
 #endif
