@@ -31,11 +31,15 @@
 static _Alignas(64) unsigned char in_arena[ARENA], out_arena[ARENA];
 static unsigned char in_snap[ARENA], out_snap[ARENA];
 static unsigned long n_calls, n_rejected, n_valid, n_ref_checked;
+static unsigned long n_topk_valid[2], n_topk_checked[2]; /* logits form, fused form */
 
 static void report(void) {
     fprintf(stderr, "fuzz_api: %lu calls, %lu rejected with nothing written, %lu accepted, "
             "%lu checked against the double reference\n",
             n_calls, n_rejected, n_valid, n_ref_checked);
+    fprintf(stderr, "fuzz_api: top-k: logits form %lu accepted, %lu checked; fused form %lu "
+            "accepted, %lu checked\n",
+            n_topk_valid[0], n_topk_checked[0], n_topk_valid[1], n_topk_checked[1]);
 }
 
 /* ---- input reader ---- */
@@ -487,13 +491,14 @@ static int64_t snap_label(kdloss_labels lab, const unsigned char *snap, const un
 }
 
 /* Reads a row's teacher (ids, log-probs) from the snapshot into ids[k], lp[k]; 0 when a used
- * slot's log-prob is NaN or +inf (no reference then). */
+ * slot's value is not a log-prob (NaN or above 0: the reference is for log-probs, as fuzz_jsd's;
+ * -inf is one). */
 static int snap_teacher_row(const kdloss_topk_teacher *t, int64_t i, int64_t *ids, double *lp) {
     int64_t ldl = t->logprobs.ld ? t->logprobs.ld : t->k;
     for (int64_t j = 0; j < t->k; j++) {
         ids[j] = snap_id(t, i, j);
         lp[j] = ids[j] >= 0 ? getv(in_snap, in_arena, t->logprobs.data, t->logprobs.dtype, ldl, i, j) : NAN;
-        if (ids[j] >= 0 && (isnan(lp[j]) || lp[j] == INFINITY)) return 0;
+        if (ids[j] >= 0 && !(lp[j] <= 0.0)) return 0;
     }
     return 1;
 }
@@ -550,6 +555,7 @@ static void fuzz_topk_logits(rd *r) {
         return;
     }
     n_valid++;
+    n_topk_valid[0]++;
     if (ga == out_arena && ra == out_arena && memcmp(in_arena, in_snap, ARENA) != 0)
         FAIL("topk_distill_logits wrote into its inputs (no output lies there)");
     /* the double reference (tests/support/ref_topk.c) when the inputs are finite logits and
@@ -589,7 +595,7 @@ static void fuzz_topk_logits(rd *r) {
     }
     if (ok && loss && !loss_ok(*loss, sum / den, tol / den))
         FAIL("topk loss: got %.9g want %.9g (tol %g)", *loss, sum / den, tol / den);
-    if (ok) n_ref_checked++;
+    if (ok) n_ref_checked++, n_topk_checked[0]++;
     free(z), free(dz), free(dm), free(dc);
 }
 
@@ -666,6 +672,7 @@ static void fuzz_topk_fused(rd *r, int query) {
         return;
     }
     n_valid++;
+    n_topk_valid[1]++;
     if (!o.loss || xs.dtype != KDLOSS_F32 || work) return;
     /* double reference of the loss and the row outputs */
     double *x1 = calloc((size_t)(bt * hs), 8), *w1 = calloc((size_t)(v * hs), 8), *b1 = bs ? calloc((size_t)v, 8) : NULL;
@@ -702,7 +709,7 @@ static void fuzz_topk_fused(rd *r, int query) {
                 if (o.row_lse && !loss_ok(o.row_lse[i], rr[i].lse, tl[i] + 1e-30))
                     FAIL("fused topk row_lse[%lld]: got %.9g want %.9g", (long long)i, o.row_lse[i], rr[i].lse);
             }
-            n_ref_checked++;
+            n_ref_checked++, n_topk_checked[1]++;
         }
         free(ts), free(th), free(tl);
     }
