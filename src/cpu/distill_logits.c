@@ -5,8 +5,9 @@
  * cross-entropy off, so every formula has one definition. The kernel works on fp32 rows that it
  * may overwrite (dzs over zs, g over zt); per row:
  *   - student: the fp32 gradient row itself when the gradient is fp32 (the student copied into
- *     it unless in place), the student row itself when no gradient is wanted and it is fp32,
- *     else the row widened into a per-thread buffer (then narrowed into the gradient);
+ *     it unless in place), the student row itself when no gradient is wanted, it is fp32 and the
+ *     teacher is dense (the sparse teacher's pass masks its ids in the row), else the row widened
+ *     into a per-thread buffer (then narrowed into the gradient);
  *   - teacher: the teacher row itself when it is fp32 and no gradient is wanted (the kernel only
  *     reads it then), else a copy in a per-thread buffer.
  * Rows run on OpenMP threads through kd_rows_sum, whose summation order depends on BT alone. */
@@ -81,16 +82,25 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     if (g && ew->xdt == KDLOSS_F32) {
         zs = (float *)g;
         if (g != xs) memcpy(zs, xs, (size_t)v * sizeof(float));
-    } else if (!g && ew->xdt == KDLOSS_F32) {
-        zs = (float *)(uintptr_t)xs; /* read only: no bias, no gradient */
+    } else if (!g && ew->xdt == KDLOSS_F32 && !j->topk.k) {
+        /* read only: no bias, no gradient (a sparse teacher's row pass masks its ids in the
+         * row, so it always gets a copy) */
+        zs = (float *)(uintptr_t)xs;
     } else {
         widen_row(xs, ew->xdt, v, bs);
         zs = bs;
     }
     kd_fljsd_rows a = j->tmpl;
+    double st[64];
+    a.st_max = st;
+    a.st_sum = st + 2;
+    a.st_div = st + 2 + a.n_sum;
     if (j->topk.k) {
         zt = NULL;
         a.tk = (char *)bt;
+        a.st_max = (double *)(a.tk + kd_topk_row_scratch(j->topk.k)); /* 4 + K may exceed st */
+        a.st_sum = a.st_max + 2;
+        a.st_div = a.st_sum + a.n_sum;
     } else if (!g && ew->tdt == KDLOSS_F32) {
         zt = (float *)(uintptr_t)xt; /* read only: no bias, g is not stored */
     } else {
@@ -124,7 +134,10 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
                          kdloss_mat grad) {
     /* per-thread row buffers, rounded to whole cache lines */
     job->nthreads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
-    int64_t second = job->topk.k ? (int64_t)(kd_topk_row_scratch(job->topk.k) / sizeof(float)) : v;
+    int64_t second = job->topk.k ? (int64_t)((kd_topk_row_scratch(job->topk.k) +
+                                              kd_fljsd_n_stats(job->topk.k) * sizeof(double)) /
+                                             sizeof(float))
+                                 : v;
     job->buf_stride = (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;
@@ -150,6 +163,8 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     a->row_lse = NULL;
     a->topk = job->topk.k ? &job->topk : NULL;
     a->tail = tail;
+    a->v_lo = 0;
+    a->n_sum = kd_fljsd_n_sum(job->topk.k);
     job->rows = row_kernel();
     job->ew.want_loss = 1;
     double total = kd_rows_sum(bt, logits_row, &job->ew, row_loss);

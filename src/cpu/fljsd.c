@@ -174,6 +174,32 @@ static void (*row_kernel(void))(const kd_fljsd_rows *) {
     }
 }
 
+static void (*phase_kernel(void))(const kd_fljsd_rows *, int) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return kd_fljsd_rows_phase_avx512;
+    case KDLOSS_ISA_AVX2: return kd_fljsd_rows_phase_avx2;
+    default: return kd_fljsd_rows_phase_scalar;
+    }
+}
+
+/* The row work of a vocabulary-parallel chunk: each phase over every row, the statistics
+ * all-reduced in between (fljsd_row_phases.h): MAX of 2 doubles a row, SUM of n_sum, and for
+ * the dense teacher SUM of 2. */
+static kdloss_status rows_vp(const kdloss_comm *c, const kd_fljsd_rows *r) {
+    void (*phase)(const kd_fljsd_rows *, int) = phase_kernel();
+    phase(r, 1);
+    if (c->allreduce(c->ctx, r->st_max, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_MAX))
+        return KDLOSS_ERR_COMM;
+    phase(r, 2);
+    if (c->allreduce(c->ctx, r->st_sum, r->n_sum * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
+        return KDLOSS_ERR_COMM;
+    phase(r, 3);
+    if (!r->topk && c->allreduce(c->ctx, r->st_div, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
+        return KDLOSS_ERR_COMM;
+    phase(r, 4);
+    return KDLOSS_OK;
+}
+
 /* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole); the
  * teacher's only when its logits are computed and not multiplied natively in bf16. */
 static void widen_whole(const kd_fljsd_plan *pl, char *base, int soft, int native, wsrc *w_s,
@@ -221,12 +247,23 @@ static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl
         st = kd_sgemm(&g);
     }
     if (st != KDLOSS_OK || !o->dxs.data) return st;
-    if (!sb) return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
-    float *tmp = (float *)(base + pl->off_xconv); /* the chunk's teacher rows are spent */
+    if (!sb && !k->comm)
+        return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
+    /* fp32 rows first (the chunk's teacher rows are spent): cast to bf16, and with a
+     * vocabulary split summed over the ranks first, one all-reduce per chunk */
+    float *tmp = (float *)(base + pl->off_xconv);
     st = gemm_dx(n, dz, w_s, tmp, hs);
-    if (st == KDLOSS_OK)
+    if (st == KDLOSS_OK && k->comm &&
+        k->comm->allreduce(k->comm->ctx, tmp, n * hs, KDLOSS_F32, KDLOSS_COMM_SUM))
+        st = KDLOSS_ERR_COMM;
+    if (st != KDLOSS_OK) return st;
+    if (sb)
         kd_f32_rows_to_bf16(tmp, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld,
                             1);
+    else
+        for (int64_t i = 0; i < n; i++)
+            memcpy((float *)o->dxs.data + (r0 + i) * o->dxs.ld, tmp + i * hs,
+                   (size_t)hs * sizeof(float));
     return st;
 }
 
@@ -247,6 +284,11 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     r->topk = k->topk.k ? &k->topk : NULL;
     r->tail = k->tail;
     r->tk = base + pl->off_tk;
+    r->v_lo = k->v_lo;
+    r->n_sum = kd_fljsd_n_sum(k->topk.k);
+    r->st_max = (double *)(base + pl->off_st);
+    r->st_sum = r->st_max + 2 * pl->chunk;
+    r->st_div = r->st_sum + r->n_sum * pl->chunk;
     r->labels = k->labels;
     r->ignore_index = p->ignore_index;
     r->coef = kd_div_coef_make(&p->div);
@@ -303,7 +345,12 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
         r.n = n;
         r.row0 = r0;
         r.row_lse = o->row_lse ? o->row_lse + r0 : NULL;
-        rows(&r);
+        if (k->comm) {
+            st = rows_vp(k->comm, &r);
+            if (st != KDLOSS_OK) break;
+        } else {
+            rows(&r);
+        }
         for (int64_t i = 0; i < n; i++) { /* row order: the sums do not depend on the chunk */
             soft_sum += r.row_soft[i];
             hard_sum += r.row_hard[i];
@@ -416,6 +463,21 @@ static kdloss_status run_sparse(const kd_fljsd_call *k, const kd_fljsd_plan *pl,
     return KDLOSS_OK;
 }
 
+kdloss_status kd_fljsd_execute(const kd_fljsd_call *call, const kd_fljsd_plan *plan,
+                               void *workspace) {
+    int sparse = !call->comm && kd_topk_sparse_eligible(call);
+    void *mem = NULL;
+    if (!workspace) {
+        mem = malloc(sparse ? sparse_layout(call, plan, NULL, NULL) : plan->bytes);
+        if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
+        workspace = mem;
+    }
+    uintptr_t a = ((uintptr_t)workspace + KD_FLJSD_ALIGN - 1) & ~(uintptr_t)(KD_FLJSD_ALIGN - 1);
+    kdloss_status st = sparse ? run_sparse(call, plan, (char *)a) : run(call, plan, (char *)a);
+    free(mem);
+    return st;
+}
+
 /* A call with either teacher: check, workspace, run. */
 static kdloss_status fused(const kdloss_fused_linear_distill_params *params, int64_t bt,
                            int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
@@ -424,20 +486,10 @@ static kdloss_status fused(const kdloss_fused_linear_distill_params *params, int
                            size_t workspace_bytes) {
     kd_fljsd_call call;
     kd_fljsd_plan plan;
-    kdloss_status st = kd_fljsd_check(params, bt, hs, v, xs, ws, bs, t, labels, out, workspace,
+    kdloss_status st = kd_fljsd_check(params, bt, hs, v, v, xs, ws, bs, t, labels, out, workspace,
                                       workspace_bytes, &call, &plan);
     if (st != KDLOSS_OK) return st;
-    int sparse = kd_topk_sparse_eligible(&call);
-    void *mem = NULL;
-    if (!workspace) {
-        mem = malloc(sparse ? sparse_layout(&call, &plan, NULL, NULL) : plan.bytes);
-        if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
-        workspace = mem;
-    }
-    uintptr_t a = ((uintptr_t)workspace + KD_FLJSD_ALIGN - 1) & ~(uintptr_t)(KD_FLJSD_ALIGN - 1);
-    st = sparse ? run_sparse(&call, &plan, (char *)a) : run(&call, &plan, (char *)a);
-    free(mem);
-    return st;
+    return kd_fljsd_execute(&call, &plan, workspace);
 }
 
 kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_params *params,

@@ -22,8 +22,8 @@ static kdloss_status check_gemm_mat(int64_t rows, int64_t cols, const void *data
 
 /* The teacher's operands into spans in[3..5] (dense: xt, wt, bt; sparse: ids, log-probs) and the
  * call; a sparse teacher's ids are checked by value. */
-static kdloss_status check_teacher(const kd_fl_teacher *t, int64_t bt, int64_t v, kd_span in[3],
-                                   kd_fljsd_call *call) {
+static kdloss_status check_teacher(const kd_fl_teacher *t, int64_t bt, int64_t v,
+                                   int64_t v_ids, kd_span in[3], kd_fljsd_call *call) {
     kdloss_status st;
     call->xt = t->xt;
     call->wt = t->wt;
@@ -33,7 +33,7 @@ static kdloss_status check_teacher(const kd_fl_teacher *t, int64_t bt, int64_t v
     if (t->topk) {
         kdloss_topk_teacher k = *t->topk;
         st = kd_topk_check_teacher(k, bt, &in[0], &in[1], &k.ids.ld, &k.logprobs.ld);
-        if (st == KDLOSS_OK) st = kd_topk_check_ids(k, bt, v);
+        if (st == KDLOSS_OK) st = kd_topk_check_ids(k, bt, v_ids);
         in[2] = kd_vec_span(NULL, 0, 1);
         call->topk = k;
         return st;
@@ -98,8 +98,8 @@ static kdloss_status check_outputs(kdloss_fused_linear_distill_out *o, int64_t b
 }
 
 kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
-                             int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                             const kd_fl_teacher *t, kdloss_labels labels,
+                             int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
+                             const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
                              const kdloss_fused_linear_distill_out *out, const void *workspace,
                              size_t workspace_bytes, kd_fljsd_call *call, kd_fljsd_plan *plan) {
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
@@ -113,12 +113,12 @@ kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, i
     kd_span in[8];
     st = check_gemm_mat(bt, hs, xs.data, xs.dtype, &xs.ld, &in[0]);
     if (st == KDLOSS_OK) st = check_gemm_mat(v, hs, ws.data, ws.dtype, &ws.ld, &in[1]);
-    if (st == KDLOSS_OK) st = check_teacher(t, bt, v, &in[3], call);
+    if (st == KDLOSS_OK) st = check_teacher(t, bt, v, v_ids, &in[3], call);
     if (st != KDLOSS_OK) return st;
     if (!kd_aligned(bs, kdloss_dtype_size(xs.dtype))) return KDLOSS_ERR_MISALIGNED;
     in[2] = kd_vec_span(bs, v, kdloss_dtype_size(xs.dtype));
     int64_t n_valid = 0;
-    st = check_labels(params, sparse, labels, out, bt, v, &n_valid);
+    st = check_labels(params, sparse, labels, out, bt, v_ids, &n_valid);
     if (st != KDLOSS_OK) return st;
     in[6] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
 
@@ -149,5 +149,7 @@ kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, i
     call->out = o;
     call->n_valid = n_valid;
     call->grad = grad;
+    call->comm = NULL;
+    call->v_lo = 0;
     return KDLOSS_OK;
 }

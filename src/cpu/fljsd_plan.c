@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "fljsd.h"
+#include "fljsd_rows.h"
 #include "topk.h"
 
 #define KD_DEFAULT_BUDGET ((size_t)256 << 20)
@@ -66,9 +67,12 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, in
     size_t tk_row = topk_k > 0 ? kd_topk_row_scratch(topk_k) : 0;
     if (topk_k > 0 && tk_row / (3 * sizeof(float) + sizeof(int64_t)) < (size_t)topk_k)
         return KDLOSS_ERR_INVALID_SIZE;
-    plan->xconv_cols = sb && want_grad ? h : ht;
+    /* xconv also holds a chunk's fp32 dxs rows before their cast (bf16) or all-reduce (the
+     * vocabulary-parallel loss), so it has room for Hs columns whenever gradients are wanted */
+    plan->xconv_cols = want_grad ? h : ht;
     size_t per_row = mul3((size_t)v + zt_cols, 1, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
-                     (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double) + tk_row;
+                     (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double) + tk_row +
+                     mul3((size_t)kd_fljsd_n_stats(topk_k), sizeof(double), 1);
     /* bytes that do not scale with the chunk besides the weights' panel or copies (the dWs
      * accumulator is output-sized state, so it is not counted against the budget) */
     size_t base = mul3((size_t)v, want_grad ? 3 : 2, f4);
@@ -121,6 +125,7 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, in
     plan->off_rows = take(&end, mul3(c, 2, sizeof(double)), &ok);
     plan->off_dws = take(&end, sb && want_grad ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
     plan->off_tk = take(&end, mul3(c, tk_row, 1), &ok);
+    plan->off_st = take(&end, mul3(c, (size_t)kd_fljsd_n_stats(topk_k), sizeof(double)), &ok);
     if (topk_k > 0 && !mul3(c, tk_row, 1)) ok = 0;
     /* a zero from mul3 where a region must be non-empty means overflow */
     if (!mul3(c, (size_t)v, f4) || (sb && want_grad && !mul3((size_t)v, (size_t)hs, f4))) ok = 0;

@@ -52,7 +52,23 @@ typedef struct kd_fljsd_rows {
     const kdloss_topk_teacher *topk; /* ids and log-probs with effective lds, or NULL (dense) */
     int tail;              /* KD_TAIL_* of topk_row.h */
     char *tk;              /* n x kd_topk_row_scratch(K) bytes of per-row scratch */
+    /* the phases' statistics (fljsd_row_phases.h) and the vocabulary-parallel column offset */
+    int64_t v_lo;          /* global id of local column 0 (0 unless vocabulary-parallel) */
+    double *st_max;        /* [2 n] */
+    double *st_sum;        /* [n_sum n] */
+    double *st_div;        /* [2 n] */
+    int64_t n_sum;         /* kd_fljsd_n_sum(): 4, + K with a sparse teacher */
 } kd_fljsd_rows;
+
+/* Doubles per row of the phases' statistics: st_max 2, st_sum kd_fljsd_n_sum(K), st_div 2. */
+static inline int64_t kd_fljsd_n_sum(int64_t topk_k) { return 4 + topk_k; }
+static inline int64_t kd_fljsd_n_stats(int64_t topk_k) { return 4 + kd_fljsd_n_sum(topk_k); }
+
+/* One phase (1..4, fljsd_row_phases.h) over every row of the chunk, OpenMP over rows: the
+ * vocabulary-parallel driver reduces the statistics between phases. */
+void kd_fljsd_rows_phase_scalar(const kd_fljsd_rows *a, int phase);
+void kd_fljsd_rows_phase_avx2(const kd_fljsd_rows *a, int phase);
+void kd_fljsd_rows_phase_avx512(const kd_fljsd_rows *a, int phase);
 
 /* Run the row work of one chunk, OpenMP over rows. Never calls BLAS. */
 void kd_fljsd_rows_scalar(const kd_fljsd_rows *a);

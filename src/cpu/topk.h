@@ -26,13 +26,12 @@ static inline float kd_topk_logprob(const kdloss_topk_teacher *t, int64_t r, int
     }
 }
 
-/* Bytes of per-row scratch the row kernel needs for K slots: gathered logits, log-probs and
- * slot gradients (3 K floats) and the gathered column indices (K int64), 64-byte multiples. */
+/* Bytes of per-row scratch the row kernels need for K slots: the slots' local columns and their
+ * count (K + 1 int64), then their logits, log-probs and gradients (3 K floats); a multiple of 64. */
 static inline size_t kd_topk_row_scratch(int64_t k) {
-    size_t b = (size_t)k * (3 * sizeof(float) + sizeof(int64_t));
+    size_t b = (size_t)(k + 1) * sizeof(int64_t) + (size_t)k * 3 * sizeof(float);
     return (b + 63) / 64 * 64;
 }
-
 
 /* ---- The sparse renorm_both path (docs/MATH.md section 8, "Sparse path") ---- */
 

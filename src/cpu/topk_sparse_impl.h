@@ -46,13 +46,14 @@ static inline const float *TS(x_row)(const kd_topk_sparse *a, int64_t i) {
     return a->x32 ? a->x32 + i * a->hs : (const float *)a->xs + (a->row0 + i) * a->ldx;
 }
 
-/* Row i: the selected logits, the row loss, gk = d loss / d zs_k, col[] ended by -1, dxs row. */
+/* Row i: the selected logits, the row loss, gk = d loss / d zs_k, col[] ended by -1 (col[K] is
+ * the row kernels' count slot, unused here), dxs row. */
 static void TS(row)(const kd_topk_sparse *a, int64_t i) {
     int64_t r = a->row0 + i, kk = a->topk->k, hs = a->hs, n = 0;
     int bf16 = a->xdt == KDLOSS_BF16;
     size_t es = bf16 ? 2 : 4;
     int64_t *col = (int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(kk));
-    float *zk = (float *)(col + kk), *lp = zk + kk, *gk = lp + kk;
+    float *zk = (float *)(col + kk + 1), *lp = zk + kk, *gk = lp + kk;
     const float *x = TS(x_row)(a, i);
     int kept = !a->labels.data || kd_label_at(a->labels, r) != a->ignore_index;
     int is64 = a->topk->ids.dtype == KDLOSS_I64;
@@ -89,7 +90,7 @@ static void TS(scatter_block)(const kd_topk_sparse *a, int64_t h0) {
     int64_t kk = a->topk->k, h1 = h0 + TS_HBLOCK < a->hs ? h0 + TS_HBLOCK : a->hs;
     for (int64_t i = 0; i < a->n; i++) {
         const int64_t *col = (const int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(kk));
-        const float *gk = (const float *)(col + kk) + 2 * kk, *x = TS(x_row)(a, i) + h0;
+        const float *gk = (const float *)(col + kk + 1) + 2 * kk, *x = TS(x_row)(a, i) + h0;
         for (int64_t k = 0; k < kk && col[k] >= 0; k++)
             TS(axpy)(a->dws + col[k] * a->ldd + h0, gk[k], (const char *)x, 0, h1 - h0);
     }
@@ -108,7 +109,7 @@ void TS(kd_topk_sparse_scatter)(const kd_topk_sparse *a) {
     if (!a->dbs) return;
     for (int64_t i = 0; i < a->n; i++) {
         const int64_t *col = (const int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(kk));
-        const float *gk = (const float *)(col + kk) + 2 * kk;
+        const float *gk = (const float *)(col + kk + 1) + 2 * kk;
         for (int64_t k = 0; k < kk && col[k] >= 0; k++) a->dbs[col[k]] += gk[k];
     }
 }
