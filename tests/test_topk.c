@@ -1073,6 +1073,10 @@ static void check_errors_logits(void) {
     EXPECT(KDLOSS_ERR_INVALID_SIZE, call_la(a), "logits: K = 0");
     a.t.k = -3;
     EXPECT(KDLOSS_ERR_INVALID_SIZE, call_la(a), "logits: K = -3");
+    a = a0, a.t.k = INT64_MAX;
+    EXPECT(KDLOSS_ERR_INVALID_SIZE, call_la(a), "logits: K = INT64_MAX (bytes overflow)");
+    a = a0, a.t.k = (int64_t)1 << 61;
+    EXPECT(KDLOSS_ERR_INVALID_SIZE, call_la(a), "logits: K = 2^61 (bytes overflow)");
     a = a0, a.bt = 0;
     EXPECT(KDLOSS_ERR_INVALID_SIZE, call_la(a), "logits: BT = 0");
     a = a0, a.v = 0;
@@ -1295,6 +1299,19 @@ static void check_errors_fused(void) {
     KT_CHECK(kdloss_fused_linear_topk_distill_workspace_size(&pq, EB, EH, EV, 0, KDLOSS_F32, 1, &b2) ==
                      KDLOSS_ERR_INVALID_SIZE && b2 == 7,
              "workspace size: K = 0 rejected, nothing written");
+    /* sizes whose bytes overflow: rejected without overflowing inside (the UBSan run checks) */
+    const int64_t huge[] = {INT64_MAX, INT64_MAX - 1, (int64_t)1 << 61, (int64_t)1 << 40};
+    for (int i = 0; i < 4; i++) {
+        b2 = 7;
+        kdloss_status s1 = kdloss_fused_linear_topk_distill_workspace_size(&pq, EB, EH, EV, huge[i], KDLOSS_F32, 1, &b2);
+        KT_CHECK((s1 == KDLOSS_ERR_INVALID_SIZE && b2 == 7) || (s1 == KDLOSS_OK && i == 3 && b2 != 7),
+                 "workspace size: K = %lld gives %d (bytes %zu)", (long long)huge[i], s1, b2);
+        b2 = 7;
+        s1 = kdloss_fused_linear_topk_distill_workspace_size(&pq, huge[i], EH, EV, EK, KDLOSS_BF16, 1, &b2);
+        KT_CHECK((s1 == KDLOSS_ERR_INVALID_SIZE && b2 == 7) || (s1 == KDLOSS_OK && b2 != 7),
+                 "workspace size: BT = %lld gives %d (bytes %zu)", (long long)huge[i], s1, b2);
+    }
+    b2 = 7;
     pq.tail = (kdloss_topk_tail)5;
     KT_CHECK(kdloss_fused_linear_topk_distill_workspace_size(&pq, EB, EH, EV, EK, KDLOSS_F32, 1, &b2) ==
                      KDLOSS_ERR_INVALID_PARAM && b2 == 7,

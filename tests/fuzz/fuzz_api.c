@@ -408,8 +408,13 @@ static void fuzz_fljsd(rd *r, int query) {
     for (int64_t i = 0; i < bt * ht; i++) ok &= isfinite(x2[i]);
     for (int64_t i = 0; i < v * ht; i++) ok &= isfinite(w2[i]);
     for (int64_t c = 0; c < v; c++) ok &= (!b1 || isfinite(b1[c])) && (!b2 || isfinite(b2[c]));
+    if (ok) kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
+    for (int64_t i = 0; i < bt && ok; i++) { /* tempered log-probs within fp32 (as above) */
+        double zlo = INFINITY, zhi = -INFINITY;
+        for (int64_t c = 0; c < v; c++) zlo = fmin(zlo, zs[i * v + c]), zhi = fmax(zhi, zs[i * v + c]);
+        ok = (zhi - zlo) / p.temperature <= 3.4028234663852886e38 && zhi - zlo <= 3.4028234663852886e38;
+    }
     if (ok) {
-        kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
         kt_ref_logits(bt, ht, v, x2, w2, b2, zt);
         for (int64_t i = 0; i < bt * v; i++) zmax = fmax(zmax, fmax(fabs(zs[i]), fabs(zt[i])));
         kt_fljsd_cfg cf = {p.beta, p.temperature, p.weight_hard_loss, p.weight_soft_loss, p.grad_scale, p.ignore_index};
@@ -568,7 +573,15 @@ static void fuzz_topk_logits(rd *r) {
     for (int64_t i = 0; i < bt && ok; i++) {
         if (lab.data && snap_label(lab, out_snap, out_arena, i) == p.ignore_index) continue;
         nv++;
-        for (int64_t c = 0; c < v; c++) ok &= isfinite(getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c));
+        double zlo = INFINITY, zhi = -INFINITY;
+        for (int64_t c = 0; c < v; c++) {
+            double zc = getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c);
+            ok &= isfinite(zc);
+            zlo = fmin(zlo, zc), zhi = fmax(zhi, zc);
+        }
+        /* the kernels hold log-probs in fp32 (MATH.md 7): a tempered log-prob beyond -FLT_MAX
+         * (T near FLT_MIN) is outside what they represent, the reference is not for it */
+        ok = ok && (zhi - zlo) / p.temperature <= 3.4028234663852886e38;
         ok = ok && snap_teacher_row(&t, i, ids, lp);
     }
     double den = nv ? (double)nv : 1.0, sc = p.grad_scale / den, sum = 0.0, tol = 0.0;
@@ -690,8 +703,13 @@ static void fuzz_topk_fused(rd *r, int query) {
     for (int64_t i = 0; i < bt * hs; i++) ok &= isfinite(x1[i]);
     for (int64_t i = 0; i < v * hs; i++) ok &= isfinite(w1[i]);
     for (int64_t c = 0; c < v && b1; c++) ok &= isfinite(b1[c]);
+    if (ok) kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
+    for (int64_t i = 0; i < bt && ok; i++) { /* tempered log-probs within fp32 (as above) */
+        double zlo = INFINITY, zhi = -INFINITY;
+        for (int64_t c = 0; c < v; c++) zlo = fmin(zlo, zs[i * v + c]), zhi = fmax(zhi, zs[i * v + c]);
+        ok = (zhi - zlo) / p.temperature <= 3.4028234663852886e38 && zhi - zlo <= 3.4028234663852886e38;
+    }
     if (ok) {
-        kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
         ref_topk_cfg cf = {p.div, p.tail, p.temperature, p.weight_hard_loss, p.weight_soft_loss, p.grad_scale, p.t2_scale, p.ignore_index};
         ref_topk_fused_out ro;
         ref_topk_tols tt;
