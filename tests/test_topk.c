@@ -100,8 +100,8 @@ static const char *tail_name(int tail) { return kdloss_topk_tail_name((kdloss_to
  * much room the bounds leave). */
 enum { W_GRAD, W_GRAD16, W_LOSS, W_DENSE, W_FUSED_LOSS, W_FUSED_GRAD, W_KINDS };
 static const char *W_NAMES[W_KINDS] = {"logits gradient (fp32)",
-                                       "logits gradient (bf16 / fp16: the cast alone takes up to "
-                                       "all of its 2^-8 / 2^-11 |want|)",
+                                       ("logits gradient (bf16 / fp16: the cast alone may take "
+                                        "all of 2^-8 / 2^-11 |want|)"),
                                        "logits (row) loss",
                                        "K = V vs dense", "fused losses and rows",
                                        "fused dxs / dws / dbs (fp32)"};
