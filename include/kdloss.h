@@ -621,6 +621,11 @@ KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
 
+/* The smallest memory_budget these shapes accept (as kdloss_fljsd_min_budget). */
+KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_min_budget(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+
 /* Shapes: xs (BT x Hs), ws (V x Hs), bs [V] optional (dtype of ws), teacher (BT rows of K),
  * labels [BT] optional. xs/ws F32 or BF16 (the same). */
 KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill(
