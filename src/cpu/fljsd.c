@@ -318,6 +318,11 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
         write_zero(k);
         return KDLOSS_OK;
     }
+    /* the GEMMs' fallback scratch (gemm.h), reserved before anything is written: zt = xt wt^T,
+     * zs = xs ws^T, dWs += dz^T xs, dxs = dz ws; panels and the last chunk are no larger */
+    kd_gemm_shape shapes[4] = {{pl->chunk, v, k->ht > 0 ? k->ht : hs}, {pl->chunk, v, hs},
+                               {v, hs, pl->chunk}, {pl->chunk, hs, v}};
+    if (kd_gemm_prepare(shapes, 4) != KDLOSS_OK) return KDLOSS_ERR_OUT_OF_MEMORY;
     int native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
     int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
     int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
