@@ -73,8 +73,11 @@ typedef enum kdloss_status {
     KDLOSS_ERR_BUDGET_TOO_SMALL = -17, /* memory_budget cannot hold a one-row chunk: the minimum is
                                           what kdloss_fljsd_min_budget() returns */
     KDLOSS_ERR_MISALIGNED = -18,       /* a pointer is not aligned to its element size */
-    KDLOSS_ERR_INVALID_ID = -19        /* a sparse teacher's token id is neither -1 nor in [0, V),
+    KDLOSS_ERR_INVALID_ID = -19,       /* a sparse teacher's token id is neither -1 nor in [0, V),
                                           or repeats among one row's used slots */
+    KDLOSS_ERR_COMM = -20,             /* the communicator's all-reduce reported a failure */
+    KDLOSS_ERR_PEER = -21              /* another rank rejected its arguments (vocabulary-parallel
+                                          calls; that rank returned the reason) */
 } kdloss_status;
 
 /* A static, human-readable message for a status code ("invalid size: ..."). Never NULL. */
@@ -89,7 +92,8 @@ typedef enum kdloss_dtype {
     KDLOSS_BF16 = 1, /* bfloat16 (upper half of a binary32) */
     KDLOSS_F16 = 2,  /* IEEE binary16 */
     KDLOSS_I32 = 3,  /* labels only */
-    KDLOSS_I64 = 4   /* labels only */
+    KDLOSS_I64 = 4,  /* labels only */
+    KDLOSS_F64 = 5   /* IEEE binary64: the communicator's statistics only (kdloss_comm) */
 } kdloss_dtype;
 
 /* Size in bytes of one element of `dtype`, 0 for an unknown dtype. */
@@ -624,6 +628,70 @@ KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill(
     kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher,
     kdloss_labels labels, kdloss_fused_linear_distill_out *out, void *workspace,
     size_t workspace_bytes);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Vocabulary-parallel fused losses (docs/MATH.md section 9)                                   */
+/* ------------------------------------------------------------------------------------------ */
+
+/* When the LM head is split by vocabulary rows across ranks (tensor parallelism), each rank
+ * computes its block of the logits, and the loss needs a few per-token statistics of every
+ * block. kdloss does not bring a transport: the caller passes its own collective library (MPI,
+ * NCCL, torch.distributed) as one all-reduce callback. include/kdloss_mpi.h is a ready MPI
+ * adapter; the PyTorch modules take a process_group. */
+typedef enum kdloss_comm_op { KDLOSS_COMM_SUM = 0, KDLOSS_COMM_MAX = 1 } kdloss_comm_op;
+
+typedef struct kdloss_comm {
+    int rank; /* this rank, 0 .. size-1                                                        */
+    int size; /* ranks sharing the LM head                                                      */
+    /* All-reduce in place of n elements of `dtype` (KDLOSS_F32 or KDLOSS_F64) with `op` over
+     * every rank. Every rank makes the same calls in the same order, with the same n and dtype.
+     * Returns 0 on success; anything else ends the call with KDLOSS_ERR_COMM. */
+    int (*allreduce)(void *ctx, void *buf, int64_t n, kdloss_dtype dtype, kdloss_comm_op op);
+    void *ctx; /* passed back to allreduce                                                      */
+} kdloss_comm;
+
+/* This rank's block of the vocabulary: rows [v_begin, v_begin + v) of the LM head (v is the
+ * function's argument). Blocks are contiguous in rank order and cover [0, v_total); their sizes
+ * may differ. */
+typedef struct kdloss_vocab_shard {
+    const kdloss_comm *comm;
+    int64_t v_total;
+    int64_t v_begin;
+} kdloss_vocab_shard;
+
+/*
+ * kdloss_fused_linear_distill with the student's and teacher's LM heads (and biases) split by
+ * vocabulary: ws, bs, wt, bt_bias are this rank's blocks (v rows), xs, xt, labels replicated,
+ * labels global ids in [0, v_total). Every rank gets the same loss, soft_loss, hard_loss and
+ * row outputs, the full dxs (summed over ranks), and dws / dbs for its own block; the results
+ * equal a single-process call on the whole head up to summation order.
+ * Collectives, batched per chunk of rows, never per row: before anything is written, one MAX
+ * over 2 size + 8 doubles (every rank's block and arguments agree, and the chunk size); then per
+ * chunk an all-reduce MAX of 2 doubles a row (row maxima), a SUM of 4 (sums of exps, the label's
+ * logit), a SUM of 2 (the divergence's terms and sum of its gradient), and a SUM of the chunk's
+ * Hs fp32 dxs values a row: 64 bytes + 4 Hs a token (docs/MATH.md section 9).
+ * A rank whose own arguments are bad returns that status and the others KDLOSS_ERR_PEER, with
+ * nothing written anywhere; a NULL shard, comm or callback returns KDLOSS_ERR_NULL_POINTER at
+ * once (the other ranks would then wait in the first collective). KDLOSS_ERR_COMM after the
+ * first chunk may leave outputs partly written. The workspace is *_workspace_size() with this
+ * rank's v.
+ */
+KDLOSS_API kdloss_status kdloss_fused_linear_distill_vp(
+    const kdloss_fused_linear_distill_params *params, const kdloss_vocab_shard *shard,
+    int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes);
+
+/* The sparse top-k teacher, vocabulary-parallel: the teacher's ids are global (replicated); each
+ * rank handles the ids in its block, and every tail mode works. Per chunk: a MAX of 2 doubles a
+ * row, a SUM of 4 + K (the rest's sums of exps, the label's logit, the K selected logits, each
+ * from the rank that holds it), and the dxs SUM: 48 + 8 K + 4 Hs bytes a token. renorm_both
+ * runs the full-vocabulary path here (the sparse path is single-process). */
+KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_vp(
+    const kdloss_fused_linear_topk_distill_params *params, const kdloss_vocab_shard *shard,
+    int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
+    void *workspace, size_t workspace_bytes);
 
 /* ------------------------------------------------------------------------------------------ */
 /* CUDA backend (declared always; returns KDLOSS_ERR_UNSUPPORTED when built without CUDA)     */

@@ -11,8 +11,9 @@ have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok
 
 if [ "$what" = c ]; then
     # libopenblas-dev: only for comparison (kdloss dlopens it as a second GEMM provider);
-    # clang + libclang-rt-14-dev: the libFuzzer target.
-    for p in build-essential cmake libdnnl-dev libopenblas-dev pkg-config clang libclang-rt-14-dev; do
+    # clang + libclang-rt-14-dev: the libFuzzer target; Open MPI: the vocabulary-parallel test.
+    for p in build-essential cmake libdnnl-dev libopenblas-dev pkg-config clang libclang-rt-14-dev \
+        libopenmpi-dev openmpi-bin; do
         have_pkg "$p" || need_pkgs+=("$p")
     done
     if [ ${#need_pkgs[@]} -gt 0 ]; then

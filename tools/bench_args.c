@@ -24,6 +24,7 @@ const char *kb_dtype_name(kdloss_dtype dt) {
     case KDLOSS_F16: return "fp16";
     case KDLOSS_I32: return "int32";
     case KDLOSS_I64: return "int64";
+    case KDLOSS_F64: return "fp64";
     }
     return "?";
 }

@@ -35,6 +35,7 @@ ERR_CUDA = -15
 ERR_INTERNAL = -16
 ERR_BUDGET_TOO_SMALL = -17
 ERR_MISALIGNED = -18
+ERR_INVALID_ID = -19
 
 STATUS_NAMES = {
     OK: "KDLOSS_OK",
@@ -56,6 +57,7 @@ STATUS_NAMES = {
     ERR_INTERNAL: "KDLOSS_ERR_INTERNAL",
     ERR_BUDGET_TOO_SMALL: "KDLOSS_ERR_BUDGET_TOO_SMALL",
     ERR_MISALIGNED: "KDLOSS_ERR_MISALIGNED",
+    ERR_INVALID_ID: "KDLOSS_ERR_INVALID_ID",
 }
 
 F32, BF16, F16, I32, I64 = 0, 1, 2, 3, 4
@@ -132,6 +134,26 @@ class FldOut(ctypes.Structure):
                 ("hard_loss", ctypes.c_void_p), ("dxs", Mat), ("dws", Mat), ("dbs", ctypes.c_void_p),
                 ("row_soft", ctypes.c_void_p), ("row_hard", ctypes.c_void_p),
                 ("row_lse", ctypes.c_void_p)]
+
+
+class TopkTeacher(ctypes.Structure):
+    """kdloss_topk_teacher: K slots per row, ids (I32/I64, -1 = unused) and their log-probs."""
+    _fields_ = [("k", ctypes.c_int64), ("ids", CMat), ("logprobs", CMat)]
+
+
+class TopkDistillParams(ctypes.Structure):
+    """kdloss_topk_distill_params."""
+    _fields_ = [("div", DivParams), ("tail", ctypes.c_int), ("temperature", ctypes.c_double),
+                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double)]
+
+
+class FltdParams(ctypes.Structure):
+    """kdloss_fused_linear_topk_distill_params."""
+    _fields_ = [("div", DivParams), ("tail", ctypes.c_int), ("temperature", ctypes.c_double),
+                ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
+                ("t2_scale", ctypes.c_int), ("ignore_index", ctypes.c_int64),
+                ("chunk_size", ctypes.c_int64), ("memory_budget", ctypes.c_size_t),
+                ("grad_scale", ctypes.c_double)]
 
 
 class FljsdOut(ctypes.Structure):
@@ -214,6 +236,30 @@ _PROTOTYPES = {
     "kdloss_cuda_fused_linear_distill": (_ST, [_P, _P, ctypes.POINTER(FldParams), _I64, _I64, _I64,
                                                _I64, CMat, CMat, _P, CMat, CMat, _P, Labels,
                                                ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
+    "kdloss_topk_tail_name": (ctypes.c_char_p, [ctypes.c_int]),
+    "kdloss_topk_tail_from_name": (_ST, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]),
+    "kdloss_topk_distill_params_default": (None, [ctypes.POINTER(TopkDistillParams)]),
+    "kdloss_topk_distill_logits": (_ST, [ctypes.POINTER(TopkDistillParams), _I64, _I64, CMat,
+                                         TopkTeacher, Labels, _P, _P, Mat]),
+    "kdloss_fused_linear_topk_distill_params_default": (None, [ctypes.POINTER(FltdParams)]),
+    "kdloss_fused_linear_topk_distill_workspace_size": (_ST, [ctypes.POINTER(FltdParams), _I64,
+                                                              _I64, _I64, _I64, ctypes.c_int,
+                                                              ctypes.c_int,
+                                                              ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_fused_linear_topk_distill": (_ST, [ctypes.POINTER(FltdParams), _I64, _I64, _I64, CMat,
+                                               CMat, _P, TopkTeacher, Labels,
+                                               ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
+    "kdloss_cuda_topk_distill_logits_workspace_size": (_ST, [_I64, _I64, _I64,
+                                                             ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_cuda_topk_distill_logits": (_ST, [_P, _P, ctypes.POINTER(TopkDistillParams), _I64,
+                                              _I64, CMat, TopkTeacher, Labels, _P, _P, Mat, _P,
+                                              ctypes.c_size_t]),
+    "kdloss_cuda_fused_linear_topk_distill_workspace_size": (
+        _ST, [ctypes.POINTER(FltdParams), _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_int,
+              ctypes.POINTER(ctypes.c_size_t)]),
+    "kdloss_cuda_fused_linear_topk_distill": (_ST, [_P, _P, ctypes.POINTER(FltdParams), _I64, _I64,
+                                                    _I64, CMat, CMat, _P, TopkTeacher, Labels,
+                                                    ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
     "kdloss_cuda_available": (ctypes.c_int, []),
     "kdloss_cuda_context_create": (_ST, [ctypes.c_int, ctypes.POINTER(_P)]),
     "kdloss_cuda_context_destroy": (None, [_P]),
@@ -336,15 +382,54 @@ def fljsd_params(beta, temperature, weight_hard_loss, weight_soft_loss, ignore_i
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "skew_forward_kl", "skew_reverse_kl", "tvd")
 
 
+def _enum_from_name(from_name, what, value, choices):
+    """The C enum value a kdloss_*_from_name function gives for the string `value`;
+    KdlossError(INVALID_PARAM) with the C message for an unknown name or a non-string."""
+    code = ctypes.c_int()
+    st = ERR_INVALID_PARAM if not isinstance(value, str) else \
+        fn(from_name)(value.encode(), ctypes.byref(code))
+    check(st, f"{what}={value!r} (one of {', '.join(choices)})")
+    return code.value
+
+
 def div_params(divergence, beta, alpha):
     """kdloss_div_params for a divergence name; KdlossError(INVALID_PARAM) for an unknown name.
     beta and alpha are range-checked by the C call that receives them."""
-    code = ctypes.c_int()
-    name = divergence if isinstance(divergence, str) else None
-    st = ERR_INVALID_PARAM if name is None else \
-        fn("kdloss_divergence_from_name")(name.encode(), ctypes.byref(code))
-    check(st, f"divergence={divergence!r} (one of {', '.join(DIVERGENCES)})")
-    return DivParams(code.value, float(beta), float(alpha))
+    code = _enum_from_name("kdloss_divergence_from_name", "divergence", divergence, DIVERGENCES)
+    return DivParams(code, float(beta), float(alpha))
+
+
+TAILS = ("bucket", "renorm_both", "renorm_teacher")
+
+
+def topk_tail(tail):
+    """kdloss_topk_tail for a tail-mode name; KdlossError(INVALID_PARAM) for an unknown name."""
+    return _enum_from_name("kdloss_topk_tail_from_name", "tail", tail, TAILS)
+
+
+def _filled(struct, default_fn, **fields):
+    """A params struct from its kdloss_*_default function, then `fields` set on it."""
+    p = struct()
+    fn(default_fn)(ctypes.byref(p))
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
+
+
+def topk_distill_params(div, tail, temperature, ignore_index, grad_scale=1.0):
+    """kdloss_topk_distill_params (div: DivParams, tail: a topk_tail() value)."""
+    return _filled(TopkDistillParams, "kdloss_topk_distill_params_default", div=div, tail=tail,
+                   temperature=temperature, ignore_index=ignore_index, grad_scale=grad_scale)
+
+
+def fltd_params(div, tail, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
+                chunk_size=0, t2_scale=False, memory_budget=0, grad_scale=1.0):
+    """kdloss_fused_linear_topk_distill_params."""
+    return _filled(FltdParams, "kdloss_fused_linear_topk_distill_params_default", div=div,
+                   tail=tail, temperature=temperature, weight_hard_loss=weight_hard_loss,
+                   weight_soft_loss=weight_soft_loss, t2_scale=int(bool(t2_scale)),
+                   ignore_index=ignore_index, chunk_size=chunk_size,
+                   memory_budget=memory_budget, grad_scale=grad_scale)
 
 
 def distill_params(div, ignore_index, grad_scale=1.0):

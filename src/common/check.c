@@ -14,6 +14,14 @@ kdloss_status kd_check_fmat(int64_t rows, int64_t cols, const void *data, kdloss
     if (!data) return KDLOSS_ERR_NULL_POINTER;
     if (rows <= 0 || cols <= 0) return KDLOSS_ERR_INVALID_SIZE;
     if (!kd_is_float_dtype(dt)) return KDLOSS_ERR_INVALID_DTYPE;
+    return kd_check_mat(rows, cols, data, dt, ld, ld_out, span);
+}
+
+kdloss_status kd_check_mat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
+                           int64_t ld, int64_t *ld_out, kd_span *span) {
+    if (!data) return KDLOSS_ERR_NULL_POINTER;
+    if (rows <= 0 || cols <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (kdloss_dtype_size(dt) == 0) return KDLOSS_ERR_INVALID_DTYPE;
     if (!kd_aligned(data, kdloss_dtype_size(dt))) return KDLOSS_ERR_MISALIGNED;
     if (ld == 0) ld = cols;
     if (ld < cols) return KDLOSS_ERR_INVALID_STRIDE;

@@ -36,6 +36,10 @@ int kd_is_float_dtype(kdloss_dtype dt);
 kdloss_status kd_check_fmat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
                             int64_t ld, int64_t *ld_out, kd_span *span);
 
+/* kd_check_fmat for a view of any known dtype (the teacher's int ids). */
+kdloss_status kd_check_mat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
+                           int64_t ld, int64_t *ld_out, kd_span *span);
+
 /* Span of a contiguous vector of n elements of `elem` bytes (NULL data gives an empty span). */
 kd_span kd_vec_span(const void *data, int64_t n, size_t elem);
 
@@ -74,6 +78,21 @@ kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p);
 kdloss_fused_linear_distill_params kd_fld_from_fljsd(const kdloss_fljsd_params *p);
 kdloss_fused_linear_distill_out kd_fld_out_from_fljsd(const kdloss_fljsd_out *o);
 kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
+
+/* The sparse top-k teacher (src/common/topk.c). The divergence, and the tail mode it may be
+ * used with (renorm_teacher: forward KL only). */
+kdloss_status kd_topk_check_tail(const kdloss_div_params *d, kdloss_topk_tail tail);
+/* kdloss_topk_distill_logits's parameters (NULL -> NULL_POINTER). */
+kdloss_status kd_topk_check_logits_params(const kdloss_topk_distill_params *p);
+/* The fused top-k parameters: the tail, then every check of the dense fused loss. */
+kdloss_status kd_topk_check_fused_params(const kdloss_fused_linear_topk_distill_params *p);
+/* The fused top-k parameters as the dense fused loss's (the tail dropped). */
+kdloss_fused_linear_distill_params kd_topk_fld_params(
+    const kdloss_fused_linear_topk_distill_params *p);
+/* The teacher's views for BT rows: K >= 1, ids I32 / I64 and log-probs a float dtype, each
+ * (BT x K) with a valid ld (effective ld written out) and aligned. Not the ids' values. */
+kdloss_status kd_topk_check_teacher(kdloss_topk_teacher t, int64_t bt, kd_span *ids_span,
+                                    kd_span *lp_span, int64_t *ld_ids, int64_t *ld_lp);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,9 @@ const char *kdloss_status_string(kdloss_status status) {
         return "misaligned pointer: every pointer must be aligned to its element size";
     case KDLOSS_ERR_INVALID_ID:
         return "invalid teacher id: an id is neither -1 nor in [0, V), or repeats within a row";
+    case KDLOSS_ERR_COMM: return "communicator failure: the all-reduce callback reported an error";
+    case KDLOSS_ERR_PEER:
+        return "peer rank error: another rank rejected its arguments (it returned the reason)";
     }
     return "unknown status code";
 }
@@ -46,6 +49,7 @@ size_t kdloss_dtype_size(kdloss_dtype dtype) {
     case KDLOSS_F16: return 2;
     case KDLOSS_I32: return 4;
     case KDLOSS_I64: return 8;
+    case KDLOSS_F64: return 8;
     }
     return 0;
 }

@@ -5,8 +5,9 @@
  * cross-entropy off, so every formula has one definition. The kernel works on fp32 rows that it
  * may overwrite (dzs over zs, g over zt); per row:
  *   - student: the fp32 gradient row itself when the gradient is fp32 (the student copied into
- *     it unless in place), the student row itself when no gradient is wanted and it is fp32,
- *     else the row widened into a per-thread buffer (then narrowed into the gradient);
+ *     it unless in place), the student row itself when no gradient is wanted, it is fp32 and the
+ *     teacher is dense (the sparse teacher's pass masks its ids in the row), else the row widened
+ *     into a per-thread buffer (then narrowed into the gradient);
  *   - teacher: the teacher row itself when it is fp32 and no gradient is wanted (the kernel only
  *     reads it then), else a copy in a per-thread buffer.
  * Rows run on OpenMP threads through kd_rows_sum, whose summation order depends on BT alone. */
@@ -20,6 +21,7 @@
 #include "ew_common.h"
 #include "fljsd_rows.h"
 #include "half.h"
+#include "topk.h"
 
 void kdloss_distill_logits_params_default(kdloss_distill_logits_params *p) {
     if (!p) return;
@@ -33,9 +35,11 @@ void kdloss_distill_logits_params_default(kdloss_distill_logits_params *p) {
  * and what the row kernel needs besides. */
 typedef struct dl_job {
     kd_ew_job ew;
-    kd_fljsd_rows tmpl; /* n = 1; zs, zt, row0, labels, row_soft/row_hard set per row */
+    kd_fljsd_rows tmpl; /* n = 1; zs, zt, tk, row0, row_soft/row_hard set per row */
     void (*rows)(const kd_fljsd_rows *);
-    float *bufs;        /* 2 v floats per thread: student, teacher */
+    kdloss_topk_teacher topk; /* a sparse teacher (k > 0), its lds effective; k = 0: dense */
+    float *bufs;        /* per thread: v floats for the student, then v floats for a dense
+                           teacher's row or a sparse teacher's row scratch */
     int64_t buf_stride; /* floats per thread */
     int nthreads;
 } dl_job;
@@ -65,7 +69,7 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     int64_t v = ew->v;
     size_t es = kdloss_dtype_size(ew->xdt);
     const char *xs = ew->x + (size_t)(r * ew->ldx) * es;
-    const char *xt = ew->t + (size_t)(r * ew->ldt) * kdloss_dtype_size(ew->tdt);
+    const char *xt = ew->t ? ew->t + (size_t)(r * ew->ldt) * kdloss_dtype_size(ew->tdt) : NULL;
     char *g = ew->g ? ew->g + (size_t)(r * ew->ldg) * es : NULL;
     if (kd_row_ignored(ew, r)) {
         if (g) memset(g, 0, (size_t)v * es); /* +0.0 in every float dtype */
@@ -78,25 +82,37 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     if (g && ew->xdt == KDLOSS_F32) {
         zs = (float *)g;
         if (g != xs) memcpy(zs, xs, (size_t)v * sizeof(float));
-    } else if (!g && ew->xdt == KDLOSS_F32) {
-        zs = (float *)(uintptr_t)xs; /* read only: no bias, no gradient */
+    } else if (!g && ew->xdt == KDLOSS_F32 && !j->topk.k) {
+        /* read only: no bias, no gradient (a sparse teacher's row pass masks its ids in the
+         * row, so it always gets a copy) */
+        zs = (float *)(uintptr_t)xs;
     } else {
         widen_row(xs, ew->xdt, v, bs);
         zs = bs;
     }
-    if (!g && ew->tdt == KDLOSS_F32) {
+    kd_fljsd_rows a = j->tmpl;
+    double st[64];
+    a.st_max = st;
+    a.st_sum = st + 2;
+    a.st_div = st + 2 + a.n_sum;
+    if (j->topk.k) {
+        zt = NULL;
+        a.tk = (char *)bt;
+        a.st_max = (double *)(a.tk + kd_topk_row_scratch(j->topk.k)); /* 4 + K may exceed st */
+        a.st_sum = a.st_max + 2;
+        a.st_div = a.st_sum + a.n_sum;
+    } else if (!g && ew->tdt == KDLOSS_F32) {
         zt = (float *)(uintptr_t)xt; /* read only: no bias, g is not stored */
     } else {
         widen_row(xt, ew->tdt, v, bt);
         zt = bt;
     }
-    kd_fljsd_rows a = j->tmpl;
     double soft = 0.0, hard = 0.0;
     a.zs = zs;
     a.zt = zt;
     a.row_soft = &soft;
     a.row_hard = &hard;
-    if (ew->labels.data) a.row0 = r; /* else the template's one-element label array, row0 0 */
+    a.row0 = r; /* the teacher's and the labels' row (the kernel's row 0 is this row) */
     j->rows(&a);
     if (g && ew->xdt != KDLOSS_F32) narrow_row(zs, v, ew->xdt, g);
     return soft;
@@ -108,6 +124,53 @@ static void (*row_kernel(void))(const kd_fljsd_rows *) {
     case KDLOSS_ISA_AVX2: return kd_fljsd_rows_avx2;
     default: return kd_fljsd_rows_scalar;
     }
+}
+
+/* Runs a checked call (job.ew and job.topk filled): per-thread buffers, the row template, the
+ * rows. tail is the sparse teacher's KD_TAIL_* (unused when dense). */
+static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, double t,
+                         double grad_scale, int64_t bt, int64_t v, int64_t n_valid,
+                         kdloss_labels labels, int64_t ignore_index, float *loss, float *row_loss,
+                         kdloss_mat grad) {
+    /* per-thread row buffers, rounded to whole cache lines */
+    job->nthreads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
+    int64_t second = job->topk.k ? (int64_t)((kd_topk_row_scratch(job->topk.k) +
+                                              kd_fljsd_n_stats(job->topk.k) * sizeof(double)) /
+                                             sizeof(float))
+                                 : v;
+    job->buf_stride = (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
+    if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
+        return KDLOSS_ERR_OUT_OF_MEMORY;
+    size_t bytes = (size_t)job->nthreads * (size_t)job->buf_stride * sizeof(float);
+    job->bufs = aligned_alloc(64, bytes);
+    if (!job->bufs) return KDLOSS_ERR_OUT_OF_MEMORY;
+
+    double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
+    kd_fljsd_rows *a = &job->tmpl;
+    a->n = 1;
+    a->v = v;
+    a->bs = a->bt = NULL;
+    a->labels = labels; /* data NULL: every row kept */
+    a->ignore_index = ignore_index;
+    a->coef = kd_div_coef_make(div);
+    a->inv_t = (float)(1.0 / t);
+    a->soft = 1;
+    a->hard = 0;
+    a->grad = grad.data != NULL;
+    /* d loss / d zs = grad_scale / (T denom) (g - q sum g): the 1/T of d(z/T)/dz folded in */
+    a->gs = grad.data ? (float)(grad_scale / (t * denom)) : 0.0f;
+    a->gh = 0.0f;
+    a->row_lse = NULL;
+    a->topk = job->topk.k ? &job->topk : NULL;
+    a->tail = tail;
+    a->v_lo = 0;
+    a->n_sum = kd_fljsd_n_sum(job->topk.k);
+    job->rows = row_kernel();
+    job->ew.want_loss = 1;
+    double total = kd_rows_sum(bt, logits_row, &job->ew, row_loss);
+    free(job->bufs);
+    if (loss) *loss = (float)(total / denom);
+    return KDLOSS_OK;
 }
 
 kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64_t bt, int64_t v,
@@ -129,42 +192,29 @@ kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64
     st = kd_ew_check_distill(bt, v, student, teacher, labels, p->ignore_index, loss, row_loss,
                              grad, &job.ew, &n_valid);
     if (st) return st;
+    return run(&job, &p->div, 0, t, p->grad_scale, bt, v, n_valid, labels, p->ignore_index, loss,
+               row_loss, grad);
+}
 
-    /* per-thread row buffers: 2 v floats each, rounded to whole cache lines */
-    job.nthreads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
-    job.buf_stride = (2 * v + 15) / 16 * 16;
-    if ((uint64_t)job.buf_stride > ((uint64_t)1 << 56) / (uint64_t)job.nthreads)
-        return KDLOSS_ERR_OUT_OF_MEMORY;
-    size_t bytes = (size_t)job.nthreads * (size_t)job.buf_stride * sizeof(float);
-    job.bufs = aligned_alloc(64, bytes);
-    if (!job.bufs) return KDLOSS_ERR_OUT_OF_MEMORY;
-
-    double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
-    static const int64_t no_label = 0;
-    kd_fljsd_rows *a = &job.tmpl;
-    a->n = 1;
-    a->v = v;
-    a->bs = a->bt = NULL;
-    if (labels.data) {
-        a->labels = labels;
-        a->ignore_index = p->ignore_index;
-    } else { /* every row kept: label 0, an ignore_index it never equals */
-        a->labels = (kdloss_labels){&no_label, KDLOSS_I64};
-        a->ignore_index = -1;
-    }
-    a->coef = kd_div_coef_make(&p->div);
-    a->inv_t = (float)(1.0 / t);
-    a->soft = 1;
-    a->hard = 0;
-    a->grad = grad.data != NULL;
-    /* d loss / d zs = grad_scale / (T denom) (g - q sum g): the 1/T of d(z/T)/dz folded in */
-    a->gs = grad.data ? (float)(p->grad_scale / (t * denom)) : 0.0f;
-    a->gh = 0.0f;
-    a->row_lse = NULL;
-    job.rows = row_kernel();
-    job.ew.want_loss = 1;
-    double total = kd_rows_sum(bt, logits_row, &job.ew, row_loss);
-    free(job.bufs);
-    if (loss) *loss = (float)(total / denom);
-    return KDLOSS_OK;
+kdloss_status kdloss_topk_distill_logits(const kdloss_topk_distill_params *p, int64_t bt,
+                                         int64_t v, kdloss_cmat student,
+                                         kdloss_topk_teacher teacher, kdloss_labels labels,
+                                         float *loss, float *row_loss, kdloss_mat grad) {
+    kdloss_status st = kd_topk_check_logits_params(p);
+    if (st) return st;
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    dl_job job;
+    memset(&job, 0, sizeof job);
+    kd_span tsp[2];
+    st = kd_topk_check_teacher(teacher, bt, &tsp[0], &tsp[1], &teacher.ids.ld,
+                               &teacher.logprobs.ld);
+    if (st) return st;
+    int64_t n_valid;
+    st = kd_ew_check_rows(bt, v, student, tsp, 2, labels, p->ignore_index, loss, row_loss, grad,
+                          &job.ew, &n_valid);
+    if (st == KDLOSS_OK) st = kd_topk_check_ids(teacher, bt, v);
+    if (st) return st;
+    job.topk = teacher;
+    return run(&job, &p->div, (int)p->tail, p->temperature, p->grad_scale, bt, v, n_valid, labels,
+               p->ignore_index, loss, row_loss, grad);
 }

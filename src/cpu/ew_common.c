@@ -52,12 +52,31 @@ kd_row_fn kd_div_row_fn(void) {
     }
 }
 
-kdloss_status kd_ew_check_distill(int64_t bt, int64_t v, kdloss_cmat student, kdloss_cmat teacher,
-                                  kdloss_labels labels, int64_t ignore_index, const float *loss,
-                                  const float *row_loss, kdloss_mat grad, kd_ew_job *job,
-                                  int64_t *n_valid) {
-    kd_span ins[3], outs[3], sp[3];
-    kdloss_status st = kd_ew_check_pair(bt, v, student, teacher, grad, job, sp);
+/* The student (BT x V) and its gradient into the job; spans [0] student, [1] gradient. */
+static kdloss_status check_student(int64_t bt, int64_t v, kdloss_cmat x, kdloss_mat g,
+                                   kd_ew_job *job, kd_span sp[2]) {
+    kdloss_status st;
+    if ((st = kd_check_fmat(bt, v, x.data, x.dtype, x.ld, &job->ldx, &sp[0]))) return st;
+    job->v = v;
+    job->x = x.data;
+    job->xdt = x.dtype;
+    job->g = NULL;
+    job->ldg = 0;
+    sp[1].lo = sp[1].hi = NULL;
+    if (g.data) {
+        if (g.dtype != x.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        if ((st = kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &sp[1]))) return st;
+        job->g = g.data;
+    }
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_ew_check_rows(int64_t bt, int64_t v, kdloss_cmat student,
+                               const kd_span *teacher, int n_teacher, kdloss_labels labels,
+                               int64_t ignore_index, const float *loss, const float *row_loss,
+                               kdloss_mat grad, kd_ew_job *job, int64_t *n_valid) {
+    kd_span ins[4], outs[3], sp[2];
+    kdloss_status st = check_student(bt, v, student, grad, job, sp);
     if (st) return st;
     *n_valid = bt;
     if (labels.data) {
@@ -68,12 +87,29 @@ kdloss_status kd_ew_check_distill(int64_t bt, int64_t v, kdloss_cmat student, kd
     if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
     if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
         return KDLOSS_ERR_MISALIGNED;
-    ins[0] = sp[0];
-    ins[1] = sp[1];
-    ins[2] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
-    outs[0] = sp[2];
+    int n_in = 0;
+    ins[n_in++] = sp[0];
+    for (int i = 0; i < n_teacher && i < 2; i++) ins[n_in++] = teacher[i];
+    ins[n_in++] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
+    outs[0] = sp[1];
     outs[1] = kd_vec_span(row_loss, bt, sizeof(float));
     outs[2] = kd_vec_span(loss, 1, sizeof(float));
     int in_place = grad.data && grad.data == student.data && job->ldg == job->ldx;
-    return kd_ew_check_overlap(ins, 3, outs, 3, in_place);
+    return kd_ew_check_overlap(ins, n_in, outs, 3, in_place);
+}
+
+kdloss_status kd_ew_check_distill(int64_t bt, int64_t v, kdloss_cmat student, kdloss_cmat teacher,
+                                  kdloss_labels labels, int64_t ignore_index, const float *loss,
+                                  const float *row_loss, kdloss_mat grad, kd_ew_job *job,
+                                  int64_t *n_valid) {
+    kd_span tsp;
+    kdloss_status st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, &job->ldx,
+                                     &tsp); /* the student first, as kd_ew_check_pair reports */
+    if (st) return st;
+    if ((st = kd_check_fmat(bt, v, teacher.data, teacher.dtype, teacher.ld, &job->ldt, &tsp)))
+        return st;
+    job->t = teacher.data;
+    job->tdt = teacher.dtype;
+    return kd_ew_check_rows(bt, v, student, &tsp, 1, labels, ignore_index, loss, row_loss, grad,
+                            job, n_valid);
 }

@@ -26,6 +26,14 @@ kdloss_status kd_ew_check_distill(int64_t bt, int64_t v, kdloss_cmat student, kd
                                   const float *row_loss, kdloss_mat grad, kd_ew_job *job,
                                   int64_t *n_valid);
 
+/* The same checks with the teacher's operands given as spans (n_teacher <= 2, checked by the
+ * caller; the sparse top-k teacher's ids and log-probs): the student, gradient, labels and
+ * outputs into the job, and no output overlapping the student, the teacher or the labels. */
+kdloss_status kd_ew_check_rows(int64_t bt, int64_t v, kdloss_cmat student,
+                               const kd_span *teacher, int n_teacher, kdloss_labels labels,
+                               int64_t ignore_index, const float *loss, const float *row_loss,
+                               kdloss_mat grad, kd_ew_job *job, int64_t *n_valid);
+
 /* The row function of the path in force. */
 kd_row_fn kd_kl_row_fn(void);
 kd_row_fn kd_div_row_fn(void);

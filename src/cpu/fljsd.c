@@ -30,6 +30,7 @@
 #include "fljsd_rows.h"
 #include "gemm.h"
 #include "half.h"
+#include "topk.h"
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -173,6 +174,32 @@ static void (*row_kernel(void))(const kd_fljsd_rows *) {
     }
 }
 
+static void (*phase_kernel(void))(const kd_fljsd_rows *, int) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return kd_fljsd_rows_phase_avx512;
+    case KDLOSS_ISA_AVX2: return kd_fljsd_rows_phase_avx2;
+    default: return kd_fljsd_rows_phase_scalar;
+    }
+}
+
+/* The row work of a vocabulary-parallel chunk: each phase over every row, the statistics
+ * all-reduced in between (fljsd_row_phases.h): MAX of 2 doubles a row, SUM of n_sum, and for
+ * the dense teacher SUM of 2. */
+static kdloss_status rows_vp(const kdloss_comm *c, const kd_fljsd_rows *r) {
+    void (*phase)(const kd_fljsd_rows *, int) = phase_kernel();
+    phase(r, 1);
+    if (c->allreduce(c->ctx, r->st_max, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_MAX))
+        return KDLOSS_ERR_COMM;
+    phase(r, 2);
+    if (c->allreduce(c->ctx, r->st_sum, r->n_sum * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
+        return KDLOSS_ERR_COMM;
+    phase(r, 3);
+    if (!r->topk && c->allreduce(c->ctx, r->st_div, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
+        return KDLOSS_ERR_COMM;
+    phase(r, 4);
+    return KDLOSS_OK;
+}
+
 /* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole); the
  * teacher's only when its logits are computed and not multiplied natively in bf16. */
 static void widen_whole(const kd_fljsd_plan *pl, char *base, int soft, int native, wsrc *w_s,
@@ -220,12 +247,23 @@ static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl
         st = kd_sgemm(&g);
     }
     if (st != KDLOSS_OK || !o->dxs.data) return st;
-    if (!sb) return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
-    float *tmp = (float *)(base + pl->off_xconv); /* the chunk's teacher rows are spent */
+    if (!sb && !k->comm)
+        return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
+    /* fp32 rows first (the chunk's teacher rows are spent): cast to bf16, and with a
+     * vocabulary split summed over the ranks first, one all-reduce per chunk */
+    float *tmp = (float *)(base + pl->off_xconv);
     st = gemm_dx(n, dz, w_s, tmp, hs);
-    if (st == KDLOSS_OK)
+    if (st == KDLOSS_OK && k->comm &&
+        k->comm->allreduce(k->comm->ctx, tmp, n * hs, KDLOSS_F32, KDLOSS_COMM_SUM))
+        st = KDLOSS_ERR_COMM;
+    if (st != KDLOSS_OK) return st;
+    if (sb)
         kd_f32_rows_to_bf16(tmp, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld,
                             1);
+    else
+        for (int64_t i = 0; i < n; i++)
+            memcpy((float *)o->dxs.data + (r0 + i) * o->dxs.ld, tmp + i * hs,
+                   (size_t)hs * sizeof(float));
     return st;
 }
 
@@ -240,9 +278,17 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     float *bias = (float *)(base + pl->off_bias);
     r->v = k->v;
     r->zs = (float *)(base + pl->off_zs);
-    r->zt = (float *)(base + pl->off_zt);
+    r->zt = k->topk.k ? NULL : (float *)(base + pl->off_zt);
     r->bs = bias_f32(k->bs, k->ws.dtype, k->v, bias);
-    r->bt = soft ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
+    r->bt = soft && !k->topk.k ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
+    r->topk = k->topk.k ? &k->topk : NULL;
+    r->tail = k->tail;
+    r->tk = base + pl->off_tk;
+    r->v_lo = k->v_lo;
+    r->n_sum = kd_fljsd_n_sum(k->topk.k);
+    r->st_max = (double *)(base + pl->off_st);
+    r->st_sum = r->st_max + 2 * pl->chunk;
+    r->st_div = r->st_sum + r->n_sum * pl->chunk;
     r->labels = k->labels;
     r->ignore_index = p->ignore_index;
     r->coef = kd_div_coef_make(&p->div);
@@ -273,10 +319,11 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
     }
     int native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
     int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
+    int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
     float *panel = (float *)(base + pl->off_panel);
     wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp};
     wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp};
-    widen_whole(pl, base, soft, native_t, &w_s, &w_t);
+    widen_whole(pl, base, dense_t, native_t, &w_s, &w_t);
     kd_fljsd_rows r;
     rows_setup(k, pl, base, soft, hard, &r);
     void (*rows)(const kd_fljsd_rows *) = row_kernel();
@@ -286,7 +333,7 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
     for (int64_t r0 = 0; r0 < bt && st == KDLOSS_OK; r0 += pl->chunk) {
         int64_t n = min64(pl->chunk, bt - r0), lda;
         const float *at, *as;
-        if (soft)
+        if (dense_t)
             st = chunk_logits(k->xt, r0, n, &w_t, native_t, (float *)(base + pl->off_xconv), r.zt,
                               &at, &lda);
         if (st == KDLOSS_OK)
@@ -298,7 +345,12 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
         r.n = n;
         r.row0 = r0;
         r.row_lse = o->row_lse ? o->row_lse + r0 : NULL;
-        rows(&r);
+        if (k->comm) {
+            st = rows_vp(k->comm, &r);
+            if (st != KDLOSS_OK) break;
+        } else {
+            rows(&r);
+        }
         for (int64_t i = 0; i < n; i++) { /* row order: the sums do not depend on the chunk */
             soft_sum += r.row_soft[i];
             hard_sum += r.row_hard[i];
@@ -320,6 +372,126 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
     return KDLOSS_OK;
 }
 
+/* ---- The sparse renorm_both path (topk.h): no GEMM, no V-wide row ---- */
+
+int kd_topk_sparse_eligible(const kd_fljsd_call *k) {
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    return k->topk.k > 0 && k->tail == KDLOSS_TAIL_RENORM_BOTH && !(k->p.weight_hard_loss > 0.0) &&
+           !o->hard_loss && !o->row_hard && !o->row_lse;
+}
+
+static void (*sparse_kernels(void (**scatter)(const kd_topk_sparse *)))(const kd_topk_sparse *) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: *scatter = kd_topk_sparse_scatter_avx512; return kd_topk_sparse_rows_avx512;
+    case KDLOSS_ISA_AVX2: *scatter = kd_topk_sparse_scatter_avx2; return kd_topk_sparse_rows_avx2;
+    default: *scatter = kd_topk_sparse_scatter_scalar; return kd_topk_sparse_rows_scalar;
+    }
+}
+
+/* The sparse path's workspace, carved from `base` with the chunk of the full plan: every region
+ * is at most its counterpart in the full plan (tk, xs32, xconv, rows, dbs, dws, bias), so the
+ * full plan's bytes bound it. Returns the bytes used. */
+static size_t sparse_layout(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base,
+                            kd_topk_sparse *a) {
+    int sb = k->xs.dtype == KDLOSS_BF16;
+    size_t c = (size_t)pl->chunk, hs = (size_t)k->hs, v = (size_t)k->v, end = 0;
+    size_t sz[7] = {c * kd_topk_row_scratch(k->topk.k), sb ? c * hs * 4 : 0,
+                    sb && k->out.dxs.data ? c * hs * 4 : 0, c * sizeof(double),
+                    k->out.dbs ? v * 4 : 0, sb && k->out.dws.data ? v * hs * 4 : 0,
+                    k->bs && sb ? v * 4 : 0};
+    char *r[7];
+    for (int i = 0; i < 7; i++) {
+        r[i] = base ? base + end : NULL;
+        end += (sz[i] + KD_FLJSD_ALIGN - 1) / KD_FLJSD_ALIGN * KD_FLJSD_ALIGN;
+    }
+    if (!base) return end + KD_FLJSD_ALIGN - 1;
+    a->tk = r[0];
+    a->x32 = sb ? (float *)r[1] : NULL;
+    a->d32 = (float *)r[2];
+    a->row_soft = (double *)r[3];
+    a->dbs = k->out.dbs ? (float *)r[4] : NULL;
+    a->dws = !k->out.dws.data ? NULL : sb ? (float *)r[5] : (float *)k->out.dws.data;
+    a->ldd = sb ? k->hs : k->out.dws.ld;
+    a->bs = bias_f32(k->bs, k->ws.dtype, k->v, (float *)r[6]);
+    return end;
+}
+
+static kdloss_status run_sparse(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
+    const kdloss_fused_linear_distill_params *p = &k->p;
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    int sb = k->xs.dtype == KDLOSS_BF16;
+    if (k->n_valid == 0) {
+        write_zero(k);
+        return KDLOSS_OK;
+    }
+    double nv = (double)k->n_valid, t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
+    kd_topk_sparse a = {0, 0, k->hs, k->xs.data, k->xs.dtype, k->xs.ld, k->ws.data, k->ws.ld,
+                        NULL, &k->topk, k->labels, p->ignore_index, kd_div_coef_make(&p->div),
+                        (float)(1.0 / p->temperature),
+                        k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f,
+                        NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL};
+    sparse_layout(k, pl, base, &a);
+    if (a.dws) { /* dws accumulates over rows: start from zero (the caller's fp32, or ours) */
+        kdloss_mat m = {a.dws, KDLOSS_F32, a.ldd};
+        zero_mat(m, k->v, k->hs);
+    }
+    if (a.dbs) memset(a.dbs, 0, (size_t)k->v * sizeof(float));
+    void (*scatter)(const kd_topk_sparse *);
+    void (*rows)(const kd_topk_sparse *) = sparse_kernels(&scatter);
+    double soft_sum = 0.0;
+    for (int64_t r0 = 0; r0 < k->bt; r0 += pl->chunk) {
+        a.n = min64(pl->chunk, k->bt - r0);
+        a.row0 = r0;
+        if (sb)
+            kd_bf16_rows_to_f32((const uint16_t *)k->xs.data + r0 * k->xs.ld, k->xs.ld, a.n,
+                                k->hs, a.x32, 1);
+        rows(&a);
+        for (int64_t i = 0; i < a.n; i++) {
+            soft_sum += a.row_soft[i];
+            if (o->row_soft) o->row_soft[r0 + i] = (float)a.row_soft[i];
+        }
+        if (sb && o->dxs.data)
+            kd_f32_rows_to_bf16(a.d32, k->hs, a.n, k->hs,
+                                (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld, 1);
+        if (k->grad) scatter(&a);
+    }
+    if (a.dws && sb)
+        kd_f32_rows_to_bf16(a.dws, k->hs, k->v, k->hs, (uint16_t *)o->dws.data, o->dws.ld, 1);
+    if (a.dbs) store_vec(a.dbs, k->v, k->ws.dtype, o->dbs);
+    double t2 = p->t2_scale ? p->temperature * p->temperature : 1.0, soft = soft_sum * t2 / nv;
+    write_losses(o, (float)(p->weight_soft_loss * soft), (float)soft, 0.0f);
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_fljsd_execute(const kd_fljsd_call *call, const kd_fljsd_plan *plan,
+                               void *workspace) {
+    int sparse = !call->comm && kd_topk_sparse_eligible(call);
+    void *mem = NULL;
+    if (!workspace) {
+        mem = malloc(sparse ? sparse_layout(call, plan, NULL, NULL) : plan->bytes);
+        if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
+        workspace = mem;
+    }
+    uintptr_t a = ((uintptr_t)workspace + KD_FLJSD_ALIGN - 1) & ~(uintptr_t)(KD_FLJSD_ALIGN - 1);
+    kdloss_status st = sparse ? run_sparse(call, plan, (char *)a) : run(call, plan, (char *)a);
+    free(mem);
+    return st;
+}
+
+/* A call with either teacher: check, workspace, run. */
+static kdloss_status fused(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                           int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                           const kd_fl_teacher *t, kdloss_labels labels,
+                           kdloss_fused_linear_distill_out *out, void *workspace,
+                           size_t workspace_bytes) {
+    kd_fljsd_call call;
+    kd_fljsd_plan plan;
+    kdloss_status st = kd_fljsd_check(params, bt, hs, v, v, xs, ws, bs, t, labels, out, workspace,
+                                      workspace_bytes, &call, &plan);
+    if (st != KDLOSS_OK) return st;
+    return kd_fljsd_execute(&call, &plan, workspace);
+}
+
 kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_params *params,
                                           int64_t bt, int64_t hs, int64_t ht, int64_t v,
                                           kdloss_cmat xs, kdloss_cmat ws, const void *bs,
@@ -327,21 +499,22 @@ kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_para
                                           kdloss_labels labels,
                                           kdloss_fused_linear_distill_out *out, void *workspace,
                                           size_t workspace_bytes) {
-    kd_fljsd_call call;
-    kd_fljsd_plan plan;
-    kdloss_status st = kd_fljsd_check(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels,
-                                      out, workspace, workspace_bytes, &call, &plan);
+    kd_fl_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
+    return fused(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
+}
+
+kdloss_status kdloss_fused_linear_topk_distill(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher,
+    kdloss_labels labels, kdloss_fused_linear_distill_out *out, void *workspace,
+    size_t workspace_bytes) {
+    if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_topk_check_fused_params(params);
     if (st != KDLOSS_OK) return st;
-    void *mem = NULL;
-    if (!workspace) {
-        mem = malloc(plan.bytes);
-        if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
-        workspace = mem;
-    }
-    uintptr_t a = ((uintptr_t)workspace + KD_FLJSD_ALIGN - 1) & ~(uintptr_t)(KD_FLJSD_ALIGN - 1);
-    st = run(&call, &plan, (char *)a);
-    free(mem);
-    return st;
+    kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
+    kd_fl_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
+                       (int)params->tail};
+    return fused(&p, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
 }
 
 /* The JSD-only name: a wrapper (divergence JSD(beta), no T^2, no row outputs). */

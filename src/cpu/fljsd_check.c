@@ -3,6 +3,7 @@
 #include "check.h"
 #include "ew_common.h" /* kd_ew_check_overlap */
 #include "fljsd.h"
+#include "topk.h"
 
 /* A student or teacher operand pair: F32 or BF16, both the same. */
 static kdloss_status check_pair_dtype(kdloss_dtype x, kdloss_dtype w) {
@@ -19,68 +20,115 @@ static kdloss_status check_gemm_mat(int64_t rows, int64_t cols, const void *data
     return *ld > INT32_MAX ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_OK;
 }
 
-kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
-                             int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                             kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
-                             kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
-                             const void *workspace, size_t workspace_bytes, kd_fljsd_call *call,
-                             kd_fljsd_plan *plan) {
+/* The teacher's operands into spans in[3..5] (dense: xt, wt, bt; sparse: ids, log-probs) and the
+ * call; a sparse teacher's ids are checked by value. */
+static kdloss_status check_teacher(const kd_fl_teacher *t, int64_t bt, int64_t v,
+                                   int64_t v_ids, kd_span in[3], kd_fljsd_call *call) {
+    kdloss_status st;
+    call->xt = t->xt;
+    call->wt = t->wt;
+    call->bt_bias = t->bias;
+    call->topk.k = 0;
+    call->tail = t->tail;
+    if (t->topk) {
+        kdloss_topk_teacher k = *t->topk;
+        st = kd_topk_check_teacher(k, bt, &in[0], &in[1], &k.ids.ld, &k.logprobs.ld);
+        if (st == KDLOSS_OK) st = kd_topk_check_ids(k, bt, v_ids);
+        in[2] = kd_vec_span(NULL, 0, 1);
+        call->topk = k;
+        return st;
+    }
+    st = check_pair_dtype(t->xt.dtype, t->wt.dtype);
+    if (st == KDLOSS_OK) st = check_gemm_mat(bt, t->ht, t->xt.data, t->xt.dtype, &call->xt.ld, &in[0]);
+    if (st == KDLOSS_OK) st = check_gemm_mat(v, t->ht, t->wt.data, t->wt.dtype, &call->wt.ld, &in[1]);
+    if (st != KDLOSS_OK) return st;
+    size_t et = kdloss_dtype_size(t->xt.dtype);
+    if (!kd_aligned(t->bias, et)) return KDLOSS_ERR_MISALIGNED;
+    in[2] = kd_vec_span(t->bias, v, et);
+    return KDLOSS_OK;
+}
+
+/* Labels: required with a dense teacher; without them (sparse) every row is kept and nothing
+ * may need them. */
+static kdloss_status check_labels(const kdloss_fused_linear_distill_params *p, int sparse,
+                                  kdloss_labels labels, const kdloss_fused_linear_distill_out *o,
+                                  int64_t bt, int64_t v, int64_t *n_valid) {
+    if (labels.data || !sparse) return kd_check_labels(labels, bt, v, p->ignore_index, n_valid);
+    if (p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard) return KDLOSS_ERR_INVALID_PARAM;
+    *n_valid = bt;
+    return KDLOSS_OK;
+}
+
+/* The outputs into spans os[0..8] (loss, soft_loss, hard_loss, dxs, dws, dbs, row_soft,
+ * row_hard, row_lse), with their effective lds in *o. */
+static kdloss_status check_outputs(kdloss_fused_linear_distill_out *o, int64_t bt, int64_t hs,
+                                   int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                                   kd_span os[9]) {
+    kdloss_status st;
+    size_t es = kdloss_dtype_size(xs.dtype);
+    os[0] = kd_vec_span(o->loss, 1, sizeof(float));
+    os[1] = kd_vec_span(o->soft_loss, 1, sizeof(float));
+    os[2] = kd_vec_span(o->hard_loss, 1, sizeof(float));
+    os[3] = os[4] = kd_vec_span(NULL, 0, 1);
+    int grad = o->dxs.data || o->dws.data || o->dbs;
+    if (!grad && !o->loss && !o->soft_loss && !o->hard_loss && !o->row_soft && !o->row_hard &&
+        !o->row_lse)
+        return KDLOSS_ERR_NO_OUTPUT;
+    if (o->dxs.data) {
+        if (o->dxs.dtype != xs.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        st = check_gemm_mat(bt, hs, o->dxs.data, o->dxs.dtype, &o->dxs.ld, &os[3]);
+        if (st != KDLOSS_OK) return st;
+    }
+    if (o->dws.data) {
+        if (o->dws.dtype != ws.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        st = check_gemm_mat(v, hs, o->dws.data, o->dws.dtype, &o->dws.ld, &os[4]);
+        if (st != KDLOSS_OK) return st;
+    }
+    if (o->dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
+    if (!kd_aligned(o->dbs, es) || !kd_aligned(o->loss, sizeof(float)) ||
+        !kd_aligned(o->soft_loss, sizeof(float)) || !kd_aligned(o->hard_loss, sizeof(float)) ||
+        !kd_aligned(o->row_soft, sizeof(float)) || !kd_aligned(o->row_hard, sizeof(float)) ||
+        !kd_aligned(o->row_lse, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
+    os[5] = kd_vec_span(o->dbs, v, es);
+    os[6] = kd_vec_span(o->row_soft, bt, sizeof(float));
+    os[7] = kd_vec_span(o->row_hard, bt, sizeof(float));
+    os[8] = kd_vec_span(o->row_lse, bt, sizeof(float));
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                             int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
+                             const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
+                             const kdloss_fused_linear_distill_out *out, const void *workspace,
+                             size_t workspace_bytes, kd_fljsd_call *call, kd_fljsd_plan *plan) {
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
+    int sparse = t->topk != NULL;
     kdloss_status st = kd_fld_check_params(params);
-    if (st == KDLOSS_OK) st = kd_fljsd_check_sizes(bt, hs, ht, v);
+    if (st == KDLOSS_OK) st = kd_fljsd_check_sizes(bt, hs, sparse ? hs : t->ht, v);
     if (st == KDLOSS_OK) st = check_pair_dtype(xs.dtype, ws.dtype);
-    if (st == KDLOSS_OK) st = check_pair_dtype(xt.dtype, wt.dtype);
     if (st != KDLOSS_OK) return st;
 
-    /* inputs: spans 0..6 = xs, ws, bs, xt, wt, bt, labels */
+    /* inputs: spans 0..6 = xs, ws, bs, teacher (3), labels; 7 = the workspace */
     kd_span in[8];
     st = check_gemm_mat(bt, hs, xs.data, xs.dtype, &xs.ld, &in[0]);
     if (st == KDLOSS_OK) st = check_gemm_mat(v, hs, ws.data, ws.dtype, &ws.ld, &in[1]);
-    if (st == KDLOSS_OK) st = check_gemm_mat(bt, ht, xt.data, xt.dtype, &xt.ld, &in[3]);
-    if (st == KDLOSS_OK) st = check_gemm_mat(v, ht, wt.data, wt.dtype, &wt.ld, &in[4]);
+    if (st == KDLOSS_OK) st = check_teacher(t, bt, v, v_ids, &in[3], call);
     if (st != KDLOSS_OK) return st;
-    size_t es = kdloss_dtype_size(xs.dtype), et = kdloss_dtype_size(xt.dtype);
-    if (!kd_aligned(bs, es) || !kd_aligned(bt_bias, et)) return KDLOSS_ERR_MISALIGNED;
-    in[2] = kd_vec_span(bs, v, es);
-    in[5] = kd_vec_span(bt_bias, v, et);
+    if (!kd_aligned(bs, kdloss_dtype_size(xs.dtype))) return KDLOSS_ERR_MISALIGNED;
+    in[2] = kd_vec_span(bs, v, kdloss_dtype_size(xs.dtype));
     int64_t n_valid = 0;
-    st = kd_check_labels(labels, bt, v, params->ignore_index, &n_valid);
+    st = check_labels(params, sparse, labels, out, bt, v_ids, &n_valid);
     if (st != KDLOSS_OK) return st;
     in[6] = kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype));
 
-    /* outputs: spans 0..5 = loss, soft_loss, hard_loss, dxs, dws, dbs */
     kdloss_fused_linear_distill_out o = *out;
     kd_span os[9];
-    os[0] = kd_vec_span(o.loss, 1, sizeof(float));
-    os[1] = kd_vec_span(o.soft_loss, 1, sizeof(float));
-    os[2] = kd_vec_span(o.hard_loss, 1, sizeof(float));
-    os[3] = os[4] = kd_vec_span(NULL, 0, 1);
+    st = check_outputs(&o, bt, hs, v, xs, ws, bs, os);
+    if (st != KDLOSS_OK) return st;
     int grad = o.dxs.data || o.dws.data || o.dbs;
-    if (!grad && !o.loss && !o.soft_loss && !o.hard_loss && !o.row_soft && !o.row_hard &&
-        !o.row_lse)
-        return KDLOSS_ERR_NO_OUTPUT;
-    if (o.dxs.data) {
-        if (o.dxs.dtype != xs.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = check_gemm_mat(bt, hs, o.dxs.data, o.dxs.dtype, &o.dxs.ld, &os[3]);
-        if (st != KDLOSS_OK) return st;
-    }
-    if (o.dws.data) {
-        if (o.dws.dtype != ws.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = check_gemm_mat(v, hs, o.dws.data, o.dws.dtype, &o.dws.ld, &os[4]);
-        if (st != KDLOSS_OK) return st;
-    }
-    if (o.dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
-    if (!kd_aligned(o.dbs, es) || !kd_aligned(o.loss, sizeof(float)) ||
-        !kd_aligned(o.soft_loss, sizeof(float)) || !kd_aligned(o.hard_loss, sizeof(float)) ||
-        !kd_aligned(o.row_soft, sizeof(float)) || !kd_aligned(o.row_hard, sizeof(float)) ||
-        !kd_aligned(o.row_lse, sizeof(float)))
-        return KDLOSS_ERR_MISALIGNED;
-    os[5] = kd_vec_span(o.dbs, v, es);
-    os[6] = kd_vec_span(o.row_soft, bt, sizeof(float));
-    os[7] = kd_vec_span(o.row_hard, bt, sizeof(float));
-    os[8] = kd_vec_span(o.row_lse, bt, sizeof(float));
-
-    st = kd_fljsd_plan_make(params, bt, hs, ht, v, xs.dtype, grad, plan);
+    st = kd_fljsd_plan_make(params, bt, hs, sparse ? 0 : t->ht, v, sparse ? t->topk->k : 0,
+                            xs.dtype, grad, plan);
     if (st != KDLOSS_OK) return st;
     if (workspace && workspace_bytes < plan->bytes) return KDLOSS_ERR_WORKSPACE_TOO_SMALL;
     in[7] = kd_vec_span(workspace, workspace ? (int64_t)plan->bytes : 0, 1);
@@ -92,17 +140,16 @@ kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, i
     call->p = *params;
     call->bt = bt;
     call->hs = hs;
-    call->ht = ht;
+    call->ht = sparse ? 0 : t->ht;
     call->v = v;
     call->xs = xs;
     call->ws = ws;
-    call->xt = xt;
-    call->wt = wt;
     call->bs = bs;
-    call->bt_bias = bt_bias;
     call->labels = labels;
     call->out = o;
     call->n_valid = n_valid;
     call->grad = grad;
+    call->comm = NULL;
+    call->v_lo = 0;
     return KDLOSS_OK;
 }

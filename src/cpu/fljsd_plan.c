@@ -4,6 +4,8 @@
 #include <stdint.h>
 
 #include "fljsd.h"
+#include "fljsd_rows.h"
+#include "topk.h"
 
 #define KD_DEFAULT_BUDGET ((size_t)256 << 20)
 /* A converted weight panel holds at most this many bytes, and at most 1/8 of the budget (so a
@@ -53,16 +55,24 @@ static int64_t auto_chunk(int64_t bt, size_t avail, size_t per_row) {
 }
 
 kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
-                                 int64_t v, kdloss_dtype student_dtype, int want_grad,
-                                 kd_fljsd_plan *plan) {
+                                 int64_t v, int64_t topk_k, kdloss_dtype student_dtype,
+                                 int want_grad, kd_fljsd_plan *plan) {
     const size_t f4 = sizeof(float);
     int sb = student_dtype == KDLOSS_BF16;
     int64_t h = hs > ht ? hs : ht;
     int ok = 1;
 
-    plan->xconv_cols = sb && want_grad ? h : ht;
-    size_t per_row = mul3((size_t)v, 2, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
-                     (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double);
+    /* a sparse teacher: no teacher logits, K slots of scratch a row instead */
+    size_t zt_cols = topk_k > 0 ? 0 : (size_t)v;
+    size_t tk_row = topk_k > 0 ? kd_topk_row_scratch(topk_k) : 0;
+    if (topk_k > 0 && tk_row / (3 * sizeof(float) + sizeof(int64_t)) < (size_t)topk_k)
+        return KDLOSS_ERR_INVALID_SIZE;
+    /* xconv also holds a chunk's fp32 dxs rows before their cast (bf16) or all-reduce (the
+     * vocabulary-parallel loss), so it has room for Hs columns whenever gradients are wanted */
+    plan->xconv_cols = want_grad ? h : ht;
+    size_t per_row = mul3((size_t)v + zt_cols, 1, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
+                     (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double) + tk_row +
+                     mul3((size_t)kd_fljsd_n_stats(topk_k), sizeof(double), 1);
     /* bytes that do not scale with the chunk besides the weights' panel or copies (the dWs
      * accumulator is output-sized state, so it is not counted against the budget) */
     size_t base = mul3((size_t)v, want_grad ? 3 : 2, f4);
@@ -104,7 +114,7 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, in
 
     size_t end = 0, c = (size_t)chunk;
     plan->off_zs = take(&end, mul3(c, (size_t)v, f4), &ok);
-    plan->off_zt = take(&end, mul3(c, (size_t)v, f4), &ok);
+    plan->off_zt = take(&end, mul3(c, zt_cols, f4), &ok);
     plan->off_xconv = take(&end, mul3(c, (size_t)plan->xconv_cols, f4), &ok);
     plan->off_xs32 = take(&end, sb ? mul3(c, (size_t)hs, f4) : 0, &ok);
     plan->off_panel = take(&end, plan->whole ? 0 : mul3((size_t)plan->vp, (size_t)h, f4), &ok);
@@ -114,6 +124,9 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, in
     plan->off_dbs = take(&end, want_grad ? mul3((size_t)v, 1, f4) : 0, &ok);
     plan->off_rows = take(&end, mul3(c, 2, sizeof(double)), &ok);
     plan->off_dws = take(&end, sb && want_grad ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
+    plan->off_tk = take(&end, mul3(c, tk_row, 1), &ok);
+    plan->off_st = take(&end, mul3(c, (size_t)kd_fljsd_n_stats(topk_k), sizeof(double)), &ok);
+    if (topk_k > 0 && !mul3(c, tk_row, 1)) ok = 0;
     /* a zero from mul3 where a region must be non-empty means overflow */
     if (!mul3(c, (size_t)v, f4) || (sb && want_grad && !mul3((size_t)v, (size_t)hs, f4))) ok = 0;
     if (!ok || __builtin_add_overflow(end, (size_t)KD_FLJSD_ALIGN - 1, &plan->bytes))
@@ -146,7 +159,7 @@ static kdloss_status query_plan(const kdloss_fused_linear_distill_params *params
     if (st != KDLOSS_OK) return st;
     if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
         return KDLOSS_ERR_INVALID_DTYPE;
-    return kd_fljsd_plan_make(params, bt, hs, ht, v, student_dtype, want_grad != 0, plan);
+    return kd_fljsd_plan_make(params, bt, hs, ht, v, 0, student_dtype, want_grad != 0, plan);
 }
 
 kdloss_status kdloss_fused_linear_distill_min_budget(
@@ -190,4 +203,23 @@ kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int
     kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
     return kdloss_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, student_dtype,
                                                       want_grad, bytes);
+}
+
+kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_fljsd_plan plan;
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_topk_check_fused_params(params);
+    if (st != KDLOSS_OK) return st;
+    st = kd_fljsd_check_sizes(bt, hs, hs, v);
+    if (st != KDLOSS_OK) return st;
+    if (k <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
+        return KDLOSS_ERR_INVALID_DTYPE;
+    kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
+    st = kd_fljsd_plan_make(&p, bt, hs, 0, v, k, student_dtype, want_grad != 0, &plan);
+    if (st != KDLOSS_OK) return st;
+    *bytes = plan.bytes;
+    return KDLOSS_OK;
 }

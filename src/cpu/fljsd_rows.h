@@ -9,6 +9,8 @@
  *   3. the JSD element terms on X = log_softmax(zs/T), Y = log_softmax(zt/T), their sum, and
  *      the element gradients g = dJSD/dX (stored over zt) with sum(g);
  *   4. dzs = gh (softmax(zs) - onehot(y)) + gs (g - softmax(zs/T) sum(g)), written over zs.
+ * With a sparse teacher (topk set, zt unused) passes 2-4 run on the columns outside the teacher's
+ * ids and kd_topk_row on the ids themselves (fljsd_topk_impl.h).
  * Ignored rows get zero loss terms and, when gradients are wanted, a zero dzs row. */
 #ifndef KDLOSS_FLJSD_ROWS_H
 #define KDLOSS_FLJSD_ROWS_H
@@ -33,7 +35,8 @@ typedef struct kd_fljsd_rows {
     float *zs;             /* (n x v), ld v: student logits in; dzs out when grad */
     float *zt;             /* (n x v), ld v: teacher logits in, g after; unused when !soft */
     const float *bs, *bt;  /* [v] fp32 biases, or NULL */
-    kdloss_labels labels;  /* checked: ignore_index or in [0, v) */
+    kdloss_labels labels;  /* checked: ignore_index or in [0, v); data NULL: every row kept
+                              (then hard must be 0) */
     int64_t ignore_index;
     kd_div_coef coef;      /* the divergence's element operation and constants */
     float inv_t;           /* 1 / temperature */
@@ -45,7 +48,27 @@ typedef struct kd_fljsd_rows {
     double *row_soft;      /* [n] out: each row's JSD (0 for ignored rows) */
     double *row_hard;      /* [n] out: each row's cross-entropy (0 for ignored rows) */
     float *row_lse;        /* [n] out or NULL: each row's student log-sum-exp (0 when ignored) */
+    /* a sparse teacher instead of zt (docs/MATH.md section 8; fljsd_topk_impl.h) */
+    const kdloss_topk_teacher *topk; /* ids and log-probs with effective lds, or NULL (dense) */
+    int tail;              /* KD_TAIL_* of topk_row.h */
+    char *tk;              /* n x kd_topk_row_scratch(K) bytes of per-row scratch */
+    /* the phases' statistics (fljsd_row_phases.h) and the vocabulary-parallel column offset */
+    int64_t v_lo;          /* global id of local column 0 (0 unless vocabulary-parallel) */
+    double *st_max;        /* [2 n] */
+    double *st_sum;        /* [n_sum n] */
+    double *st_div;        /* [2 n] */
+    int64_t n_sum;         /* kd_fljsd_n_sum(): 4, + K with a sparse teacher */
 } kd_fljsd_rows;
+
+/* Doubles per row of the phases' statistics: st_max 2, st_sum kd_fljsd_n_sum(K), st_div 2. */
+static inline int64_t kd_fljsd_n_sum(int64_t topk_k) { return 4 + topk_k; }
+static inline int64_t kd_fljsd_n_stats(int64_t topk_k) { return 4 + kd_fljsd_n_sum(topk_k); }
+
+/* One phase (1..4, fljsd_row_phases.h) over every row of the chunk, OpenMP over rows: the
+ * vocabulary-parallel driver reduces the statistics between phases. */
+void kd_fljsd_rows_phase_scalar(const kd_fljsd_rows *a, int phase);
+void kd_fljsd_rows_phase_avx2(const kd_fljsd_rows *a, int phase);
+void kd_fljsd_rows_phase_avx512(const kd_fljsd_rows *a, int phase);
 
 /* Run the row work of one chunk, OpenMP over rows. Never calls BLAS. */
 void kd_fljsd_rows_scalar(const kd_fljsd_rows *a);

@@ -144,62 +144,87 @@ static void KD_SFX(grad_pass)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, flo
     }
 }
 
-/* Everything for row i of the chunk. */
-static void KD_SFX(one_row)(const kd_fljsd_rows *a, const kd_vdiv *k, int64_t i) {
-    int64_t v = a->v;
-    float *zs = a->zs + i * v;
-    float *zt = a->soft ? a->zt + i * v : NULL;
-    int64_t y = kd_label_at(a->labels, a->row0 + i);
-    a->row_soft[i] = 0.0;
-    a->row_hard[i] = 0.0;
-    if (a->row_lse) a->row_lse[i] = 0.0f;
-    if (y == a->ignore_index) {
-        if (a->grad) memset(zs, 0, (size_t)v * sizeof(float));
-        return;
-    }
-    /* pass 1 */
-    float ms = KD_SFX(fold_max)(zs, a->bs, v);
-    float mt = a->soft ? KD_SFX(fold_max)(zt, a->bt, v) : 0.0f;
-    float zy = zs[y];
-    /* pass 2 */
+/* One vector of the sparse teacher's gradient pass (see rest_grad). */
+KD_INLINE vf KD_SFX(rest_grad_at)(vf z, float c1, vf vc1, vf m1, vf s1, vf l1, float c2, vf vc2,
+                                  vf m2, vf l2) {
+    vf d = vf_zero();
+    if (c1 != 0.0f) d = vf_mul(vc1, vf_exp(vf_sub(vf_mul(vf_sub(z, m1), s1), l1)));
+    if (c2 != 0.0f) d = vf_fmadd(vc2, vf_exp(vf_sub(vf_sub(z, m2), l2)), d);
+    return d;
+}
+
+/* z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2) in place. */
+static void KD_SFX(rest_grad)(float *z, int64_t v, float c1, float m1, float s1, float l1,
+                              float c2, float m2, float l2) {
+    vf vc1 = vf_set1(c1), vm1 = vf_set1(m1), vs1 = vf_set1(s1), vl1 = vf_set1(l1);
+    vf vc2 = vf_set1(c2), vm2 = vf_set1(m2), vl2 = vf_set1(l2);
+    int64_t c = 0;
+    for (; c + VL <= v; c += VL)
+        vf_store(z + c, KD_SFX(rest_grad_at)(vf_load(z + c), c1, vc1, vm1, vs1, vl1, c2, vc2,
+                                             vm2, vl2));
+    if (c < v)
+        vf_store_n(z + c, KD_SFX(rest_grad_at)(vf_load_n(z + c, v - c), c1, vc1, vm1, vs1, vl1,
+                                               c2, vc2, vm2, vl2), v - c);
+}
+
+/* Pass 3 of a dense row for the call's operation (one specialised loop per operation). */
+static double KD_SFX(div_any)(const kd_fljsd_rows *a, const kd_vdiv *k, const float *zs, float *zt,
+                              float ms, float mt, float lss, float lst, int store_g,
+                              double *sum_g) {
     KD_SFX(rowc) r;
     r.ms = vf_set1(ms);
     r.mt = vf_set1(mt);
     r.it = vf_set1(a->inv_t);
-    double lss = a->soft ? log(KD_SFX(sum_exp)(zs, v, ms, a->inv_t)) : 0.0;
-    double lst = a->soft ? log(KD_SFX(sum_exp)(zt, v, mt, a->inv_t)) : 0.0;
-    int share = a->soft && a->inv_t == 1.0f; /* softmax(zs) = softmax(zs/T) */
-    double lsh = !a->hard ? 0.0 : share ? lss : log(KD_SFX(sum_exp)(zs, v, ms, 1.0f));
-    r.lss = vf_set1((float)lss);
-    r.lst = vf_set1((float)lst);
-    if (a->hard) a->row_hard[i] = ((double)ms - (double)zy) + lsh;
-    if (a->row_lse) a->row_lse[i] = (float)((double)ms + lsh);
-    /* pass 3 */
-    double sum_g = 0.0;
-    int store_g = a->grad && a->gs != 0.0f;
-    if (a->soft) {
-        switch (k->op) { /* one specialised pass per element operation */
+    r.lss = vf_set1(lss);
+    r.lst = vf_set1(lst);
+    switch (k->op) {
 #define KD_PASS(E, nm)                                                                         \
-    case KD_OP_##E:                                                                            \
-        a->row_soft[i] = KD_SFX(div_pass)(k, KD_OP_##E, &r, zs, zt, v, store_g, &sum_g);       \
-        break;
-            KD_DIV_OPS(KD_PASS)
+    case KD_OP_##E: return KD_SFX(div_pass)(k, KD_OP_##E, &r, zs, zt, a->v, store_g, sum_g);
+        KD_DIV_OPS(KD_PASS)
 #undef KD_PASS
-        }
     }
-    /* pass 4 */
-    if (!a->grad) return;
-    KD_SFX(grad_pass)(a, &r, zs, zt, sum_g, (float)lsh, share && a->gs != 0.0f);
-    if (a->gh != 0.0f) zs[y] -= a->gh;
+    *sum_g = 0.0;
+    return 0.0;
 }
+
+/* Pass 4 of a dense row (see grad_pass). */
+static void KD_SFX(grad_any)(const kd_fljsd_rows *a, float *zs, const float *zt, float ms,
+                             float lss, double sum_g, float lsh, int share) {
+    KD_SFX(rowc) r;
+    r.ms = vf_set1(ms);
+    r.it = vf_set1(a->inv_t);
+    r.lss = vf_set1(lss);
+    KD_SFX(grad_pass)(a, &r, zs, zt, sum_g, lsh, share);
+}
+
+#define PH(name) KD_SFX(ph_##name)
+#define PH_CTX kd_vdiv
+#define PH_FOLD_MAX KD_SFX(fold_max)
+#define PH_SUM_EXP KD_SFX(sum_exp)
+#define PH_DIV KD_SFX(div_any)
+#define PH_GRAD KD_SFX(grad_any)
+#define PH_REST_GRAD KD_SFX(rest_grad)
+#include "fljsd_row_phases.h"
 
 void KD_SFX(kd_fljsd_rows)(const kd_fljsd_rows *a) {
     kd_vdiv k = kd_vdiv_make(a->coef);
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
-    if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN) {
+    if (ph_parallel(a)) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < a->n; i++) KD_SFX(one_row)(a, &k, i);
+        for (int64_t i = 0; i < a->n; i++)
+            for (int ph = 1; ph <= 4; ph++) PH(phase)(a, &k, ph, i);
     } else {
-        for (int64_t i = 0; i < a->n; i++) KD_SFX(one_row)(a, &k, i);
+        for (int64_t i = 0; i < a->n; i++)
+            for (int ph = 1; ph <= 4; ph++) PH(phase)(a, &k, ph, i);
+    }
+}
+
+void KD_SFX(kd_fljsd_rows_phase)(const kd_fljsd_rows *a, int ph) {
+    kd_vdiv k = kd_vdiv_make(a->coef);
+    if (ph_parallel(a)) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < a->n; i++) PH(phase)(a, &k, ph, i);
+    } else {
+        for (int64_t i = 0; i < a->n; i++) PH(phase)(a, &k, ph, i);
     }
 }

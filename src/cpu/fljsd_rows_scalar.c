@@ -54,56 +54,59 @@ static double div_pass(const kd_div_coef *k, const float *zs, float *zt, int64_t
     return loss;
 }
 
-/* Everything for row i of the chunk. */
-static void one_row(const kd_fljsd_rows *a, int64_t i) {
-    int64_t v = a->v;
-    float *zs = a->zs + i * v;
-    float *zt = a->soft ? a->zt + i * v : NULL;
-    int64_t y = kd_label_at(a->labels, a->row0 + i);
-    a->row_soft[i] = 0.0;
-    a->row_hard[i] = 0.0;
-    if (a->row_lse) a->row_lse[i] = 0.0f;
-    if (y == a->ignore_index) {
-        if (a->grad) memset(zs, 0, (size_t)v * sizeof(float));
-        return;
-    }
-    float it = a->inv_t;
-    float ms = fold_max(zs, a->bs, v);
-    float mt = a->soft ? fold_max(zt, a->bt, v) : 0.0f;
-    float zy = zs[y];
-    double lss = a->soft ? log(sum_exp(zs, v, ms, it)) : 0.0;
-    double lst = a->soft ? log(sum_exp(zt, v, mt, it)) : 0.0;
-    int share = a->soft && it == 1.0f; /* softmax(zs) = softmax(zs/T) */
-    double lsh = !a->hard ? 0.0 : share ? lss : log(sum_exp(zs, v, ms, 1.0f));
-    if (a->hard) a->row_hard[i] = ((double)ms - (double)zy) + lsh;
-    if (a->row_lse) a->row_lse[i] = (float)((double)ms + lsh);
-    double sum_g = 0.0;
-    int store_g = a->grad && a->gs != 0.0f;
-    if (a->soft)
-        a->row_soft[i] = div_pass(&a->coef, zs, zt, v, ms, mt, it, (float)lss, (float)lst, store_g,
-                                  &sum_g);
-    if (!a->grad) return;
-    /* pass 4: dzs = gs (g - q sum_g) + gh p, q = softmax(zs/T), p = softmax(zs) */
-    float sg = (float)sum_g, flss = (float)lss, flsh = (float)lsh;
-    int share_q = share && a->gs != 0.0f;
-    for (int64_t c = 0; c < v; c++) {
+/* Pass 4 of a dense row: dzs = gs (g - q sum_g) + gh p, q = softmax(zs/T), p = softmax(zs). */
+static void grad_pass(const kd_fljsd_rows *a, float *zs, const float *zt, float ms, float lss,
+                      double sum_g, float lsh, int share) {
+    float sg = (float)sum_g, it = a->inv_t;
+    for (int64_t c = 0; c < a->v; c++) {
         float d = 0.0f, q = 0.0f;
         if (a->gs != 0.0f) {
-            q = expf((zs[c] - ms) * it - flss);
+            q = expf((zs[c] - ms) * it - lss);
             d = a->gs * (zt[c] - q * sg);
         }
-        if (a->gh != 0.0f) d += a->gh * (share_q ? q : expf((zs[c] - ms) - flsh));
+        if (a->gh != 0.0f) d += a->gh * (share ? q : expf((zs[c] - ms) - lsh));
         zs[c] = d;
     }
-    if (a->gh != 0.0f) zs[y] -= a->gh;
 }
+
+/* z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2): the sparse teacher's gradient pass. */
+static void rest_grad(float *z, int64_t v, float c1, float m1, float s1, float l1, float c2,
+                      float m2, float l2) {
+    for (int64_t c = 0; c < v; c++) {
+        float d = 0.0f;
+        if (c1 != 0.0f) d = c1 * expf((z[c] - m1) * s1 - l1);
+        if (c2 != 0.0f) d += c2 * expf((z[c] - m2) - l2);
+        z[c] = d;
+    }
+}
+
+#define PH(name) ph_##name
+#define PH_CTX kd_div_coef
+#define PH_FOLD_MAX fold_max
+#define PH_SUM_EXP sum_exp
+#define PH_DIV(a, k, zs, zt, ms, mt, lss, lst, store_g, sum_g)                                 \
+    div_pass(k, zs, zt, (a)->v, ms, mt, (a)->inv_t, lss, lst, store_g, sum_g)
+#define PH_GRAD grad_pass
+#define PH_REST_GRAD rest_grad
+#include "fljsd_row_phases.h"
 
 void kd_fljsd_rows_scalar(const kd_fljsd_rows *a) {
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
-    if (a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN) {
+    if (ph_parallel(a)) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < a->n; i++) one_row(a, i);
+        for (int64_t i = 0; i < a->n; i++)
+            for (int ph = 1; ph <= 4; ph++) ph_phase(a, &a->coef, ph, i);
     } else {
-        for (int64_t i = 0; i < a->n; i++) one_row(a, i);
+        for (int64_t i = 0; i < a->n; i++)
+            for (int ph = 1; ph <= 4; ph++) ph_phase(a, &a->coef, ph, i);
+    }
+}
+
+void kd_fljsd_rows_phase_scalar(const kd_fljsd_rows *a, int ph) {
+    if (ph_parallel(a)) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < a->n; i++) ph_phase(a, &a->coef, ph, i);
+    } else {
+        for (int64_t i = 0; i < a->n; i++) ph_phase(a, &a->coef, ph, i);
     }
 }

@@ -1,6 +1,7 @@
-"""float64 reference losses written from docs/MATH.md (sections 2-4), never from a
-peer's code. Gradients come from torch.autograd on these float64 formulas, which is exactly the
-"log-probs as free variables" gradient docs/MATH.md states (checked in test_reference_formulas)."""
+"""float64 reference losses written from docs/MATH.md (sections 2-4, 7, 8), never from a
+peer's code or the library's. Gradients come from torch.autograd on these float64 formulas, which
+is exactly the "log-probs as free variables" gradient docs/MATH.md states (checked in
+test_reference_formulas; the top-k one in test_topk.py)."""
 
 import math
 
@@ -75,3 +76,81 @@ def fused_linear_jsd_loss(xs, ws, xt, wt, labels, bs=None, bt=None, w_hard=0.5, 
     y = torch.log_softmax(zt / temperature, -1)
     soft = (jsd_rows(x, y, beta) * mask).sum() / n
     return w_hard * hard + w_soft * soft, soft, hard
+
+
+# ---- the divergence family (section 7) -----------------------------------------------------------
+
+def _kl(lp, lq):
+    """sum p (log p - log q) over the last dim, 0 log 0 = 0 (float64)."""
+    p = lp.exp()
+    return torch.where(p > 0, p * (lp - lq), torch.zeros_like(p)).sum(-1)
+
+
+def _mix(lp, lq, w):
+    """log(w P + (1-w) Q)."""
+    a = lp + math.log(w) if w > 0 else torch.full_like(lp, -math.inf)
+    b = lq + math.log1p(-w) if w < 1 else torch.full_like(lq, -math.inf)
+    return torch.logaddexp(a, b)
+
+
+def div_rows(lp, lq, div, beta=0.5, alpha=0.1):
+    """Per-row divergence of teacher log-probs lp (P) and student log-probs lq (Q) over the last
+    dim: forward_kl KL(P||Q), reverse_kl KL(Q||P), jsd (beta; 0 and 1 are the two KLs),
+    skew_forward_kl KL(P || alpha P + (1-alpha) Q), skew_reverse_kl KL(Q || alpha Q + (1-alpha) P),
+    tvd 1/2 sum |P - Q|."""
+    if div == "forward_kl" or (div == "jsd" and beta == 0.0):
+        return _kl(lp, lq)
+    if div == "reverse_kl" or (div == "jsd" and beta == 1.0):
+        return _kl(lq, lp)
+    if div == "jsd":
+        lm = _mix(lp, lq, beta)
+        return beta * _kl(lp, lm) + (1 - beta) * _kl(lq, lm)
+    if div == "skew_forward_kl":
+        return _kl(lp, _mix(lp, lq, alpha))
+    if div == "skew_reverse_kl":
+        return _kl(lq, _mix(lq, lp, alpha))
+    assert div == "tvd", div
+    return 0.5 * (lp.exp() - lq.exp()).abs().sum(-1)
+
+
+# ---- sparse top-k teacher (section 8) ------------------------------------------------------------
+
+TAIL_FLOOR = 2.0 ** -126  # the teacher tail's floor, the smallest normal fp32
+
+
+def topk_rows(zs, ids, lps, div, tail, beta=0.5, alpha=0.1, t=1.0):
+    """Per-row loss of a sparse teacher against softmax(zs / t), float64, differentiable in zs.
+    zs (BT, V); ids (BT, K) with -1 = unused slot; lps (BT, K) the teacher's full-vocabulary
+    log-probs at ids (unused slots are never read). tail: bucket (|S| + 1 bins: S and the rest,
+    the student's rest summed over the columns outside S, the teacher's 1 - sum_S P floored at
+    TAIL_FLOOR; no tail bin when S is the whole vocabulary), renorm_both (both renormalized over
+    S), renorm_teacher (the teacher renormalized over S against the student's full log-probs;
+    forward KL). A row with S empty gives 0."""
+    u = zs.double() / t
+    lse = torch.logsumexp(u, -1)
+    v = u.shape[-1]
+    out = []
+    for r in range(u.shape[0]):
+        used = ids[r] >= 0
+        s = ids[r][used].long()
+        if s.numel() == 0:
+            out.append(u[r].sum() * 0.0)
+            continue
+        lp = lps[r][used].double()
+        x = u[r, s] - lse[r]
+        if tail == "renorm_both":
+            out.append(div_rows(lp - torch.logsumexp(lp, 0), u[r, s] - torch.logsumexp(u[r, s], 0),
+                                div, beta, alpha))
+            continue
+        if tail == "renorm_teacher":
+            out.append(div_rows(lp - torch.logsumexp(lp, 0), x, "forward_kl"))
+            continue
+        assert tail == "bucket", tail
+        rest = torch.ones(v, dtype=torch.bool)
+        rest[s] = False
+        if bool(rest.any()):
+            x_tail = torch.logsumexp(u[r][rest], 0) - lse[r]
+            y_tail = torch.clamp(-torch.expm1(torch.logsumexp(lp, 0)), min=TAIL_FLOOR).log()
+            x, lp = torch.cat([x, x_tail[None]]), torch.cat([lp, y_tail[None]])
+        out.append(div_rows(lp, x, div, beta, alpha))
+    return torch.stack(out)

@@ -103,8 +103,17 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
                      None)
     be.fused_linear_distill(dev, _lib.FldParams(), 4, 6, 6, 6, m, m, None, m, m, None,
                             _lib.Labels(x.data_ptr(), _lib.I64), fo, _lib.F32, True)
+    teacher = _lib.TopkTeacher(3, _lib.CMat(x.data_ptr(), _lib.I64, 6), m)
+    be.topk_distill_logits(dev, _lib.TopkDistillParams(), 4, 6, m, teacher,
+                           _lib.Labels(None, _lib.I64), loss.data_ptr(), None, out)
+    be.fused_linear_topk_distill(dev, _lib.FltdParams(), 4, 6, 6, m, m, None, teacher,
+                                 _lib.Labels(None, _lib.I64), fo, _lib.F32, True)
     assert calls == ["kdloss_cuda_context_create", "kdloss_cuda_kl_div_workspace_size",
                      "kdloss_cuda_kl_div", "kdloss_cuda_jsd_workspace_size", "kdloss_cuda_jsd",
                      "kdloss_cuda_distill_workspace_size", "kdloss_cuda_distill",
                      "kdloss_cuda_fused_linear_distill_workspace_size",
-                     "kdloss_cuda_fused_linear_distill"]
+                     "kdloss_cuda_fused_linear_distill",
+                     "kdloss_cuda_topk_distill_logits_workspace_size",
+                     "kdloss_cuda_topk_distill_logits",
+                     "kdloss_cuda_fused_linear_topk_distill_workspace_size",
+                     "kdloss_cuda_fused_linear_topk_distill"]

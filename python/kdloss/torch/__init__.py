@@ -2,15 +2,19 @@
 
     from kdloss.torch import KLDivLoss, JSD, FusedLinearJSD, FusedLinearJSDLoss
     from kdloss.torch import functional  # kl_div, jsd, fused_linear_jsd, fused_linear_jsd_loss
+    from kdloss.torch import TopKDistillLoss, FusedLinearTopKDistillLoss  # sparse top-k teacher
 """
 
 from . import functional
 from ._backend import register_backend
 from .functional import (distill_loss, fused_linear_distill_loss, fused_linear_jsd,
-                         fused_linear_jsd_loss, jsd, kl_div)
+                         fused_linear_jsd_loss, fused_linear_topk_distill_loss, jsd, kl_div,
+                         topk_distill_loss)
 from .modules import (JSD, DistillLoss, FusedLinearDistillLoss, FusedLinearJSD,
-                      FusedLinearJSDLoss, KLDivLoss)
+                      FusedLinearJSDLoss, FusedLinearTopKDistillLoss, KLDivLoss, TopKDistillLoss)
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "functional", "kl_div",
            "jsd", "fused_linear_jsd", "fused_linear_jsd_loss", "register_backend", "DistillLoss",
-           "FusedLinearDistillLoss", "distill_loss", "fused_linear_distill_loss"]
+           "FusedLinearDistillLoss", "distill_loss", "fused_linear_distill_loss",
+           "TopKDistillLoss", "FusedLinearTopKDistillLoss", "topk_distill_loss",
+           "fused_linear_topk_distill_loss"]

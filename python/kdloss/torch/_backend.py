@@ -71,6 +71,16 @@ def ptr(t):
     return None if t is None else t.data_ptr()
 
 
+def token_ids(t, what):
+    """`t` as int32 or int64 token ids (other integer dtypes widened to int64)."""
+    if t.dtype in LABEL_CODES:
+        return t
+    # bool is not a token id (True would silently become id 1): integers only
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise KdlossError(_lib.ERR_INVALID_DTYPE, f"{what} is {t.dtype}; use an integer dtype")
+    return t.to(torch.int64)
+
+
 def labels_view(labels, rows, device, what):
     """(tensor, kdloss_labels): labels flattened to [rows], int64 or int32, contiguous."""
     if labels is None:
@@ -82,13 +92,27 @@ def labels_view(labels, rows, device, what):
         raise KdlossError(_lib.ERR_SHAPE_MISMATCH,
                           f"{what} has {labels.numel()} elements {tuple(labels.shape)}, "
                           f"expected one per row ({rows})")
-    if labels.dtype not in LABEL_CODES:
-        # bool is not a token id (True would silently become label 1): integers only
-        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
-            raise KdlossError(_lib.ERR_INVALID_DTYPE, f"{what} is {labels.dtype}; use an integer dtype")
-        labels = labels.to(torch.int64)
-    labels = labels.reshape(rows).contiguous()
+    labels = token_ids(labels, what).reshape(rows).contiguous()
     return labels, _lib.Labels(labels.data_ptr(), LABEL_CODES[labels.dtype])
+
+
+def topk_teacher(ids, logprobs, lead):
+    """(kept tensors, kdloss_topk_teacher) for a sparse teacher: ids (..., K) int32/int64 (-1 =
+    unused slot) and logprobs (..., K) float on one device (the caller checks it), whose leading
+    dims must be `lead` (the student's). Both go in as (rows x K) views with their own ld, without
+    a copy when the layout allows. The ids' values are checked by the C library
+    (KDLOSS_ERR_INVALID_ID)."""
+    if ids.dim() == 0 or ids.shape != logprobs.shape or tuple(ids.shape[:-1]) != tuple(lead):
+        raise KdlossError(_lib.ERR_SHAPE_MISMATCH,
+                          f"teacher_ids {tuple(ids.shape)} and teacher_logprobs "
+                          f"{tuple(logprobs.shape)}: expected both (..., K) with the "
+                          f"student's leading dims {tuple(lead)}")
+    lcode = float_code(logprobs, "teacher_logprobs")
+    ids, _, k, ldi = as_rows(token_ids(ids, "teacher_ids"), "teacher_ids")
+    lps, _, _, ldl = as_rows(logprobs, "teacher_logprobs")
+    view = _lib.TopkTeacher(k, _lib.CMat(ids.data_ptr(), LABEL_CODES[ids.dtype], ldi),
+                            cmat(lps, ldl, lcode))
+    return (ids, lps), view
 
 
 def same_device(what_tensors):
@@ -122,16 +146,17 @@ class CpuBackend:
     def __init__(self):
         self._local = threading.local()
 
-    def _workspace(self, params, bt, hs, ht, v, student_dtype, want_grad):
+    def _fused(self, name, size_args, args):
+        """C function `name` with this thread's workspace, sized by `name`_workspace_size
+        (size_args) and appended to `args`."""
         size = ctypes.c_size_t()
-        _lib.check(_lib.fn("kdloss_fused_linear_distill_workspace_size")(
-            ctypes.byref(params), bt, hs, ht, v, student_dtype, int(want_grad),
-            ctypes.byref(size)), "kdloss_fused_linear_distill_workspace_size")
+        _lib.check(_lib.fn(name + "_workspace_size")(*size_args, ctypes.byref(size)),
+                   name + "_workspace_size")
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.numel() < size.value:
             self._local.buf = None  # free the old one before the new one is allocated
             buf = self._local.buf = torch.empty(max(size.value, 1), dtype=torch.uint8)
-        return buf
+        _lib.check(_lib.fn(name)(*args, ctypes.c_void_p(buf.data_ptr()), buf.numel()), name)
 
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         _lib.check(_lib.fn("kdloss_kl_div")(ctypes.byref(params), bt, v, inp, tgt, loss, row_loss,
@@ -155,13 +180,25 @@ class CpuBackend:
     def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
                              labels, out, student_dtype, want_grad):
         """params: FldParams, out: FldOut (kdloss_fused_linear_distill)."""
-        work = self._workspace(params, bt, hs, ht, v, student_dtype, want_grad)
-        _lib.check(_lib.fn("kdloss_fused_linear_distill")(ctypes.byref(params), bt, hs, ht, v, xs,
-                                                          ws, bs, xt, wt, bt_bias, labels,
-                                                          ctypes.byref(out),
-                                                          ctypes.c_void_p(work.data_ptr()),
-                                                          work.numel()),
-                   "kdloss_fused_linear_distill")
+        p = ctypes.byref(params)
+        self._fused("kdloss_fused_linear_distill",
+                    (p, bt, hs, ht, v, student_dtype, int(want_grad)),
+                    (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)))
+
+    def topk_distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
+                            grad):
+        """params: TopkDistillParams, teacher: TopkTeacher (kdloss_topk_distill_logits)."""
+        _lib.check(_lib.fn("kdloss_topk_distill_logits")(ctypes.byref(params), bt, v, student,
+                                                         teacher, labels, loss, row_loss, grad),
+                   "kdloss_topk_distill_logits")
+
+    def fused_linear_topk_distill(self, device, params, bt, hs, v, xs, ws, bs, teacher, labels,
+                                  out, student_dtype, want_grad):
+        """params: FltdParams, out: FldOut (kdloss_fused_linear_topk_distill)."""
+        p = ctypes.byref(params)
+        self._fused("kdloss_fused_linear_topk_distill",
+                    (p, bt, hs, v, teacher.k, student_dtype, int(want_grad)),
+                    (p, bt, hs, v, xs, ws, bs, teacher, labels, ctypes.byref(out)))
 
 
 class CudaBackend:
@@ -198,50 +235,48 @@ class CudaBackend:
         ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return ws, nbytes
 
-    def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
+    def _run(self, device, name, size_args, args):
+        """kdloss_cuda_`name` on this device's context and torch's current stream, with a fresh
+        workspace of kdloss_cuda_`name`_workspace_size(size_args) bytes. Invalid labels or
+        teacher ids are not reported here: the C call returns OK and writes the status word
+        into the workspace (include/kdloss.h, CUDA section), with NaN losses."""
         ctx, index = self._ctx(device)
+        fname = "kdloss_cuda_" + name
         size = ctypes.c_size_t()
-        _lib.check(_lib.fn("kdloss_cuda_kl_div_workspace_size")(bt, v, ctypes.byref(size)),
-                   "kdloss_cuda_kl_div_workspace_size")
+        _lib.check(_lib.fn(fname + "_workspace_size")(*size_args, ctypes.byref(size)),
+                   fname + "_workspace_size")
         ws, n = self._workspace(size.value, device)
-        _lib.check(_lib.fn("kdloss_cuda_kl_div")(ctx, self._stream(index), ctypes.byref(params), bt,
-                                                 v, inp, tgt, loss, row_loss, elem, grad, ptr(ws), n),
-                   "kdloss_cuda_kl_div")
+        _lib.check(_lib.fn(fname)(ctx, self._stream(index), *args, ptr(ws), n), fname)
+
+    def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
+        self._run(device, "kl_div", (bt, v),
+                  (ctypes.byref(params), bt, v, inp, tgt, loss, row_loss, elem, grad))
 
     def jsd(self, device, params, bt, v, student, teacher, labels, loss, row_loss, grad):
-        ctx, index = self._ctx(device)
-        size = ctypes.c_size_t()
-        _lib.check(_lib.fn("kdloss_cuda_jsd_workspace_size")(bt, v, ctypes.byref(size)),
-                   "kdloss_cuda_jsd_workspace_size")
-        ws, n = self._workspace(size.value, device)
-        _lib.check(_lib.fn("kdloss_cuda_jsd")(ctx, self._stream(index), ctypes.byref(params), bt, v,
-                                              student, teacher, labels, loss, row_loss, grad,
-                                              ptr(ws), n), "kdloss_cuda_jsd")
+        self._run(device, "jsd", (bt, v),
+                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
 
     def distill(self, device, params, bt, v, student, teacher, labels, loss, row_loss, grad):
-        ctx, index = self._ctx(device)
-        size = ctypes.c_size_t()
-        _lib.check(_lib.fn("kdloss_cuda_distill_workspace_size")(bt, v, ctypes.byref(size)),
-                   "kdloss_cuda_distill_workspace_size")
-        ws, n = self._workspace(size.value, device)
-        _lib.check(_lib.fn("kdloss_cuda_distill")(ctx, self._stream(index), ctypes.byref(params),
-                                                  bt, v, student, teacher, labels, loss, row_loss,
-                                                  grad, ptr(ws), n), "kdloss_cuda_distill")
+        self._run(device, "distill", (bt, v),
+                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
 
     def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
                              labels, out, student_dtype, want_grad):
-        ctx, index = self._ctx(device)
-        size = ctypes.c_size_t()
-        _lib.check(_lib.fn("kdloss_cuda_fused_linear_distill_workspace_size")(
-            ctypes.byref(params), bt, hs, ht, v, student_dtype, int(want_grad),
-            ctypes.byref(size)), "kdloss_cuda_fused_linear_distill_workspace_size")
-        work, n = self._workspace(size.value, device)
-        _lib.check(_lib.fn("kdloss_cuda_fused_linear_distill")(ctx, self._stream(index),
-                                                               ctypes.byref(params), bt, hs, ht,
-                                                               v, xs, ws, bs, xt, wt, bt_bias,
-                                                               labels, ctypes.byref(out),
-                                                               ptr(work), n),
-                   "kdloss_cuda_fused_linear_distill")
+        p = ctypes.byref(params)
+        self._run(device, "fused_linear_distill", (p, bt, hs, ht, v, student_dtype, int(want_grad)),
+                  (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)))
+
+    def topk_distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
+                            grad):
+        self._run(device, "topk_distill_logits", (bt, v, teacher.k),
+                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
+
+    def fused_linear_topk_distill(self, device, params, bt, hs, v, xs, ws, bs, teacher, labels,
+                                  out, student_dtype, want_grad):
+        p = ctypes.byref(params)
+        self._run(device, "fused_linear_topk_distill",
+                  (p, bt, hs, v, teacher.k, student_dtype, int(want_grad)),
+                  (p, bt, hs, v, xs, ws, bs, teacher, labels, ctypes.byref(out)))
 
 
 _CPU = CpuBackend()
@@ -251,7 +286,8 @@ _BACKENDS = {}  # device type -> backend object; register_backend() adds more
 
 def register_backend(device_type, backend):
     """Route tensors on `device_type` (e.g. "cuda", "xpu") to `backend`, an object with the
-    kl_div / jsd / distill / fused_linear_distill methods of CpuBackend. Overrides the built-in choice."""
+    kl_div / jsd / distill / fused_linear_distill methods of CpuBackend (and topk_distill_logits /
+    fused_linear_topk_distill for the sparse-teacher losses). Overrides the built-in choice."""
     _BACKENDS[device_type] = backend
 
 

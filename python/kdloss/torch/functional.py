@@ -19,10 +19,10 @@ import torch
 from .. import _lib
 from .._lib import KdlossError
 from ._backend import (as_rows, backend_for, cmat, float_code, labels_view, out_mat, ptr,
-                       same_device, scalar_out)
+                       same_device, scalar_out, topk_teacher)
 
 __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
-           "fused_linear_distill_loss"]
+           "fused_linear_distill_loss", "topk_distill_loss", "fused_linear_topk_distill_loss"]
 
 
 def _needs_grad(*tensors):
@@ -187,54 +187,45 @@ def jsd(log_q, log_p, shift_labels=None, beta=0.5, ignore_index=-100):
 
 # ---- fused linear JSD -----------------------------------------------------------------------------
 
-def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-                   ignore_index, chunk_size, t2_scale, want):
-    """One kdloss_fused_linear_distill call (div: a _lib.DivParams). `want` = (dxs, dws, dbs).
-    Returns (loss, soft, hard, dxs, dws, dbs) with the gradients shaped like their inputs."""
-    device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
-                          ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
-    if ws.dim() != 2 or wt.dim() != 2:
-        raise _shape_error(f"weights must be 2-D (V, H): student_weight {tuple(ws.shape)}, "
-                           f"teacher_weight {tuple(wt.shape)}")
-    v, hs = ws.shape
-    ht = wt.shape[1]
-    if wt.shape[0] != v:
-        raise _shape_error(f"student_weight has V={v} rows, teacher_weight {wt.shape[0]}")
-    if xs.shape[-1] != hs or xt.shape[-1] != ht:
-        raise _shape_error(f"student_input {tuple(xs.shape)} / student_weight {tuple(ws.shape)}, "
-                           f"teacher_input {tuple(xt.shape)} / teacher_weight {tuple(wt.shape)}: "
+def _lm_head(x, w, b, who):
+    """C views of one model's hidden states x (..., H), LM head w (V, H) and bias b [V] or None
+    (cast to w's dtype, as the C API takes it). Returns (kept tensors, x view, w view, bias, rows,
+    H, V); the kept tensors must outlive the C call (they may be contiguous copies)."""
+    if w.dim() != 2:
+        raise _shape_error(f"{who}_weight must be 2-D (V, H), got {tuple(w.shape)}")
+    v, h = w.shape
+    if x.shape[-1] != h:
+        raise _shape_error(f"{who}_input {tuple(x.shape)} / {who}_weight {tuple(w.shape)}: "
                            "hidden sizes differ")
-    if xs.shape[:-1] != xt.shape[:-1]:
-        raise _shape_error(f"student_input {tuple(xs.shape)} and teacher_input {tuple(xt.shape)} "
-                           "have different token counts")
-    xs2, rows, _, ldxs = as_rows(xs, "student_input")
-    xt2, _, _, ldxt = as_rows(xt, "teacher_input")
-    ws2, _, _, ldws = as_rows(ws, "student_weight")
-    wt2, _, _, ldwt = as_rows(wt, "teacher_weight")
-    xs_c, ws_c = float_code(xs, "student_input"), float_code(ws, "student_weight")
-    xt_c, wt_c = float_code(xt, "teacher_input"), float_code(wt, "teacher_weight")
-    bias = []
-    for name, b, w in (("student_bias", bs, ws), ("teacher_bias", bt_bias, wt)):
-        if b is not None:
-            if b.numel() != v:
-                raise _shape_error(f"{name} has {b.numel()} elements, expected V={v}")
-            b = b.reshape(v).to(w.dtype).contiguous()  # the C API takes the bias in W's dtype
-        bias.append(b)
-    bs2, bt2 = bias
-    if labels is None:  # pure soft loss without labels: every row counts, CE weight is 0
-        labels = torch.zeros(rows, dtype=torch.int32, device=device)
-    labels, lview = labels_view(labels, rows, device, "labels")
-    params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
-                             int(ignore_index), int(chunk_size or 0), t2_scale)
-    loss, soft, hard = scalar_out(device), scalar_out(device), scalar_out(device)
+    x2, rows, _, ldx = as_rows(x, f"{who}_input")
+    w2, _, _, ldw = as_rows(w, f"{who}_weight")
+    xv = cmat(x2, ldx, float_code(x, f"{who}_input"))
+    wv = cmat(w2, ldw, float_code(w, f"{who}_weight"))
+    if b is not None:
+        if b.numel() != v:
+            raise _shape_error(f"{who}_bias has {b.numel()} elements, expected V={v}")
+        b = b.reshape(v).to(w.dtype).contiguous()
+    return (x2, w2, b), xv, wv, b, rows, h, v
+
+
+def _fused_outputs(want, xs, ws, bs, rows, want_hard=True):
+    """Fresh outputs of a fused-linear call: loss, soft, hard ([1] fp32; hard zero and not passed
+    to C unless want_hard) and the wanted gradients, with the FldOut that points at them."""
+    device = xs.device
+    v, hs = ws.shape
+    loss, soft = scalar_out(device), scalar_out(device)
+    hard = scalar_out(device) if want_hard else torch.zeros(1, device=device)
     dxs = torch.empty(rows, hs, dtype=xs.dtype, device=device) if want[0] else None
     dws = torch.empty(v, hs, dtype=ws.dtype, device=device) if want[1] else None
     dbs = torch.empty(v, dtype=ws.dtype, device=device) if want[2] and bs is not None else None
-    out = _lib.FldOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr(), out_mat(dxs),
-                      out_mat(dws), ptr(dbs), None, None, None)
-    backend_for(device).fused_linear_distill(
-        device, params, rows, hs, ht, v, cmat(xs2, ldxs, xs_c), cmat(ws2, ldws, ws_c), ptr(bs2),
-        cmat(xt2, ldxt, xt_c), cmat(wt2, ldwt, wt_c), ptr(bt2), lview, out, xs_c, any(want))
+    out = _lib.FldOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr() if want_hard else None,
+                      out_mat(dxs), out_mat(dws), ptr(dbs), None, None, None)
+    return (loss, soft, hard, dxs, dws, dbs), out
+
+
+def _fused_results(outputs, xs, bs):
+    """(loss, soft, hard, dxs, dws, dbs): losses in xs's dtype, gradients shaped like inputs."""
+    loss, soft, hard, dxs, dws, dbs = outputs
     if dxs is not None:
         dxs = dxs.view(xs.shape)
     if dbs is not None:
@@ -243,13 +234,38 @@ def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard
     return loss[0].to(dt), soft[0].to(dt), hard[0].to(dt), dxs, dws, dbs
 
 
-class _FusedLinearJSDFunction(torch.autograd.Function):
+def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
+                   ignore_index, chunk_size, t2_scale, want):
+    """One kdloss_fused_linear_distill call (div: a _lib.DivParams). `want` = (dxs, dws, dbs).
+    Returns (loss, soft, hard, dxs, dws, dbs) with the gradients shaped like their inputs."""
+    device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
+                          ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
+    keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
+    keep_t, xt_v, wt_v, bt2, _, ht, vt = _lm_head(xt, wt, bt_bias, "teacher")
+    if vt != v:
+        raise _shape_error(f"student_weight has V={v} rows, teacher_weight {vt}")
+    if xs.shape[:-1] != xt.shape[:-1]:
+        raise _shape_error(f"student_input {tuple(xs.shape)} and teacher_input {tuple(xt.shape)} "
+                           "have different token counts")
+    if labels is None:  # pure soft loss without labels: every row counts, CE weight is 0
+        labels = torch.zeros(rows, dtype=torch.int32, device=device)
+    labels, lview = labels_view(labels, rows, device, "labels")
+    params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
+                             int(ignore_index), int(chunk_size or 0), t2_scale)
+    outputs, out = _fused_outputs(want, xs, ws, bs, rows)
+    backend_for(device).fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v,
+                                             ptr(bs2), xt_v, wt_v, ptr(bt2), lview, out,
+                                             xs_v.dtype, any(want))
+    return _fused_results(outputs, xs, bs)
+
+
+class _FusedLinearFunction(torch.autograd.Function):
+    """Autograd of a fused-linear loss whose gradients `compute(want)` forms in forward:
+    compute returns (loss, soft, hard, dxs, dws, dbs); backward only scales them."""
+
     @staticmethod
-    def forward(ctx, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-                ignore_index, chunk_size, t2_scale, want):
-        loss, soft, hard, dxs, dws, dbs = _fljsd_compute(
-            xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft, ignore_index,
-            chunk_size, t2_scale, want)
+    def forward(ctx, xs, ws, bs, compute, want):
+        loss, soft, hard, dxs, dws, dbs = compute(want)
         ctx.save_for_backward(dxs, dws, dbs, xs, ws, bs)  # inputs: for _first_order_only
         ctx.mark_non_differentiable(soft, hard)  # their gradients are not computed separately
         return loss, soft, hard
@@ -258,22 +274,26 @@ class _FusedLinearJSDFunction(torch.autograd.Function):
     @_first_order_only  # the saved gradients are constants: no double backward
     def backward(ctx, grad_loss, grad_soft, grad_hard):
         dxs, dws, dbs = ctx.saved_tensors[:3]
-        return (_scale(dxs, grad_loss), _scale(dws, grad_loss), None, None, None,
-                _scale(dbs, grad_loss), None, None, None, None, None, None, None, None, None)
+        return _scale(dxs, grad_loss), _scale(dws, grad_loss), _scale(dbs, grad_loss), None, None
+
+
+def _fused_apply(xs, ws, bs, compute):
+    """(loss, soft, hard) of compute(want), through autograd when a student tensor needs a
+    gradient; want = which of (dxs, dws, dbs) to form."""
+    grad_on = torch.is_grad_enabled()
+    want = (grad_on and xs.requires_grad, grad_on and ws.requires_grad,
+            grad_on and bs is not None and bs.requires_grad)
+    if any(want):
+        return _FusedLinearFunction.apply(xs, ws, bs, compute, want)
+    return compute(want)[:3]
 
 
 def _fljsd(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
            chunk_size, divergence="jsd", alpha=0.1, t2_scale=False):
     div = _lib.div_params(divergence, beta, alpha)
-    grad_on = torch.is_grad_enabled()
-    want = (grad_on and xs.requires_grad, grad_on and ws.requires_grad,
-            grad_on and bs is not None and bs.requires_grad)
-    if any(want):
-        return _FusedLinearJSDFunction.apply(xs, ws, xt, wt, labels, bs, bt_bias, div,
-                                             temperature, w_hard, w_soft, ignore_index,
-                                             chunk_size, t2_scale, want)
-    return _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-                          ignore_index, chunk_size, t2_scale, want)[:3]
+    return _fused_apply(xs, ws, bs, functools.partial(
+        _fljsd_compute, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
+        ignore_index, chunk_size, t2_scale))
 
 
 def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
@@ -331,39 +351,59 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
 _DISTILL_REDUCTIONS = ("batchmean", "sum", "none")
 
 
+def _logits_frame(zs, labels, ignore_index, reduction, device, fname):
+    """The part every loss on student logits shares: the reduction check, the logits as a
+    (bt x v) view, the labels, and the C grad_scale that makes the gradient the reduction's
+    (the C gradient is scaled by grad_scale / max(1, n_kept)). Returns
+    (kept tensors, logits view, bt, v, labels view, grad_scale)."""
+    if reduction not in _DISTILL_REDUCTIONS:
+        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
+                          f"({fname} takes batchmean, sum or none)")
+    zc = float_code(zs, "student_logits")
+    zs2, bt, v, ldz = as_rows(zs.detach(), "student_logits")
+    labels, lview = labels_view(labels, bt, device, "labels")
+    n_kept = bt if labels is None else int((labels != ignore_index).sum())
+    gscale = 1.0 if reduction == "batchmean" else float(max(1, n_kept))
+    return (zs2, labels), cmat(zs2, ldz, zc), bt, v, lview, gscale
+
+
+def _reduced(loss, rows, reduction, zs):
+    """The loss in zs's dtype from the C call's loss (sum / max(1, kept)) and row losses."""
+    if reduction == "batchmean":
+        out = loss[0]
+    elif reduction == "sum":
+        out = rows.double().sum().float()
+    else:
+        out = rows.view(zs.shape[:-1])
+    return out.to(zs.dtype)
+
+
 def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad):
     """Returns (loss, dz or None): dz = dloss/dzs for upstream 1 ("none": per row, unscaled).
     Backends with distill_logits (the CPU's) make one pass over the logits that writes dz in the
     student's dtype; others get log-probs from torch, kdloss_distill and the chain rule here."""
-    if reduction not in _DISTILL_REDUCTIONS:
-        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
-                          "(distill_loss takes batchmean, sum or none)")
     device = same_device([("student_logits", zs), ("teacher_logits", zt)])
+    keep, zs_v, bt, v, lview, gscale = _logits_frame(zs, labels, ignore_index, reduction, device,
+                                                     "distill_loss")
     if zs.shape != zt.shape:
         raise _shape_error(f"distill_loss: student_logits {tuple(zs.shape)} vs teacher_logits "
                            f"{tuple(zt.shape)}")
-    zc, tc = float_code(zs, "student_logits"), float_code(zt, "teacher_logits")
+    tc = float_code(zt, "teacher_logits")
     backend = backend_for(device)
-    zs2, bt, v, ldz = as_rows(zs.detach(), "student_logits")
     zt2, _, _, ldt = as_rows(zt.detach(), "teacher_logits")
-    labels, lview = labels_view(labels, bt, device, "labels")
-    n_kept = bt if labels is None else int((labels != ignore_index).sum())
-    denom = max(1, n_kept)
-    # the C gradient is scaled by grad_scale / max(1, n_kept): pick grad_scale per reduction
-    gscale = 1.0 if reduction == "batchmean" else float(denom)
     loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
     t = float(temperature)
     if hasattr(backend, "distill_logits"):
         params = _lib.distill_logits_params(div, t, int(ignore_index), gscale)
         g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
-        backend.distill_logits(device, params, bt, v, cmat(zs2, ldz, zc), cmat(zt2, ldt, tc),
-                               lview, ptr(loss), ptr(rows), out_mat(g))
+        backend.distill_logits(device, params, bt, v, zs_v, cmat(zt2, ldt, tc), lview, ptr(loss),
+                               ptr(rows), out_mat(g))
         dz = g.view(zs.shape) if g is not None else None
     else:
         if not t > 0.0 or t == float("inf"):  # NaN fails too; the C library's message
             raise KdlossError(_lib.ERR_INVALID_PARAM, f"temperature={temperature!r}")
         # log-probs in fp32; the divergence and its gradient in X come from one C pass
-        x = torch.log_softmax(zs2.float() / t, dim=-1)
+        x = torch.log_softmax(keep[0].float() / t, dim=-1)
         y = torch.log_softmax(zt2.float() / t, dim=-1)
         params = _lib.distill_params(div, int(ignore_index), gscale)
         g = torch.empty(bt, v, dtype=torch.float32, device=device) if want_grad else None
@@ -373,20 +413,17 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
         if g is not None:  # chain rule of X = log_softmax(z / T): (g - softmax * sum(g)) / T
             dz = (g - x.exp() * g.sum(-1, keepdim=True)) / t
             dz = dz.to(zs.dtype).view(zs.shape)
-    if reduction == "batchmean":
-        out = loss[0]
-    elif reduction == "sum":
-        out = rows.double().sum().float()
-    else:
-        out = rows.view(zs.shape[:-1])
-    return out.to(zs.dtype), dz
+    return _reduced(loss, rows, reduction, zs), dz
 
 
-class _DistillFunction(torch.autograd.Function):
+class _LogitsLossFunction(torch.autograd.Function):
+    """Autograd of a loss on student logits whose gradient `compute(want_grad)` forms in
+    forward: compute returns (loss, dz), dz per row (unscaled) when `rowwise` (reduction none)."""
+
     @staticmethod
-    def forward(ctx, zs, zt, labels, div, temperature, ignore_index, reduction):
-        out, dz = _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, True)
-        ctx.rowwise = reduction == "none"
+    def forward(ctx, zs, compute, rowwise):
+        out, dz = compute(True)
+        ctx.rowwise = rowwise
         ctx.save_for_backward(dz, zs)  # zs: for _first_order_only's error node
         return out
 
@@ -398,7 +435,14 @@ class _DistillFunction(torch.autograd.Function):
             dz = dz * grad_output.to(dz.dtype).unsqueeze(-1)
         else:
             dz = _scale(dz, grad_output)
-        return dz, None, None, None, None, None, None
+        return dz, None, None
+
+
+def _logits_apply(zs, reduction, compute):
+    """compute(want_grad)'s loss, through autograd when zs needs a gradient."""
+    if _needs_grad(zs):
+        return _LogitsLossFunction.apply(zs, compute, reduction == "none")
+    return compute(False)[0]
 
 
 def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="forward_kl", beta=0.5,
@@ -410,8 +454,90 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     "sum", "none" (one loss per row, 0 for skipped rows). Gradient to student_logits only, formed
     in the forward pass."""
     div = _lib.div_params(divergence, beta, alpha)
-    if _needs_grad(student_logits):
-        return _DistillFunction.apply(student_logits, teacher_logits, labels, div, temperature,
-                                      ignore_index, reduction)
-    return _distill_compute(student_logits, teacher_logits, labels, div, temperature,
-                            ignore_index, reduction, False)[0]
+    return _logits_apply(student_logits, reduction, functools.partial(
+        _distill_compute, student_logits, teacher_logits, labels, div, temperature, ignore_index,
+        reduction))
+
+
+# ---- sparse top-k teacher ------------------------------------------------------------------------
+
+def _topk_compute(zs, ids, lps, labels, div, tail, temperature, ignore_index, reduction,
+                  want_grad):
+    """One kdloss_topk_distill_logits call: (loss, dz or None) as _distill_compute's."""
+    device = same_device([("student_logits", zs), ("teacher_ids", ids),
+                          ("teacher_logprobs", lps)])
+    keep, zs_v, bt, v, lview, gscale = _logits_frame(zs, labels, ignore_index, reduction, device,
+                                                     "topk_distill_loss")
+    keep_t, teacher = topk_teacher(ids, lps, zs.shape[:-1])
+    params = _lib.topk_distill_params(div, tail, float(temperature), int(ignore_index), gscale)
+    loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
+    g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
+    backend_for(device).topk_distill_logits(device, params, bt, v, zs_v, teacher, lview,
+                                            ptr(loss), ptr(rows), out_mat(g))
+    return _reduced(loss, rows, reduction, zs), (g.view(zs.shape) if g is not None else None)
+
+
+def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None, *,
+                      divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
+                      temperature=1.0, ignore_index=-100, reduction="batchmean"):
+    """A divergence of the family between a sparse top-k teacher and softmax(student_logits / T)
+    (docs/MATH.md section 8), per row over the last dim.
+
+    teacher_ids (..., K) int32/int64: token ids in [0, V), -1 = unused slot (no id twice in a
+    row); teacher_logprobs (..., K) float32/bfloat16/float16: the teacher's log-probs at those ids,
+    normalized over the FULL vocabulary at the distillation temperature (log_softmax(teacher
+    logits / T), then gathered; they are not re-tempered). tail: "bucket" (the used ids plus one
+    bin for the rest of the vocabulary), "renorm_both" (both renormalized over the used ids) or
+    "renorm_teacher" (the teacher renormalized, against the student's full log-probs; forward_kl
+    only). divergence, beta, alpha, labels / ignore_index and reduction as distill_loss's. A row
+    with no used slot contributes 0. Gradient to student_logits only, formed in the forward pass.
+    Invalid ids or shapes raise KdlossError before anything is computed (on CUDA the ids are
+    checked on the device instead: the loss is NaN, include/kdloss.h)."""
+    div = _lib.div_params(divergence, beta, alpha)
+    code = _lib.topk_tail(tail)
+    return _logits_apply(student_logits, reduction, functools.partial(
+        _topk_compute, student_logits, teacher_ids, teacher_logprobs, labels, div, code,
+        temperature, ignore_index, reduction))
+
+
+def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
+                  ignore_index, chunk_size, t2_scale, want_hard, want):
+    """One kdloss_fused_linear_topk_distill call; returns what _fljsd_compute does. labels None
+    passes no labels (every row kept; the C call then needs w_hard 0 and no hard-loss output)."""
+    device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_ids", ids),
+                          ("teacher_logprobs", lps), ("student_bias", bs)])
+    keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
+    keep_t, teacher = topk_teacher(ids, lps, xs.shape[:-1])
+    labels, lview = labels_view(labels, rows, device, "true_labels")
+    params = _lib.fltd_params(div, tail, float(temperature), float(w_hard), float(w_soft),
+                              int(ignore_index), int(chunk_size or 0), t2_scale)
+    # the hard loss is asked for only when wanted: any cross-entropy output turns renorm_both's
+    # sparse path (K gathered weight rows, no BT x V logits) off
+    outputs, out = _fused_outputs(want, xs, ws, bs, rows, want_hard and labels is not None)
+    backend_for(device).fused_linear_topk_distill(device, params, rows, hs, v, xs_v, ws_v,
+                                                  ptr(bs2), teacher, lview, out, xs_v.dtype,
+                                                  any(want))
+    return _fused_results(outputs, xs, bs)
+
+
+def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, teacher_logprobs,
+                                   true_labels=None, student_bias=None, *,
+                                   divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
+                                   weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100,
+                                   temperature=1.0, t2_scale=False, chunk_size=0,
+                                   return_soft_hard_loss=False):
+    """The fused LM head + sparse top-k teacher loss (docs/MATH.md sections 4 and 8): student
+    logits zs = student_input @ student_weight.T + student_bias formed chunk by chunk, never in
+    full; (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept), CE on
+    the untempered logits, the soft part as topk_distill_loss's on the tempered ones, over the
+    rows whose true_label is not ignore_index (every row when true_labels is None, which needs
+    weight_hard_loss 0). Gradients for student_input, student_weight and student_bias.
+    Returns the loss, or (loss, soft_loss, hard_loss) when return_soft_hard_loss (hard_loss 0
+    without labels)."""
+    div = _lib.div_params(divergence, beta, alpha)
+    code = _lib.topk_tail(tail)
+    loss, soft, hard = _fused_apply(student_input, student_weight, student_bias, functools.partial(
+        _fltd_compute, student_input, student_weight, teacher_ids, teacher_logprobs, true_labels,
+        student_bias, div, code, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
+        chunk_size, t2_scale, return_soft_hard_loss))
+    return (loss, soft, hard) if return_soft_hard_loss else loss

@@ -8,7 +8,7 @@ from .._lib import KdlossError
 from . import functional as F
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "DistillLoss",
-           "FusedLinearDistillLoss"]
+           "FusedLinearDistillLoss", "TopKDistillLoss", "FusedLinearTopKDistillLoss"]
 
 
 class KLDivLoss(torch.nn.KLDivLoss):
@@ -168,3 +168,59 @@ class FusedLinearDistillLoss(torch.nn.Module):
                 f"weight_hard_loss={self.weight_hard_loss}, "
                 f"weight_soft_loss={self.weight_soft_loss}, ignore_index={self.ignore_index}, "
                 f"temperature={self.temperature}, t2_scale={self.t2_scale}")
+
+
+
+class _TopKModule(torch.nn.Module):
+    """The sparse-teacher modules' shared part: the constructor's arguments are validated (an
+    unknown divergence or tail mode fails here), kept as attributes (so they can be changed
+    later) and passed to the functional form as keywords."""
+
+    def __init__(self, **args):
+        super().__init__()
+        _lib.div_params(args["divergence"], args["beta"], args["alpha"])
+        _lib.topk_tail(args["tail"])
+        self._arg_names = tuple(args)
+        for name, value in args.items():
+            setattr(self, name, value)
+
+    def _args(self):
+        return {name: getattr(self, name) for name in self._arg_names}
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={v!r}" for k, v in self._args().items())
+
+
+class TopKDistillLoss(_TopKModule):
+    """A divergence of the family between a stored sparse top-k teacher and the student's tempered
+    softmax (functional.topk_distill_loss, docs/MATH.md section 8).
+    forward(student_logits, teacher_ids, teacher_logprobs, labels=None)."""
+
+    def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
+                 temperature=1.0, ignore_index=-100, reduction="batchmean"):
+        super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
+                         temperature=temperature, ignore_index=ignore_index, reduction=reduction)
+
+    def forward(self, student_logits, teacher_ids, teacher_logprobs, labels=None):
+        return F.topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels,
+                                   **self._args())
+
+
+class FusedLinearTopKDistillLoss(_TopKModule):
+    """Fused LM head + sparse top-k teacher loss (functional.fused_linear_topk_distill_loss):
+    (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
+    forward(student_input, student_weight, teacher_ids, teacher_logprobs, true_labels=None,
+            student_bias=None); true_labels None keeps every row and needs weight_hard_loss 0."""
+
+    def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
+                 weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100, temperature=1.0,
+                 t2_scale=False):
+        super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
+                         weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss,
+                         ignore_index=ignore_index, temperature=temperature, t2_scale=t2_scale)
+
+    def forward(self, student_input, student_weight, teacher_ids, teacher_logprobs,
+                true_labels=None, student_bias=None):
+        return F.fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids,
+                                                teacher_logprobs, true_labels, student_bias,
+                                                **self._args())

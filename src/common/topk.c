@@ -1,0 +1,96 @@
+/* Names, defaults and the host-side checks of the sparse top-k teacher (kdloss.h), shared by
+ * every backend: the tail mode and its divergence, the teacher's views (shape, dtypes, strides,
+ * alignment), and the fused parameters as the dense fused loss's. The ids' VALUES are checked
+ * by the CPU before anything is written (kd_topk_check_ids); on the GPU they are device memory
+ * and the kernels report them through the status word. */
+#include <string.h>
+
+#include "check.h"
+
+static const char *const TAIL_NAMES[] = {"bucket", "renorm_both", "renorm_teacher"};
+#define N_TAIL ((int)(sizeof TAIL_NAMES / sizeof TAIL_NAMES[0]))
+
+const char *kdloss_topk_tail_name(kdloss_topk_tail t) {
+    return (int)t >= 0 && (int)t < N_TAIL ? TAIL_NAMES[t] : "unknown";
+}
+
+kdloss_status kdloss_topk_tail_from_name(const char *name, kdloss_topk_tail *t) {
+    if (!name || !t) return KDLOSS_ERR_NULL_POINTER;
+    for (int i = 0; i < N_TAIL; i++)
+        if (!strcmp(name, TAIL_NAMES[i])) {
+            *t = (kdloss_topk_tail)i;
+            return KDLOSS_OK;
+        }
+    return KDLOSS_ERR_INVALID_PARAM;
+}
+
+void kdloss_topk_distill_params_default(kdloss_topk_distill_params *p) {
+    if (!p) return;
+    kdloss_div_params_default(&p->div);
+    p->tail = KDLOSS_TAIL_BUCKET;
+    p->temperature = 1.0;
+    p->ignore_index = -100;
+    p->grad_scale = 1.0;
+}
+
+void kdloss_fused_linear_topk_distill_params_default(kdloss_fused_linear_topk_distill_params *p) {
+    if (!p) return;
+    kdloss_div_params_default(&p->div);
+    p->tail = KDLOSS_TAIL_BUCKET;
+    p->temperature = 1.0;
+    p->weight_hard_loss = 0.0;
+    p->weight_soft_loss = 1.0;
+    p->t2_scale = 0;
+    p->ignore_index = -100;
+    p->chunk_size = 0;
+    p->memory_budget = 0;
+    p->grad_scale = 1.0;
+}
+
+kdloss_status kd_topk_check_tail(const kdloss_div_params *d, kdloss_topk_tail tail) {
+    kdloss_status st = kd_div_check(d);
+    if (st != KDLOSS_OK) return st;
+    if ((int)tail < 0 || (int)tail >= N_TAIL) return KDLOSS_ERR_INVALID_PARAM;
+    /* renorm_teacher is a forward-KL convention, not a pair of distributions */
+    if (tail == KDLOSS_TAIL_RENORM_TEACHER && d->divergence != KDLOSS_DIV_FORWARD_KL)
+        return KDLOSS_ERR_INVALID_PARAM;
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_topk_check_logits_params(const kdloss_topk_distill_params *p) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_topk_check_tail(&p->div, p->tail);
+    if (st != KDLOSS_OK) return st;
+    double t = p->temperature;
+    /* 1/T scales the logits and grad_scale / T the gradient, both in fp32 */
+    if (!(t > 0.0) || !kd_fp32_finite(t) || !kd_fp32_finite(1.0 / t) ||
+        !kd_fp32_finite(p->grad_scale) || !kd_fp32_finite(p->grad_scale / t))
+        return KDLOSS_ERR_INVALID_PARAM;
+    return KDLOSS_OK;
+}
+
+kdloss_fused_linear_distill_params kd_topk_fld_params(
+    const kdloss_fused_linear_topk_distill_params *p) {
+    kdloss_fused_linear_distill_params d = {p->div,          p->temperature, p->weight_hard_loss,
+                                            p->weight_soft_loss, p->t2_scale, p->ignore_index,
+                                            p->chunk_size,   p->memory_budget, p->grad_scale};
+    return d;
+}
+
+kdloss_status kd_topk_check_fused_params(const kdloss_fused_linear_topk_distill_params *p) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_topk_check_tail(&p->div, p->tail);
+    if (st != KDLOSS_OK) return st;
+    kdloss_fused_linear_distill_params d = kd_topk_fld_params(p);
+    return kd_fld_check_params(&d);
+}
+
+kdloss_status kd_topk_check_teacher(kdloss_topk_teacher t, int64_t bt, kd_span *ids_span,
+                                    kd_span *lp_span, int64_t *ld_ids, int64_t *ld_lp) {
+    if (t.k <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (t.ids.dtype != KDLOSS_I32 && t.ids.dtype != KDLOSS_I64) return KDLOSS_ERR_INVALID_DTYPE;
+    kdloss_status st = kd_check_mat(bt, t.k, t.ids.data, t.ids.dtype, t.ids.ld, ld_ids, ids_span);
+    if (st != KDLOSS_OK) return st;
+    return kd_check_fmat(bt, t.k, t.logprobs.data, t.logprobs.dtype, t.logprobs.ld, ld_lp,
+                         lp_span);
+}

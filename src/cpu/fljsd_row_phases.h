@@ -1,0 +1,257 @@
+/* The fused loss's row work in four phases, written once for the scalar kernel
+ * (fljsd_rows_scalar.c) and the vector ones (fljsd_rows_impl.h), for the dense teacher and the
+ * sparse top-k one (docs/MATH.md sections 4, 8 and 9).
+ *
+ * The phases end where a vocabulary-parallel rank needs statistics of the other ranks' columns:
+ *   1. max      bias added; the row maxima                      -> all-reduce MAX of st_max
+ *   2. sums     sums of exps at those maxima, the label's logit, -> all-reduce SUM of st_sum
+ *               a sparse teacher's gathered logits
+ *   3. div      log-normalizers, cross-entropy, the divergence  -> all-reduce SUM of st_div
+ *               (dense: the row's terms and sum g over the local columns)      (dense only)
+ *   4. grad     dzs over zs, and the row's soft loss into row_soft
+ * One process runs the four back to back on each row while it is in cache (kd_fljsd_rows_*);
+ * the vocabulary-parallel driver runs each over all rows of a chunk and reduces in between
+ * (kd_fljsd_rows_phase_*). A process holding the whole vocabulary is the case v_lo = 0 with
+ * nothing to reduce, so both run the same code.
+ *
+ * The includer defines PH(name) (the functions' names), PH_CTX (the divergence constants' type
+ * built from a->coef) and the V-wide passes over a row of v floats:
+ *   PH_FOLD_MAX(z, b, v)                adds the bias b (or NULL) in place, returns the max
+ *   PH_SUM_EXP(z, v, m, s)              sum of exp((z - m) s), double
+ *   PH_DIV(a, k, zs, zt, ms, mt, lss, lst, store_g, sum_g)
+ *                                       the divergence's terms on X = (zs - ms) it - lss,
+ *                                       Y = (zt - mt) it - lst: returns their sum; when store_g,
+ *                                       g = dD/dX over zt and its sum into *sum_g
+ *   PH_GRAD(a, zs, zt, ms, lss, sum_g, lsh, share)
+ *                                       zs = gs (g - q sum_g) + gh softmax(zs), q = softmax(zs/T)
+ *   PH_REST_GRAD(z, v, c1, m1, s1, l1, c2, m2, l2)
+ *                                       z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2) (a
+ *                                       term whose c is 0 skipped; a -inf element gives 0)
+ *
+ * Statistics of row i: mx = st_max + 2i, sm = st_sum + n_sum i, dv = st_div + 2i.
+ *   dense:  mx = {max zs, max zt}; sm = {sum e^((zs-ms)/T), sum e^((zt-mt)/T), sum e^(zs-ms)
+ *           (CE at T != 1), zs[y]}; dv = {divergence terms, sum g}
+ *   sparse: mx = {max of zs outside S, max of zs}; sm = {sum e^((zs-mr)/T) outside S,
+ *           sum e^(zs-mr) outside S (T != 1), 0, zs[y], zs at S (|S| values, 0 where another
+ *           rank holds the id)}; dv = {c_rest, untempered lse} (not reduced)
+ */
+#include <math.h>
+#include <string.h>
+
+#include "topk.h"
+#include "topk_row.h"
+
+/* The row's label as a local column, -1 when another rank holds it or there are no labels. */
+static inline int64_t ph_label_col(const kd_fljsd_rows *a, int64_t i) {
+    if (!a->labels.data) return -1;
+    int64_t y = kd_label_at(a->labels, a->row0 + i) - a->v_lo;
+    return y >= 0 && y < a->v ? y : -1;
+}
+
+static inline int ph_ignored(const kd_fljsd_rows *a, int64_t i) {
+    return a->labels.data && kd_label_at(a->labels, a->row0 + i) == a->ignore_index;
+}
+
+/* ---- dense teacher ---- */
+
+static void PH(dense_max)(const kd_fljsd_rows *a, int64_t i) {
+    double *mx = a->st_max + 2 * i;
+    mx[0] = mx[1] = -INFINITY;
+    if (ph_ignored(a, i)) return;
+    mx[0] = PH_FOLD_MAX(a->zs + i * a->v, a->bs, a->v);
+    if (a->soft) mx[1] = PH_FOLD_MAX(a->zt + i * a->v, a->bt, a->v);
+}
+
+static void PH(dense_sums)(const kd_fljsd_rows *a, int64_t i) {
+    double *sm = a->st_sum + a->n_sum * i;
+    const float *zs = a->zs + i * a->v;
+    float ms = (float)a->st_max[2 * i], mt = (float)a->st_max[2 * i + 1], it = a->inv_t;
+    sm[0] = sm[1] = sm[2] = sm[3] = 0.0;
+    if (ph_ignored(a, i)) return;
+    int64_t y = ph_label_col(a, i);
+    if (a->soft) {
+        sm[0] = PH_SUM_EXP(zs, a->v, ms, it);
+        sm[1] = PH_SUM_EXP(a->zt + i * a->v, a->v, mt, it);
+    }
+    if (a->hard && !(a->soft && it == 1.0f)) sm[2] = PH_SUM_EXP(zs, a->v, ms, 1.0f);
+    if (a->hard && y >= 0) sm[3] = zs[y];
+}
+
+/* The normalizers from the reduced sums: lss, lst, and lsh (= lss when T = 1). */
+static inline void ph_dense_logs(const kd_fljsd_rows *a, const double *sm, double *lss,
+                                 double *lst, double *lsh) {
+    int share = a->soft && a->inv_t == 1.0f;
+    *lss = a->soft ? log(sm[0]) : 0.0;
+    *lst = a->soft ? log(sm[1]) : 0.0;
+    *lsh = !a->hard ? 0.0 : share ? *lss : log(sm[2]);
+}
+
+static void PH(dense_div)(const kd_fljsd_rows *a, const PH_CTX *k, int64_t i) {
+    const double *sm = a->st_sum + a->n_sum * i;
+    double *dv = a->st_div + 2 * i, lss, lst, lsh;
+    float ms = (float)a->st_max[2 * i], mt = (float)a->st_max[2 * i + 1];
+    dv[0] = dv[1] = 0.0;
+    a->row_hard[i] = 0.0;
+    if (a->row_lse) a->row_lse[i] = 0.0f;
+    if (ph_ignored(a, i)) return;
+    ph_dense_logs(a, sm, &lss, &lst, &lsh);
+    if (a->hard) a->row_hard[i] = ((double)ms - sm[3]) + lsh;
+    if (a->row_lse) a->row_lse[i] = (float)((double)ms + lsh);
+    if (a->soft)
+        dv[0] = PH_DIV(a, k, a->zs + i * a->v, a->zt + i * a->v, ms, (float)mt, (float)lss,
+                       (float)lst, a->grad && a->gs != 0.0f, &dv[1]);
+}
+
+static void PH(dense_grad)(const kd_fljsd_rows *a, int64_t i) {
+    const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
+    float *zs = a->zs + i * a->v;
+    double lss, lst, lsh;
+    a->row_soft[i] = dv[0];
+    if (!a->grad) return;
+    if (ph_ignored(a, i)) {
+        memset(zs, 0, (size_t)a->v * sizeof(float));
+        return;
+    }
+    ph_dense_logs(a, sm, &lss, &lst, &lsh);
+    int share = a->soft && a->inv_t == 1.0f && a->gs != 0.0f;
+    PH_GRAD(a, zs, a->zt ? a->zt + i * a->v : NULL, (float)a->st_max[2 * i], (float)lss, dv[1],
+            (float)lsh, share);
+    int64_t y = ph_label_col(a, i);
+    if (a->gh != 0.0f && y >= 0) zs[y] -= a->gh;
+}
+
+/* ---- sparse top-k teacher ---- */
+
+/* Row i's slot scratch (topk.h): col[K] local columns (-1: another rank's id), then the count
+ * n = |S| in col[K], zk, lp, gk. */
+static inline int64_t *ph_tk(const kd_fljsd_rows *a, int64_t i) {
+    return (int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(a->topk->k));
+}
+
+/* Gathers row i's used slots in slot order: the teacher's log-probs, and for the ids this rank
+ * holds their logits with the bias (as PH_FOLD_MAX adds it), then masks those to -inf. */
+static void ph_gather(const kd_fljsd_rows *a, int64_t i, float *z) {
+    const kdloss_topk_teacher *t = a->topk;
+    int64_t kk = t->k, r = a->row0 + i, n = 0, *col = ph_tk(a, i);
+    float *zk = (float *)(col + kk + 1), *lp = zk + kk;
+    int is64 = t->ids.dtype == KDLOSS_I64;
+    for (int64_t j = 0; j < kk; j++) {
+        int64_t id = kd_topk_id(t->ids.data, is64, t->ids.ld, r, j) - a->v_lo;
+        if (id + a->v_lo < 0) continue; /* -1: unused (the ids were checked) */
+        int local = id >= 0 && id < a->v;
+        col[n] = local ? id : -1;
+        zk[n] = !local ? 0.0f : a->bs ? z[id] + a->bs[id] : z[id];
+        lp[n] = kd_topk_logprob(t, r, j);
+        if (local) z[id] = -INFINITY;
+        n++;
+    }
+    col[kk] = n;
+}
+
+static void PH(topk_max)(const kd_fljsd_rows *a, int64_t i) {
+    double *mx = a->st_max + 2 * i, *sm = a->st_sum + a->n_sum * i;
+    float *z = a->zs + i * a->v;
+    mx[0] = mx[1] = -INFINITY;
+    if (ph_ignored(a, i)) return;
+    int64_t y = ph_label_col(a, i), kk = a->topk->k;
+    /* the label's logit, read before the mask (labels exist when the cross-entropy is on) */
+    sm[3] = a->hard && y >= 0 ? (a->bs ? z[y] + a->bs[y] : z[y]) : 0.0;
+    ph_gather(a, i, z);
+    const int64_t *col = ph_tk(a, i);
+    const float *zk = (const float *)(col + kk + 1);
+    float mr = PH_FOLD_MAX(z, a->bs, a->v), m = mr; /* -inf when S holds every local column */
+    for (int64_t k = 0; k < col[kk]; k++)
+        if (col[k] >= 0 && zk[k] > m) m = zk[k];
+    mx[0] = mr;
+    mx[1] = m;
+}
+
+static void PH(topk_sums)(const kd_fljsd_rows *a, int64_t i) {
+    double *sm = a->st_sum + a->n_sum * i;
+    const float *z = a->zs + i * a->v;
+    float mr = (float)a->st_max[2 * i], it = a->inv_t;
+    int64_t kk = a->topk->k;
+    sm[0] = sm[1] = sm[2] = 0.0;
+    if (ph_ignored(a, i)) return;
+    const int64_t *col = ph_tk(a, i);
+    const float *zk = (const float *)(col + kk + 1);
+    if (mr > -INFINITY) {
+        sm[0] = PH_SUM_EXP(z, a->v, mr, it);
+        if ((a->hard || a->row_lse) && it != 1.0f) sm[1] = PH_SUM_EXP(z, a->v, mr, 1.0f);
+    }
+    for (int64_t k = 0; k < col[kk]; k++) sm[4 + k] = zk[k];
+}
+
+static void PH(topk_div)(const kd_fljsd_rows *a, int64_t i) {
+    const double *sm = a->st_sum + a->n_sum * i;
+    double *dv = a->st_div + 2 * i;
+    int64_t kk = a->topk->k, *col = ph_tk(a, i), n = col[kk];
+    float *zk = (float *)(col + kk + 1), *lp = zk + kk, *gk = lp + kk;
+    float mr = (float)a->st_max[2 * i], it = a->inv_t;
+    dv[0] = dv[1] = 0.0;
+    a->row_hard[i] = 0.0;
+    a->row_soft[i] = 0.0;
+    if (a->row_lse) a->row_lse[i] = 0.0f;
+    if (ph_ignored(a, i)) return;
+    for (int64_t k = 0; k < n; k++) zk[k] = (float)sm[4 + k]; /* every rank's slots */
+    double rest = mr > -INFINITY ? (double)mr * it + log(sm[0]) : -INFINITY, lse1 = 0.0;
+    if (a->hard || a->row_lse) {
+        double rest1 = it == 1.0f ? rest : mr > -INFINITY ? (double)mr + log(sm[1]) : -INFINITY;
+        lse1 = kd_topk_logaddexp(rest1, kd_topk_lse(zk, n, 1.0));
+    }
+    if (a->hard) a->row_hard[i] = lse1 - sm[3];
+    if (a->row_lse) a->row_lse[i] = (float)lse1;
+    if (a->soft) a->row_soft[i] = kd_topk_row(&a->coef, a->tail, n, zk, lp, it, rest, gk, &dv[0]);
+    dv[1] = lse1;
+}
+
+static void PH(topk_grad)(const kd_fljsd_rows *a, int64_t i) {
+    const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
+    float *z = a->zs + i * a->v;
+    if (!a->grad) return;
+    if (ph_ignored(a, i)) {
+        memset(z, 0, (size_t)a->v * sizeof(float));
+        return;
+    }
+    int64_t kk = a->topk->k, *col = ph_tk(a, i), n = col[kk], y = ph_label_col(a, i);
+    const float *zk = (const float *)(col + kk + 1), *gk = zk + 2 * kk;
+    float mr = (float)a->st_max[2 * i], m = (float)a->st_max[2 * i + 1];
+    int soft = a->soft && a->gs != 0.0f;
+    double lse1 = dv[1];
+    float c1 = soft && mr > -INFINITY ? (float)(a->gs * dv[0]) : 0.0f;
+    float lr = mr > -INFINITY ? (float)log(sm[0]) : 0.0f;
+    PH_REST_GRAD(z, a->v, c1, mr, a->inv_t, lr, a->gh, m, (float)(lse1 - (double)m));
+    for (int64_t k = 0; k < n; k++) {
+        if (col[k] < 0) continue;
+        float d = soft ? a->gs * gk[k] : 0.0f;
+        if (a->gh != 0.0f) d += a->gh * (float)exp((double)zk[k] - lse1);
+        z[col[k]] = d;
+    }
+    if (a->gh != 0.0f && y >= 0) z[y] -= a->gh;
+}
+
+/* ---- entry points ---- */
+
+/* Phase `ph` (1..4) of row i. */
+static inline void PH(phase)(const kd_fljsd_rows *a, const PH_CTX *k, int ph, int64_t i) {
+    if (a->topk) {
+        switch (ph) {
+        case 1: PH(topk_max)(a, i); break;
+        case 2: PH(topk_sums)(a, i); break;
+        case 3: PH(topk_div)(a, i); break;
+        default: PH(topk_grad)(a, i); break;
+        }
+        return;
+    }
+    switch (ph) {
+    case 1: PH(dense_max)(a, i); break;
+    case 2: PH(dense_sums)(a, i); break;
+    case 3: PH(dense_div)(a, k, i); break;
+    default: PH(dense_grad)(a, i); break;
+    }
+}
+
+/* Whether the chunk is worth an OpenMP team (see KD_FLJSD_PAR_MIN). */
+static inline int ph_parallel(const kd_fljsd_rows *a) {
+    return a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN;
+}

@@ -1,0 +1,81 @@
+/* Internals of the CPU sparse top-k teacher loss (kdloss.h, docs/MATH.md section 8): the ids'
+ * value check and the sparse renorm_both path. The row math is src/common/topk_row.h; the
+ * full-vocabulary row pass is the fused loss's row kernel (fljsd_rows.h, kd_fljsd_rows.topk). */
+#ifndef KDLOSS_CPU_TOPK_H
+#define KDLOSS_CPU_TOPK_H
+
+#include <stdint.h>
+
+#include "div_coef.h"
+#include "half.h"
+#include "fljsd.h"
+
+/* Every row's ids (teacher.ids with its effective ld): each is -1 or in [0, v), and no used id
+ * repeats within a row; else KDLOSS_ERR_INVALID_ID. OUT_OF_MEMORY if its scratch (a bitmap of
+ * v bits, on the stack up to 2^18 ids) cannot be allocated. Writes nothing the caller owns. */
+kdloss_status kd_topk_check_ids(kdloss_topk_teacher t, int64_t bt, int64_t v);
+
+/* Log-prob in slot j of teacher row r as fp32 (the teacher's lds effective). */
+static inline float kd_topk_logprob(const kdloss_topk_teacher *t, int64_t r, int64_t j) {
+    const char *p = (const char *)t->logprobs.data +
+                    (size_t)(r * t->logprobs.ld + j) * kdloss_dtype_size(t->logprobs.dtype);
+    switch (t->logprobs.dtype) {
+    case KDLOSS_BF16: return kd_bf16_to_f32(*(const uint16_t *)p);
+    case KDLOSS_F16: return kd_f16_to_f32(*(const uint16_t *)p);
+    default: return *(const float *)p;
+    }
+}
+
+/* Bytes of per-row scratch the row kernels need for K slots: the slots' local columns and their
+ * count (K + 1 int64), then their logits, log-probs and gradients (3 K floats); a multiple of 64. */
+static inline size_t kd_topk_row_scratch(int64_t k) {
+    size_t b = (size_t)(k + 1) * sizeof(int64_t) + (size_t)k * 3 * sizeof(float);
+    return (b + 63) / 64 * 64;
+}
+
+/* ---- The sparse renorm_both path (docs/MATH.md section 8, "Sparse path") ---- */
+
+/* One chunk of rows [row0, row0 + n) of the sparse path. Shapes: xs (BT x Hs) and ws (V x Hs)
+ * of xdt (F32 or BF16), bs [V] fp32 or NULL; the teacher's K slots per row. */
+typedef struct kd_topk_sparse {
+    int64_t n, row0, hs;
+    const char *xs;            /* the student's rows, xdt, stride ldx */
+    kdloss_dtype xdt;
+    int64_t ldx;
+    const char *ws;            /* the LM head, xdt, stride ldw */
+    int64_t ldw;
+    const float *bs;           /* [V] fp32 bias, or NULL */
+    const kdloss_topk_teacher *topk;
+    kdloss_labels labels;      /* data NULL: every row kept */
+    int64_t ignore_index;
+    kd_div_coef coef;
+    float inv_t;
+    float gs;                  /* d loss / d zs = gs dD/du; 0: no gradient */
+    float *x32;                /* n x hs: the chunk's rows widened (bf16 student), else NULL */
+    float *d32;                /* n x hs: fp32 dxs rows before their cast (bf16 student) */
+    char *tk;                  /* n x kd_topk_row_scratch(K): slots; gk holds d loss / d zs_k */
+    double *row_soft;          /* [n] out */
+    kdloss_mat dxs;            /* the caller's (BT x Hs), or data NULL */
+    float *dws;                /* (V x Hs, ld ldd) fp32 accumulator of dWs, or NULL */
+    int64_t ldd;
+    float *dbs;                /* [V] fp32 accumulator of dbs, or NULL */
+} kd_topk_sparse;
+
+/* The chunk's rows: selected logits by dot products, kd_topk_row, slot gradients, dxs rows
+ * (OpenMP over rows). Then the scatter: dws[id] += dz_k xs_row and dbs[id] += dz_k in row order
+ * (OpenMP over blocks of hidden columns), so results do not depend on the thread count. */
+void kd_topk_sparse_rows_scalar(const kd_topk_sparse *a);
+void kd_topk_sparse_rows_avx2(const kd_topk_sparse *a);
+void kd_topk_sparse_rows_avx512(const kd_topk_sparse *a);
+void kd_topk_sparse_scatter_scalar(const kd_topk_sparse *a);
+void kd_topk_sparse_scatter_avx2(const kd_topk_sparse *a);
+void kd_topk_sparse_scatter_avx512(const kd_topk_sparse *a);
+
+/* Whether a checked fused call takes the sparse path: renorm_both, and nothing that needs the
+ * full logits (no cross-entropy weight or output, no row_lse). */
+int kd_topk_sparse_eligible(const kd_fljsd_call *k);
+/* Runs such a call; workspace: NULL (allocated here, at most the call's plan bytes) or the
+ * caller's (at least plan->bytes, which bounds what the sparse path uses). */
+kdloss_status kd_topk_sparse_run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, void *workspace);
+
+#endif /* KDLOSS_CPU_TOPK_H */
