@@ -248,72 +248,6 @@ kdloss_status kd_args_workspace(const void *ws, size_t bytes, size_t need, const
 
 /* ---- the sparse top-k teacher ------------------------------------------------------------- */
 
-/* RENORM_TEACHER is defined for forward KL only (kdloss.h). */
-static kdloss_status topk_tail(kdloss_topk_tail tail, const kdloss_div_params *d) {
-    if ((int)tail < (int)KDLOSS_TAIL_BUCKET || (int)tail > (int)KDLOSS_TAIL_RENORM_TEACHER)
-        return KDLOSS_ERR_INVALID_PARAM;
-    if (tail == KDLOSS_TAIL_RENORM_TEACHER && d->divergence != KDLOSS_DIV_FORWARD_KL)
-        return KDLOSS_ERR_INVALID_PARAM;
-    return KDLOSS_OK;
-}
-
-kdloss_status kd_args_topk_params(const kdloss_topk_distill_params *p) {
-    const kdloss_distill_params dp = {p->div, p->ignore_index, p->grad_scale};
-    kdloss_status st = kd_distill_check_params(&dp);
-    if (st != KDLOSS_OK) return st;
-    /* kdloss_distill_logits's temperature rule: the kernels use 1/T and grad_scale / T in fp32 */
-    const double t = p->temperature;
-    if (!(t > 0.0) || !kd_fp32_finite(t) || !kd_fp32_finite(1.0 / t) ||
-        !kd_fp32_finite(p->grad_scale / t))
-        return KDLOSS_ERR_INVALID_PARAM;
-    return topk_tail(p->tail, &p->div);
-}
-
-kdloss_status kd_args_fltk_params(const kdloss_fused_linear_topk_distill_params *p) {
-    kdloss_fused_linear_distill_params d; /* every field set: no CPU default function needed */
-    d.div = p->div;
-    d.temperature = p->temperature;
-    d.weight_hard_loss = p->weight_hard_loss;
-    d.weight_soft_loss = p->weight_soft_loss;
-    d.t2_scale = p->t2_scale;
-    d.ignore_index = p->ignore_index;
-    d.chunk_size = p->chunk_size;
-    d.memory_budget = p->memory_budget;
-    d.grad_scale = p->grad_scale;
-    kdloss_status st = kd_fld_check_params(&d); /* the dense fused loss's rules, shared */
-    return st != KDLOSS_OK ? st : topk_tail(p->tail, &p->div);
-}
-
-/* An integer (rows x cols) view: kd_check_fmat's rules with the id dtypes I32 / I64. */
-static kdloss_status topk_imat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
-                               int64_t ld, int64_t *ld_out, kd_span *span) {
-    if (!data) return KDLOSS_ERR_NULL_POINTER;
-    if (rows <= 0 || cols <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (dt != KDLOSS_I32 && dt != KDLOSS_I64) return KDLOSS_ERR_INVALID_DTYPE;
-    if (!kd_aligned(data, kdloss_dtype_size(dt))) return KDLOSS_ERR_MISALIGNED;
-    if (ld == 0) ld = cols;
-    if (ld < cols) return KDLOSS_ERR_INVALID_STRIDE;
-    const int64_t es = (int64_t)kdloss_dtype_size(dt);
-    if (rows - 1 > (INT64_MAX - cols) / ld) return KDLOSS_ERR_INVALID_SIZE;
-    const int64_t n = (rows - 1) * ld + cols;
-    if (n > INT64_MAX / es) return KDLOSS_ERR_INVALID_SIZE;
-    if ((uint64_t)(n * es) > (uint64_t)(UINTPTR_MAX - (uintptr_t)data))
-        return KDLOSS_ERR_INVALID_SIZE;
-    *ld_out = ld;
-    span->lo = (const char *)data;
-    span->hi = (const char *)data + n * es;
-    return KDLOSS_OK;
-}
-
-kdloss_status kd_args_topk_teacher(int64_t bt, const kdloss_topk_teacher *t, kd_topk_geom *g,
-                                   kd_span *s_ids, kd_span *s_lp) {
-    if (t->k < 1) return KDLOSS_ERR_INVALID_SIZE;
-    kdloss_status st = topk_imat(bt, t->k, t->ids.data, t->ids.dtype, t->ids.ld, &g->ld_ids, s_ids);
-    if (st != KDLOSS_OK) return st;
-    return kd_check_fmat(bt, t->k, t->logprobs.data, t->logprobs.dtype, t->logprobs.ld, &g->ld_lp,
-                         s_lp);
-}
-
 /* Every output span against every input and every later output; output `skip_o` may coincide
  * with input `skip_i` (an in-place gradient; -1: none). */
 static kdloss_status spans_disjoint(const kd_spanset *s, int skip_o, int skip_i) {
@@ -330,13 +264,14 @@ kdloss_status kd_args_topk_logits(const kdloss_topk_distill_params *p, int64_t b
                                   kdloss_cmat student, kdloss_topk_teacher teacher,
                                   kdloss_labels labels, const float *loss, const float *row_loss,
                                   kdloss_mat grad, kd_topk_geom *g, kd_spanset *spans) {
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
-    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    kdloss_status st = kd_args_topk_params(p);
+    /* the CPU's order (src/cpu/distill_logits.c): parameters, sizes, teacher, student */
+    kdloss_status st = kd_topk_check_logits_params(p); /* src/common/topk.c, shared */
     if (st != KDLOSS_OK) return st;
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
     kd_span s_s, s_ids, s_lp, s_g = {0, 0};
-    st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, &g->ld_s, &s_s);
-    if (st == KDLOSS_OK) st = kd_args_topk_teacher(bt, &teacher, g, &s_ids, &s_lp);
+    st = kd_topk_check_teacher(teacher, bt, &s_ids, &s_lp, &g->ld_ids, &g->ld_lp);
+    if (st == KDLOSS_OK)
+        st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, &g->ld_s, &s_s);
     if (st != KDLOSS_OK) return st;
     g->ld_g = 0;
     if (grad.data) {
@@ -371,15 +306,17 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
                            kdloss_topk_teacher teacher, kdloss_labels labels,
                            const kdloss_fused_linear_distill_out *out, kd_topk_geom *g,
                            kd_spanset *spans) {
+    /* the CPU's order (src/cpu/fljsd_check.c) */
     if (!p || !out) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status st = kd_args_fltk_params(p);
+    kdloss_status st = kd_topk_check_fused_params(p); /* src/common/topk.c, shared */
     if (st == KDLOSS_OK) st = kd_args_fl_sizes(bt, hs, hs, v);
     if (st == KDLOSS_OK) st = fl_pair_dtype(xs.dtype, ws.dtype);
     if (st != KDLOSS_OK) return st;
     kd_span s_xs, s_ws, s_ids, s_lp;
     if ((st = fl_mat(bt, hs, xs.data, xs.dtype, xs.ld, &g->ld_xs, &s_xs)) != KDLOSS_OK) return st;
     if ((st = fl_mat(v, hs, ws.data, ws.dtype, ws.ld, &g->ld_ws, &s_ws)) != KDLOSS_OK) return st;
-    if ((st = kd_args_topk_teacher(bt, &teacher, g, &s_ids, &s_lp)) != KDLOSS_OK) return st;
+    st = kd_topk_check_teacher(teacher, bt, &s_ids, &s_lp, &g->ld_ids, &g->ld_lp);
+    if (st != KDLOSS_OK) return st;
     const size_t es = kdloss_dtype_size(xs.dtype);
     if (!kd_aligned(bs, es)) return KDLOSS_ERR_MISALIGNED;
     /* labels are optional: without them every row is kept and no cross-entropy exists */

@@ -66,15 +66,8 @@ typedef struct kd_topk_geom {
     int want_grad;                         /* fused: dxs, dws or dbs requested      */
 } kd_topk_geom;
 
-/* The top-k parameters of the logits loss (p not NULL): the divergence, the tail mode
- * (RENORM_TEACHER with forward KL only), the temperature and grad_scale / T as fp32. */
-kdloss_status kd_args_topk_params(const kdloss_topk_distill_params *p);
-/* The fused top-k parameters (p not NULL): kd_fld_check_params's rules and the tail mode. */
-kdloss_status kd_args_fltk_params(const kdloss_fused_linear_topk_distill_params *p);
-
-/* The teacher's K (>= 1), ids (I32 / I64) and log-probs (float dtypes), both (bt x k). */
-kdloss_status kd_args_topk_teacher(int64_t bt, const kdloss_topk_teacher *t, kd_topk_geom *g,
-                                   kd_span *s_ids, kd_span *s_lp);
+/* The top-k parameters and the teacher's views are checked by src/common/topk.c (check.h),
+ * shared with the CPU. */
 
 /* Everything of kdloss_cuda_topk_distill_logits but the workspace, overlaps included (as the
  * elementwise calls: the CPU function has no workspace). */

@@ -34,7 +34,7 @@ typedef struct tk_header {
     int32_t status;
     int32_t reserved;
     unsigned long long n_valid;     /* rows with a kept label (or no labels) and valid ids */
-    unsigned long long n_bad_label; /* valid ids, label neither ignore_index nor in [0, V) */
+    unsigned long long n_bad_label; /* label neither ignore_index nor in [0, V) (any ids) */
     unsigned long long n_bad_id;    /* an id neither -1 nor in [0, V), or repeated (any label) */
 } tk_header;
 
@@ -139,7 +139,7 @@ __device__ __forceinline__ int tk_ids_ok(const tk_check_args &a, int64_t r, int 
 
 /* One warp per row (grid-stride): flags[r] and the three counters (integer atomics, one per
  * block: the totals are exact whatever the order). Every row's ids are checked, ignored rows
- * too (kdloss.h); an invalid id outranks the label. */
+ * too (kdloss.h); a row with invalid ids is flagged so whatever its label. */
 __global__ void __launch_bounds__(TK_CHECK_THREADS) tk_check_kernel(tk_check_args a) {
     __shared__ unsigned long long red[32];
     const int lane = threadIdx.x & 31;
@@ -148,17 +148,17 @@ __global__ void __launch_bounds__(TK_CHECK_THREADS) tk_check_kernel(tk_check_arg
     for (int64_t r = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); r < a.bt;
          r += (int64_t)gridDim.x * wpb) {
         const int ok = tk_ids_ok(a, r, lane);
-        int kind = TK_ROW_OK;
+        int lk = TK_ROW_OK;
         if (a.labels) {
             const int64_t y = kd_label(a.labels, a.lab64, r);
-            kind = y == a.ignore ? TK_ROW_IGNORED : (y >= 0 && y < a.v) ? TK_ROW_OK : TK_ROW_BAD_LABEL;
+            lk = y == a.ignore ? TK_ROW_IGNORED : (y >= 0 && y < a.v) ? TK_ROW_OK : TK_ROW_BAD_LABEL;
         }
-        if (!ok) kind = TK_ROW_BAD_ID;
+        const int kind = ok ? lk : TK_ROW_BAD_ID;
         if (lane == 0) {
             a.flags[r] = (uint8_t)kind;
             nv += kind == TK_ROW_OK;
-            nl += kind == TK_ROW_BAD_LABEL;
-            ni += kind == TK_ROW_BAD_ID;
+            nl += lk == TK_ROW_BAD_LABEL;
+            ni += !ok;
         }
     }
     nv = kd_block_sum_u64(nv, red);
@@ -185,11 +185,13 @@ static kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a) {
 
 /* row_soft, row_hard [bt] (row_hard may be NULL) -> the scalar losses (one block, fixed order):
  *   soft = sum row_soft * soft_fac / n, hard = sum row_hard / n, loss = w_hard hard + w_soft soft
- * with n = max(1, n_valid); NaN when a row is bad. Status: INVALID_ID before LABEL_OUT_OF_RANGE. */
+ * with n = max(1, n_valid); NaN when a row is bad. With both faults the status is the one the
+ * CPU function returns: it checks the ids first in the fused loss (ids_first), the labels first
+ * in the logits loss. */
 __global__ void __launch_bounds__(TK_FINAL_THREADS)
 tk_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, tk_header *hdr,
                 float *loss, float *soft_loss, float *hard_loss, double w_hard, double w_soft,
-                double soft_fac) {
+                double soft_fac, int ids_first) {
     __shared__ double red[32];
     double s = 0.0, h = 0.0;
     for (int64_t i = threadIdx.x; i < bt; i += blockDim.x) {
@@ -199,16 +201,18 @@ tk_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, tk_h
     s = kd_block_sum(s, red);
     h = kd_block_sum(h, red);
     if (threadIdx.x == 0) {
-        const int bad_id = hdr->n_bad_id > 0, bad = bad_id || hdr->n_bad_label > 0;
+        const int bad_id = hdr->n_bad_id > 0, bad_label = hdr->n_bad_label > 0;
+        const int bad = bad_id || bad_label;
         const double n = hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0;
         const float qnan = __int_as_float(0x7fc00000);
         const double sl = s * soft_fac / n, hl = h / n;
         if (loss) *loss = bad ? qnan : (float)(w_hard * hl + w_soft * sl);
         if (soft_loss) *soft_loss = bad ? qnan : (float)sl;
         if (hard_loss) *hard_loss = bad ? qnan : (float)hl;
-        hdr->status = bad_id ? (int32_t)KDLOSS_ERR_INVALID_ID
-                      : bad  ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE
-                             : (int32_t)KDLOSS_OK;
+        const int id_wins = bad_id && (ids_first || !bad_label);
+        hdr->status = id_wins ? (int32_t)KDLOSS_ERR_INVALID_ID
+                      : bad   ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE
+                              : (int32_t)KDLOSS_OK;
     }
 }
 
@@ -974,7 +978,7 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     }
     if (s == KDLOSS_OK) {
         tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(P.row_soft, NULL, bt, P.hdr, loss, NULL,
-                                                        NULL, 0.0, 1.0, 1.0);
+                                                        NULL, 0.0, 1.0, 1.0, 0);
         s = kd_launch_status();
     }
     kd_dev_leave(&dg);
@@ -1181,7 +1185,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = kd_args_fltk_params(params);
+    kdloss_status s = kd_topk_check_fused_params(params);
     if (s == KDLOSS_OK) s = kd_args_fl_sizes(bt, hs, hs, v);
     if (s == KDLOSS_OK && k < 1) s = KDLOSS_ERR_INVALID_SIZE;
     if (s != KDLOSS_OK) return s;
@@ -1239,7 +1243,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
         const double soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;
         tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(
             P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
-            params->weight_hard_loss, params->weight_soft_loss, soft_fac);
+            params->weight_hard_loss, params->weight_soft_loss, soft_fac, 1);
         s = kd_launch_status();
     }
     kd_dev_leave(&dg);

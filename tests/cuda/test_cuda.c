@@ -1274,6 +1274,19 @@ static int tk_row_kind(const int64_t *ids, int64_t k, int64_t v, int has_labels,
     return y == -100 ? 1 : (y >= 0 && y < v) ? 0 : 2;
 }
 
+/* The status word a case expects: the code of the CPU function, which checks the labels first
+ * in the logits loss and the ids first in the fused loss (ids_first). */
+static int32_t tk_want_status(const int *kind, const int64_t *lab, int has_labels, int64_t bt,
+                              int64_t v, int ids_first) {
+    int bad_id = 0, bad_label = 0;
+    for (int64_t r = 0; r < bt; r++) {
+        bad_id |= kind[r] == 3;
+        bad_label |= has_labels && lab[r] != -100 && (lab[r] < 0 || lab[r] >= v);
+    }
+    if (bad_id && (ids_first || !bad_label)) return KDLOSS_ERR_INVALID_ID;
+    return bad_label ? KDLOSS_ERR_LABEL_OUT_OF_RANGE : KDLOSS_OK;
+}
+
 static const char *tk_tail_name(int tail) {
     static const char *n[] = {"bucket", "renorm_both", "renorm_teacher"};
     return n[tail];
@@ -1441,10 +1454,7 @@ static void test_tk_logits_case(kt_rng *rng, const tk_case *c) {
     kdloss_labels L = tk_make_labels(rng, c->labels, bt, v, lab, &hlab);
     int *kind = xmalloc((size_t)bt * sizeof(int));
     for (int64_t r = 0; r < bt; r++) kind[r] = tk_row_kind(ids + r * k, k, v, c->labels, lab[r]);
-    int32_t want_status = KDLOSS_OK;
-    for (int64_t r = 0; r < bt; r++)
-        if (kind[r] == 3 || (kind[r] == 2 && want_status == KDLOSS_OK))
-            want_status = kind[r] == 3 ? KDLOSS_ERR_INVALID_ID : KDLOSS_ERR_LABEL_OUT_OF_RANGE;
+    const int32_t want_status = tk_want_status(kind, lab, c->labels, bt, v, 0);
 
     void *hx = kt_pack(z, bt, v, ld, c->ds), *hid, *did, *hlp, *dlp;
     tk_upload_teacher(ids, lp, bt, k, ldt, c->idt, c->lpdt, &hid, &did, &hlp, &dlp);
@@ -1532,15 +1542,15 @@ static void test_topk_logits(kt_rng *rng) {
                      1, 0, 0, 0, 0};
         test_tk_logits_case(rng, &c);
     }
-    /* labels: all ignored, one out of range; invalid ids of each kind (an ignored row's too:
-     * row bt / 2 = 6 has label -100 with kind 1 labels? row 6 % 4 != 1, so kept; kind 3: ignored) */
+    /* labels: all ignored, one out of range; invalid ids of each kind in row bt / 2 (with all
+     * labels ignored: an ignored row's ids count too); an out-of-range label and invalid ids */
     const tk_case sp[] = {
         {8, 300, 8, KDLOSS_F32, KDLOSS_BF16, KDLOSS_I64, 4, 0, 1.0, 3, 0, 0, 0, 0},
         {8, 300, 8, KDLOSS_BF16, KDLOSS_F32, KDLOSS_I32, 0, 1, 1.0, 4, 0, 0, 0, 0},
         {13, 300, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, 0, 0, 1.0, 0, 1, 0, 0, 0},
         {13, 300, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I32, 1, 1, 2.0, 1, 2, 0, 0, 0},
         {13, 300, 8, KDLOSS_BF16, KDLOSS_F32, KDLOSS_I64, 14, 0, 1.0, 3, 3, 0, 0, 0},
-        {13, 300, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, 0, 2, 1.0, 4, 1, 0, 0, 0},
+        {13, 300, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, 0, 2, 1.0, 4, 1, 0, 0, 0}, /* both */
         /* padding, misaligned, in place, across tiles with a larger k, fp16 log-probs */
         {7, 4099, 16, KDLOSS_BF16, KDLOSS_F16, KDLOSS_I32, 7, 0, 1.0, 1, 0, 5, 1, 0},
         {7, 4099, 16, KDLOSS_F16, KDLOSS_F32, KDLOSS_I64, 12, 1, 2.0, 2, 0, 3, 1, 0},
@@ -1777,14 +1787,12 @@ static void test_fltk_case(kt_rng *rng, const fltk_case *c) {
     void *hlab;
     kdloss_labels L = tk_make_labels(rng, c->labels, bt, v, lab, &hlab);
     int *kind = xmalloc((size_t)bt * sizeof(int));
-    int32_t want_status = KDLOSS_OK;
     int64_t nv = 0;
     for (int64_t r = 0; r < bt; r++) {
         kind[r] = tk_row_kind(ids + r * k, k, v, c->labels, lab[r]);
         nv += kind[r] == 0;
-        if (kind[r] == 3 || (kind[r] == 2 && want_status == KDLOSS_OK))
-            want_status = kind[r] == 3 ? KDLOSS_ERR_INVALID_ID : KDLOSS_ERR_LABEL_OUT_OF_RANGE;
     }
+    const int32_t want_status = tk_want_status(kind, lab, c->labels, bt, v, 1);
     const double nvd = nv > 0 ? (double)nv : 1.0;
 
     void *hxs = kt_pack(xs, bt, hs, ldh, c->ds), *hws = kt_pack(ws, v, hs, ldh, c->ds);
@@ -1893,6 +1901,7 @@ static void test_topk_fused(kt_rng *rng) {
         {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 1, 1, 0, 1},
         {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 2, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 2, 0, 0},
         {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 14, 0, 1.0, 0.0, 1.0, 0, 1, 3, 0, 0, 3, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 4, 2, 0, 0},
         /* forward only; dxs only (sparse: no pairs); V across tiles, k 64; S = V (k > v) */
         {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 2.0, 0.5, 0.5, 1, 1, 0, 0, 1, 0, 1, 1},
         {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 0, 2, 0},
@@ -2327,6 +2336,10 @@ static void tk_err_expect(const char *what, const tk_err *c, kdloss_status want,
 }
 
 static void test_errors_topk(void) {
+    /* the ids every case reads: all -1 (unused, valid), so that the CPU's value check of the
+     * ids, which the GPU makes on the device, passes and the other checks decide */
+    memset(g_har + AR_T, 0xFF, 256);
+    if (g_gpu && g_ar != g_har) h2d(g_ar + AR_T, g_har + AR_T, 256);
     tk_err b;
     memset(&b, 0, sizeof b);
     kdloss_div_params_default(&b.p.div);

@@ -206,7 +206,7 @@ int kdloss_test_emu = 1; /* tests/cuda/test_cuda.c: this is the emulation */
 typedef struct emu_topk {
     kdloss_labels l;
     kdloss_topk_teacher t;
-    char *fault; /* [bt]: 2 label out of range, 3 invalid ids (either: the row is ignored) */
+    char *fault; /* [bt]: bit 1 label out of range, bit 2 invalid ids (either: row ignored) */
     int bad_id, bad_label;
 } emu_topk;
 
@@ -218,16 +218,17 @@ static int64_t emu_id(kdloss_topk_teacher t, int64_t r, int64_t j) {
 
 static int emu_row_fault(kdloss_topk_teacher t, kdloss_labels l, int64_t r, int64_t v,
                          int64_t ignore) {
-    for (int64_t j = 0; j < t.k; j++) {
+    int f = 0;
+    for (int64_t j = 0; j < t.k && !f; j++) {
         const int64_t id = emu_id(t, r, j);
         if (id == -1) continue;
-        if (id < 0 || id >= v) return 3;
-        for (int64_t i = 0; i < j; i++)
-            if (emu_id(t, r, i) == id) return 3;
+        if (id < 0 || id >= v) f = 4;
+        for (int64_t i = 0; i < j && !f; i++)
+            if (emu_id(t, r, i) == id) f = 4;
     }
-    if (!l.data) return 0;
+    if (!l.data) return f;
     const int64_t y = label_at(l, r);
-    return y != ignore && (y < 0 || y >= v) ? 2 : 0;
+    return f | (y != ignore && (y < 0 || y >= v) ? 2 : 0);
 }
 
 static emu_topk emu_topk_clean(kdloss_topk_teacher t, kdloss_labels l, int64_t bt, int64_t v,
@@ -235,8 +236,8 @@ static emu_topk emu_topk_clean(kdloss_topk_teacher t, kdloss_labels l, int64_t b
     emu_topk e = {l, t, calloc((size_t)bt, 1), 0, 0};
     for (int64_t r = 0; r < bt; r++) {
         e.fault[r] = (char)emu_row_fault(t, l, r, v, ignore);
-        e.bad_id |= e.fault[r] == 3;
-        e.bad_label |= e.fault[r] == 2;
+        e.bad_id |= (e.fault[r] & 4) != 0;
+        e.bad_label |= (e.fault[r] & 2) != 0;
     }
     if (!e.bad_id && !e.bad_label) return e;
     const int64_t ld = t.ids.ld ? t.ids.ld : t.k;
@@ -263,10 +264,11 @@ static void emu_topk_free(emu_topk *e, kdloss_topk_teacher t, kdloss_labels l) {
     free(e->fault);
 }
 
-static int32_t emu_topk_status(const emu_topk *e, kdloss_status s) {
-    return e->bad_id ? (int32_t)KDLOSS_ERR_INVALID_ID
-           : e->bad_label ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE
-                          : (int32_t)s;
+/* With both faults, the code the CPU function returns: the fused loss checks the ids first,
+ * the logits loss the labels. */
+static int32_t emu_topk_status(const emu_topk *e, kdloss_status s, int ids_first) {
+    if (e->bad_id && (ids_first || !e->bad_label)) return (int32_t)KDLOSS_ERR_INVALID_ID;
+    return e->bad_label ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
 }
 
 typedef kdloss_status (*tkl_fn)(kdloss_cuda_context *, void *, const kdloss_topk_distill_params *,
@@ -286,7 +288,7 @@ kdloss_status kdloss_cuda_topk_distill_logits(kdloss_cuda_context *ctx, void *st
     if (loss && (e.bad_id || e.bad_label)) *loss = NAN;
     for (int64_t r = 0; row && r < bt; r++)
         if (e.fault[r]) row[r] = NAN;
-    *(int32_t *)ws = emu_topk_status(&e, s);
+    *(int32_t *)ws = emu_topk_status(&e, s, 0);
     emu_topk_free(&e, t, l);
     return s;
 }
@@ -318,7 +320,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
         if (o->row_hard) o->row_hard[r] = NAN;
         if (o->row_lse) o->row_lse[r] = NAN;
     }
-    *(int32_t *)ws = emu_topk_status(&e, s);
+    *(int32_t *)ws = emu_topk_status(&e, s, 1);
     emu_topk_free(&e, t, l);
     return s;
 }
