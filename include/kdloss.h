@@ -621,6 +621,11 @@ KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
 
+/* The smallest memory_budget these shapes accept (as kdloss_fljsd_min_budget). */
+KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_min_budget(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+
 /* Shapes: xs (BT x Hs), ws (V x Hs), bs [V] optional (dtype of ws), teacher (BT rows of K),
  * labels [BT] optional. xs/ws F32 or BF16 (the same). */
 KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill(
@@ -671,8 +676,9 @@ typedef struct kdloss_vocab_shard {
  * logit), a SUM of 2 (the divergence's terms and sum of its gradient), and a SUM of the chunk's
  * Hs fp32 dxs values a row: 64 bytes + 4 Hs a token (docs/MATH.md section 9).
  * A rank whose own arguments are bad returns that status and the others KDLOSS_ERR_PEER, with
- * nothing written anywhere; a NULL shard, comm or callback returns KDLOSS_ERR_NULL_POINTER at
- * once (the other ranks would then wait in the first collective). KDLOSS_ERR_COMM after the
+ * nothing written anywhere; a NULL shard, comm or callback (KDLOSS_ERR_NULL_POINTER), or a rank
+ * outside [0, size) (KDLOSS_ERR_INVALID_PARAM), returns at once: that rank cannot take part, and
+ * the other ranks would then wait in the first collective. KDLOSS_ERR_COMM after the
  * first chunk may leave outputs partly written. The workspace is *_workspace_size() with this
  * rank's v.
  */

@@ -36,6 +36,8 @@ ERR_INTERNAL = -16
 ERR_BUDGET_TOO_SMALL = -17
 ERR_MISALIGNED = -18
 ERR_INVALID_ID = -19
+ERR_COMM = -20
+ERR_PEER = -21
 
 STATUS_NAMES = {
     OK: "KDLOSS_OK",
@@ -58,9 +60,13 @@ STATUS_NAMES = {
     ERR_BUDGET_TOO_SMALL: "KDLOSS_ERR_BUDGET_TOO_SMALL",
     ERR_MISALIGNED: "KDLOSS_ERR_MISALIGNED",
     ERR_INVALID_ID: "KDLOSS_ERR_INVALID_ID",
+    ERR_COMM: "KDLOSS_ERR_COMM",
+    ERR_PEER: "KDLOSS_ERR_PEER",
 }
 
-F32, BF16, F16, I32, I64 = 0, 1, 2, 3, 4
+F32, BF16, F16, I32, I64, F64 = 0, 1, 2, 3, 4, 5  # F64: the communicator's statistics only
+
+COMM_SUM, COMM_MAX = 0, 1  # kdloss_comm_op
 
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2, "batchmean": 3}
 
@@ -161,6 +167,23 @@ class FljsdOut(ctypes.Structure):
                 ("hard_loss", ctypes.c_void_p), ("dxs", Mat), ("dws", Mat), ("dbs", ctypes.c_void_p)]
 
 
+# kdloss_comm's all-reduce: int (*)(void *ctx, void *buf, int64_t n, kdloss_dtype, kdloss_comm_op)
+ALLREDUCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                             ctypes.c_int, ctypes.c_int)
+
+
+class Comm(ctypes.Structure):
+    """kdloss_comm: this rank, the number of ranks, and the all-reduce callback (an ALLREDUCE)."""
+    _fields_ = [("rank", ctypes.c_int), ("size", ctypes.c_int), ("allreduce", ALLREDUCE),
+                ("ctx", ctypes.c_void_p)]
+
+
+class VocabShard(ctypes.Structure):
+    """kdloss_vocab_shard: this rank's rows [v_begin, v_begin + v) of a v_total-row LM head."""
+    _fields_ = [("comm", ctypes.POINTER(Comm)), ("v_total", ctypes.c_int64),
+                ("v_begin", ctypes.c_int64)]
+
+
 NULL_MAT = Mat(None, F32, 0)
 NULL_LABELS = Labels(None, I64)
 
@@ -226,6 +249,10 @@ _PROTOTYPES = {
     "kdloss_fused_linear_distill": (_ST, [ctypes.POINTER(FldParams), _I64, _I64, _I64, _I64, CMat,
                                           CMat, _P, CMat, CMat, _P, Labels,
                                           ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
+    "kdloss_fused_linear_distill_vp": (_ST, [ctypes.POINTER(FldParams), ctypes.POINTER(VocabShard),
+                                             _I64, _I64, _I64, _I64, CMat, CMat, _P, CMat, CMat,
+                                             _P, Labels, ctypes.POINTER(FldOut), _P,
+                                             ctypes.c_size_t]),
     "kdloss_cuda_distill_workspace_size": (_ST, [_I64, _I64, ctypes.POINTER(ctypes.c_size_t)]),
     "kdloss_cuda_distill": (_ST, [_P, _P, ctypes.POINTER(DistillParams), _I64, _I64, CMat, CMat,
                                   Labels, _P, _P, Mat, _P, ctypes.c_size_t]),
@@ -249,6 +276,10 @@ _PROTOTYPES = {
     "kdloss_fused_linear_topk_distill": (_ST, [ctypes.POINTER(FltdParams), _I64, _I64, _I64, CMat,
                                                CMat, _P, TopkTeacher, Labels,
                                                ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
+    "kdloss_fused_linear_topk_distill_vp": (_ST, [ctypes.POINTER(FltdParams),
+                                                  ctypes.POINTER(VocabShard), _I64, _I64, _I64,
+                                                  CMat, CMat, _P, TopkTeacher, Labels,
+                                                  ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
     "kdloss_cuda_topk_distill_logits_workspace_size": (_ST, [_I64, _I64, _I64,
                                                              ctypes.POINTER(ctypes.c_size_t)]),
     "kdloss_cuda_topk_distill_logits": (_ST, [_P, _P, ctypes.POINTER(TopkDistillParams), _I64,

@@ -77,7 +77,8 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     }
     int tid = omp_get_thread_num();
     if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
-    float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + v;
+    /* the second part starts on a cache line: its top-k scratch holds int64 and double */
+    float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + (v + 15) / 16 * 16;
     float *zs, *zt;
     if (g && ew->xdt == KDLOSS_F32) {
         zs = (float *)g;

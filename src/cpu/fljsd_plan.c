@@ -205,10 +205,11 @@ kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int
                                                       want_grad, bytes);
 }
 
-kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
-    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
-    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
-    kd_fljsd_plan plan;
+/* The top-k size queries' shared checks and plan. */
+static kdloss_status topk_query_plan(const kdloss_fused_linear_topk_distill_params *params,
+                                     int64_t bt, int64_t hs, int64_t v, int64_t k,
+                                     kdloss_dtype student_dtype, int want_grad, size_t *bytes,
+                                     kd_fljsd_plan *plan) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_topk_check_fused_params(params);
     if (st != KDLOSS_OK) return st;
@@ -218,8 +219,27 @@ kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
     if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
         return KDLOSS_ERR_INVALID_DTYPE;
     kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
-    st = kd_fljsd_plan_make(&p, bt, hs, 0, v, k, student_dtype, want_grad != 0, &plan);
-    if (st != KDLOSS_OK) return st;
-    *bytes = plan.bytes;
-    return KDLOSS_OK;
+    return kd_fljsd_plan_make(&p, bt, hs, 0, v, k, student_dtype, want_grad != 0, plan);
+}
+
+kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_fljsd_plan plan;
+    kdloss_status st =
+        topk_query_plan(params, bt, hs, v, k, student_dtype, want_grad, bytes, &plan);
+    if (st == KDLOSS_OK) *bytes = plan.bytes;
+    return st;
+}
+
+kdloss_status kdloss_fused_linear_topk_distill_min_budget(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_fljsd_plan plan;
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_fused_linear_topk_distill_params p = *params;
+    p.memory_budget = 0; /* the caller's budget is what is being sized */
+    kdloss_status st = topk_query_plan(&p, bt, hs, v, k, student_dtype, want_grad, bytes, &plan);
+    if (st == KDLOSS_OK) *bytes = plan.min_budget;
+    return st;
 }

@@ -49,12 +49,20 @@ static kdloss_status agree(const kdloss_vocab_shard *sh, int64_t v, kdloss_statu
     return out;
 }
 
+/* A communicator this rank can take part in: present, with a rank inside its size. Without
+ * one the call returns at once (the other ranks then wait in the agreement: kdloss.h). */
+static kdloss_status check_comm(const kdloss_vocab_shard *sh) {
+    if (!sh || !sh->comm || !sh->comm->allreduce) return KDLOSS_ERR_NULL_POINTER;
+    const kdloss_comm *c = sh->comm;
+    return c->size >= 1 && c->rank >= 0 && c->rank < c->size && c->size <= (1 << 24)
+               ? KDLOSS_OK
+               : KDLOSS_ERR_INVALID_PARAM;
+}
+
 /* The shard itself: what can be checked before the collective. */
 static kdloss_status check_shard(const kdloss_vocab_shard *sh, int64_t v) {
     if (sh->v_total <= 0 || sh->v_begin < 0 || v <= 0 || sh->v_begin > sh->v_total - v)
         return KDLOSS_ERR_INVALID_SIZE;
-    if (sh->comm->size < 1 || sh->comm->rank < 0 || sh->comm->rank >= sh->comm->size)
-        return KDLOSS_ERR_INVALID_PARAM;
     return sh->v_total > INT32_MAX ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_OK;
 }
 
@@ -65,11 +73,12 @@ static kdloss_status fused_vp(const kdloss_fused_linear_distill_params *p,
                               const kd_fl_teacher *t, int64_t shape, kdloss_labels labels,
                               kdloss_fused_linear_distill_out *out, void *workspace,
                               size_t workspace_bytes) {
-    if (!sh || !sh->comm || !sh->comm->allreduce) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = check_comm(sh);
+    if (st != KDLOSS_OK) return st;
     kd_fljsd_call call;
     kd_fljsd_plan plan;
     plan.chunk = 1;
-    kdloss_status st = check_shard(sh, v);
+    st = check_shard(sh, v);
     if (st == KDLOSS_OK)
         st = kd_fljsd_check(p, bt, hs, v, sh->v_total, xs, ws, bs, t, labels, out, workspace,
                             workspace_bytes, &call, &plan);
@@ -104,7 +113,8 @@ kdloss_status kdloss_fused_linear_topk_distill_vp(
     kd_fl_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
                        st == KDLOSS_OK ? (int)params->tail : 0};
     if (st != KDLOSS_OK) { /* still meet the other ranks in the agreement */
-        if (!shard || !shard->comm || !shard->comm->allreduce) return KDLOSS_ERR_NULL_POINTER;
+        kdloss_status cs = check_comm(shard);
+        if (cs != KDLOSS_OK) return cs;
         int64_t chunk = 1;
         return agree(shard, v, st, bt, hs, teacher.k, &chunk);
     }

@@ -29,7 +29,8 @@ static inline float kd_topk_logprob(const kdloss_topk_teacher *t, int64_t r, int
 /* Bytes of per-row scratch the row kernels need for K slots: the slots' local columns and their
  * count (K + 1 int64), then their logits, log-probs and gradients (3 K floats); a multiple of 64. */
 static inline size_t kd_topk_row_scratch(int64_t k) {
-    size_t b = (size_t)(k + 1) * sizeof(int64_t) + (size_t)k * 3 * sizeof(float);
+    /* unsigned: a huge K wraps (defined) and the caller's check catches it */
+    size_t b = ((size_t)k + 1) * sizeof(int64_t) + (size_t)k * 3 * sizeof(float);
     return (b + 63) / 64 * 64;
 }
 

@@ -1,12 +1,18 @@
 /* libFuzzer target over the whole C API (issue 12): kdloss_kl_div, kdloss_jsd,
- * kdloss_fused_linear_jsd, kdloss_fljsd_workspace_size and kdloss_fljsd_min_budget, with the
+ * kdloss_fused_linear_jsd, kdloss_fljsd_workspace_size and kdloss_fljsd_min_budget, and the
+ * sparse top-k teacher (issue 10): kdloss_topk_distill_logits, kdloss_fused_linear_topk_distill
+ * and its workspace size (ids written per call into the input arena's last 1 KiB: mostly valid,
+ * sometimes out of range, -2 or repeated; padding -2), with the
  * argument space drawn from the fuzz input: shapes (small, zero, negative, huge), leading
  * dimensions, dtypes (valid and not), NULL / misaligned / aliasing pointers, labels, parameters
  * (NaN, inf, values whose fp32 products overflow, ...), budgets, chunk sizes, workspaces.
  * Every pointer lies in one of two arenas (inputs, outputs); both are snapshotted before a call.
  *  - A call that returns an error must leave BOTH arenas byte-identical (nothing written).
  *  - A valid call is checked against the double references of tests/support (KL / JSD loss and
- *    fp32 gradients, the fused loss) when its inputs are finite.
+ *    fp32 gradients, the fused loss; top-k: loss, row losses and fp32 gradients of the logits
+ *    form, loss, row_soft and row_lse of the fused form, tests/support/ref_topk.c) when its inputs
+ *    are finite (teacher log-probs finite or -inf). A valid top-k logits call whose outputs all
+ *    lie in the output arena must leave the input arena unchanged.
  * Built with clang -fsanitize=fuzzer,address,undefined (make fuzz; a bounded run in make test).
  * Counters are printed at exit: calls, rejected calls with untouched arenas, reference checks. */
 #include <math.h>
@@ -18,17 +24,22 @@
 #include "kdloss.h"
 #include "reference.h"
 #include "ref_fljsd.h"
+#include "ref_topk.h"
 #include "testutil.h"
 
 #define ARENA 8192
 static _Alignas(64) unsigned char in_arena[ARENA], out_arena[ARENA];
 static unsigned char in_snap[ARENA], out_snap[ARENA];
 static unsigned long n_calls, n_rejected, n_valid, n_ref_checked;
+static unsigned long n_topk_valid[2], n_topk_checked[2]; /* logits form, fused form */
 
 static void report(void) {
     fprintf(stderr, "fuzz_api: %lu calls, %lu rejected with nothing written, %lu accepted, "
             "%lu checked against the double reference\n",
             n_calls, n_rejected, n_valid, n_ref_checked);
+    fprintf(stderr, "fuzz_api: top-k: logits form %lu accepted, %lu checked; fused form %lu "
+            "accepted, %lu checked\n",
+            n_topk_valid[0], n_topk_checked[0], n_topk_valid[1], n_topk_checked[1]);
 }
 
 /* ---- input reader ---- */
@@ -397,8 +408,13 @@ static void fuzz_fljsd(rd *r, int query) {
     for (int64_t i = 0; i < bt * ht; i++) ok &= isfinite(x2[i]);
     for (int64_t i = 0; i < v * ht; i++) ok &= isfinite(w2[i]);
     for (int64_t c = 0; c < v; c++) ok &= (!b1 || isfinite(b1[c])) && (!b2 || isfinite(b2[c]));
+    if (ok) kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
+    for (int64_t i = 0; i < bt && ok; i++) { /* tempered log-probs within fp32 (as above) */
+        double zlo = INFINITY, zhi = -INFINITY;
+        for (int64_t c = 0; c < v; c++) zlo = fmin(zlo, zs[i * v + c]), zhi = fmax(zhi, zs[i * v + c]);
+        ok = (zhi - zlo) / p.temperature <= 3.4028234663852886e38 && zhi - zlo <= 3.4028234663852886e38;
+    }
     if (ok) {
-        kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
         kt_ref_logits(bt, ht, v, x2, w2, b2, zt);
         for (int64_t i = 0; i < bt * v; i++) zmax = fmax(zmax, fmax(fabs(zs[i]), fabs(zt[i])));
         kt_fljsd_cfg cf = {p.beta, p.temperature, p.weight_hard_loss, p.weight_soft_loss, p.grad_scale, p.ignore_index};
@@ -413,6 +429,311 @@ static void fuzz_fljsd(rd *r, int query) {
     free(x1); free(w1); free(b1); free(x2); free(w2); free(b2); free(zs); free(zt); free(l64);
 }
 
+/* ---- the sparse top-k teacher ---- */
+
+/* Ids live in the input arena's last 1024 bytes (sometimes misaligned), written per call after
+ * the arena is filled: mostly valid (distinct ids in [0, v) or -1), sometimes an invalid one (v,
+ * -2, a repeat). Returns the teacher view; the ids are written only when they fit (else the
+ * call is skipped by the caller's fits()). */
+#define IDS_OFF (ARENA - 1024)
+static kdloss_topk_teacher topk_teacher_arg(rd *r, int64_t bt, int64_t v, int64_t k) {
+    kdloss_topk_teacher t;
+    t.k = k;
+    t.ids.dtype = pick(r, 8) ? (kdloss_dtype)(KDLOSS_I32 + pick(r, 2)) : dtype_arg(r);
+    t.ids.data = in_arena + IDS_OFF + (pick(r, 24) == 0 ? 4 : 0);
+    t.ids.ld = ld_arg(r, k);
+    t.logprobs.data = ptr_arg(r, in_arena, 1);
+    t.logprobs.dtype = pick(r, 12) ? dtype_arg(r) : (kdloss_dtype)(KDLOSS_I32 + pick(r, 2));
+    t.logprobs.ld = ld_arg(r, k);
+    size_t es = kdloss_dtype_size(t.ids.dtype);
+    int64_t ld = t.ids.ld ? t.ids.ld : k;
+    if (bt > 0 && bt <= 64 && k > 0 && k <= 64 && ld >= k && ld <= 64 && v > 0 && es &&
+        (size_t)(bt * ld) * es + 4 <= 1024) {
+        unsigned char *base = (unsigned char *)(uintptr_t)t.ids.data;
+        for (int64_t i = 0; i < bt; i++) {
+            int64_t used[64];
+            int nu = 0;
+            for (int64_t j = 0; j < ld; j++) {
+                int64_t id = -1;
+                int c = pick(r, 8);
+                if (j >= k) id = -2; /* padding: never read */
+                else if (c == 0) id = -1;
+                else if (pick(r, 48) == 0) /* invalid */
+                    id = pick(r, 3) == 0 ? v : pick(r, 2) && nu ? used[0] : -2;
+                else if (nu < v && v <= 64) {
+                    int64_t start = pick(r, (int)v);
+                    for (int64_t d = 0; d < v; d++) { /* the next id not used yet */
+                        int64_t cand = (start + d) % v, dup = 0;
+                        for (int q = 0; q < nu; q++) dup |= used[q] == cand;
+                        if (!dup) { id = cand; break; }
+                    }
+                } else if (v > 64)
+                    id = pick(r, 64); /* a huge V is rejected by fits() anyway */
+                if (id >= 0 && nu < 64) used[nu++] = id;
+                if (t.ids.dtype == KDLOSS_I32) { int32_t y32 = (int32_t)id; memcpy(base + 4 * (i * ld + j), &y32, 4); }
+                else if (es == 8) memcpy(base + 8 * (i * ld + j), &id, 8);
+            }
+        }
+    }
+    return t;
+}
+
+static int64_t snap_id(const kdloss_topk_teacher *t, int64_t i, int64_t j) {
+    int64_t ld = t->ids.ld ? t->ids.ld : t->k;
+    const unsigned char *q = in_snap + ((const unsigned char *)t->ids.data - in_arena);
+    if (t->ids.dtype == KDLOSS_I32) { int32_t y32; memcpy(&y32, q + 4 * (i * ld + j), 4); return y32; }
+    int64_t y;
+    memcpy(&y, q + 8 * (i * ld + j), 8);
+    return y;
+}
+
+static int64_t snap_label(kdloss_labels lab, const unsigned char *snap, const unsigned char *arena, int64_t i) {
+    const unsigned char *q = snap + ((const unsigned char *)lab.data - arena);
+    if (lab.dtype == KDLOSS_I32) { int32_t y32; memcpy(&y32, q + 4 * i, 4); return y32; }
+    int64_t y;
+    memcpy(&y, q + 8 * i, 8);
+    return y;
+}
+
+/* Reads a row's teacher (ids, log-probs) from the snapshot into ids[k], lp[k]; 0 when a used
+ * slot's value is not a log-prob (NaN or above 0: the reference is for log-probs, as fuzz_jsd's;
+ * -inf is one). */
+static int snap_teacher_row(const kdloss_topk_teacher *t, int64_t i, int64_t *ids, double *lp) {
+    int64_t ldl = t->logprobs.ld ? t->logprobs.ld : t->k;
+    for (int64_t j = 0; j < t->k; j++) {
+        ids[j] = snap_id(t, i, j);
+        lp[j] = ids[j] >= 0 ? getv(in_snap, in_arena, t->logprobs.data, t->logprobs.dtype, ldl, i, j) : NAN;
+        if (ids[j] >= 0 && !(lp[j] <= 0.0)) return 0;
+    }
+    return 1;
+}
+
+static kdloss_div_params div_arg(rd *r) {
+    kdloss_div_params d;
+    kdloss_div_params_default(&d);
+    d.divergence = (kdloss_divergence)(pick(r, 16) ? pick(r, 6) : pick(r, 9) - 1);
+    if (pick(r, 2)) d.beta = pick(r, 2) ? param(r, 0, 1) : pick(r, 3) * 0.5;
+    if (pick(r, 2)) d.alpha = pick(r, 2) ? param(r, 0, 1) : pick(r, 3) * 0.5;
+    return d;
+}
+
+static void fuzz_topk_logits(rd *r) {
+    kdloss_topk_distill_params p;
+    kdloss_topk_distill_params_default(&p);
+    if (pick(r, 4)) p.div = div_arg(r);
+    if (pick(r, 2)) p.tail = (kdloss_topk_tail)(pick(r, 12) ? pick(r, 3) : pick(r, 5) - 1);
+    if (pick(r, 3) == 0) p.temperature = param(r, 0.25, 4);
+    if (pick(r, 3) == 0) p.grad_scale = param(r, -4, 4);
+    if (pick(r, 4) == 0) p.ignore_index = pick(r, 5) - 2;
+    int64_t bt = size_arg(r, 6), v = size_arg(r, 40), k = size_arg(r, 10);
+    kdloss_cmat x = {ptr_arg(r, in_arena, 1), dtype_arg(r), ld_arg(r, v)};
+    kdloss_topk_teacher t = topk_teacher_arg(r, bt, v, k);
+    kdloss_labels lab = {NULL, KDLOSS_I64};
+    if (pick(r, 2)) { /* labels in the output arena's last 512 bytes, sometimes misaligned */
+        lab.dtype = pick(r, 8) ? (kdloss_dtype)(3 + pick(r, 2)) : dtype_arg(r);
+        lab.data = out_arena + ARENA - 512 + (pick(r, 16) == 0 ? 4 : 0);
+        unsigned char *l = (unsigned char *)(uintptr_t)lab.data;
+        for (int64_t i = 0; bt > 0 && bt < 64 && i < bt; i++) {
+            int64_t y = pick(r, 6) == 0 ? p.ignore_index : pick(r, (int)(v > 0 && v < 64 ? v + 1 : 3)) - (pick(r, 32) == 0);
+            if (lab.dtype == KDLOSS_I32) { int32_t y32 = (int32_t)y; memcpy(l + 4 * i, &y32, 4); }
+            else memcpy(l + 8 * i, &y, 8);
+        }
+    }
+    float *loss = pick(r, 2) ? (float *)ptr_arg(r, out_arena, 1) : NULL;
+    float *row = pick(r, 3) == 0 ? (float *)ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 1) : NULL;
+    kdloss_mat g = {pick(r, 2) ? ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 1) : NULL, x.dtype, ld_arg(r, v)};
+    if (pick(r, 6) == 0) g.data = (void *)(uintptr_t)x.data, g.ld = x.ld; /* in place */
+    unsigned char *ga = (unsigned char *)g.data >= in_arena && (unsigned char *)g.data < in_arena + ARENA ? in_arena : out_arena;
+    unsigned char *ra = (unsigned char *)row >= in_arena && (unsigned char *)row < in_arena + ARENA ? in_arena : out_arena;
+    if (!fits(x.data, in_arena, bt, v, x.ld, x.dtype) || !fits(t.logprobs.data, in_arena, bt, k, t.logprobs.ld, t.logprobs.dtype) ||
+        !fits(t.ids.data, in_arena, bt, k, t.ids.ld, t.ids.dtype) || !fits(g.data, ga, bt, v, g.ld, g.dtype) ||
+        !fits(row, ra, 1, bt, 0, KDLOSS_F32) || !fits(loss, out_arena, 1, 1, 0, KDLOSS_F32))
+        return;
+    if (g.data && ga == out_arena && (unsigned char *)g.data + 1 > out_arena + ARENA - 512) return; /* keep off the labels */
+    memcpy(in_snap, in_arena, ARENA);
+    memcpy(out_snap, out_arena, ARENA);
+    n_calls++;
+    kdloss_status st = kdloss_topk_distill_logits(&p, bt, v, x, t, lab, loss, row, g);
+    if (st != KDLOSS_OK) {
+        if (!arenas_same()) FAIL("topk_distill_logits returned %d but wrote memory", st);
+        n_rejected++;
+        return;
+    }
+    n_valid++;
+    n_topk_valid[0]++;
+    if (ga == out_arena && ra == out_arena && memcmp(in_arena, in_snap, ARENA) != 0)
+        FAIL("topk_distill_logits wrote into its inputs (no output lies there)");
+    /* the double reference (tests/support/ref_topk.c) when the inputs are finite logits and
+     * log-probs that are finite or -inf */
+    int64_t ldx = x.ld ? x.ld : v, ldg = g.ld ? g.ld : v, nv = 0;
+    int64_t ids[64];
+    double lp[64], *z = calloc((size_t)v, sizeof(double)), *dz = calloc((size_t)v, sizeof(double));
+    double *dm = calloc((size_t)v, sizeof(double)), *dc = calloc((size_t)v, sizeof(double));
+    int ok = 1;
+    for (int64_t i = 0; i < bt && ok; i++) {
+        if (lab.data && snap_label(lab, out_snap, out_arena, i) == p.ignore_index) continue;
+        nv++;
+        double zlo = INFINITY, zhi = -INFINITY;
+        for (int64_t c = 0; c < v; c++) {
+            double zc = getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c);
+            ok &= isfinite(zc);
+            zlo = fmin(zlo, zc), zhi = fmax(zhi, zc);
+        }
+        /* the kernels hold log-probs in fp32 (MATH.md 7): a tempered log-prob beyond -FLT_MAX
+         * (T near FLT_MIN) is outside what they represent, the reference is not for it */
+        ok = ok && (zhi - zlo) / p.temperature <= 3.4028234663852886e38;
+        ok = ok && snap_teacher_row(&t, i, ids, lp);
+    }
+    double den = nv ? (double)nv : 1.0, sc = p.grad_scale / den, sum = 0.0, tol = 0.0;
+    for (int64_t i = 0; i < bt && ok; i++) {
+        int ign = lab.data && snap_label(lab, out_snap, out_arena, i) == p.ignore_index;
+        ref_topk_row_out ro = {0.0, 0.0, 0.0, 0, 0};
+        if (!ign) {
+            for (int64_t c = 0; c < v; c++) z[c] = getv(in_snap, in_arena, x.data, x.dtype, ldx, i, c);
+            snap_teacher_row(&t, i, ids, lp);
+            ro = ref_topk_row(&p.div, p.tail, z, v, ids, lp, k, p.temperature, dz, dm, dc);
+            if (isnan(ro.loss)) { ok = 0; break; } /* a renormalized teacher without mass: undefined */
+        }
+        double rt = 256 * 0x1p-24 * ro.mag + ro.cond + 1e-30;
+        if (row && !loss_ok(row[i], ro.loss, rt))
+            FAIL("topk row_loss[%lld]: got %.9g want %.9g (tol %g)", (long long)i, row[i], ro.loss, rt);
+        sum += ro.loss, tol += rt;
+        if (g.data && g.dtype == KDLOSS_F32 && isfinite(ro.loss))
+            for (int64_t c = 0; c < v; c++) {
+                double want = ign ? 0.0 : dz[c] * sc, got = ((float *)g.data)[i * ldg + c];
+                double gt = ign ? 0.0 : (64 * 0x1p-24 * dm[c] + dc[c]) * fabs(sc) + 0x1p-140 * fabs(sc) * (1 + dm[c]) + 0x1p-149;
+                if (!loss_ok((float)got, want, gt))
+                    FAIL("topk grad (%lld,%lld): got %.9g want %.9g (tol %g; tail %d div %d T %g)", (long long)i, (long long)c, got, want, gt, p.tail, p.div.divergence, p.temperature);
+            }
+    }
+    if (ok && loss && !loss_ok(*loss, sum / den, tol / den))
+        FAIL("topk loss: got %.9g want %.9g (tol %g)", *loss, sum / den, tol / den);
+    if (ok) n_ref_checked++, n_topk_checked[0]++;
+    free(z), free(dz), free(dm), free(dc);
+}
+
+static void fuzz_topk_fused(rd *r, int query) {
+    kdloss_fused_linear_topk_distill_params p;
+    kdloss_fused_linear_topk_distill_params_default(&p);
+    if (pick(r, 4)) p.div = div_arg(r);
+    if (pick(r, 2)) p.tail = (kdloss_topk_tail)(pick(r, 12) ? pick(r, 3) : pick(r, 5) - 1);
+    if (pick(r, 3) == 0) p.temperature = param(r, 0.25, 4);
+    if (pick(r, 3) == 0) p.weight_hard_loss = param(r, 0, 2);
+    if (pick(r, 3) == 0) p.weight_soft_loss = param(r, 0, 2);
+    if (pick(r, 4) == 0) p.t2_scale = pick(r, 8) ? 1 : pick(r, 4) - 1;
+    if (pick(r, 3) == 0) p.grad_scale = param(r, -4, 4);
+    if (pick(r, 3) == 0) p.chunk_size = pick(r, 8) - 1;
+    if (pick(r, 3) == 0) p.memory_budget = pick(r, 2) ? (size_t)take(r, 3) : (size_t)take(r, 8);
+    int64_t bt = size_arg(r, 6), hs = size_arg(r, 6), v = size_arg(r, 12), k = size_arg(r, 6);
+    if (query) {
+        size_t b1 = 7;
+        kdloss_dtype dt = dtype_arg(r);
+        kdloss_status s1 = kdloss_fused_linear_topk_distill_workspace_size(pick(r, 32) ? &p : NULL, bt, hs, v, k, dt, pick(r, 2), &b1);
+        n_calls++;
+        if (s1 != KDLOSS_OK) { if (b1 != 7) FAIL("topk workspace_size wrote on error %d", s1); n_rejected++; }
+        else n_valid++;
+        return;
+    }
+    kdloss_dtype ds = pick(r, 4) ? (kdloss_dtype)pick(r, 2) : dtype_arg(r);
+    kdloss_cmat xs = {ptr_arg(r, in_arena, 1), ds, ld_arg(r, hs)};
+    kdloss_cmat ws = {ptr_arg(r, in_arena, 1), pick(r, 8) ? ds : dtype_arg(r), ld_arg(r, hs)};
+    const void *bs = pick(r, 2) ? ptr_arg(r, in_arena, 1) : NULL;
+    kdloss_topk_teacher t = topk_teacher_arg(r, bt, v, k);
+    kdloss_labels lab = {out_arena + ARENA - 512, pick(r, 8) ? (kdloss_dtype)(3 + pick(r, 2)) : dtype_arg(r)};
+    if (pick(r, 4) == 0) lab.data = NULL;
+    if (lab.data && pick(r, 16) == 0) lab.data = (const unsigned char *)lab.data + 4;
+    kdloss_fused_linear_distill_out o;
+    memset(&o, 0, sizeof o);
+    if (pick(r, 2)) o.loss = (float *)ptr_arg(r, out_arena, 1);
+    if (pick(r, 3) == 0) o.soft_loss = (float *)ptr_arg(r, out_arena, 1);
+    if (pick(r, 3) == 0) o.hard_loss = (float *)ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 1);
+    if (pick(r, 4) == 0) o.row_soft = (float *)ptr_arg(r, out_arena, 1);
+    if (pick(r, 5) == 0) o.row_hard = (float *)ptr_arg(r, out_arena, 1);
+    if (pick(r, 5) == 0) o.row_lse = (float *)ptr_arg(r, out_arena, 1);
+    if (pick(r, 2)) o.dxs = (kdloss_mat){ptr_arg(r, out_arena, 1), pick(r, 8) ? ds : dtype_arg(r), ld_arg(r, hs)};
+    if (pick(r, 2)) o.dws = (kdloss_mat){ptr_arg(r, out_arena, 1), pick(r, 8) ? ds : dtype_arg(r), ld_arg(r, hs)};
+    if (pick(r, 3) == 0) o.dbs = ptr_arg(r, out_arena, 1);
+    void *work = NULL;
+    size_t work_bytes = 0;
+    if (pick(r, 4) == 0) work = ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 0), work_bytes = (size_t)take(r, 2);
+    if (bt > 0 && bt < 64) { /* labels */
+        unsigned char *l = out_arena + ARENA - 512;
+        for (int64_t i = 0; i < bt; i++) {
+            int64_t y = pick(r, 6) == 0 ? p.ignore_index : pick(r, (int)(v > 0 && v < 64 ? v + 1 : 3)) - (pick(r, 32) == 0);
+            if (lab.dtype == KDLOSS_I32) { int32_t y32 = (int32_t)y; memcpy(l + 4 * i, &y32, 4); }
+            else memcpy(l + 8 * i, &y, 8);
+        }
+    }
+    unsigned char *oa = out_arena;
+    float *rows[3] = {o.row_soft, o.row_hard, o.row_lse};
+    for (int i = 0; i < 3; i++)
+        if (!fits(rows[i], oa, 1, bt, 0, KDLOSS_F32)) return;
+    if (!fits(xs.data, in_arena, bt, hs, xs.ld, xs.dtype) || !fits(ws.data, in_arena, v, hs, ws.ld, ws.dtype) ||
+        !fits(bs, in_arena, 1, v, 0, ds) || !fits(t.logprobs.data, in_arena, bt, k, t.logprobs.ld, t.logprobs.dtype) ||
+        !fits(t.ids.data, in_arena, bt, k, t.ids.ld, t.ids.dtype) ||
+        !fits(o.dxs.data, oa, bt, hs, o.dxs.ld, o.dxs.dtype) || !fits(o.dws.data, oa, v, hs, o.dws.ld, o.dws.dtype) ||
+        !fits(o.dbs, oa, 1, v, 0, ds) || (work && (size_t)((unsigned char *)work - (work >= (void *)oa ? oa : in_arena)) + work_bytes > ARENA))
+        return;
+    if (o.dxs.data && (unsigned char *)o.dxs.data + 1 > oa + ARENA - 512) return; /* keep off the labels */
+    memcpy(in_snap, in_arena, ARENA);
+    memcpy(out_snap, out_arena, ARENA);
+    n_calls++;
+    kdloss_status st = kdloss_fused_linear_topk_distill(&p, bt, hs, v, xs, ws, bs, t, lab, &o, work, work_bytes);
+    if (st != KDLOSS_OK) {
+        if (!arenas_same()) FAIL("fused_linear_topk_distill returned %d but wrote memory", st);
+        n_rejected++;
+        return;
+    }
+    n_valid++;
+    n_topk_valid[1]++;
+    if (!o.loss || xs.dtype != KDLOSS_F32 || work) return;
+    /* double reference of the loss and the row outputs */
+    double *x1 = calloc((size_t)(bt * hs), 8), *w1 = calloc((size_t)(v * hs), 8), *b1 = bs ? calloc((size_t)v, 8) : NULL;
+    double *zs = calloc((size_t)(bt * v), 8), *lp = calloc((size_t)(bt * k), 8), *err = calloc((size_t)bt, 8);
+    int64_t *l64 = calloc((size_t)bt, 8), *ids = calloc((size_t)(bt * k), 8);
+    ref_topk_fused_row *rr = calloc((size_t)bt, sizeof *rr);
+    int ok = 1;
+    for (int64_t i = 0; i < bt; i++) for (int64_t c = 0; c < hs; c++) x1[i * hs + c] = getv(in_snap, in_arena, xs.data, KDLOSS_F32, xs.ld ? xs.ld : hs, i, c);
+    for (int64_t i = 0; i < v; i++) for (int64_t c = 0; c < hs; c++) w1[i * hs + c] = getv(in_snap, in_arena, ws.data, KDLOSS_F32, ws.ld ? ws.ld : hs, i, c);
+    for (int64_t c = 0; c < v && b1; c++) b1[c] = getv(in_snap, in_arena, bs, KDLOSS_F32, v, 0, c);
+    for (int64_t i = 0; i < bt; i++) {
+        if (lab.data) l64[i] = snap_label(lab, out_snap, out_arena, i);
+        ok = ok && snap_teacher_row(&t, i, ids + i * k, lp + i * k);
+    }
+    for (int64_t i = 0; i < bt * hs; i++) ok &= isfinite(x1[i]);
+    for (int64_t i = 0; i < v * hs; i++) ok &= isfinite(w1[i]);
+    for (int64_t c = 0; c < v && b1; c++) ok &= isfinite(b1[c]);
+    if (ok) kt_ref_logits(bt, hs, v, x1, w1, b1, zs);
+    for (int64_t i = 0; i < bt && ok; i++) { /* tempered log-probs within fp32 (as above) */
+        double zlo = INFINITY, zhi = -INFINITY;
+        for (int64_t c = 0; c < v; c++) zlo = fmin(zlo, zs[i * v + c]), zhi = fmax(zhi, zs[i * v + c]);
+        ok = (zhi - zlo) / p.temperature <= 3.4028234663852886e38 && zhi - zlo <= 3.4028234663852886e38;
+    }
+    if (ok) {
+        ref_topk_cfg cf = {p.div, p.tail, p.temperature, p.weight_hard_loss, p.weight_soft_loss, p.grad_scale, p.t2_scale, p.ignore_index};
+        ref_topk_fused_out ro;
+        ref_topk_tols tt;
+        const int64_t *labs = lab.data ? l64 : NULL;
+        ref_topk_fused(&cf, bt, v, k, zs, ids, lp, labs, &ro, rr, NULL, NULL, NULL);
+        ref_topk_logit_err(bt, hs, v, x1, w1, b1, err);
+        double *ts = calloc((size_t)bt, 8), *th = calloc((size_t)bt, 8), *tl = calloc((size_t)bt, 8);
+        ref_topk_fused_tols(&cf, bt, v, zs, labs, &ro, rr, err, &tt, ts, th, tl);
+        if (!isnan(ro.loss)) { /* NaN: a renormalized teacher without mass, undefined */
+            if (!loss_ok(*o.loss, ro.loss, tt.loss))
+                FAIL("fused topk loss: got %.9g want %.9g (tol %g)", *o.loss, ro.loss, tt.loss);
+            for (int64_t i = 0; i < bt; i++) {
+                if (o.row_soft && !loss_ok(o.row_soft[i], rr[i].soft, ts[i] + 1e-30))
+                    FAIL("fused topk row_soft[%lld]: got %.9g want %.9g", (long long)i, o.row_soft[i], rr[i].soft);
+                if (o.row_lse && !loss_ok(o.row_lse[i], rr[i].lse, tl[i] + 1e-30))
+                    FAIL("fused topk row_lse[%lld]: got %.9g want %.9g", (long long)i, o.row_lse[i], rr[i].lse);
+            }
+            n_ref_checked++, n_topk_checked[1]++;
+        }
+        free(ts), free(th), free(tl);
+    }
+    free(x1); free(w1); free(b1); free(zs); free(lp); free(err); free(l64); free(ids); free(rr);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int init;
     if (!init) {
@@ -424,11 +745,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(out_arena, 0xA5, ARENA);
     int isa = pick(&r, 4);
     if (kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
-    switch (pick(&r, 5)) {
+    switch (pick(&r, 9)) {
     case 0: fuzz_kl(&r); break;
     case 1: fuzz_jsd(&r); break;
     case 2: case 3: fuzz_fljsd(&r, 0); break;
-    default: fuzz_fljsd(&r, 1); break;
+    case 4: fuzz_fljsd(&r, 1); break;
+    case 5: case 6: fuzz_topk_logits(&r); break;
+    case 7: fuzz_topk_fused(&r, 0); break;
+    default: fuzz_topk_fused(&r, 1); break;
     }
     return 0;
 }

@@ -238,6 +238,20 @@ static void agreement_cases(kt_rng *g, const kdloss_mpi_comm *c) {
     KT_CHECK(st == (c->comm.size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK),
              "blocks that leave a gap: got %d", st);
     KT_CHECK(c->comm.size == 1 || loss == 12345.0f, "nothing written after a mismatch");
+    /* a rank outside [0, size) cannot take part: rejected at once, before any collective */
+    kdloss_comm odd = c->comm;
+    int ranks[2] = {-1, c->comm.size + 100};
+    for (int i = 0; i < 2; i++) {
+        odd.rank = ranks[i];
+        kdloss_vocab_shard sho = {&odd, s.v, lo};
+        st = kdloss_fused_linear_distill_vp(
+            &p, &sho, s.bt, s.hs, s.hs, n, (kdloss_cmat){xs, s.dt, 0},
+            (kdloss_cmat){(float *)ws + lo * s.hs, s.dt, 0}, NULL, (kdloss_cmat){xs, s.dt, 0},
+            (kdloss_cmat){(float *)ws + lo * s.hs, s.dt, 0}, NULL, (kdloss_labels){y, KDLOSS_I64},
+            &o, NULL, 0);
+        KT_CHECK(st == KDLOSS_ERR_INVALID_PARAM && loss == 12345.0f, "rank %d: got %d", ranks[i],
+                 st);
+    }
     free(xs), free(ws), free(y);
 }
 

@@ -14,6 +14,7 @@ the same arguments (views, params, output pointers); the CUDA one adds its conte
 stream and a caller-owned workspace, as the header asks.
 """
 
+import contextlib
 import ctypes
 import threading
 
@@ -139,24 +140,32 @@ class CpuBackend:
     """kdloss_* on host memory. The fused loss gets a workspace kept per Python thread and grown
     when a call needs more: a fresh one per call would cost the page faults of first touching
     hundreds of MB on every training step (the library's own allocation is returned to the OS
-    when freed). One per thread because calls release the GIL and may run concurrently."""
+    when freed). One per thread because calls release the GIL and may run concurrently; shared
+    by every CpuBackend object (a vocabulary-parallel call makes a fresh one per call)."""
 
     name = "cpu"
+    _local = threading.local()
 
-    def __init__(self):
-        self._local = threading.local()
-
-    def _fused(self, name, size_args, args):
-        """C function `name` with this thread's workspace, sized by `name`_workspace_size
-        (size_args) and appended to `args`."""
+    def _workspace(self, size_name, size_args, strict=True):
+        """(pointer, bytes) of this thread's workspace, grown to what `size_name`(size_args)
+        asks. A failing size query raises, or gives (None, 0) when not `strict` (the call it
+        sizes then reports the same error itself: with NULL it would allocate its own)."""
         size = ctypes.c_size_t()
-        _lib.check(_lib.fn(name + "_workspace_size")(*size_args, ctypes.byref(size)),
-                   name + "_workspace_size")
+        st = _lib.fn(size_name)(*size_args, ctypes.byref(size))
+        if st != _lib.OK and not strict:
+            return None, 0
+        _lib.check(st, size_name)
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.numel() < size.value:
             self._local.buf = None  # free the old one before the new one is allocated
             buf = self._local.buf = torch.empty(max(size.value, 1), dtype=torch.uint8)
-        _lib.check(_lib.fn(name)(*args, ctypes.c_void_p(buf.data_ptr()), buf.numel()), name)
+        return ctypes.c_void_p(buf.data_ptr()), buf.numel()
+
+    def _fused(self, name, v, size_args, args):
+        """C function `name` with this thread's workspace, sized by `name`_workspace_size
+        (size_args) and appended to `args`. v: the LM head's rows (VocabParallel uses it)."""
+        _lib.check(_lib.fn(name)(*args, *self._workspace(name + "_workspace_size", size_args)),
+                   name)
 
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         _lib.check(_lib.fn("kdloss_kl_div")(ctypes.byref(params), bt, v, inp, tgt, loss, row_loss,
@@ -181,7 +190,7 @@ class CpuBackend:
                              labels, out, student_dtype, want_grad):
         """params: FldParams, out: FldOut (kdloss_fused_linear_distill)."""
         p = ctypes.byref(params)
-        self._fused("kdloss_fused_linear_distill",
+        self._fused("kdloss_fused_linear_distill", v,
                     (p, bt, hs, ht, v, student_dtype, int(want_grad)),
                     (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)))
 
@@ -196,7 +205,7 @@ class CpuBackend:
                                   out, student_dtype, want_grad):
         """params: FltdParams, out: FldOut (kdloss_fused_linear_topk_distill)."""
         p = ctypes.byref(params)
-        self._fused("kdloss_fused_linear_topk_distill",
+        self._fused("kdloss_fused_linear_topk_distill", v,
                     (p, bt, hs, v, teacher.k, student_dtype, int(want_grad)),
                     (p, bt, hs, v, xs, ws, bs, teacher, labels, ctypes.byref(out)))
 
@@ -279,6 +288,120 @@ class CudaBackend:
                   (p, bt, hs, v, xs, ws, bs, teacher, labels, ctypes.byref(out)))
 
 
+_COMM_TYPES = {_lib.F32: (ctypes.c_float, torch.float32),
+               _lib.F64: (ctypes.c_double, torch.float64)}
+
+
+def _allreduce_callback(dist, group, errors):
+    """kdloss_comm's all-reduce as a ctypes callback: the C buffer seen as a tensor (no copy),
+    reduced in place by dist.all_reduce on `group`. An exception is appended to `errors` and the
+    C call gets non-zero. It refers to no VocabParallel: a cycle through the callback would keep
+    the group alive until a garbage collection, and a gloo group destroyed by the interpreter's
+    teardown can abort the process ("terminate called without an active exception")."""
+    ops = {_lib.COMM_SUM: dist.ReduceOp.SUM, _lib.COMM_MAX: dist.ReduceOp.MAX}
+
+    def allreduce(ctx, buf, n, dtype, op):
+        try:
+            if n > 0:
+                ctype, tdtype = _COMM_TYPES[dtype]
+                t = torch.frombuffer((ctype * n).from_address(buf), dtype=tdtype)
+                dist.all_reduce(t, op=ops[op], group=group)
+            return 0
+        except BaseException as e:  # nothing may unwind through the C frames
+            if not errors:
+                errors.append(e)
+            return 1
+    return _lib.ALLREDUCE(allreduce)
+
+
+class VocabParallel(CpuBackend):
+    """The CPU backend of one vocabulary-parallel call (include/kdloss.h, "Vocabulary-parallel
+    fused losses"): the student's and teacher's LM heads are split by rows across the ranks of a
+    torch.distributed process group, and the fused calls go to the kdloss_*_vp entry points.
+
+    Made fresh for every call and caching nothing: the call all-gathers every rank's row count
+    (in rank order: this rank's block starts after the lower ranks' rows, the vocabulary is their
+    sum), then the C call runs its collectives through _allreduce_callback's function. An
+    exception there is kept and re-raised once the C call has returned (KDLOSS_ERR_COMM).
+
+    `c_name` is the entry point the call will use; `meet_peers` lets a rank that failed before
+    reaching it still join its peers' collectives, so that they fail too instead of waiting."""
+
+    def __init__(self, group, c_name):
+        import torch.distributed as dist
+        self._dist = dist
+        self.group = group
+        self._fn = _lib.fn(c_name)  # UNSUPPORTED here, before any collective, without it
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        if rank < 0:
+            raise KdlossError(_lib.ERR_INVALID_PARAM, "this process is not in process_group")
+        self._errors = []  # what the callback raised
+        self._callback = _allreduce_callback(dist, group, self._errors)  # alive during the call
+        self.comm = _lib.Comm(rank, size, self._callback, None)
+        self.shard = None  # the kdloss_vocab_shard, once the row counts are gathered
+        self.gathered = self.called = False
+
+    def _gather(self, v):
+        """The shard of this rank's v rows, from every rank's row count. A rank that failed
+        before its call sends -1 instead (meet_peers), and the others raise KDLOSS_ERR_PEER."""
+        self.gathered = True  # even if it raises: the group is then broken for every rank
+        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
+        self._dist.all_gather(counts, torch.tensor([v], dtype=torch.int64), group=self.group)
+        counts = [int(c) for c in counts]
+        if min(counts) < 0:
+            failed = [r for r, c in enumerate(counts) if c < 0]
+            raise KdlossError(_lib.ERR_PEER, f"rank(s) {failed} of process_group failed before "
+                              "their kdloss call")
+        self.shard = _lib.VocabShard(ctypes.pointer(self.comm), sum(counts),
+                                     sum(counts[:self.comm.rank]))
+
+    def _fused(self, name, v, size_args, args):
+        """`name`_vp with the shard inserted after the params. A failing size query still makes
+        the C call (with no workspace): it reports the error and tells the other ranks."""
+        self._gather(v)
+        workspace = self._workspace(name + "_workspace_size", size_args, strict=False)
+        self.called = True
+        st = self._fn(args[0], ctypes.byref(self.shard), *args[1:], *workspace)
+        if self._errors:
+            raise self._errors.pop()  # the list no longer holds it: no reference cycle
+        _lib.check(st, name + "_vp")
+
+    def meet_peers(self):
+        """For a rank that raised before its C call: before the all-gather, join it with -1
+        rows (the others then raise KDLOSS_ERR_PEER and skip their C calls); after it, join
+        the C call's agreement through a call whose arguments are all zero or NULL but the
+        shard: this rank's C call rejects them, the others return KDLOSS_ERR_PEER. The caller
+        raises its own exception. Nothing to do once the C call was made."""
+        if self.called:
+            return
+        self.called = True
+        try:
+            if not self.gathered:
+                self._gather(-1)
+            elif self.shard is not None:
+                args = [t() for t in self._fn.argtypes]
+                args[1] = ctypes.byref(self.shard)
+                self._fn(*args)
+        except Exception:  # the exception being raised is the one to report
+            pass
+        self._errors.clear()
+
+
+@contextlib.contextmanager
+def vocab_parallel(group, c_name):
+    """A VocabParallel for `group` (None without one) around the code that prepares and makes a
+    vocabulary-parallel call: whatever that code raises first lets the peers know."""
+    if group is None:
+        yield None
+        return
+    vp = VocabParallel(group, c_name)
+    try:
+        yield vp
+    except BaseException:
+        vp.meet_peers()
+        raise
+
+
 _CPU = CpuBackend()
 _CUDA = None
 _BACKENDS = {}  # device type -> backend object; register_backend() adds more
@@ -291,8 +414,16 @@ def register_backend(device_type, backend):
     _BACKENDS[device_type] = backend
 
 
-def backend_for(device):
+def backend_for(device, vp=None):
+    """The backend for tensors on `device`; with `vp` (a VocabParallel), that one (CPU only)."""
     global _CUDA
+    if vp is not None:
+        if device.type != "cpu":
+            raise NotImplementedError(
+                f"kdloss: process_group (a vocabulary-parallel loss) takes CPU tensors only; got "
+                f"{device} tensors, and the {device.type} vocabulary-parallel entry points do "
+                "not exist yet")
+        return vp
     if device.type in _BACKENDS:
         return _BACKENDS[device.type]
     if device.type == "cpu":

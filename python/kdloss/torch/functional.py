@@ -10,6 +10,18 @@ Shapes follow Liger-Kernel: (B, T, V) inputs are treated as (B*T, V) rows and (B
 states as (B*T, H); labels may be (B*T,) or (B, T). Teacher tensors (and the KL target) never
 receive a gradient. Losses come back in the student's dtype (PyTorch's convention); they are
 computed in fp32 with double accumulation by the library.
+
+Vocabulary parallelism (docs/MATH.md section 9): the fused-linear losses take process_group, a
+torch.distributed group whose ranks split the LM heads by vocabulary rows (CPU tensors and a
+CPU-capable group such as gloo; the CUDA entry points do not exist yet). The weights (and biases)
+each rank passes are then its contiguous block of rows, blocks in rank order, sizes free: every
+call all-gathers them, so nothing goes stale. Hidden states, labels and teachers are the same on
+every rank, with global token ids. Every rank gets the same loss, the full student_input gradient
+(already summed over the ranks inside the call: do not all-reduce it again) and the gradients of
+its own weight and bias blocks; the results equal one process's on the concatenated heads. The
+C call's collectives run through torch.distributed.all_reduce on the group. A rank whose
+arguments are bad raises its own error and every other rank KdlossError(KDLOSS_ERR_PEER), even
+when the error is found in Python before the C call.
 """
 
 import functools
@@ -19,7 +31,7 @@ import torch
 from .. import _lib
 from .._lib import KdlossError
 from ._backend import (as_rows, backend_for, cmat, float_code, labels_view, out_mat, ptr,
-                       same_device, scalar_out, topk_teacher)
+                       same_device, scalar_out, topk_teacher, vocab_parallel)
 
 __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
            "fused_linear_distill_loss", "topk_distill_loss", "fused_linear_topk_distill_loss"]
@@ -235,11 +247,13 @@ def _fused_results(outputs, xs, bs):
 
 
 def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-                   ignore_index, chunk_size, t2_scale, want):
-    """One kdloss_fused_linear_distill call (div: a _lib.DivParams). `want` = (dxs, dws, dbs).
-    Returns (loss, soft, hard, dxs, dws, dbs) with the gradients shaped like their inputs."""
+                   ignore_index, chunk_size, t2_scale, vp, want):
+    """One kdloss_fused_linear_distill call (div: a _lib.DivParams; vp: a VocabParallel or
+    None). `want` = (dxs, dws, dbs). Returns (loss, soft, hard, dxs, dws, dbs) with the
+    gradients shaped like their inputs."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
                           ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
+    backend = backend_for(device, vp)
     keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
     keep_t, xt_v, wt_v, bt2, _, ht, vt = _lm_head(xt, wt, bt_bias, "teacher")
     if vt != v:
@@ -253,9 +267,8 @@ def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard
     params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
                              int(ignore_index), int(chunk_size or 0), t2_scale)
     outputs, out = _fused_outputs(want, xs, ws, bs, rows)
-    backend_for(device).fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v,
-                                             ptr(bs2), xt_v, wt_v, ptr(bt2), lview, out,
-                                             xs_v.dtype, any(want))
+    backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
+                                 wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
     return _fused_results(outputs, xs, bs)
 
 
@@ -289,11 +302,11 @@ def _fused_apply(xs, ws, bs, compute):
 
 
 def _fljsd(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
-           chunk_size, divergence="jsd", alpha=0.1, t2_scale=False):
+           chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None):
     div = _lib.div_params(divergence, beta, alpha)
     return _fused_apply(xs, ws, bs, functools.partial(
         _fljsd_compute, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-        ignore_index, chunk_size, t2_scale))
+        ignore_index, chunk_size, t2_scale, vp))
 
 
 def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
@@ -306,24 +319,36 @@ def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weigh
                   None, None, jsd_beta, temperature, 0.0, 1.0, ignore_index, 0)[0]
 
 
+# the vocabulary-parallel entry points (process_group) of the fused losses
+_VP_DENSE, _VP_TOPK = "kdloss_fused_linear_distill_vp", "kdloss_fused_linear_topk_distill_vp"
+
+
+def _require_labels(true_labels, weight_hard_loss):
+    if true_labels is None and weight_hard_loss != 0:
+        raise KdlossError(_lib.ERR_NULL_POINTER,
+                          "true_labels is required when weight_hard_loss != 0")
+
+
 def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_weight,
                           true_labels, student_bias=None, teacher_bias=None, weight_hard_loss=0.5,
                           weight_soft_loss=0.5, beta=0.5, ignore_index=-100, temperature=1.0,
-                          compiled=True, chunk_size=1024, return_soft_hard_loss=False):
+                          compiled=True, chunk_size=1024, return_soft_hard_loss=False,
+                          process_group=None):
     """Chunked fused-linear distillation loss (Liger's LigerFusedLinearJSDLoss, docs/MATH.md
     section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of the tempered
     distributions, each averaged over the valid rows. Gradients for student_input,
     student_weight and student_bias. `compiled` is accepted for compatibility and ignored.
     `chunk_size` rows per chunk (None or 0: the library picks it from a 256 MiB budget).
-    Returns the loss, or (loss, soft_loss, hard_loss) when return_soft_hard_loss."""
-    if temperature == 0:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
-    if true_labels is None and weight_hard_loss != 0:
-        raise KdlossError(_lib.ERR_NULL_POINTER,
-                          "true_labels is required when weight_hard_loss != 0")
-    loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
-                              true_labels, student_bias, teacher_bias, beta, temperature,
-                              weight_hard_loss, weight_soft_loss, ignore_index, chunk_size)
+    Returns the loss, or (loss, soft_loss, hard_loss) when return_soft_hard_loss.
+    process_group: vocabulary-parallel LM heads (see the module docstring)."""
+    with vocab_parallel(process_group, _VP_DENSE) as vp:
+        if temperature == 0:
+            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        _require_labels(true_labels, weight_hard_loss)
+        loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
+                                  true_labels, student_bias, teacher_bias, beta, temperature,
+                                  weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
+                                  vp=vp)
     return (loss, soft, hard) if return_soft_hard_loss else loss
 
 
@@ -331,18 +356,19 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
                               true_labels, student_bias=None, teacher_bias=None, *,
                               divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                               weight_soft_loss=0.5, ignore_index=-100, temperature=1.0,
-                              t2_scale=False, chunk_size=0, return_soft_hard_loss=False):
+                              t2_scale=False, chunk_size=0, return_soft_hard_loss=False,
+                              process_group=None):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
-    over the rows whose label is not ignore_index. Returns the loss, or (loss, soft, hard)."""
-    if true_labels is None and weight_hard_loss != 0:
-        raise KdlossError(_lib.ERR_NULL_POINTER,
-                          "true_labels is required when weight_hard_loss != 0")
-    loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
-                              true_labels, student_bias, teacher_bias, beta, temperature,
-                              weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
-                              divergence, alpha, t2_scale)
+    over the rows whose label is not ignore_index. Returns the loss, or (loss, soft, hard).
+    process_group: vocabulary-parallel LM heads (see the module docstring)."""
+    with vocab_parallel(process_group, _VP_DENSE) as vp:
+        _require_labels(true_labels, weight_hard_loss)
+        loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
+                                  true_labels, student_bias, teacher_bias, beta, temperature,
+                                  weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
+                                  divergence, alpha, t2_scale, vp)
     return (loss, soft, hard) if return_soft_hard_loss else loss
 
 
@@ -501,11 +527,12 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
 
 
 def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
-                  ignore_index, chunk_size, t2_scale, want_hard, want):
+                  ignore_index, chunk_size, t2_scale, want_hard, vp, want):
     """One kdloss_fused_linear_topk_distill call; returns what _fljsd_compute does. labels None
     passes no labels (every row kept; the C call then needs w_hard 0 and no hard-loss output)."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_ids", ids),
                           ("teacher_logprobs", lps), ("student_bias", bs)])
+    backend = backend_for(device, vp)
     keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
     keep_t, teacher = topk_teacher(ids, lps, xs.shape[:-1])
     labels, lview = labels_view(labels, rows, device, "true_labels")
@@ -514,9 +541,8 @@ def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, 
     # the hard loss is asked for only when wanted: any cross-entropy output turns renorm_both's
     # sparse path (K gathered weight rows, no BT x V logits) off
     outputs, out = _fused_outputs(want, xs, ws, bs, rows, want_hard and labels is not None)
-    backend_for(device).fused_linear_topk_distill(device, params, rows, hs, v, xs_v, ws_v,
-                                                  ptr(bs2), teacher, lview, out, xs_v.dtype,
-                                                  any(want))
+    backend.fused_linear_topk_distill(device, params, rows, hs, v, xs_v, ws_v, ptr(bs2), teacher,
+                                      lview, out, xs_v.dtype, any(want))
     return _fused_results(outputs, xs, bs)
 
 
@@ -525,7 +551,7 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
                                    divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                                    weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100,
                                    temperature=1.0, t2_scale=False, chunk_size=0,
-                                   return_soft_hard_loss=False):
+                                   return_soft_hard_loss=False, process_group=None):
     """The fused LM head + sparse top-k teacher loss (docs/MATH.md sections 4 and 8): student
     logits zs = student_input @ student_weight.T + student_bias formed chunk by chunk, never in
     full; (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept), CE on
@@ -533,11 +559,14 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     rows whose true_label is not ignore_index (every row when true_labels is None, which needs
     weight_hard_loss 0). Gradients for student_input, student_weight and student_bias.
     Returns the loss, or (loss, soft_loss, hard_loss) when return_soft_hard_loss (hard_loss 0
-    without labels)."""
-    div = _lib.div_params(divergence, beta, alpha)
-    code = _lib.topk_tail(tail)
-    loss, soft, hard = _fused_apply(student_input, student_weight, student_bias, functools.partial(
-        _fltd_compute, student_input, student_weight, teacher_ids, teacher_logprobs, true_labels,
-        student_bias, div, code, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
-        chunk_size, t2_scale, return_soft_hard_loss))
+    without labels). process_group: vocabulary-parallel LM heads (see the module docstring;
+    teacher_ids are global token ids, the same on every rank)."""
+    with vocab_parallel(process_group, _VP_TOPK) as vp:
+        div = _lib.div_params(divergence, beta, alpha)
+        code = _lib.topk_tail(tail)
+        compute = functools.partial(
+            _fltd_compute, student_input, student_weight, teacher_ids, teacher_logprobs,
+            true_labels, student_bias, div, code, temperature, weight_hard_loss, weight_soft_loss,
+            ignore_index, chunk_size, t2_scale, return_soft_hard_loss, vp)
+        loss, soft, hard = _fused_apply(student_input, student_weight, student_bias, compute)
     return (loss, soft, hard) if return_soft_hard_loss else loss

@@ -1,5 +1,10 @@
 """nn.Module wrappers with Liger-Kernel's constructor arguments, defaults and forward signatures,
-so `from kdloss.torch import JSD as LigerJSD` is a drop-in swap. See functional.py for the math."""
+so `from kdloss.torch import JSD as LigerJSD` is a drop-in swap. See functional.py for the math.
+
+The fused-linear loss modules take `process_group=None`: given a torch.distributed group, the
+weights (and biases) passed to forward are this rank's block of a vocabulary-parallel LM head
+(functional.py's module docstring has the contract). It is an attribute, not a constructor-only
+setting: it can be changed later, and nothing about the group is cached."""
 
 import torch
 
@@ -72,12 +77,14 @@ class FusedLinearJSD(torch.nn.Module):
 class FusedLinearJSDLoss(torch.nn.Module):
     """Chunked fused-linear distillation loss, as Liger's LigerFusedLinearJSDLoss:
     w_hard * CE + w_soft * JSD(beta) at temperature T, averaged over valid rows.
-    `compiled` is accepted and ignored (there is nothing to compile).
+    `compiled` is accepted and ignored (there is nothing to compile). process_group: the
+    vocabulary-parallel group (module docstring).
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias=None, teacher_bias=None)."""
 
     def __init__(self, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
-                 temperature=1.0, compiled=True, chunk_size=1024, return_soft_hard_loss=False):
+                 temperature=1.0, compiled=True, chunk_size=1024, return_soft_hard_loss=False,
+                 process_group=None):
         super().__init__()
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
@@ -89,6 +96,7 @@ class FusedLinearJSDLoss(torch.nn.Module):
         self.compiled = compiled
         self.chunk_size = chunk_size
         self.return_soft_hard_loss = return_soft_hard_loss
+        self.process_group = process_group
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
                 student_bias=None, teacher_bias=None):
@@ -96,7 +104,7 @@ class FusedLinearJSDLoss(torch.nn.Module):
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias, teacher_bias, self.weight_hard_loss, self.weight_soft_loss, self.beta,
             self.ignore_index, self.temperature, self.compiled, self.chunk_size,
-            self.return_soft_hard_loss)
+            self.return_soft_hard_loss, self.process_group)
 
     def extra_repr(self):
         return (f"weight_hard_loss={self.weight_hard_loss}, "
@@ -134,12 +142,13 @@ class DistillLoss(torch.nn.Module):
 class FusedLinearDistillLoss(torch.nn.Module):
     """Fused LM head + distillation loss with any divergence of the family:
     (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
+    process_group: the vocabulary-parallel group (module docstring).
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias=None, teacher_bias=None)."""
 
     def __init__(self, divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
-                 return_soft_hard_loss=False, chunk_size=0):
+                 return_soft_hard_loss=False, chunk_size=0, process_group=None):
         super().__init__()
         _lib.div_params(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
@@ -152,6 +161,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
         self.t2_scale = t2_scale
         self.return_soft_hard_loss = return_soft_hard_loss
         self.chunk_size = chunk_size
+        self.process_group = process_group
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
                 student_bias=None, teacher_bias=None):
@@ -161,7 +171,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
             alpha=self.alpha, weight_hard_loss=self.weight_hard_loss,
             weight_soft_loss=self.weight_soft_loss, ignore_index=self.ignore_index,
             temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
-            return_soft_hard_loss=self.return_soft_hard_loss)
+            return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -209,18 +219,20 @@ class TopKDistillLoss(_TopKModule):
 class FusedLinearTopKDistillLoss(_TopKModule):
     """Fused LM head + sparse top-k teacher loss (functional.fused_linear_topk_distill_loss):
     (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
+    process_group: the vocabulary-parallel group (module docstring; teacher_ids are global).
     forward(student_input, student_weight, teacher_ids, teacher_logprobs, true_labels=None,
             student_bias=None); true_labels None keeps every row and needs weight_hard_loss 0."""
 
     def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                  weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100, temperature=1.0,
-                 t2_scale=False):
+                 t2_scale=False, process_group=None):
         super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
                          weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss,
                          ignore_index=ignore_index, temperature=temperature, t2_scale=t2_scale)
+        self.process_group = process_group  # not one of _args(): a group has no useful repr
 
     def forward(self, student_input, student_weight, teacher_ids, teacher_logprobs,
                 true_labels=None, student_bias=None):
         return F.fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids,
                                                 teacher_logprobs, true_labels, student_bias,
-                                                **self._args())
+                                                process_group=self.process_group, **self._args())
