@@ -66,8 +66,8 @@ else
       done
       nvcc -shared -cudart shared -o $B/libkdloss.so $B/obj/*.o -lcublas -lcublasLt
       gcc -std=c11 -O2 -Iinclude -Itests/support -Isrc/common tests/cuda/test_cuda.c \
-          tests/support/testutil.c tests/support/reference.c -o $B/test_cuda -L$B -lkdloss \
-          -L/usr/local/cuda/lib64 \
+          tests/support/testutil.c tests/support/reference.c tests/support/ref_topk.c \
+          -o $B/test_cuda -L$B -lkdloss -L/usr/local/cuda/lib64 \
           -lcudart -lm -Wl,-rpath,$B -Wl,-rpath,/usr/local/cuda/lib64
     " >"$WORK/build_nvcc.log" 2>&1; then
     LIBDIR=$B TEST=$B/test_cuda status_build=nvcc-only

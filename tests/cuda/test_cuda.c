@@ -34,6 +34,7 @@
 
 #include "kdloss.h"
 #include "reference.h"
+#include "ref_topk.h"
 #include "div_cases.h"
 #include "testutil.h"
 
@@ -1109,64 +1110,6 @@ static void test_fld(kt_rng *rng) {
 /* Sparse top-k teacher (kdloss_cuda_topk_distill_logits, kdloss_cuda_fused_linear_topk_distill) */
 /* ------------------------------------------------------------------------------------------ */
 
-/* One row of the top-k loss in float64 from docs/MATH.md 8 (written from the definitions, not
- * from src/common/topk_row.h): z [v] the student's logits (bias added), ids / lp [k] the slots
- * (id -1: unused), T. Returns D; du [v] = dD/du (u = z / T); *mag the sum of the element
- * magnitudes (ref_div_elem's), which the loss tolerance is relative to. */
-static double tk_ref_row(const kdloss_div_params *d, int tail, const double *z, int64_t v,
-                         const int64_t *ids, const double *lp, int64_t k, double T, double *du,
-                         double *mag) {
-    double *u = xmalloc((size_t)v * 8), *rest = xmalloc((size_t)v * 8);
-    double *us = xmalloc((size_t)k * 8), *ls = xmalloc((size_t)k * 8), *g = xmalloc((size_t)k * 8);
-    char *in_s = calloc((size_t)v, 1);
-    int64_t n = 0, nr = 0, *S = xmalloc((size_t)k * 8);
-    for (int64_t c = 0; c < v; c++) u[c] = z[c] / T, du[c] = 0.0;
-    for (int64_t j = 0; j < k; j++)
-        if (ids[j] >= 0) {
-            S[n] = ids[j];
-            us[n] = u[ids[j]];
-            ls[n++] = lp[j];
-            in_s[ids[j]] = 1;
-        }
-    for (int64_t c = 0; c < v; c++)
-        if (!in_s[c]) rest[nr++] = u[c];
-    const double L = logsumexp(u, v, 1.0), R = logsumexp(rest, nr, 1.0); /* R: -inf if nr = 0 */
-    const double lse_s = logsumexp(us, n, 1.0), lse_p = logsumexp(ls, n, 1.0);
-    double D = 0.0, G = 0.0, gt = 0.0, mg;
-    *mag = 0.0;
-    if (n > 0 && !(tail != KDLOSS_TAIL_BUCKET && lse_p == -INFINITY)) {
-        const double ns = tail == KDLOSS_TAIL_RENORM_BOTH ? lse_s : L;
-        const double np = tail == KDLOSS_TAIL_BUCKET ? 0.0 : lse_p;
-        for (int64_t m = 0; m < n; m++) {
-            const double l = ref_div_elem(d, us[m] - ns, ls[m] - np, &g[m], &mg);
-            D += l;
-            *mag += fabs(l) > mg ? fabs(l) : mg;
-            G += g[m];
-        }
-        if (tail == KDLOSS_TAIL_BUCKET && R > -INFINITY) { /* the tail bin */
-            const double t = -expm1(lse_p), yt = log(t > 0x1p-126 ? t : 0x1p-126);
-            const double l = ref_div_elem(d, R - L, yt, &gt, &mg);
-            D += l;
-            *mag += fabs(l) > mg ? fabs(l) : mg;
-            G += gt;
-        }
-        for (int64_t m = 0; m < n; m++) du[S[m]] = g[m] - exp(us[m] - ns) * G;
-        if (tail != KDLOSS_TAIL_RENORM_BOTH && R > -INFINITY) {
-            const double cr = gt - exp(R - L) * G;
-            for (int64_t c = 0; c < v; c++)
-                if (!in_s[c]) du[c] = cr * exp(u[c] - R);
-        }
-    }
-    free(u);
-    free(rest);
-    free(us);
-    free(ls);
-    free(g);
-    free(in_s);
-    free(S);
-    return D;
-}
-
 /* The slots of one row: the teacher's full distribution log_softmax(zt / T) in double, then by
  * kind (row index based): 0 the top k in order; 1 k random distinct ids, slots 1 and k-2
  * unused; 2 every slot unused; 3 the top k shuffled, the last slot's log-prob -inf (where the
@@ -1304,8 +1247,9 @@ typedef struct tk_case {
     int misalign, in_place;
 } tk_case;
 
-/* The float64 reference of a logits case: grad (bt x v) unscaled by the dtype, row [bt] (NaN on
- * bad rows), the loss; *nv the counted rows, *abs_tot the summed magnitudes. */
+/* The float64 reference of a logits case (ref_topk_row, tests/support/ref_topk.h: written from
+ * docs/MATH.md 8, not from topk_row.h): grad (bt x v), row [bt] (NaN on bad rows), the loss;
+ * *abs_tot the summed error scales of the row losses. */
 static double tk_ref_logits(const tk_case *c, const kdloss_div_params *d, const double *z,
                             const int64_t *ids, const double *lp, const int64_t *lab,
                             const int *kind, double gs, double *grad, double *row,
@@ -1314,18 +1258,20 @@ static double tk_ref_logits(const tk_case *c, const kdloss_div_params *d, const 
     int64_t nv = 0;
     int bad = 0;
     for (int64_t r = 0; r < bt; r++) nv += kind[r] == 0, bad |= kind[r] >= 2;
-    const double scale = gs / (c->T * (nv > 0 ? (double)nv : 1.0));
-    double tot = 0.0, mag;
+    const double scale = gs / (nv > 0 ? (double)nv : 1.0); /* dz of ref_topk_row has the 1/T */
+    double tot = 0.0;
     *abs_tot = 0.0;
     for (int64_t r = 0; r < bt; r++) {
         double *gr = grad + r * v;
         for (int64_t i = 0; i < v; i++) gr[i] = 0.0;
         row[r] = kind[r] == 1 ? 0.0 : NAN;
         if (kind[r] != 0) continue;
-        row[r] = tk_ref_row(d, c->tail, z + r * v, v, ids + r * k, lp + r * k, k, c->T, gr, &mag);
+        const ref_topk_row_out o = ref_topk_row(d, (kdloss_topk_tail)c->tail, z + r * v, v,
+                                                ids + r * k, lp + r * k, k, c->T, gr, NULL, NULL);
+        row[r] = o.loss;
         for (int64_t i = 0; i < v; i++) gr[i] *= scale;
         tot += row[r];
-        *abs_tot += mag;
+        *abs_tot += o.mag;
     }
     (void)lab;
     return bad ? NAN : tot / (nv > 0 ? (double)nv : 1.0);
@@ -1580,7 +1526,7 @@ typedef struct fltk_case {
     int rows;     /* 1: row_lse (and row_hard with labels): renorm_both then runs dense */
 } fltk_case;
 
-/* Float64 reference of a fused case: zs = xs ws^T + bs, per counted row the CE and tk_ref_row,
+/* Float64 reference of a fused case: zs = xs ws^T + bs, per counted row the CE and ref_topk_row,
  * dz (bt x v) with the loss's factors; rr (3 x bt) row_soft, row_hard, row_lse; L[3] loss,
  * soft, hard. Returns the summed magnitudes of the soft terms. */
 static double fltk_ref(const fltk_case *c, const kdloss_div_params *d, const double *xs,
@@ -1591,8 +1537,8 @@ static double fltk_ref(const fltk_case *c, const kdloss_div_params *d, const dou
     int bad = 0;
     for (int64_t r = 0; r < bt; r++) nv += kind[r] == 0, bad |= kind[r] >= 2;
     const double nvd = nv > 0 ? (double)nv : 1.0, t2f = c->t2 ? c->T * c->T : 1.0;
-    const double ca = c->w_hard * 0.5 / nvd, cb = c->w_soft * 0.5 * t2f / (nvd * c->T);
-    double *zs = xmalloc((size_t)v * 8), *du = xmalloc((size_t)v * 8), soft = 0, hard = 0, mag;
+    const double ca = c->w_hard * 0.5 / nvd, cb = c->w_soft * 0.5 * t2f / nvd;
+    double *zs = xmalloc((size_t)v * 8), *dd = xmalloc((size_t)v * 8), soft = 0, hard = 0;
     double abs_soft = 0;
     for (int64_t r = 0; r < bt; r++) {
         const double x = kind[r] == 1 ? 0.0 : NAN;
@@ -1605,18 +1551,19 @@ static double fltk_ref(const fltk_case *c, const kdloss_div_params *d, const dou
             zs[i] = a;
         }
         const double lh = logsumexp(zs, v, 1.0), h = c->labels ? lh - zs[lab[r]] : 0.0;
-        const double D = tk_ref_row(d, c->tail, zs, v, ids + r * k, lp + r * k, k, c->T, du, &mag);
-        for (int64_t i = 0; i < v; i++)
+        const ref_topk_row_out o = ref_topk_row(d, (kdloss_topk_tail)c->tail, zs, v, ids + r * k,
+                                                lp + r * k, k, c->T, dd, NULL, NULL);
+        for (int64_t i = 0; i < v; i++) /* dd = dD/dzs, the 1/T included */
             dz[r * v + i] = ca * (exp(zs[i] - lh) - (c->labels && i == lab[r] ? 1.0 : 0.0)) +
-                            cb * du[i];
-        rr[r] = D, rr[bt + r] = h, rr[2 * bt + r] = lh;
-        soft += D, hard += h, abs_soft += mag;
+                            cb * dd[i];
+        rr[r] = o.loss, rr[bt + r] = h, rr[2 * bt + r] = lh;
+        soft += o.loss, hard += h, abs_soft += o.mag;
     }
     L[1] = bad ? NAN : soft * t2f / nvd;
     L[2] = bad ? NAN : hard / nvd;
     L[0] = bad ? NAN : c->w_hard * L[2] + c->w_soft * L[1];
     free(zs);
-    free(du);
+    free(dd);
     return abs_soft * t2f;
 }
 
