@@ -75,9 +75,9 @@ fuzz: fuzz-build
 	@mkdir -p $(BUILD_FUZZ)/corpus
 	ASAN_OPTIONS=detect_leaks=1 $(BUILD_FUZZ)/fuzz_api $(BUILD_FUZZ)/corpus -max_total_time=$(FUZZ_LONG) -print_final_stats=1 -artifact_prefix=$(BUILD_FUZZ)/
 
-# The fault-injection test alone (it is also in `ctest`): its table of allocation points.
+# The fault-injection tests alone (also in `ctest`): their tables of allocation points.
 test-fault: build
-	cd $(BUILD) && ctest --output-on-failure -R test_fault_inject
+	cd $(BUILD) && ctest --output-on-failure -L fault
 
 test: test-c test-san test-fuzz test-cuda test-py
 

@@ -9,9 +9,9 @@
  *    carries its own leading dimension `ld` (elements between the starts of consecutive rows),
  *    so padded or sliced tensors need no copy. `ld = 0` means contiguous (ld = number of columns).
  *  - All sizes and indices are int64_t: BT x V above 2^31 elements works.
- *  - Every function returns a kdloss_status. On any error nothing is written to any output,
- *    with one exception: a GEMM provider failing (out of memory inside it) in the middle of a
- *    fused-linear call, after earlier chunks wrote their gradient rows (the status says so).
+ *  - Every function returns a kdloss_status. On any error nothing is written to any output
+ *    (the exceptions, all named where they apply: a communicator or CUDA failure after work
+ *    began, and the OpenBLAS provider, which cannot report its own failures).
  *  - Every pointer must be aligned to its element size (2 for bf16/fp16, 4 for fp32/int32,
  *    8 for int64; float outputs 4): a misaligned one is rejected with KDLOSS_ERR_MISALIGNED.
  *    Every scale factor a kernel uses (grad_scale times the reduction or weight factors, 1/T,
@@ -211,8 +211,9 @@ KDLOSS_API kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode);
  *   C (m x n, ldc) = alpha op(A) op(B) + beta C,  op(A) m x k, op(B) k x n,
  * trans_a / trans_b 0 or 1 (A stored k x m when transposed, B stored n x k). provider AUTO is the
  * one the losses use. beta = 0 ignores C's contents (NaN included). C overlapping A or B is
- * KDLOSS_ERR_ALIASING (nothing written). KDLOSS_ERR_OUT_OF_MEMORY or KDLOSS_ERR_BLAS if the
- * provider fails; C may then be partly written. */
+ * KDLOSS_ERR_ALIASING (nothing written). With oneDNN, the memory a tile needs beyond what oneDNN
+ * can get is reserved before C is written (KDLOSS_ERR_OUT_OF_MEMORY, C untouched, if even that
+ * fails); KDLOSS_ERR_BLAS or a failing OpenBLAS may leave C partly written. */
 KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b,
                                          int64_t m, int64_t n, int64_t k, float alpha,
                                          const float *a, int64_t lda, const float *b, int64_t ldb,
@@ -430,12 +431,15 @@ typedef struct kdloss_fljsd_out {
  *   allocate and free it itself (one malloc; KDLOSS_ERR_OUT_OF_MEMORY, nothing written, when it
  *   fails). kdloss_fljsd_min_budget() tells the smallest memory_budget these shapes accept (the
  *   fixed buffers plus a one-row chunk; the dWs accumulator is not counted against the budget).
- * Memory: a call allocates nothing itself besides that workspace. The GEMM provider allocates
- *   its packing buffers inside each GEMM (oneDNN: a refused allocation comes back as
- *   KDLOSS_ERR_OUT_OF_MEMORY; after the first chunk, gradient rows already written stay written,
- *   the losses are untouched). The first call of a process also starts the OpenMP threads and
- *   oneDNN's JIT kernels, whose allocation failures abort the process inside those runtimes;
- *   kdloss cannot catch them (tests/README.md, test_fault_inject, has the figures).
+ * Memory: besides that workspace, a thread's first call reserves the GEMM layer's fallback
+ *   scratch (at most 2.2 MB, kept for the thread's life) before anything is written. oneDNN
+ *   allocates its packing buffers inside each GEMM; when it cannot, kdloss redoes that tile with
+ *   its own allocation-free GEMM in that scratch (the same accuracy, not bitwise the same), so a
+ *   warm call's only failure mode under memory pressure is KDLOSS_ERR_OUT_OF_MEMORY with nothing
+ *   written. The first call of a process also starts the OpenMP threads and oneDNN's JIT kernels,
+ *   whose allocation failures abort the process inside those runtimes; kdloss cannot catch them
+ *   (tests/README.md, test_fault_inject, has the figures: a warm-up call at start-up avoids them).
+ *   Native bf16 products (AMX machines, or forced) and the OpenBLAS provider are not covered.
  */
 KDLOSS_API kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
                                                      int64_t hs, int64_t ht, int64_t v,

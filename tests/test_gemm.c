@@ -1,6 +1,9 @@
 /* The GEMM layer (kdloss_gemm_*): every loadable provider against a double reference on all
  * four transpose cases, padded strides, alpha/beta, edge shapes; beta = 0 ignores NaN in C;
- * the default provider's results do not depend on the thread count; argument errors.
+ * the default provider's results do not depend on the thread count; argument errors. The same
+ * for the allocation-free fallback that redoes a oneDNN tile that ran out of memory (gemm_fb.h;
+ * KDLOSS_GEMM_FALLBACK=always sends every tile there), on each instruction set the CPU has, with
+ * shapes whose tiles span several of its row, column and inner-dimension blocks.
  *
  * Tolerance: any order of summing k products in fp32 is within gamma_k * sum_i |a_i b_i| of
  * the exact dot product, gamma_k = k u / (1 - k u), u = 2^-24 (Higham, Accuracy and Stability
@@ -174,11 +177,47 @@ static void argument_errors(void) {
     }
 }
 
+/* The fallback, forced, on every instruction set the CPU has: the reference check on small and
+ * edge shapes and on tiles larger than its blocks (KD_FB_MC 1020 rows, KD_FB_NC 1024 columns,
+ * KD_FB_KC 256 of k: the grid cuts C into at most 2 tiles per processor, so m = 4200 and
+ * n = 4200 give tiles wider than a block on machines with up to 2 processors, and several
+ * blocks of k always); bitwise the same with 1, 2 and 3 threads. */
+static void fallback(kt_rng *rng) {
+    static const kdloss_cpu_isa isas[] = {KDLOSS_ISA_SCALAR, KDLOSS_ISA_AVX2, KDLOSS_ISA_AVX512};
+    static const char *const names[] = {"scalar", "avx2", "avx512"};
+    static const int64_t dims[][3] = {{1, 1, 1},     {3, 70, 5},     {17, 64, 33},  {130, 257, 96},
+                                      {4200, 40, 600}, {20, 4200, 300}, {37, 45, 1000}};
+    kdloss_gemm_info info;
+    if (kdloss_gemm_query(KDLOSS_GEMM_ONEDNN, &info) != KDLOSS_OK) return;
+    kdloss_cpu_isa save = kdloss_cpu_get_isa();
+    setenv("KDLOSS_GEMM_FALLBACK", "always", 1);
+    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+        if (kdloss_cpu_set_isa(isas[ii]) != KDLOSS_OK) {
+            printf("fallback %s: not on this CPU, skipped\n", names[ii]);
+            continue;
+        }
+        char pname[40];
+        snprintf(pname, sizeof pname, "fallback-%s", names[ii]);
+        int cnt = 0;
+        for (size_t id = 0; id < sizeof dims / sizeof dims[0]; id++)
+            for (int t = 0; t < 4; t++, cnt++) {
+                gcase c = {t & 1, t >> 1, dims[id][0], dims[id][1], dims[id][2], cnt % 3,
+                           cnt % 4 == 3 ? -0.5f : 1.0f, cnt % 2 ? 0.75f : 0.0f};
+                check_case(rng, KDLOSS_GEMM_ONEDNN, pname, &c);
+            }
+        /* thread-count independence: the default provider's check runs the fallback now */
+        thread_count_independence(rng);
+    }
+    unsetenv("KDLOSS_GEMM_FALLBACK");
+    kdloss_cpu_set_isa(save);
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
     argument_errors();
     providers_vs_reference(&rng);
     thread_count_independence(&rng);
+    fallback(&rng);
     return kt_finish("test_gemm");
 }

@@ -48,7 +48,8 @@ KD_HDM double kd_topk_logaddexp(double la, double lb) {
  *   n         |S|, the used slots (compacted, in slot order)
  *   zk [n]    the student's logits at S (bias added), untempered
  *   lp [n]    the teacher's log-probs at S (fp32)
- *   inv_t     1 / T
+ *   inv_t     1 / T, in double: gaps of logits times 1/T rounded to fp32 would move
+ *             every log-prob by |gap| 2^-25, which tiny tail probabilities magnify
  *   rest_lse  R = log sum_{j not in S} exp(zs_j / T), -inf when S holds every id (bucket and
  *             renorm_teacher; renorm_both ignores it)
  * Outputs: returns the row's loss D; gk[k] = dD/du_k at each slot (u = zs / T); *c_rest the
@@ -57,9 +58,9 @@ KD_HDM double kd_topk_logaddexp(double la, double lb) {
  * gk may not alias zk or lp.
  */
 KD_HDM double kd_topk_row(const kd_div_coef *c, int tail, int64_t n, const float *zk,
-                          const float *lp, float inv_t, double rest_lse, float *gk,
+                          const float *lp, double inv_t, double rest_lse, float *gk,
                           double *c_rest) {
-    double it = (double)inv_t;
+    double it = inv_t;
     double lse_s = kd_topk_lse(zk, n, it);  /* lse(u_S) */
     double lse_p = kd_topk_lse(lp, n, 1.0); /* log sum_S P */
     int renorm_s = tail == KD_TAIL_RENORM_BOTH;

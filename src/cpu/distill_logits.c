@@ -155,6 +155,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     a->ignore_index = ignore_index;
     a->coef = kd_div_coef_make(div);
     a->inv_t = (float)(1.0 / t);
+    a->inv_t64 = 1.0 / t;
     a->soft = 1;
     a->hard = 0;
     a->grad = grad.data != NULL;

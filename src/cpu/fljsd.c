@@ -293,6 +293,7 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     r->ignore_index = p->ignore_index;
     r->coef = kd_div_coef_make(&p->div);
     r->inv_t = (float)(1.0 / p->temperature);
+    r->inv_t64 = 1.0 / p->temperature;
     r->soft = soft;
     r->hard = hard;
     r->grad = k->grad;
@@ -317,6 +318,11 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
         write_zero(k);
         return KDLOSS_OK;
     }
+    /* the GEMMs' fallback scratch (gemm.h), reserved before anything is written: zt = xt wt^T,
+     * zs = xs ws^T, dWs += dz^T xs, dxs = dz ws; panels and the last chunk are no larger */
+    kd_gemm_shape shapes[4] = {{pl->chunk, v, k->ht > 0 ? k->ht : hs}, {pl->chunk, v, hs},
+                               {v, hs, pl->chunk}, {pl->chunk, hs, v}};
+    if (kd_gemm_prepare(shapes, 4) != KDLOSS_OK) return KDLOSS_ERR_OUT_OF_MEMORY;
     int native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
     int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
     int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
@@ -427,7 +433,7 @@ static kdloss_status run_sparse(const kd_fljsd_call *k, const kd_fljsd_plan *pl,
     double nv = (double)k->n_valid, t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
     kd_topk_sparse a = {0, 0, k->hs, k->xs.data, k->xs.dtype, k->xs.ld, k->ws.data, k->ws.ld,
                         NULL, &k->topk, k->labels, p->ignore_index, kd_div_coef_make(&p->div),
-                        (float)(1.0 / p->temperature),
+                        1.0 / p->temperature,
                         k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f,
                         NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL};
     sparse_layout(k, pl, base, &a);

@@ -194,14 +194,15 @@ static void PH(topk_div)(const kd_fljsd_rows *a, int64_t i) {
     if (a->row_lse) a->row_lse[i] = 0.0f;
     if (ph_ignored(a, i)) return;
     for (int64_t k = 0; k < n; k++) zk[k] = (float)sm[4 + k]; /* every rank's slots */
-    double rest = mr > -INFINITY ? (double)mr * it + log(sm[0]) : -INFINITY, lse1 = 0.0;
+    double rest = mr > -INFINITY ? (double)mr * a->inv_t64 + log(sm[0]) : -INFINITY, lse1 = 0.0;
     if (a->hard || a->row_lse) {
         double rest1 = it == 1.0f ? rest : mr > -INFINITY ? (double)mr + log(sm[1]) : -INFINITY;
         lse1 = kd_topk_logaddexp(rest1, kd_topk_lse(zk, n, 1.0));
     }
     if (a->hard) a->row_hard[i] = lse1 - sm[3];
     if (a->row_lse) a->row_lse[i] = (float)lse1;
-    if (a->soft) a->row_soft[i] = kd_topk_row(&a->coef, a->tail, n, zk, lp, it, rest, gk, &dv[0]);
+    if (a->soft)
+        a->row_soft[i] = kd_topk_row(&a->coef, a->tail, n, zk, lp, a->inv_t64, rest, gk, &dv[0]);
     dv[1] = lse1;
 }
 

@@ -14,10 +14,24 @@
  * K, run from an OpenMP loop over tiles. Every element of C is thus produced by the same
  * instruction sequence whatever the number of threads, which makes the fused losses bitwise
  * independent of it. The grid splits the dimension whose operand is cheaper to read again: a
- * split of N re-reads (packs) A once per column of tiles, a split of M re-reads B once per row. */
+ * split of N re-reads (packs) A once per column of tiles, a split of M re-reads B once per row.
+ *
+ * Memory (issue 12, defect 7): dnnl_sgemm allocates its packing buffers inside every call (one
+ * malloc a single-threaded call; when it fails the call returns dnnl_out_of_memory before it has
+ * written any of C: tests/fault/test_fault_gemm.c checks both). A loss that has already written
+ * outputs must not fail then, so a tile whose dnnl_sgemm ran out of memory is computed again by
+ * kdloss's own allocation-free GEMM (gemm_fb.h) from a scratch that kd_gemm_prepare reserved
+ * earlier, before the loss wrote anything: one scratch per calling thread (the workers of its
+ * OpenMP team take turns on it), kept for the thread's life and grown only by kd_gemm_prepare.
+ * The fallback's results are as accurate as oneDNN's but not bitwise the same (another
+ * summation order); it is deterministic and thread-count independent too. Why not the fallback
+ * (or oneDNN matmul primitives with a user scratchpad) all the time: BENCHMARKS.md, "GEMM
+ * memory". */
 #include "gemm.h"
 
 #include "check.h"
+#include "dispatch.h"
+#include "gemm_fb.h"
 
 #include <dlfcn.h>
 #include <dnnl.h>
@@ -199,16 +213,118 @@ static dnnl_status_t for_tiles(int64_t m, int64_t n, int64_t k, tile_fn tile, co
     return (dnnl_status_t)err;
 }
 
+/* ---- the allocation-free fallback and its reserved scratch ----------------------------- */
+
+/* A calling thread's fallback scratch: one allocation (this header, then the 64-byte aligned
+ * floats), owned through a pthread key so it is freed when the thread ends. */
+typedef struct kd_fb_arena {
+    pthread_mutex_t lock; /* one tile at a time: the workers of the thread's team share it */
+    size_t floats;
+    float *scratch;
+} kd_fb_arena;
+
+#define KD_FB_HEAD ((sizeof(kd_fb_arena) + 63) / 64 * 64)
+
+static struct {
+    pthread_once_t once;
+    pthread_key_t key;
+    int ok;
+} g_fb = {PTHREAD_ONCE_INIT, 0, 0};
+
+static void arena_free(void *p) {
+    kd_fb_arena *a = p;
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
+static void arena_key_create(void) { g_fb.ok = pthread_key_create(&g_fb.key, arena_free) == 0; }
+
+static kd_fb_arena *arena_of_this_thread(void) {
+    pthread_once(&g_fb.once, arena_key_create);
+    return g_fb.ok ? (kd_fb_arena *)pthread_getspecific(g_fb.key) : NULL;
+}
+
+/* Makes this thread's scratch hold the fallback of every product of these shapes. */
+static kdloss_status fb_reserve(const kd_gemm_shape *shapes, int n) {
+    size_t need = 0;
+    for (int i = 0; i < n; i++) {
+        const kd_gemm_shape *s = &shapes[i];
+        if (s->m <= 0 || s->n <= 0 || s->k <= 0) continue; /* no product: nothing to reserve */
+        size_t f = kd_gemm_fb_floats(s->m, s->n, s->k);
+        if (f > need) need = f;
+    }
+    if (need == 0) return KDLOSS_OK;
+    kd_fb_arena *old = arena_of_this_thread();
+    if (!g_fb.ok) return KDLOSS_ERR_OUT_OF_MEMORY; /* pthread_key_create: EAGAIN / ENOMEM */
+    if (old && old->floats >= need) return KDLOSS_OK;
+    void *mem = NULL;
+    if (posix_memalign(&mem, 64, KD_FB_HEAD + need * sizeof(float)) != 0)
+        return KDLOSS_ERR_OUT_OF_MEMORY; /* the old scratch stays */
+    kd_fb_arena *a = mem;
+    if (pthread_mutex_init(&a->lock, NULL) != 0) {
+        free(mem);
+        return KDLOSS_ERR_OUT_OF_MEMORY;
+    }
+    a->floats = need;
+    a->scratch = (float *)((char *)mem + KD_FB_HEAD);
+    if (pthread_setspecific(g_fb.key, a) != 0) { /* may allocate the key's slot: ENOMEM */
+        arena_free(a);
+        return KDLOSS_ERR_OUT_OF_MEMORY;
+    }
+    if (old) arena_free(old);
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_gemm_prepare(const kd_gemm_shape *shapes, int n) {
+    /* OpenBLAS exits inside a failed allocation: nothing to reserve for it (gemm.h) */
+    if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN) return KDLOSS_OK;
+    return fb_reserve(shapes, n);
+}
+
+static void fallback_run(const kd_gemm *g, float *scratch) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: kd_gemm_fb_avx512(g, scratch); break;
+    case KDLOSS_ISA_AVX2: kd_gemm_fb_avx2(g, scratch); break;
+    default: kd_gemm_fb_scalar(g, scratch); break;
+    }
+}
+
+/* KDLOSS_GEMM_FALLBACK=always: every oneDNN tile goes to the fallback as if dnnl_sgemm had run
+ * out of memory (for the tests; read at each product so a test can switch it). */
+static int fallback_forced(void) {
+    const char *e = getenv("KDLOSS_GEMM_FALLBACK");
+    return e && strcmp(e, "always") == 0;
+}
+
+typedef struct sgemm_ctx {
+    const kd_gemm *g;
+    kd_fb_arena *arena; /* the calling thread's, or NULL */
+    int force;
+} sgemm_ctx;
+
 static dnnl_status_t sgemm_tile(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
-    const kd_gemm *g = ctx;
+    const sgemm_ctx *x = ctx;
+    const kd_gemm *g = x->g;
     const float *a = g->ta ? g->a + i0 : g->a + i0 * g->lda;
     const float *b = g->tb ? g->b + j0 * g->ldb : g->b + j0;
-    return dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', mi, nj, g->k, g->alpha, a, g->lda, b,
-                      g->ldb, g->beta, g->c + i0 * g->ldc + j0, g->ldc);
+    float *c = g->c + i0 * g->ldc + j0;
+    dnnl_status_t s = x->force ? dnnl_out_of_memory
+                               : dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', mi, nj, g->k,
+                                            g->alpha, a, g->lda, b, g->ldb, g->beta, c, g->ldc);
+    /* out of memory: C is untouched (see the top of this file); redo the tile without allocating
+     * when the scratch reserved by kd_gemm_prepare holds it, else report it */
+    kd_fb_arena *ar = x->arena;
+    if (s != dnnl_out_of_memory || !ar || ar->floats < kd_gemm_fb_floats(mi, nj, g->k)) return s;
+    kd_gemm t = {g->ta, g->tb, mi, nj, g->k, g->alpha, a, g->lda, b, g->ldb, g->beta, c, g->ldc};
+    pthread_mutex_lock(&ar->lock);
+    fallback_run(&t, ar->scratch);
+    pthread_mutex_unlock(&ar->lock);
+    return dnnl_success;
 }
 
 static kdloss_status onednn_sgemm(const kd_gemm *g) {
-    return from_dnnl(for_tiles(g->m, g->n, g->k, sgemm_tile, g));
+    sgemm_ctx x = {g, arena_of_this_thread(), fallback_forced()};
+    return from_dnnl(for_tiles(g->m, g->n, g->k, sgemm_tile, &x));
 }
 
 /* ---- bf16 x bf16 -> fp32 (oneDNN matmul primitive) ----------------------------------------
@@ -398,6 +514,11 @@ kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int tr
     }
     if (provider == KDLOSS_GEMM_AUTO) provider = kd_gemm_provider_in_use();
     if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
+    if (provider == KDLOSS_GEMM_ONEDNN) { /* running out of memory cannot leave C half done */
+        kd_gemm_shape shape = {m, n, k};
+        kdloss_status st = fb_reserve(&shape, 1);
+        if (st != KDLOSS_OK) return st;
+    }
     kd_gemm g = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
     return run_with(provider, &g);
 }

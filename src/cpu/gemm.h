@@ -37,7 +37,32 @@ typedef struct kd_gemm_bf16 {
 /* The provider the next call uses (never AUTO): KDLOSS_GEMM env var, else oneDNN. */
 kdloss_gemm_provider kd_gemm_provider_in_use(void);
 
-/* Runs g with the provider in use; KDLOSS_OK, _OUT_OF_MEMORY or _BLAS. */
+/* The extent of one product: C is m x n, the inner dimension k (transposes and strides do not
+ * matter here). */
+typedef struct kd_gemm_shape {
+    int64_t m, n, k;
+} kd_gemm_shape;
+
+/*
+ * Makes sure that no kd_sgemm of these shapes, or of smaller ones (every dimension <=), run
+ * later from this thread can fail for lack of memory: reserves this thread's scratch for the
+ * allocation-free fallback GEMM (gemm_fb.h) that redoes a tile whose oneDNN call could not
+ * allocate its packing buffers. Call it before anything is written, with every product the
+ * call will run. KDLOSS_OK, or KDLOSS_ERR_OUT_OF_MEMORY with nothing else changed.
+ *
+ * The scratch is kept for the thread's life (freed when it ends) and only grown, so a warm
+ * thread's call allocates nothing here: at most 2.2 MB (KD_FB_MC, KD_FB_KC, KD_FB_NC bound it),
+ * (|m| + 32 + |n| + 32) * |k| floats with |m| = min(m, 1020), |n| = min(n, 1024), |k| =
+ * min(k, 256). Not covered, so a no-op: the OpenBLAS provider (it exits inside a failed
+ * allocation) and the native bf16 products (kd_gemm_bf16_run: oneDNN matmul primitives allocate
+ * in every execution and abort on failure; used only on CPUs with AMX, or when forced).
+ */
+kdloss_status kd_gemm_prepare(const kd_gemm_shape *shapes, int n);
+
+/* Runs g with the provider in use; KDLOSS_OK, _OUT_OF_MEMORY or _BLAS. With oneDNN, after a
+ * kd_gemm_prepare covering g from this thread, it never returns _OUT_OF_MEMORY (and never
+ * allocates beyond oneDNN's own buffers): a tile oneDNN cannot allocate for is computed by the
+ * fallback, to the same accuracy but not bitwise the same. */
 kdloss_status kd_sgemm(const kd_gemm *g);
 
 /* 1 when bf16 x bf16 products should run natively (kd_gemm_bf16_run) rather than be widened to

@@ -50,7 +50,7 @@ typedef struct kd_topk_sparse {
     kdloss_labels labels;      /* data NULL: every row kept */
     int64_t ignore_index;
     kd_div_coef coef;
-    float inv_t;
+    double inv_t;              /* 1 / T */
     float gs;                  /* d loss / d zs = gs dD/du; 0: no gradient */
     float *x32;                /* n x hs: the chunk's rows widened (bf16 student), else NULL */
     float *d32;                /* n x hs: fp32 dxs rows before their cast (bf16 student) */

@@ -2,10 +2,13 @@
  * makes is failed in turn, each in a forked child with a timeout, through the LD_PRELOAD shim
  * malloc_shim.c (malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign, valloc,
  * pvalloc). Each injection must end in KDLOSS_ERR_OUT_OF_MEMORY with every output untouched, or
- * in success with the warm call's results; never in exit(), a signal or a hang. The one
- * exception kdloss.h documents is accepted and counted apart: a GEMM provider (oneDNN allocates
- * its packing buffers per call) refused memory after earlier chunks wrote their gradient rows:
- * OUT_OF_MEMORY with the three losses untouched and only gradient outputs written.
+ * in success with the warm call's results; never in exit(), a signal or a hang. oneDNN
+ * allocates its packing buffers inside every GEMM; once the driver reserves the GEMM layer's
+ * fallback scratch with kd_gemm_prepare before it writes anything (gemm.h), a refusal there
+ * makes the fallback redo that tile, and the call succeeds with the warm results to fp32
+ * rounding (counted apart). Until the driver does, a refusal after earlier chunks wrote their
+ * gradient rows ends in OUT_OF_MEMORY with the three losses untouched and gradient rows
+ * written; KDFI_ALLOW_GRADS_WRITTEN says whether that is still accepted.
  *
  * Per scenario: one child counts the requests of a warm call (the third call of a process:
  * thread pools and BLAS buffers exist by then); then for each request number i a fresh child
@@ -16,8 +19,10 @@
  * what kdloss cannot catch before the runtimes are warm; the cold results do not fail the test.
  *
  * Verdict: fails (exit 1) when any warm injection exits, dies by a signal, hangs, or returns
- * something else than OK / OUT_OF_MEMORY-untouched / the documented exception. Not built under the sanitizers (ASan owns
- * malloc). The driver re-executes itself with LD_PRELOAD set when the shim is not loaded. */
+ * something else than OK (the warm results, or within rounding of them after the GEMM fallback)
+ * / OUT_OF_MEMORY-untouched / (while KDFI_ALLOW_GRADS_WRITTEN) the documented exception. Not
+ * built under the sanitizers (ASan owns malloc). The driver re-executes itself with LD_PRELOAD
+ * set when the shim is not loaded. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -42,6 +47,12 @@
 #endif
 
 #define TIMEOUT_S 30
+/* 0: an OUT_OF_MEMORY that leaves gradient rows written fails the test (src/cpu/fljsd.c reserves
+ * the GEMMs' fallback scratch with kd_gemm_prepare before anything is written); 1 accepted it,
+ * before that. */
+#ifndef KDFI_ALLOW_GRADS_WRITTEN
+#define KDFI_ALLOW_GRADS_WRITTEN 0
+#endif
 #define MAX_POINTS 400 /* cold calls: at most this many injections are tried */
 
 enum { BT = 64, HS = 32, HT = 24, V = 4096 }; /* 24-row chunks x V: parallel row passes */
@@ -93,6 +104,25 @@ static int outs_equal(const outs *a, const outs *b, const scen *s) {
            !memcmp(a->dbs, b->dbs, (size_t)V * esz(s));
 }
 
+/* Every element of the n-element output a within GEMM rounding of b, the warm result: 1e-4 of
+ * the output's largest magnitude (fp32 products of <= 4096 terms of size ~1 round far below
+ * that) plus two units of a bf16 output's rounding (a product that moved by an ulp can round
+ * to the neighbouring bf16). */
+static int close_to(const void *a, const void *b, int64_t n, kdloss_dtype dt) {
+    double mx = 0.0;
+    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(kt_get(b, dt, n, 0, i)));
+    for (int64_t i = 0; i < n; i++) {
+        double x = kt_get(a, dt, n, 0, i), y = kt_get(b, dt, n, 0, i);
+        if (!(fabs(x - y) <= 1e-4 * mx + 2.0 * kt_eps(dt) * fabs(y))) return 0;
+    }
+    return 1;
+}
+
+static int outs_close(const outs *a, const outs *b, const scen *s) {
+    return close_to(a->l, b->l, 3, KDLOSS_F32) && close_to(a->dxs, b->dxs, BT * HS, s->dt) &&
+           close_to(a->dws, b->dws, V * HS, s->dt) && close_to(a->dbs, b->dbs, V, s->dt);
+}
+
 static kdloss_status call(const scen *s, outs *o) {
     kdloss_fljsd_params prm;
     kdloss_fljsd_params_default(&prm);
@@ -114,11 +144,16 @@ static kdloss_status call(const scen *s, outs *o) {
 }
 
 /* Child outcomes, written to the shared page before _exit(0). */
-enum { R_NONE = 0, R_OOM_CLEAN, R_OK_SAME, R_NOT_REACHED, R_OOM_GRADS, R_OOM_WRITTEN,
-       R_OK_DIFFERENT, R_OTHER };
+enum { R_NONE = 0, R_OOM_CLEAN, R_OK_SAME, R_OK_CLOSE, R_NOT_REACHED, R_OOM_GRADS,
+       R_OOM_WRITTEN, R_OK_DIFFERENT, R_OTHER };
 static const char *r_name[] = {"no report", "OUT_OF_MEMORY, outputs untouched",
-                               "success, same results", "not reached (fewer requests this run)",
-                               "OUT_OF_MEMORY, losses untouched, gradient rows written (documented)",
+                               "success, same results",
+                               "success, the GEMM fallback redid a tile (results within rounding)",
+                               "not reached (fewer requests this run)",
+                               KDFI_ALLOW_GRADS_WRITTEN
+                                   ? "OUT_OF_MEMORY, losses untouched, gradient rows written "
+                                     "(documented)"
+                                   : "OUT_OF_MEMORY, losses untouched, gradient rows WRITTEN",
                                "OUT_OF_MEMORY but loss outputs written",
                                "success, different results", "other status"};
 static volatile int *child_result;
@@ -147,7 +182,10 @@ static void child(const scen *s, int warm, long fail_at) {
         r = outs_poisoned(&o, s)                 ? R_OOM_CLEAN
             : kt_is_poison(o.l, 3, KDLOSS_F32) ? R_OOM_GRADS
                                                  : R_OOM_WRITTEN;
-    else if (st == KDLOSS_OK) r = warm == 0 || outs_equal(&o, &base, s) ? R_OK_SAME : R_OK_DIFFERENT;
+    else if (st == KDLOSS_OK)
+        r = warm == 0 || outs_equal(&o, &base, s) ? R_OK_SAME
+            : outs_close(&o, &base, s)            ? R_OK_CLOSE
+                                                  : R_OK_DIFFERENT;
     else r = R_OTHER;
     *child_result = r;
     _exit(0);
@@ -191,7 +229,8 @@ static int run_child(const scen *s, int warm, long fail_at, char *buf, size_t n)
     }
     int r = *child_result;
     snprintf(buf, n, "%s", r_name[r]);
-    return r == R_OOM_CLEAN || r == R_OK_SAME || r == R_NOT_REACHED || r == R_OOM_GRADS;
+    return r == R_OOM_CLEAN || r == R_OK_SAME || r == R_OK_CLOSE || r == R_NOT_REACHED ||
+           (r == R_OOM_GRADS && KDFI_ALLOW_GRADS_WRITTEN);
 }
 
 /* Counts, then fails each request of the call made after `warm` unarmed calls. Returns the
@@ -205,7 +244,7 @@ static int inject_all(const scen *s, int warm, int *points) {
     long n = sh->count;
     *points = (int)n;
     printf("  %s, %s call: %ld allocation requests\n", s->name, warm ? "warm" : "cold", n);
-    int bad = 0, oom = 0, grads = 0, ok = 0, skipped = 0, tried = 0;
+    int bad = 0, oom = 0, grads = 0, ok = 0, fb = 0, skipped = 0, tried = 0;
     for (long i = 0; i < n && i < MAX_POINTS; i++) {
         int good = run_child(s, warm, i, buf, sizeof buf);
         tried++;
@@ -213,13 +252,15 @@ static int inject_all(const scen *s, int warm, int *points) {
         if (good && r == R_OOM_CLEAN) oom++;
         else if (good && r == R_OOM_GRADS) grads++;
         else if (good && r == R_NOT_REACHED) skipped++;
+        else if (good && r == R_OK_CLOSE) fb++;
         else if (good) ok++;
         else bad++;
         printf("    request %3ld from %-28s -> %s\n", i, sh->where[0] ? sh->where : "(not reached)", buf);
     }
     printf("  %s, %s call: %d injected: %d OUT_OF_MEMORY untouched, %d OUT_OF_MEMORY with "
-           "gradient rows written, %d succeeded, %d not reached, %d exit/signal/hang/wrong%s\n",
-           s->name, warm ? "warm" : "cold", tried, oom, grads, ok, skipped, bad,
+           "gradient rows written, %d succeeded (same), %d succeeded (GEMM fallback), %d not "
+           "reached, %d exit/signal/hang/wrong%s\n",
+           s->name, warm ? "warm" : "cold", tried, oom, grads, ok, fb, skipped, bad,
            n > MAX_POINTS ? " (capped)" : "");
     return bad;
 }

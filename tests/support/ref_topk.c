@@ -126,9 +126,12 @@ ref_topk_row_out ref_topk_row(const kdloss_div_params *d, kdloss_topk_tail tail,
         loss += l;
         mag += fabs(l) + 2.0 * ref_wmul(w, e);
         gm[b] = fabs(g[b]) + ref_wmul(w, e);
-        if (b == n) { /* the tail bin: |de/dy| and |dg/dy| are at most w e */
-            cond += ref_wmul(ref_wmul(w, e), dy_tail);
-            gc[b] += ref_wmul(ref_wmul(w, e), dy_tail);
+        if (b == n) { /* the tail bin: |de/dy| and |dg/dy| are at most w e, with w the largest
+                         weight over y's spread: P_tail itself is only known within (n + 2) 2^-52,
+                         so a tail far below that can come out as large as the spread */
+            double whi = exp(x[b]) + exp(y[b] + dy_tail);
+            cond += ref_wmul(ref_wmul(whi, e), dy_tail);
+            gc[b] += ref_wmul(ref_wmul(whi, e), dy_tail);
         }
         if (d->divergence == KDLOSS_DIV_TVD &&
             fabs(x[b] - y[b]) <= 64 * 0x1p-24 * (2.0 + fabs(x[b]) + fabs(y[b])))
