@@ -236,7 +236,8 @@ typedef struct tk_row_args {
     const uint8_t *flags; /* [bt] TK_ROW_* */
     int64_t row0;         /* global index of the launch's first row */
     int64_t rows, v, k;
-    float inv_t;          /* 1 / T */
+    float inv_t;          /* 1 / T: the V-wide passes (u_j = z_j / T in fp32) */
+    double inv_t64;       /* 1 / T in double: kd_topk_row's slot math (topk_row.h says why) */
     int same_t;           /* T == 1: the untempered lse comes from R and the slots */
     kd_div_coef coef;
     int tail;
@@ -382,7 +383,8 @@ __device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float 
             n++;
         }
     double crest = 0.0;
-    const double d = kd_topk_row(&a.coef, a.tail, n, s.z, s.lp, a.inv_t, (double)R, s.g, &crest);
+    const double d = kd_topk_row(&a.coef, a.tail, n, s.z, s.lp, a.inv_t64, (double)R, s.g,
+                                 &crest);
     /* T == 1: lse over all columns = logaddexp(R, lse over S), both parts exact */
     if (a.do_hard && a.same_t) lh = (float)kd_topk_logaddexp((double)R, kd_topk_lse(s.z, n, 1.0));
     const unsigned long long nv = a.hdr->n_valid;
@@ -497,7 +499,7 @@ typedef struct tk_sparse_args {
     const uint8_t *flags;
     const tk_header *hdr;
     int64_t bt, hs, k;
-    float inv_t;
+    double inv_t64;       /* 1 / T in double (kd_topk_row) */
     kd_div_coef coef;
     int grad_soft;
     double w_soft, grad_scale, temperature, soft_fac;
@@ -555,8 +557,8 @@ __device__ void tk_sparse_math(const tk_sparse_args &a, int64_t r, tk_slots s, i
             n++;
         }
     double crest = 0.0;
-    const double d = kd_topk_row(&a.coef, KD_TAIL_RENORM_BOTH, n, s.z, s.lp, a.inv_t, -INFINITY,
-                                 s.g, &crest);
+    const double d = kd_topk_row(&a.coef, KD_TAIL_RENORM_BOTH, n, s.z, s.lp, a.inv_t64,
+                                 -INFINITY, s.g, &crest);
     const unsigned long long nv = a.hdr->n_valid;
     const double nvd = nv > 0 ? (double)nv : 1.0;
     const float cb = a.grad_soft
@@ -954,6 +956,7 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     a.g_pitch = g.ld_g * (int64_t)es;
     a.rows = bt;
     a.inv_t = (float)(1.0 / params->temperature);
+    a.inv_t64 = 1.0 / params->temperature;
     a.same_t = params->temperature == 1.0;
     a.coef = kd_div_coef_make(&params->div);
     a.tail = (int)params->tail;
@@ -1001,6 +1004,7 @@ static void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_
     a->g_pitch = P.ldz * (int64_t)sizeof(float);
     a->bias = bs;
     a->inv_t = (float)(1.0 / p->temperature);
+    a->inv_t64 = 1.0 / p->temperature;
     a->same_t = p->temperature == 1.0;
     a->coef = kd_div_coef_make(&p->div);
     a->tail = (int)p->tail;
@@ -1151,7 +1155,7 @@ static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_to
     a.bt = bt;
     a.hs = hs;
     a.k = t.k;
-    a.inv_t = (float)(1.0 / p->temperature);
+    a.inv_t64 = 1.0 / p->temperature;
     a.coef = kd_div_coef_make(&p->div);
     a.grad_soft = g.want_grad && p->weight_soft_loss > 0.0;
     a.w_soft = p->weight_soft_loss;
