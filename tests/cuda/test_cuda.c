@@ -1442,6 +1442,12 @@ static void test_tk_logits_case(kt_rng *rng, const tk_case *c) {
         const double nvd = nv > 0 ? (double)nv : 1.0;
         tk_logits_check(c, tag, &d, dg, dloss, drow, dws, want_status, rg, rrow, want, abs_tot,
                         nvd, tk_call_run, &a);
+        if (!c->in_place) { /* the student's logits are an input: never written (nor masked) */
+            void *hx2 = xmalloc((size_t)(bt * ld) * es);
+            d2h(hx2, dx, (size_t)(bt * ld) * es);
+            KT_CHECK(memcmp(hx, hx2, (size_t)(bt * ld) * es) == 0, "%s: student logits written", tag);
+            free(hx2);
+        }
         if (kdloss_topk_distill_logits && want_status == KDLOSS_OK && !c->misalign && !c->in_place) {
             void *hg = xmalloc((size_t)(bt * ld) * es);
             float hl;
