@@ -777,7 +777,12 @@ KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill(
  * kdloss_fused_linear_topk_distill, from the same row definitions (src/common/topk_row.h). The
  * teacher's ids are device memory: like labels, an invalid id (or a repeated one) is reported
  * through the workspace's status word (KDLOSS_ERR_INVALID_ID; scalar losses NaN, the row's loss
- * NaN and its gradient zero) instead of before the first launch. */
+ * NaN and its gradient zero, ignored rows' ids checked too) instead of before the first launch;
+ * the other rows are computed as if that row were ignored. With invalid ids and an out-of-range
+ * label both present the word holds the CPU function's code for that call (the fused loss:
+ * KDLOSS_ERR_INVALID_ID; the logits loss: KDLOSS_ERR_LABEL_OUT_OF_RANGE). The fused loss's
+ * sparse renorm_both path needs BT K < 2^31 (above, the full-vocabulary path runs: same results).
+ * The workspace size query of the fused loss covers both paths. */
 KDLOSS_API kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t v,
                                                                        int64_t k, size_t *bytes);
 KDLOSS_API kdloss_status kdloss_cuda_topk_distill_logits(

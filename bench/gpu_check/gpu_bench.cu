@@ -6,6 +6,11 @@
  *      weights 0.5/0.5), loss + dxs + dws, at several memory budgets
  *   3. the four bare GEMMs of that workload at full size (zs, zt, dxs, dws), cuBLAS, bf16 in,
  *      fp32 accumulation: the floor the fused loss is compared with
+ *   4. the sparse top-k teacher at issue 10's shape (BT 2048, H 1024, V 32768, K 64, fp32):
+ *      kdloss_cuda_fused_linear_topk_distill forward KL bucket (loss + dxs + dws; its three bare
+ *      fp32 GEMMs as the floor), renorm_both on the sparse path, the same on the dense path (a
+ *      row_lse output forces it; the two must agree), and kdloss_cuda_topk_distill_logits on
+ *      2048 x 32768 fp32 logits
  * and the device memory each workload holds (inputs + outputs + workspace, counted at cudaMalloc).
  * Usage: gpu_bench [summary.json]. Exit code 0 only if every call succeeded and every loss is
  * finite. */
@@ -108,6 +113,19 @@ __global__ void row_softmax(float *x, int64_t v, int to_prob) {
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += red[w];
     const float lse = m + logf(s);
     for (int64_t c = threadIdx.x; c < v; c += blockDim.x) r[c] = to_prob ? expf(r[c] - lse) : r[c] - lse;
+}
+
+__global__ void fill_uniform_f32(float *p, int64_t n, float lo, float hi, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = lo + (hi - lo) * u01(seed, i);
+}
+/* ids of row r: (r 7919 + j 509) mod v, distinct within a row for a power-of-two v; each slot
+ * log(0.9 / k): the teacher's top k hold 90% of its mass */
+__global__ void fill_topk(int64_t *ids, float *lp, int64_t bt, int64_t k, int64_t v) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < bt * k; i += (int64_t)gridDim.x * blockDim.x) {
+        ids[i] = ((i / k) * 7919 + (i % k) * 509) % v;
+        lp[i] = logf(0.9f / (float)k);
+    }
 }
 
 static unsigned grid_for(int64_t n) { int64_t b = (n + 255) / 256; return (unsigned)(b > 65535 * 4 ? 65535 * 4 : b); }
@@ -266,6 +284,236 @@ static void gemm_op(void *arg) {
         for (int i = 0; i < 4; i++) gemm_one(g, i);
 }
 
+/* ---- workload 4: the sparse top-k teacher ---- */
+typedef struct tk_w {
+    kdloss_cuda_context *ctx;
+    int64_t bt, hs, v, k;
+    float *xs, *ws, *dxs, *dws, *lp, *loss, *lse, *z, *g;
+    int64_t *ids;
+    void *wk;
+    size_t wkb;
+    kdloss_topk_tail tail;
+    int row_lse; /* ask row_lse: renorm_both then runs the dense path */
+} tk_w;
+
+static kdloss_fused_linear_topk_distill_params tk_params(kdloss_topk_tail tail) {
+    kdloss_fused_linear_topk_distill_params p;
+    kdloss_fused_linear_topk_distill_params_default(&p); /* forward KL, T 1, w_soft 1 */
+    p.tail = tail;
+    return p;
+}
+
+static void tk_op(void *arg) {
+    tk_w *w = (tk_w *)arg;
+    kdloss_fused_linear_topk_distill_params p = tk_params(w->tail);
+    kdloss_fused_linear_distill_out o;
+    memset(&o, 0, sizeof o);
+    o.loss = w->loss;
+    o.dxs = (kdloss_mat){w->dxs, KDLOSS_F32, 0};
+    o.dws = (kdloss_mat){w->dws, KDLOSS_F32, 0};
+    o.row_lse = w->row_lse ? w->lse : NULL;
+    kdloss_cmat xs = {w->xs, KDLOSS_F32, 0}, ws = {w->ws, KDLOSS_F32, 0};
+    kdloss_topk_teacher t = {w->k, {w->ids, KDLOSS_I64, 0}, {w->lp, KDLOSS_F32, 0}};
+    kdloss_labels L = {NULL, KDLOSS_I64};
+    KS(kdloss_cuda_fused_linear_topk_distill(w->ctx, g_st, &p, w->bt, w->hs, w->v, xs, ws, NULL,
+                                             t, L, &o, w->wk, w->wkb));
+}
+
+static void tk_logits_op(void *arg) {
+    tk_w *w = (tk_w *)arg;
+    kdloss_topk_distill_params p;
+    kdloss_topk_distill_params_default(&p);
+    kdloss_cmat z = {w->z, KDLOSS_F32, 0};
+    kdloss_topk_teacher t = {w->k, {w->ids, KDLOSS_I64, 0}, {w->lp, KDLOSS_F32, 0}};
+    kdloss_labels L = {NULL, KDLOSS_I64};
+    kdloss_mat g = {w->g, KDLOSS_F32, 0};
+    KS(kdloss_cuda_topk_distill_logits(w->ctx, g_st, &p, w->bt, w->v, z, t, L, w->loss, NULL, g,
+                                       w->wk, w->wkb));
+}
+
+/* ||a - b|| / ||b|| over n device floats (copied to the host). */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    float *ha = (float *)malloc(n * 4), *hb = (float *)malloc(n * 4);
+    CK(cudaMemcpy(ha, a, n * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hb, b, n * 4, cudaMemcpyDeviceToHost));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)ha[i] - hb[i];
+        num += d * d;
+        den += (double)hb[i] * hb[i];
+    }
+    free(ha);
+    free(hb);
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* One result: a line on stdout and an entry of the JSON summary. */
+static FILE *g_js;
+static int g_first_row = 1;
+static void row_out(const char *name, timing tm, size_t mem, const char *extra) {
+    printf("%-44s %9.3f ms  [p20 %.3f, p80 %.3f]  mem %7.0f MB  %s\n", name, tm.med, tm.p20,
+           tm.p80, (double)mem / 1e6, extra);
+    if (g_js)
+        fprintf(g_js, "%s    {\"name\": \"%s\", \"ms\": %.4f, \"p20\": %.4f, \"p80\": %.4f, "
+                      "\"mem_mb\": %.1f}",
+                g_first_row ? "" : ",\n", name, tm.med, tm.p20, tm.p80, (double)mem / 1e6);
+    g_first_row = 0;
+}
+
+/* The last call's status word is 0 and its loss finite. */
+static int tk_sane(const tk_w *w, const char *what) {
+    float loss;
+    int32_t st;
+    CK(cudaMemcpy(&loss, w->loss, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&st, w->wk, 4, cudaMemcpyDeviceToHost));
+    if (isfinite(loss) && st == 0) return 1;
+    printf("%s: loss %g, status word %d\n", what, loss, (int)st);
+    return 0;
+}
+
+/* Times one fused top-k configuration with a workspace of its own size. */
+static timing tk_time(tk_w *w, const char *name, int *ok) {
+    kdloss_fused_linear_topk_distill_params p = tk_params(w->tail);
+    KS(kdloss_cuda_fused_linear_topk_distill_workspace_size(&p, w->bt, w->hs, w->v, w->k,
+                                                           KDLOSS_F32, 1, &w->wkb));
+    w->wk = dmalloc(w->wkb);
+    timing t = time_op(tk_op, w, 2, 10);
+    *ok &= tk_sane(w, name);
+    const double gemm_flop = 3.0 * 2.0 * w->bt * w->v * w->hs;
+    char extra[160];
+    snprintf(extra, sizeof extra, "workspace %.0f MB, %.1f TFLOP/s of the 3 dense GEMMs",
+             w->wkb / 1e6, gemm_flop / (t.med * 1e-3) / 1e12);
+    row_out(name, t, g_peak, extra);
+    dfree(w->wk, w->wkb);
+    return t;
+}
+
+/* renorm_both on its sparse path against the dense path (row_lse asked): the same loss, dxs and
+ * dws up to summation order. */
+static void tk_sparse_vs_dense(tk_w *w, int *ok) {
+    const size_t bx = (size_t)(w->bt * w->hs) * 4, bw = (size_t)(w->v * w->hs) * 4;
+    float *dx2 = (float *)dmalloc(bx), *dw2 = (float *)dmalloc(bw), l1, l2;
+    w->tail = KDLOSS_TAIL_RENORM_BOTH;
+    w->row_lse = 0;
+    tk_time(w, "kdloss fused topk renorm_both sparse", ok);
+    CK(cudaMemcpy(&l1, w->loss, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(dx2, w->dxs, bx, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(dw2, w->dws, bw, cudaMemcpyDeviceToDevice));
+    w->row_lse = 1;
+    tk_time(w, "kdloss fused topk renorm_both dense", ok);
+    CK(cudaMemcpy(&l2, w->loss, 4, cudaMemcpyDeviceToHost));
+    const double ex = rel_diff(dx2, w->dxs, bx / 4), ew = rel_diff(dw2, w->dws, bw / 4);
+    const double el = fabs((double)l1 - l2) / fabs((double)l2);
+    const int agree = el < 1e-5 && ex < 1e-4 && ew < 1e-4;
+    printf("renorm_both sparse vs dense: loss %.3g, dxs %.3g, dws %.3g (relative): %s\n", el, ex,
+           ew, agree ? "agree" : "DIFFER");
+    *ok &= agree;
+    w->row_lse = 0;
+    dfree(dx2, bx);
+    dfree(dw2, bw);
+}
+
+/* kdloss_cuda_topk_distill_logits on (bt x v) fp32 logits, loss + gradient. */
+static void tk_time_logits(tk_w *w, int *ok) {
+    const size_t bz = (size_t)(w->bt * w->v) * 4;
+    w->z = (float *)dmalloc(bz);
+    w->g = (float *)dmalloc(bz);
+    fill_normal_f32<<<grid_for(bz / 4), 256, 0, g_st>>>(w->z, bz / 4, 21);
+    CK(cudaGetLastError());
+    KS(kdloss_cuda_topk_distill_logits_workspace_size(w->bt, w->v, w->k, &w->wkb));
+    w->wk = dmalloc(w->wkb);
+    timing t = time_op(tk_logits_op, w, 3, 20);
+    *ok &= tk_sane(w, "topk logits");
+    char extra[96];
+    snprintf(extra, sizeof extra, "%.0f GB/s effective (%.0f MB read + written)",
+             2.0 * bz / (t.med * 1e6), 2.0 * bz / 1e6);
+    row_out("kdloss topk_distill_logits 2048x32768 fp32", t, g_peak, extra);
+    dfree(w->wk, w->wkb);
+    dfree(w->z, bz);
+    dfree(w->g, bz);
+}
+
+/* The three fp32 GEMMs of the dense path at full size (cuBLAS, no TF32): its floor. */
+static void tk_gemm_floor(tk_w *w) {
+    cublasHandle_t h;
+    BK(cublasCreate(&h));
+    BK(cublasSetStream(h, g_st));
+    const size_t bz = (size_t)(w->bt * w->v) * 4;
+    w->z = (float *)dmalloc(bz);
+    CK(cudaMemsetAsync(w->z, 0, bz, g_st));
+    const int bt = (int)w->bt, hs = (int)w->hs, v = (int)w->v;
+    const float one = 1.0f, zero = 0.0f;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double ms[5];
+    for (int i = 0; i < 6; i++) {
+        CK(cudaEventRecord(e0, g_st));
+        BK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, v, bt, hs, &one, w->ws, CUDA_R_32F, hs, w->xs,
+                        CUDA_R_32F, hs, &zero, w->z, CUDA_R_32F, v, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        BK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, hs, bt, v, &one, w->ws, CUDA_R_32F, hs, w->z,
+                        CUDA_R_32F, v, &zero, w->dxs, CUDA_R_32F, hs, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        BK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, hs, v, bt, &one, w->xs, CUDA_R_32F, hs, w->z,
+                        CUDA_R_32F, v, &zero, w->dws, CUDA_R_32F, hs, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+        CK(cudaEventRecord(e1, g_st));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        if (i) ms[i - 1] = t; /* the first is warm-up */
+    }
+    qsort(ms, 5, sizeof(double), cmp_d);
+    timing tm = {ms[2], ms[1], ms[3]};
+    char extra[64];
+    snprintf(extra, sizeof extra, "%.1f TFLOP/s", 6.0 * bt * (double)v * hs / (tm.med * 1e-3) / 1e12);
+    row_out("bare fp32 GEMMs zs, dxs, dws (topk shape)", tm, g_peak, extra);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    BK(cublasDestroy(h));
+    dfree(w->z, bz);
+}
+
+/* Issue 10's shape: BT 2048, H 1024, V 32768, K 64, fp32. Returns 0 on a failure. */
+static int bench_topk(kdloss_cuda_context *ctx) {
+    tk_w w;
+    memset(&w, 0, sizeof w);
+    w.ctx = ctx;
+    w.bt = 2048, w.hs = 1024, w.v = 32768, w.k = 64;
+    const size_t bx = (size_t)(w.bt * w.hs) * 4, bw = (size_t)(w.v * w.hs) * 4;
+    const size_t nk = (size_t)(w.bt * w.k);
+    g_peak = g_live;
+    w.xs = (float *)dmalloc(bx);
+    w.ws = (float *)dmalloc(bw);
+    w.dxs = (float *)dmalloc(bx);
+    w.dws = (float *)dmalloc(bw);
+    w.ids = (int64_t *)dmalloc(nk * 8);
+    w.lp = (float *)dmalloc(nk * 4);
+    w.loss = (float *)dmalloc(4);
+    w.lse = (float *)dmalloc((size_t)w.bt * 4);
+    const float a = 1.0f / sqrtf((float)w.hs); /* nn.Linear's init */
+    fill_normal_f32<<<grid_for(bx / 4), 256, 0, g_st>>>(w.xs, bx / 4, 31);
+    fill_uniform_f32<<<grid_for(bw / 4), 256, 0, g_st>>>(w.ws, bw / 4, -a, a, 32);
+    fill_topk<<<grid_for(nk), 256, 0, g_st>>>(w.ids, w.lp, w.bt, w.k, w.v);
+    CK(cudaGetLastError());
+    int ok = 1;
+    w.tail = KDLOSS_TAIL_BUCKET;
+    tk_time(&w, "kdloss fused topk fwd_kl bucket fp32", &ok);
+    tk_sparse_vs_dense(&w, &ok);
+    tk_gemm_floor(&w);
+    tk_time_logits(&w, &ok);
+    dfree(w.xs, bx);
+    dfree(w.ws, bw);
+    dfree(w.dxs, bx);
+    dfree(w.dws, bw);
+    dfree(w.ids, nk * 8);
+    dfree(w.lp, nk * 4);
+    dfree(w.loss, 4);
+    dfree(w.lse, (size_t)w.bt * 4);
+    return ok;
+}
+
 static size_t dev_used(void) {
     size_t fr, tot;
     CK(cudaMemGetInfo(&fr, &tot));
@@ -288,21 +536,9 @@ int main(int argc, char **argv) {
     const size_t base_used = dev_used();
     int ok = 1;
     FILE *js = json ? fopen(json, "w") : NULL;
+    g_js = js;
     if (js) fprintf(js, "{\n  \"device\": \"%s\",\n  \"sm_count\": %d,\n  \"results\": [\n", prop.name, prop.multiProcessorCount);
     printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
-    int first_row = 1;
-#define ROW(name, tm, mem, extra)                                                                  \
-    do {                                                                                          \
-        printf("%-44s %9.3f ms  [p20 %.3f, p80 %.3f]  mem %7.0f MB  %s\n", name, (tm).med,        \
-               (tm).p20, (tm).p80, (double)(mem) / 1e6, extra);                                   \
-        if (js)                                                                                   \
-            fprintf(js, "%s    {\"name\": \"%s\", \"ms\": %.4f, \"p20\": %.4f, \"p80\": %.4f, "      \
-                        "\"mem_mb\": %.1f}",                                                       \
-                    first_row ? "" : ",\n", name, (tm).med, (tm).p20, (tm).p80,                   \
-                    (double)(mem) / 1e6);                                                         \
-        first_row = 0;                                                                            \
-    } while (0)
-
     /* ---- 1. KL ---- */
     {
         kl_w w;
@@ -327,7 +563,7 @@ int main(int argc, char **argv) {
         CK(cudaMemcpy(&loss, w.loss, 4, cudaMemcpyDeviceToHost));
         char extra[128];
         snprintf(extra, sizeof extra, "%.0f GB/s effective (805 MB), loss %.6g", 3.0 * by / (t.med * 1e6), loss);
-        ROW("kdloss kl_div full 16384x4096 fp32", t, g_peak, extra);
+        row_out("kdloss kl_div full 16384x4096 fp32", t, g_peak, extra);
         if (!isfinite(loss)) ok = 0;
         dfree(w.y, by);
         dfree(w.t, by);
@@ -384,7 +620,7 @@ int main(int argc, char **argv) {
             snprintf(extra, sizeof extra, "workspace %.0f MB, loss %.6g, status %d, %.0f TFLOP/s (21.5 TFLOP), dev used +%.0f MB",
                      w.wkb / 1e6, loss, (int)status, 21.52e12 / (t.med * 1e-3) / 1e12,
                      (double)(used0 - base_used) / 1e6);
-            ROW(name, t, g_peak, extra);
+            row_out(name, t, g_peak, extra);
             if (!isfinite(loss) || status != 0) ok = 0;
             dfree(w.wk, w.wkb);
         }
@@ -413,7 +649,7 @@ int main(int argc, char **argv) {
             char extra[96] = "";
             double f = i < 4 ? flops[i] : flops[0] + flops[1] + flops[2] + flops[3];
             snprintf(extra, sizeof extra, "%.0f TFLOP/s", f / (t.med * 1e-3) / 1e12);
-            ROW(names[i], t, g_peak, extra);
+            row_out(names[i], t, g_peak, extra);
         }
         BK(cublasDestroy(g.h));
         dfree(g.z, bz);
@@ -428,6 +664,8 @@ int main(int argc, char **argv) {
         dfree(w.dws, bws);
         dfree(w.loss, 4);
     }
+    /* ---- 4. the sparse top-k teacher ---- */
+    if (!bench_topk(ctx)) ok = 0;
     if (js) {
         fprintf(js, "\n  ],\n  \"ok\": %s\n}\n", ok ? "true" : "false");
         fclose(js);

@@ -245,3 +245,129 @@ kdloss_status kd_args_workspace(const void *ws, size_t bytes, size_t need, const
     if (overlaps_any(w, spans->s, spans->n)) return KDLOSS_ERR_ALIASING;
     return KDLOSS_OK;
 }
+
+/* ---- the sparse top-k teacher ------------------------------------------------------------- */
+
+/* Every output span against every input and every later output; output `skip_o` may coincide
+ * with input `skip_i` (an in-place gradient; -1: none). */
+static kdloss_status spans_disjoint(const kd_spanset *s, int skip_o, int skip_i) {
+    for (int o = s->n_in; o < s->n; o++) {
+        for (int i = 0; i < s->n_in; i++)
+            if (!(o == skip_o && i == skip_i) && kd_spans_overlap(s->s[o], s->s[i]))
+                return KDLOSS_ERR_ALIASING;
+        if (overlaps_any(s->s[o], s->s + o + 1, s->n - o - 1)) return KDLOSS_ERR_ALIASING;
+    }
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_args_topk_logits(const kdloss_topk_distill_params *p, int64_t bt, int64_t v,
+                                  kdloss_cmat student, kdloss_topk_teacher teacher,
+                                  kdloss_labels labels, const float *loss, const float *row_loss,
+                                  kdloss_mat grad, kd_topk_geom *g, kd_spanset *spans) {
+    /* the CPU's order (src/cpu/distill_logits.c): parameters, sizes, teacher, student */
+    kdloss_status st = kd_topk_check_logits_params(p); /* src/common/topk.c, shared */
+    if (st != KDLOSS_OK) return st;
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    kd_span s_s, s_ids, s_lp, s_g = {0, 0};
+    st = kd_topk_check_teacher(teacher, bt, &s_ids, &s_lp, &g->ld_ids, &g->ld_lp);
+    if (st == KDLOSS_OK)
+        st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, &g->ld_s, &s_s);
+    if (st != KDLOSS_OK) return st;
+    g->ld_g = 0;
+    if (grad.data) {
+        if (grad.dtype != student.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        st = kd_check_fmat(bt, v, grad.data, grad.dtype, grad.ld, &g->ld_g, &s_g);
+        if (st != KDLOSS_OK) return st;
+    }
+    /* label values live on the device and are checked there, as the ids (kdloss.h) */
+    if (labels.data && labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32)
+        return KDLOSS_ERR_INVALID_DTYPE;
+    if (labels.data && !kd_aligned(labels.data, kdloss_dtype_size(labels.dtype)))
+        return KDLOSS_ERR_MISALIGNED;
+    if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
+    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
+    g->want_grad = grad.data != NULL;
+    spans->n = 0;
+    spans_add(spans, s_s); /* input 0 */
+    spans_add(spans, s_ids);
+    spans_add(spans, s_lp);
+    spans_add(spans, kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
+    spans->n_in = spans->n;
+    spans_add(spans, s_g); /* output n_in: may be the student itself, same ld */
+    spans_add(spans, kd_vec_span(row_loss, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(loss, 1, sizeof(float)));
+    const int in_place = grad.data && grad.data == student.data && g->ld_g == g->ld_s;
+    return spans_disjoint(spans, in_place ? spans->n_in : -1, 0);
+}
+
+kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                           int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                           kdloss_topk_teacher teacher, kdloss_labels labels,
+                           const kdloss_fused_linear_distill_out *out, kd_topk_geom *g,
+                           kd_spanset *spans) {
+    /* the CPU's order (src/cpu/fljsd_check.c) */
+    if (!p || !out) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = kd_topk_check_fused_params(p); /* src/common/topk.c, shared */
+    if (st == KDLOSS_OK) st = kd_args_fl_sizes(bt, hs, hs, v);
+    if (st == KDLOSS_OK) st = fl_pair_dtype(xs.dtype, ws.dtype);
+    if (st != KDLOSS_OK) return st;
+    kd_span s_xs, s_ws, s_ids, s_lp;
+    if ((st = fl_mat(bt, hs, xs.data, xs.dtype, xs.ld, &g->ld_xs, &s_xs)) != KDLOSS_OK) return st;
+    if ((st = fl_mat(v, hs, ws.data, ws.dtype, ws.ld, &g->ld_ws, &s_ws)) != KDLOSS_OK) return st;
+    st = kd_topk_check_teacher(teacher, bt, &s_ids, &s_lp, &g->ld_ids, &g->ld_lp);
+    if (st != KDLOSS_OK) return st;
+    const size_t es = kdloss_dtype_size(xs.dtype);
+    if (!kd_aligned(bs, es)) return KDLOSS_ERR_MISALIGNED;
+    /* labels are optional: without them every row is kept and no cross-entropy exists */
+    if (!labels.data && (p->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard))
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (labels.data && labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32)
+        return KDLOSS_ERR_INVALID_DTYPE;
+    if (labels.data && !kd_aligned(labels.data, kdloss_dtype_size(labels.dtype)))
+        return KDLOSS_ERR_MISALIGNED;
+
+    const int grad = out->dxs.data || out->dws.data || out->dbs;
+    if (!grad && !out->loss && !out->soft_loss && !out->hard_loss && !out->row_soft &&
+        !out->row_hard && !out->row_lse)
+        return KDLOSS_ERR_NO_OUTPUT;
+    kd_span s_dxs = {0, 0}, s_dws = {0, 0};
+    g->ld_dxs = 0;
+    g->ld_dws = 0;
+    if (out->dxs.data) {
+        if (out->dxs.dtype != xs.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        st = fl_mat(bt, hs, out->dxs.data, out->dxs.dtype, out->dxs.ld, &g->ld_dxs, &s_dxs);
+        if (st != KDLOSS_OK) return st;
+    }
+    if (out->dws.data) {
+        if (out->dws.dtype != ws.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        st = fl_mat(v, hs, out->dws.data, out->dws.dtype, out->dws.ld, &g->ld_dws, &s_dws);
+        if (st != KDLOSS_OK) return st;
+    }
+    if (out->dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
+    if (!kd_aligned(out->dbs, es) || !kd_aligned(out->loss, sizeof(float)) ||
+        !kd_aligned(out->soft_loss, sizeof(float)) || !kd_aligned(out->hard_loss, sizeof(float)) ||
+        !kd_aligned(out->row_soft, sizeof(float)) || !kd_aligned(out->row_hard, sizeof(float)) ||
+        !kd_aligned(out->row_lse, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
+    g->want_grad = grad;
+
+    spans->n = 0;
+    spans_add(spans, s_xs);
+    spans_add(spans, s_ws);
+    spans_add(spans, kd_vec_span(bs, v, es));
+    spans_add(spans, s_ids);
+    spans_add(spans, s_lp);
+    spans_add(spans, kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
+    spans->n_in = spans->n;
+    spans_add(spans, s_dxs);
+    spans_add(spans, s_dws);
+    spans_add(spans, kd_vec_span(out->dbs, v, es));
+    spans_add(spans, kd_vec_span(out->loss, 1, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->soft_loss, 1, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->hard_loss, 1, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_soft, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_hard, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_lse, bt, sizeof(float)));
+    return KDLOSS_OK;
+}

@@ -57,6 +57,33 @@ kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt
                          const kdloss_fused_linear_distill_out *out, kd_fl_geom *g,
                          kd_spanset *spans);
 
+/* Effective leading dimensions of a top-k call (teacher, and the logits' or the fused loss's
+ * operands), and what the fused loss must compute. */
+typedef struct kd_topk_geom {
+    int64_t ld_ids, ld_lp;                 /* teacher ids and log-probs (rows of k)  */
+    int64_t ld_s, ld_g;                    /* kdloss_cuda_topk_distill_logits      */
+    int64_t ld_xs, ld_ws, ld_dxs, ld_dws;  /* kdloss_cuda_fused_linear_topk_distill */
+    int want_grad;                         /* fused: dxs, dws or dbs requested      */
+} kd_topk_geom;
+
+/* The top-k parameters and the teacher's views are checked by src/common/topk.c (check.h),
+ * shared with the CPU. */
+
+/* Everything of kdloss_cuda_topk_distill_logits but the workspace, overlaps included (as the
+ * elementwise calls: the CPU function has no workspace). */
+kdloss_status kd_args_topk_logits(const kdloss_topk_distill_params *p, int64_t bt, int64_t v,
+                                  kdloss_cmat student, kdloss_topk_teacher teacher,
+                                  kdloss_labels labels, const float *loss, const float *row_loss,
+                                  kdloss_mat grad, kd_topk_geom *g, kd_spanset *spans);
+
+/* Everything of kdloss_cuda_fused_linear_topk_distill but the overlaps and the workspace
+ * (kd_args_fl_workspace checks those, as for the dense fused loss). */
+kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                           int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                           kdloss_topk_teacher teacher, kdloss_labels labels,
+                           const kdloss_fused_linear_distill_out *out, kd_topk_geom *g,
+                           kd_spanset *spans);
+
 /* Workspace checks common to every CUDA call: NULL -> NULL_POINTER, not 16-byte aligned ->
  * INVALID_PARAM, smaller than `need` -> WORKSPACE_TOO_SMALL, overlapping any operand -> ALIASING.
  * KL and JSD check their operands' overlaps before (the CPU functions have no workspace). */

@@ -170,6 +170,10 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
             double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
             a.row_soft[gr] = z;
             a.row_hard[gr] = z;
+            /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
+            if (a.out_soft) a.out_soft[gr] = (float)z;
+            if (a.out_hard) a.out_hard[gr] = (float)z;
+            if (a.out_lse) a.out_lse[gr] = (float)z;
         }
         return;
     }
@@ -277,32 +281,6 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
 
 /* ---- small kernels ------------------------------------------------------------------------- */
 
-/* acc[c] = (first ? 0 : acc[c]) + sum over r < rows of dz[r * pitch + c], r ascending.
- * Shapes: dz (rows x v, pitch) dtype DS; acc [v] fp32. One thread per column: coalesced. */
-template <int DS>
-__global__ void __launch_bounds__(256)
-fl_colsum_kernel(const void *dz, int64_t pitch, int64_t rows, int64_t v, float *acc, int first) {
-    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < v;
-         c += (int64_t)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-#pragma unroll 8
-        for (int64_t r = 0; r < rows; r++) s += kd_ld<DS>(dz, r * pitch + c);
-        acc[c] = first ? s : acc[c] + s;
-    }
-}
-
-/* out (rows x cols, ld_out) bf16 = acc (rows x cols, ld_acc) fp32, rounded once. */
-__global__ void __launch_bounds__(256)
-fl_cast_kernel(const float *acc, int64_t ld_acc, void *out, int64_t ld_out, int64_t rows,
-               int64_t cols) {
-    const int64_t n = rows * cols;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i - r * cols;
-        kd_st<KDLOSS_BF16>(out, r * ld_out + c, acc[r * ld_acc + c]);
-    }
-}
-
 #define FL_FINAL_THREADS 1024
 
 /* row_soft, row_hard [bt] -> the three scalar losses (one block, fixed order) and the status. */
@@ -350,11 +328,6 @@ static void fl_row_launch(kdloss_dtype ds, kdloss_dtype dt, int64_t rows, const 
         else
             fl_row_kernel<KDLOSS_F32, KDLOSS_F32><<<grid, FL_ROW_THREADS, 0, st>>>(a);
     }
-}
-
-static unsigned fl_grid_1d(int64_t n, int threads) {
-    int64_t b = (n + threads - 1) / threads;
-    return kd_grid(b > 65536 ? 65536 : b); /* grid-stride loops cover the rest */
 }
 
 kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
@@ -475,10 +448,10 @@ kdloss_status kdloss_cuda_fused_linear_distill(
         }
         if (out->dbs) {
             if (sdt == KDLOSS_BF16)
-                fl_colsum_kernel<KDLOSS_BF16><<<fl_grid_1d(v, 256), 256, 0, st>>>(
+                kd_colsum_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(
                     P.zs, dz_pitch, rows, v, db, first);
             else
-                fl_colsum_kernel<KDLOSS_F32><<<fl_grid_1d(v, 256), 256, 0, st>>>(
+                kd_colsum_kernel<KDLOSS_F32><<<kd_grid_1d(v, 256), 256, 0, st>>>(
                     P.zs, dz_pitch, rows, v, db, first);
             if ((s = kd_launch_status()) != KDLOSS_OK) break;
         }
@@ -486,12 +459,13 @@ kdloss_status kdloss_cuda_fused_linear_distill(
 
     if (s == KDLOSS_OK && sdt == KDLOSS_BF16) {
         if (out->dws.data) {
-            fl_cast_kernel<<<fl_grid_1d(v * hs, 256), 256, 0, st>>>(P.dw_acc, hs, out->dws.data,
-                                                                   g.ld_dws, v, hs);
+            kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v * hs, 256), 256, 0, st>>>(
+                P.dw_acc, hs, out->dws.data, g.ld_dws, v, hs);
             s = kd_launch_status();
         }
         if (s == KDLOSS_OK && out->dbs) {
-            fl_cast_kernel<<<fl_grid_1d(v, 256), 256, 0, st>>>(P.db_acc, v, out->dbs, v, 1, v);
+            kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.db_acc, v, out->dbs,
+                                                                            v, 1, v);
             s = kd_launch_status();
         }
     }

@@ -314,6 +314,36 @@ __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
     return r.m == -INFINITY ? -INFINITY : r.m + logf(r.l);
 }
 
+/* ---- small kernels of the fused losses (fused_linear_jsd.cu, topk.cu) ---------------------
+ * static: each .cu file gets its own copy (no relocatable device code). */
+
+/* acc[c] = (first ? 0 : acc[c]) + sum over r < rows of dz[r * pitch + c], r ascending.
+ * Shapes: dz (rows x v, pitch) dtype DS; acc [v] fp32. One thread per column: coalesced. */
+template <int DS>
+static __global__ void __launch_bounds__(256)
+kd_colsum_kernel(const void *dz, int64_t pitch, int64_t rows, int64_t v, float *acc, int first) {
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < v;
+         c += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+#pragma unroll 8
+        for (int64_t r = 0; r < rows; r++) s += kd_ld<DS>(dz, r * pitch + c);
+        acc[c] = first ? s : acc[c] + s;
+    }
+}
+
+/* out (rows x cols, ld_out) in dtype DO = acc (rows x cols, ld_acc) fp32, rounded once. */
+template <int DO>
+static __global__ void __launch_bounds__(256)
+kd_cast_kernel(const float *acc, int64_t ld_acc, void *out, int64_t ld_out, int64_t rows,
+               int64_t cols) {
+    const int64_t n = rows * cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i - r * cols;
+        kd_st<DO>(out, r * ld_out + c, acc[r * ld_acc + c]);
+    }
+}
+
 #endif /* __CUDACC__ */
 
 /* ---- shared launchers (rowsum.cu) ---------------------------------------------------------- */
@@ -381,6 +411,12 @@ static inline kdloss_status kd_ew_plan_make(int64_t bt, int64_t v, void *ws, kd_
 /* Grid size for a 1-D launch over n blocks: the kernels loop when n exceeds the grid limit. */
 static inline unsigned int kd_grid(int64_t n) {
     return n < 1 ? 1u : n > 0x7fffffffLL ? 0x7fffffffu : (unsigned int)n;
+}
+
+/* Blocks of `threads` for a grid-stride loop over n elements, at most 65536 of them. */
+static inline unsigned int kd_grid_1d(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return kd_grid(b > 65536 ? 65536 : b);
 }
 
 #endif /* KDLOSS_KD_CUDA_CUH */

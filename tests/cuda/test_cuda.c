@@ -34,6 +34,7 @@
 
 #include "kdloss.h"
 #include "reference.h"
+#include "ref_topk.h"
 #include "div_cases.h"
 #include "testutil.h"
 
@@ -43,6 +44,12 @@
 #pragma weak kdloss_fused_linear_jsd
 #pragma weak kdloss_distill
 #pragma weak kdloss_fused_linear_distill
+#pragma weak kdloss_topk_distill_logits
+#pragma weak kdloss_fused_linear_topk_distill
+/* Defined only by tests/cuda/emu (test_cuda_emu), which answers the CUDA calls with the CPU
+ * functions: without the CPU's top-k functions it has nothing to answer those with. */
+#pragma weak kdloss_test_emu
+extern int kdloss_test_emu;
 
 static kdloss_cuda_context *g_ctx;
 static cudaStream_t g_st;
@@ -1100,6 +1107,769 @@ static void test_fld(kt_rng *rng) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Sparse top-k teacher (kdloss_cuda_topk_distill_logits, kdloss_cuda_fused_linear_topk_distill) */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The slots of one row: the teacher's full distribution log_softmax(zt / T) in double, then by
+ * kind (row index based): 0 the top k in order; 1 k random distinct ids, slots 1 and k-2
+ * unused; 2 every slot unused; 3 the top k shuffled, the last slot's log-prob -inf (where the
+ * divergence allows it); 4 every id of the row when k >= v (S = V, no tail), else as 0.
+ * lp rounded to lpdt; unused slots hold NaN (never read). */
+static void tk_gen_slots(kt_rng *rng, int64_t v, int64_t k, double T, int kind, int allow_ninf,
+                         kdloss_dtype lpdt, int64_t *ids, double *lp) {
+    double *zt = xmalloc((size_t)v * 8);
+    char *used = calloc((size_t)v, 1);
+    for (int64_t c = 0; c < v; c++) zt[c] = 2.5 * kt_normal(rng) + (c == 1 % v ? 8.0 : 0.0);
+    const double lz = logsumexp(zt, v, 1.0 / T);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        if (kind == 1) {
+            do best = kt_randint(rng, v); while (used[best] && j < v);
+        } else {
+            for (int64_t c = 0; c < v; c++)
+                if (!used[c] && (best < 0 || zt[c] > zt[best])) best = c;
+        }
+        if (best < 0 || used[best] || kind == 2 || (kind == 1 && (j == 1 || j == k - 2))) {
+            ids[j] = -1, lp[j] = NAN;
+            continue;
+        }
+        used[best] = 1;
+        ids[j] = best;
+        lp[j] = zt[best] / T - lz;
+    }
+    if (kind == 3)
+        for (int64_t j = k - 1; j > 0; j--) { /* shuffle */
+            const int64_t i = kt_randint(rng, j + 1);
+            const int64_t ti = ids[i];
+            const double tl = lp[i];
+            ids[i] = ids[j], lp[i] = lp[j], ids[j] = ti, lp[j] = tl;
+        }
+    if (kind == 3 && allow_ninf && ids[k - 1] >= 0) lp[k - 1] = -INFINITY;
+    kt_round_to(lp, k, lpdt);
+    free(zt);
+    free(used);
+}
+
+/* Invalid ids in row bt / 2 (kinds: 1 an id = v, 2 a repeated id, 3 the id -2). */
+static void tk_break_ids(int64_t *ids, double *lp, int64_t bt, int64_t v, int64_t k, int kind) {
+    int64_t *row = ids + (bt / 2) * k;
+    if (kind == 1) row[0] = v;
+    if (kind == 2 && k >= 2) {
+        row[0] = row[1] = 3 % v;
+        lp[(bt / 2) * k] = lp[(bt / 2) * k + 1] = -2.0;
+    }
+    if (kind == 3) row[k - 1] = -2;
+}
+
+/* Host and device copies of the ids (I32 / I64, ld) and log-probs. */
+static void tk_upload_teacher(const int64_t *ids, const double *lp, int64_t bt, int64_t k,
+                              int64_t ld, kdloss_dtype idt, kdloss_dtype lpdt, void **hid,
+                              void **did, void **hlp, void **dlp) {
+    const size_t ie = kdloss_dtype_size(idt), le = kdloss_dtype_size(lpdt);
+    char *h = xmalloc((size_t)(bt * ld) * ie);
+    memset(h, 0x5A, (size_t)(bt * ld) * ie);
+    for (int64_t r = 0; r < bt; r++)
+        for (int64_t j = 0; j < k; j++) {
+            if (idt == KDLOSS_I64) ((int64_t *)h)[r * ld + j] = ids[r * k + j];
+            else ((int32_t *)h)[r * ld + j] = (int32_t)ids[r * k + j];
+        }
+    *hid = h;
+    *did = dalloc((size_t)(bt * ld) * ie);
+    h2d(*did, h, (size_t)(bt * ld) * ie);
+    *hlp = kt_pack(lp, bt, k, ld, lpdt);
+    *dlp = dalloc((size_t)(bt * ld) * le);
+    h2d(*dlp, *hlp, (size_t)(bt * ld) * le);
+}
+
+/* Labels of a case: 0 none, 1 I64 with ignored rows, 2 I32 with ignored rows, 3 I64 all
+ * ignored, 4 I32 with one out of range (row bt - 1). lab [bt] on the host; NULL device data
+ * for kind 0. */
+static kdloss_labels tk_make_labels(kt_rng *rng, int kind, int64_t bt, int64_t v, int64_t *lab,
+                                    void **hlab) {
+    kdloss_labels L = {NULL, kind == 2 || kind == 4 ? KDLOSS_I32 : KDLOSS_I64};
+    for (int64_t r = 0; r < bt; r++)
+        lab[r] = kind == 0 ? 0 : kind == 3 || r % 4 == 1 ? -100 : kt_randint(rng, v);
+    if (kind == 4) lab[bt - 1] = v;
+    *hlab = NULL;
+    if (!kind) return L;
+    const size_t ls = kdloss_dtype_size(L.dtype);
+    char *h = xmalloc((size_t)bt * ls);
+    for (int64_t r = 0; r < bt; r++) {
+        if (L.dtype == KDLOSS_I64) ((int64_t *)h)[r] = lab[r];
+        else ((int32_t *)h)[r] = (int32_t)lab[r];
+    }
+    void *d = dalloc((size_t)bt * ls);
+    h2d(d, h, (size_t)bt * ls);
+    *hlab = h;
+    L.data = d;
+    return L;
+}
+
+/* The row kinds the GPU reports (kdloss.h): 0 counted, 1 ignored, 2 bad label, 3 bad ids. */
+static int tk_row_kind(const int64_t *ids, int64_t k, int64_t v, int has_labels, int64_t y) {
+    for (int64_t j = 0; j < k; j++) {
+        if (ids[j] == -1) continue;
+        if (ids[j] < 0 || ids[j] >= v) return 3;
+        for (int64_t i = 0; i < j; i++)
+            if (ids[i] == ids[j]) return 3;
+    }
+    if (!has_labels) return 0;
+    return y == -100 ? 1 : (y >= 0 && y < v) ? 0 : 2;
+}
+
+/* The status word a case expects: the code of the CPU function, which checks the labels first
+ * in the logits loss and the ids first in the fused loss (ids_first). */
+static int32_t tk_want_status(const int *kind, const int64_t *lab, int has_labels, int64_t bt,
+                              int64_t v, int ids_first) {
+    int bad_id = 0, bad_label = 0;
+    for (int64_t r = 0; r < bt; r++) {
+        bad_id |= kind[r] == 3;
+        bad_label |= has_labels && lab[r] != -100 && (lab[r] < 0 || lab[r] >= v);
+    }
+    if (bad_id && (ids_first || !bad_label)) return KDLOSS_ERR_INVALID_ID;
+    return bad_label ? KDLOSS_ERR_LABEL_OUT_OF_RANGE : KDLOSS_OK;
+}
+
+static const char *tk_tail_name(int tail) {
+    static const char *n[] = {"bucket", "renorm_both", "renorm_teacher"};
+    return n[tail];
+}
+
+typedef struct tk_case {
+    int64_t bt, v, k;
+    kdloss_dtype ds, lpdt, idt; /* student (and gradient), teacher log-probs, ids */
+    int div;                    /* index into KT_DIV_CASES */
+    int tail;
+    double T;
+    int labels;                 /* tk_make_labels's kinds */
+    int bad_id;                 /* tk_break_ids's kinds, 0 none */
+    int64_t pad;                /* extra columns on every ld (student, gradient, teacher) */
+    int misalign, in_place;
+} tk_case;
+
+/* The float64 reference of a logits case (ref_topk_row, tests/support/ref_topk.h: written from
+ * docs/MATH.md 8, not from topk_row.h): grad (bt x v), row [bt] (NaN on bad rows), the loss;
+ * *abs_tot the summed error scales of the row losses. */
+static double tk_ref_logits(const tk_case *c, const kdloss_div_params *d, const double *z,
+                            const int64_t *ids, const double *lp, const int64_t *lab,
+                            const int *kind, double gs, double *grad, double *row,
+                            double *abs_tot) {
+    const int64_t bt = c->bt, v = c->v, k = c->k;
+    int64_t nv = 0;
+    int bad = 0;
+    for (int64_t r = 0; r < bt; r++) nv += kind[r] == 0, bad |= kind[r] >= 2;
+    const double scale = gs / (nv > 0 ? (double)nv : 1.0); /* dz of ref_topk_row has the 1/T */
+    double tot = 0.0;
+    *abs_tot = 0.0;
+    for (int64_t r = 0; r < bt; r++) {
+        double *gr = grad + r * v;
+        for (int64_t i = 0; i < v; i++) gr[i] = 0.0;
+        row[r] = kind[r] == 1 ? 0.0 : NAN;
+        if (kind[r] != 0) continue;
+        const ref_topk_row_out o = ref_topk_row(d, (kdloss_topk_tail)c->tail, z + r * v, v,
+                                                ids + r * k, lp + r * k, k, c->T, gr, NULL, NULL);
+        row[r] = o.loss;
+        for (int64_t i = 0; i < v; i++) gr[i] *= scale;
+        tot += row[r];
+        *abs_tot += o.mag;
+    }
+    (void)lab;
+    return bad ? NAN : tot / (nv > 0 ? (double)nv : 1.0);
+}
+
+/* Student logits of spread ~2 with row offsets (0, +25, and a peak of +12 at one column). */
+static double *tk_gen_logits(kt_rng *rng, int64_t bt, int64_t v, kdloss_dtype dt) {
+    double *z = xmalloc((size_t)(bt * v) * 8);
+    for (int64_t r = 0; r < bt; r++)
+        for (int64_t c = 0; c < v; c++)
+            z[r * v + c] = 2.0 * kt_normal(rng) + (r % 3 == 1 ? 25.0 : 0.0) +
+                           (r % 3 == 2 && c == (r * 7) % v ? 12.0 : 0.0);
+    kt_round_to(z, bt * v, dt);
+    return z;
+}
+
+/* The CPU function on the same (valid) inputs, when this build has it. */
+static void tk_logits_vs_cpu(const tk_case *c, const char *tag, const kdloss_topk_distill_params *p,
+                             const void *hx, int64_t ld, kdloss_topk_teacher ht,
+                             kdloss_labels hL, const double *gg, float hl, double abs_tot,
+                             double nvd) {
+    const int64_t bt = c->bt, v = c->v;
+    const size_t es = kdloss_dtype_size(c->ds);
+    void *cg = xmalloc((size_t)(bt * ld) * es);
+    float cl = 0, *crow = xmalloc((size_t)bt * 4);
+    kdloss_cmat cs = {hx, c->ds, ld};
+    kdloss_mat cgm = {cg, c->ds, ld};
+    kdloss_status s = kdloss_topk_distill_logits(p, bt, v, cs, ht, hL, &cl, crow, cgm);
+    if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
+        double *cgg = to_double(cg, c->ds, bt, v, ld);
+        char what[300];
+        snprintf(what, sizeof what, "%s grad vs CPU", tag);
+        /* + two subnormal steps of the dtype: fp16 gradients near 1e-6 are subnormal there, and
+         * two fp32 values a rounding apart may round to neighbouring steps */
+        cmp_arr(what, gg, cgg, bt * v, 1e-5 * max_abs(cgg, bt * v) + kt_tiny(c->ds),
+                2 * unit(c->ds) + 1e-5);
+        kt_close(hl, cl, 1e-5 * abs_tot / nvd + 1e-30, 1e-4, "%s loss vs CPU", tag);
+        free(cgg);
+    }
+    free(cg);
+    free(crow);
+}
+
+/* Checks of one logits call against the reference (rrow / rg / want), run-to-run bits, and the
+ * CPU. Returns nothing; the tag names the case. */
+static void tk_logits_check(const tk_case *c, const char *tag, const kdloss_div_params *d,
+                            void *dg, float *dloss, float *drow, void *dws, int32_t want_status,
+                            const double *rg, const double *rrow, double want, double abs_tot,
+                            double nvd, kdloss_status (*call)(void *), void *arg) {
+    const int64_t bt = c->bt, v = c->v, ld = v + c->pad, n = bt * v;
+    const size_t es = kdloss_dtype_size(c->ds);
+    char what[300];
+    KT_CHECK(read_status(dws) == want_status, "%s: device status word %d", tag,
+             (int)read_status(dws));
+    void *hg = xmalloc((size_t)(bt * ld) * es);
+    d2h(hg, dg, (size_t)(bt * ld) * es);
+    double *gg = to_double(hg, c->ds, bt, v, ld);
+    double w_mix = d->divergence == KDLOSS_DIV_JSD ? d->beta : d->alpha, lw = 0;
+    if (w_mix > 0 && w_mix < 1 && d->divergence != KDLOSS_DIV_FORWARD_KL &&
+        d->divergence != KDLOSS_DIV_REVERSE_KL && d->divergence != KDLOSS_DIV_TVD)
+        lw = fabs(log(w_mix)) + fabs(log1p(-w_mix));
+    const double mix_atol = 64 * 0x1p-24 * (1 + lw) * 1.25 / (c->T * nvd);
+    snprintf(what, sizeof what, "%s grad", tag);
+    cmp_arr(what, gg, rg, n, 1e-5 * max_abs(rg, n) + mix_atol + kt_tiny(c->ds),
+            2 * unit(c->ds) + 1e-5);
+    if (!c->in_place) KT_CHECK(pad_untouched(hg, c->ds, bt, v, ld), "%s: grad padding written", tag);
+    float *hrow = xmalloc((size_t)bt * 4), hl = 0;
+    d2h(hrow, drow, (size_t)bt * 4);
+    d2h(&hl, dloss, 4);
+    double *grow = to_double(hrow, KDLOSS_F32, 1, bt, bt);
+    snprintf(what, sizeof what, "%s row_loss", tag);
+    cmp_arr(what, grow, rrow, bt, 1e-5 * abs_tot / (double)bt + 1e-30, 1e-4);
+    kt_close(hl, want, 1e-5 * abs_tot / nvd + 1e-30, 1e-4, "%s loss", tag);
+    if (!c->in_place) { /* the same call again: the same bits */
+        void *hg2 = xmalloc((size_t)(bt * ld) * es);
+        float hl2 = 0;
+        KT_CHECK(call(arg) == KDLOSS_OK, "%s: second call", tag);
+        CK(cudaStreamSynchronize(g_st));
+        d2h(hg2, dg, (size_t)(bt * ld) * es);
+        d2h(&hl2, dloss, 4);
+        cmp_bits(what, hg, hg2, (size_t)(bt * ld) * es);
+        KT_CHECK(memcmp(&hl, &hl2, 4) == 0, "%s: loss differs between runs", tag);
+        free(hg2);
+    }
+    free(hg);
+    free(gg);
+    free(hrow);
+    free(grow);
+}
+
+typedef struct tk_call {
+    const kdloss_topk_distill_params *p;
+    int64_t bt, v;
+    kdloss_cmat s;
+    kdloss_topk_teacher t;
+    kdloss_labels L;
+    float *loss, *row;
+    kdloss_mat g;
+    void *ws;
+    size_t wsb;
+} tk_call;
+
+static kdloss_status tk_call_run(void *arg) {
+    const tk_call *a = arg;
+    return kdloss_cuda_topk_distill_logits(g_ctx, g_st, a->p, a->bt, a->v, a->s, a->t, a->L,
+                                           a->loss, a->row, a->g, a->ws, a->wsb);
+}
+
+static void test_tk_logits_case(kt_rng *rng, const tk_case *c) {
+    const kdloss_div_params d = KT_DIV_CASES[c->div];
+    char tag[240];
+    snprintf(tag, sizeof tag,
+             "topk %s %s beta=%g alpha=%g bt=%lld v=%lld k=%lld s=%s lp=%s ids=%s T=%g "
+             "labels=%d bad_id=%d pad=%lld mis=%d ip=%d",
+             tk_tail_name(c->tail), kdloss_divergence_name(d.divergence), d.beta, d.alpha,
+             (long long)c->bt, (long long)c->v, (long long)c->k, kt_dtype_name(c->ds),
+             kt_dtype_name(c->lpdt), c->idt == KDLOSS_I64 ? "i64" : "i32", c->T, c->labels,
+             c->bad_id, (long long)c->pad, c->misalign, c->in_place);
+    const int64_t bt = c->bt, v = c->v, k = c->k, ld = v + c->pad, ldt = k + c->pad;
+    const size_t es = kdloss_dtype_size(c->ds);
+    double *z = tk_gen_logits(rng, bt, v, c->ds);
+    int64_t *ids = xmalloc((size_t)(bt * k) * 8), *lab = xmalloc((size_t)bt * 8);
+    double *lp = xmalloc((size_t)(bt * k) * 8);
+    for (int64_t r = 0; r < bt; r++)
+        tk_gen_slots(rng, v, k, c->T, (int)(r % 5), !div_rev_like(&d), c->lpdt, ids + r * k,
+                     lp + r * k);
+    tk_break_ids(ids, lp, bt, v, k, c->bad_id);
+    void *hlab;
+    kdloss_labels L = tk_make_labels(rng, c->labels, bt, v, lab, &hlab);
+    int *kind = xmalloc((size_t)bt * sizeof(int));
+    for (int64_t r = 0; r < bt; r++) kind[r] = tk_row_kind(ids + r * k, k, v, c->labels, lab[r]);
+    const int32_t want_status = tk_want_status(kind, lab, c->labels, bt, v, 0);
+
+    void *hx = kt_pack(z, bt, v, ld, c->ds), *hid, *did, *hlp, *dlp;
+    tk_upload_teacher(ids, lp, bt, k, ldt, c->idt, c->lpdt, &hid, &did, &hlp, &dlp);
+    const size_t off = c->misalign ? es : 0;
+    char *dx0 = dalloc((size_t)(bt * ld) * es + 16), *dg0 = NULL;
+    void *dx = dx0 + off, *dg = dx;
+    h2d(dx, hx, (size_t)(bt * ld) * es);
+    if (!c->in_place) {
+        dg0 = dalloc((size_t)(bt * ld) * es + 16);
+        dg = dg0 + off;
+        dpoison(dg, (size_t)(bt * ld) * es);
+    }
+    float *dloss = dalloc(4), *drow = dalloc((size_t)bt * 4);
+    dpoison(dloss, 4);
+    dpoison(drow, (size_t)bt * 4);
+    size_t wsb = 0;
+    KT_CHECK(kdloss_cuda_topk_distill_logits_workspace_size(bt, v, k, &wsb) == KDLOSS_OK,
+             "%s: ws size", tag);
+    void *dws = dalloc(wsb);
+    kdloss_topk_distill_params p;
+    memset(&p, 0, sizeof p);
+    p.div = d;
+    p.tail = (kdloss_topk_tail)c->tail;
+    p.temperature = c->T;
+    p.ignore_index = -100;
+    p.grad_scale = 1.25;
+    tk_call a = {&p, bt, v, {dx, c->ds, ld}, {k, {did, c->idt, ldt}, {dlp, c->lpdt, ldt}},
+                 L, dloss, drow, {dg, c->ds, ld}, dws, wsb};
+    kdloss_status s = tk_call_run(&a);
+    CK(cudaStreamSynchronize(g_st));
+    if (KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) {
+        double *rg = xmalloc((size_t)(bt * v) * 8), *rrow = xmalloc((size_t)bt * 8), abs_tot;
+        const double want = tk_ref_logits(c, &d, z, ids, lp, lab, kind, 1.25, rg, rrow, &abs_tot);
+        int64_t nv = 0;
+        for (int64_t r = 0; r < bt; r++) nv += kind[r] == 0;
+        const double nvd = nv > 0 ? (double)nv : 1.0;
+        tk_logits_check(c, tag, &d, dg, dloss, drow, dws, want_status, rg, rrow, want, abs_tot,
+                        nvd, tk_call_run, &a);
+        if (!c->in_place) { /* the student's logits are an input: never written (nor masked) */
+            void *hx2 = xmalloc((size_t)(bt * ld) * es);
+            d2h(hx2, dx, (size_t)(bt * ld) * es);
+            KT_CHECK(memcmp(hx, hx2, (size_t)(bt * ld) * es) == 0, "%s: student logits written", tag);
+            free(hx2);
+        }
+        if (kdloss_topk_distill_logits && want_status == KDLOSS_OK && !c->misalign && !c->in_place) {
+            void *hg = xmalloc((size_t)(bt * ld) * es);
+            float hl;
+            d2h(hg, dg, (size_t)(bt * ld) * es);
+            d2h(&hl, dloss, 4);
+            double *gg = to_double(hg, c->ds, bt, v, ld);
+            kdloss_topk_teacher ht = {k, {hid, c->idt, ldt}, {hlp, c->lpdt, ldt}};
+            kdloss_labels hL = {hlab, L.dtype};
+            tk_logits_vs_cpu(c, tag, &p, hx, ld, ht, hL, gg, hl, abs_tot, nvd);
+            free(hg);
+            free(gg);
+        }
+        free(rg);
+        free(rrow);
+    }
+    CK(cudaFree(dx0));
+    if (dg0) CK(cudaFree(dg0));
+    CK(cudaFree(did));
+    CK(cudaFree(dlp));
+    if (L.data) CK(cudaFree((void *)L.data));
+    CK(cudaFree(dloss));
+    CK(cudaFree(drow));
+    CK(cudaFree(dws));
+    free(z), free(ids), free(lab), free(lp), free(kind), free(hx), free(hid), free(hlp), free(hlab);
+}
+
+static void test_topk_logits(kt_rng *rng) {
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
+    const int64_t vs[] = {37, 300, 4099};
+    const double temps[] = {1.0, 2.0, 0.7};
+    int n = 0;
+    for (int i = 0; i < NDIV; i++) /* every divergence case x bucket and renorm_both */
+        for (int tail = 0; tail < 2; tail++, n++) {
+            if (kt_quick() && n % 5) continue;
+            tk_case c = {13, vs[n % 3], 8, dts[n % 3], n % 4 == 3 ? KDLOSS_BF16 : KDLOSS_F32,
+                         n % 2 ? KDLOSS_I32 : KDLOSS_I64, i, tail, temps[(n / 3) % 3], n % 4,
+                         0, 0, 0, 0};
+            test_tk_logits_case(rng, &c);
+        }
+    for (int j = 0; j < 3; j++) { /* renorm_teacher: forward KL only */
+        tk_case c = {13, vs[j], 8, dts[j], KDLOSS_F32, KDLOSS_I64, 0, KDLOSS_TAIL_RENORM_TEACHER,
+                     temps[j], j, 0, 0, 0, 0};
+        test_tk_logits_case(rng, &c);
+    }
+    for (int tail = 0; tail < 3; tail++) { /* S = V in most rows (k > v): no tail */
+        tk_case c = {10, 6, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, tail == 2 ? 0 : 4, tail, 1.5,
+                     1, 0, 0, 0, 0};
+        test_tk_logits_case(rng, &c);
+    }
+    /* labels: all ignored, one out of range; invalid ids of each kind in row bt / 2 (with all
+     * labels ignored: an ignored row's ids count too); an out-of-range label and invalid ids */
+    const tk_case sp[] = {
+        {8, 300, 8, KDLOSS_F32, KDLOSS_BF16, KDLOSS_I64, 4, 0, 1.0, 3, 0, 0, 0, 0},
+        {8, 300, 8, KDLOSS_BF16, KDLOSS_F32, KDLOSS_I32, 0, 1, 1.0, 4, 0, 0, 0, 0},
+        {13, 300, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, 0, 0, 1.0, 0, 1, 0, 0, 0},
+        {13, 300, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I32, 1, 1, 2.0, 1, 2, 0, 0, 0},
+        {13, 300, 8, KDLOSS_BF16, KDLOSS_F32, KDLOSS_I64, 14, 0, 1.0, 3, 3, 0, 0, 0},
+        {13, 300, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, 0, 2, 1.0, 4, 1, 0, 0, 0}, /* both */
+        /* padding, misaligned, in place, across tiles with a larger k, fp16 log-probs */
+        {7, 4099, 16, KDLOSS_BF16, KDLOSS_F16, KDLOSS_I32, 7, 0, 1.0, 1, 0, 5, 1, 0},
+        {7, 4099, 16, KDLOSS_F16, KDLOSS_F32, KDLOSS_I64, 12, 1, 2.0, 2, 0, 3, 1, 0},
+        {9, 513, 8, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, 2, 0, 1.0, 1, 0, 0, 0, 1},
+        {9, 513, 8, KDLOSS_BF16, KDLOSS_F32, KDLOSS_I64, 0, 2, 0.7, 0, 0, 8, 0, 1},
+        {4, 9001, 64, KDLOSS_F32, KDLOSS_F32, KDLOSS_I64, 0, 0, 1.0, 1, 0, 0, 0, 0},
+        {4, 9001, 64, KDLOSS_BF16, KDLOSS_BF16, KDLOSS_I32, 11, 1, 1.0, 0, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) test_tk_logits_case(rng, &sp[i]);
+}
+
+/* ---- the fused loss ---- */
+
+typedef struct fltk_case {
+    int64_t bt, hs, v, k;
+    kdloss_dtype ds, lpdt;
+    int div, tail;
+    double T, w_hard, w_soft;
+    int t2, bias;
+    int64_t chunk, pad;
+    int labels;   /* tk_make_labels's kinds 0, 1, 3, 4 (0: w_hard must be 0) */
+    int bad_id;   /* tk_break_ids's kinds */
+    int fwd_only; /* 1: losses only; 2: dxs only (no dws / dbs) */
+    int rows;     /* 1: row_lse (and row_hard with labels): renorm_both then runs dense */
+} fltk_case;
+
+/* Float64 reference of a fused case: zs = xs ws^T + bs, per counted row the CE and ref_topk_row,
+ * dz (bt x v) with the loss's factors; rr (3 x bt) row_soft, row_hard, row_lse; L[3] loss,
+ * soft, hard. Returns the summed magnitudes of the soft terms. */
+static double fltk_ref(const fltk_case *c, const kdloss_div_params *d, const double *xs,
+                       const double *ws, const double *bs, const int64_t *ids, const double *lp,
+                       const int64_t *lab, const int *kind, double *dz, double *rr, double L[3]) {
+    const int64_t bt = c->bt, hs = c->hs, v = c->v, k = c->k;
+    int64_t nv = 0;
+    int bad = 0;
+    for (int64_t r = 0; r < bt; r++) nv += kind[r] == 0, bad |= kind[r] >= 2;
+    const double nvd = nv > 0 ? (double)nv : 1.0, t2f = c->t2 ? c->T * c->T : 1.0;
+    const double ca = c->w_hard * 0.5 / nvd, cb = c->w_soft * 0.5 * t2f / nvd;
+    double *zs = xmalloc((size_t)v * 8), *dd = xmalloc((size_t)v * 8), soft = 0, hard = 0;
+    double abs_soft = 0;
+    for (int64_t r = 0; r < bt; r++) {
+        const double x = kind[r] == 1 ? 0.0 : NAN;
+        rr[r] = rr[bt + r] = rr[2 * bt + r] = x;
+        for (int64_t i = 0; i < v; i++) dz[r * v + i] = 0.0;
+        if (kind[r] != 0) continue;
+        for (int64_t i = 0; i < v; i++) {
+            double a = c->bias ? bs[i] : 0.0;
+            for (int64_t j = 0; j < hs; j++) a += xs[r * hs + j] * ws[i * hs + j];
+            zs[i] = a;
+        }
+        const double lh = logsumexp(zs, v, 1.0), h = c->labels ? lh - zs[lab[r]] : 0.0;
+        const ref_topk_row_out o = ref_topk_row(d, (kdloss_topk_tail)c->tail, zs, v, ids + r * k,
+                                                lp + r * k, k, c->T, dd, NULL, NULL);
+        for (int64_t i = 0; i < v; i++) /* dd = dD/dzs, the 1/T included */
+            dz[r * v + i] = ca * (exp(zs[i] - lh) - (c->labels && i == lab[r] ? 1.0 : 0.0)) +
+                            cb * dd[i];
+        rr[r] = o.loss, rr[bt + r] = h, rr[2 * bt + r] = lh;
+        soft += o.loss, hard += h, abs_soft += o.mag;
+    }
+    L[1] = bad ? NAN : soft * t2f / nvd;
+    L[2] = bad ? NAN : hard / nvd;
+    L[0] = bad ? NAN : c->w_hard * L[2] + c->w_soft * L[1];
+    free(zs);
+    free(dd);
+    return abs_soft * t2f;
+}
+
+/* dxs = dz ws, dws = dz^T xs, dbs = column sums of dz, in double. */
+static void fltk_ref_grads(const fltk_case *c, const double *dz, const double *xs,
+                           const double *ws, double *rdx, double *rdw, double *rdb) {
+    const int64_t bt = c->bt, hs = c->hs, v = c->v;
+    memset(rdx, 0, (size_t)(bt * hs) * 8);
+    memset(rdw, 0, (size_t)(v * hs) * 8);
+    memset(rdb, 0, (size_t)v * 8);
+    for (int64_t r = 0; r < bt; r++)
+        for (int64_t i = 0; i < v; i++) {
+            const double g = dz[r * v + i];
+            if (g == 0) continue;
+            for (int64_t j = 0; j < hs; j++) {
+                rdx[r * hs + j] += g * ws[i * hs + j];
+                rdw[i * hs + j] += g * xs[r * hs + j];
+            }
+            rdb[i] += g;
+        }
+}
+
+typedef struct fltk_call {
+    kdloss_fused_linear_topk_distill_params p;
+    int64_t bt, hs, v;
+    kdloss_cmat xs, ws;
+    const void *bs;
+    kdloss_topk_teacher t;
+    kdloss_labels L;
+    kdloss_fused_linear_distill_out o;
+    void *wk;
+    size_t wkb;
+} fltk_call;
+
+static kdloss_status fltk_call_run(void *arg) {
+    fltk_call *a = arg;
+    return kdloss_cuda_fused_linear_topk_distill(g_ctx, g_st, &a->p, a->bt, a->hs, a->v, a->xs,
+                                                 a->ws, a->bs, a->t, a->L, &a->o, a->wk, a->wkb);
+}
+
+/* Reads a device gradient (rows x cols, ld) and compares it normwise with ref, padding kept. */
+static double *fltk_cmp_grad(const char *tag, const char *name, const void *d, kdloss_dtype dt,
+                             int64_t rows, int64_t cols, int64_t ld, const double *ref, double tol,
+                             void **host) {
+    const size_t bytes = (size_t)(rows * ld) * kdloss_dtype_size(dt);
+    void *h = xmalloc(bytes);
+    d2h(h, d, bytes);
+    if (ld > cols) KT_CHECK(pad_untouched(h, dt, rows, cols, ld), "%s: %s padding written", tag, name);
+    double *got = to_double(h, dt, rows, cols, ld);
+    char what[300];
+    snprintf(what, sizeof what, "%s %s", tag, name);
+    cmp_norm(what, got, ref, rows * cols, tol);
+    *host = h;
+    return got;
+}
+
+/* Losses, row outputs and gradients of a fused call against the reference; then the same call
+ * again (bitwise the same). */
+static void fltk_check(const fltk_case *c, const char *tag, fltk_call *a, int32_t want_status,
+                       const double *rr, const double L[3], double abs_soft, double nvd,
+                       const double *rdx, const double *rdw, const double *rdb) {
+    const int64_t bt = c->bt, hs = c->hs, v = c->v;
+    const double lt = c->ds == KDLOSS_BF16 ? 1e-3 : 1e-4, tol = c->ds == KDLOSS_BF16 ? 1.5e-2 : 1e-4;
+    KT_CHECK(read_status(a->wk) == want_status, "%s: device status word %d", tag,
+             (int)read_status(a->wk));
+    float hl[3], *hr = xmalloc((size_t)bt * 12);
+    d2h(hl, a->o.loss, 12);
+    static const char *ln[3] = {"loss", "soft_loss", "hard_loss"};
+    for (int i = 0; i < (c->labels ? 3 : 2); i++) /* no hard_loss without labels */
+        kt_close(hl[i], L[i], 1e-5 * abs_soft / nvd + 1e-6, lt, "%s %s", tag, ln[i]);
+    d2h(hr, a->o.row_soft, (size_t)bt * 12); /* row_soft, row_hard, row_lse: one buffer */
+    static const char *rn[3] = {"row_soft", "row_hard", "row_lse"};
+    for (int o = 0; o < (c->rows ? 3 : 1); o++) {
+        if (o == 1 && !c->labels) continue;
+        for (int64_t r = 0; r < bt; r++)
+            kt_close(hr[o * bt + r], rr[o * bt + r], o ? 1e-6 : 1e-5 * abs_soft / bt + 1e-6, lt,
+                     "%s %s[%lld]", tag, rn[o], (long long)r);
+    }
+    void *h1 = NULL, *h2 = NULL, *h3 = NULL;
+    double *g1 = NULL, *g2 = NULL, *g3 = NULL;
+    const int64_t ldx = a->o.dxs.ld, ldw = a->o.dws.ld;
+    if (a->o.dxs.data) g1 = fltk_cmp_grad(tag, "dxs", a->o.dxs.data, c->ds, bt, hs, ldx, rdx, tol, &h1);
+    if (a->o.dws.data) g2 = fltk_cmp_grad(tag, "dws", a->o.dws.data, c->ds, v, hs, ldw, rdw, tol, &h2);
+    if (a->o.dbs) g3 = fltk_cmp_grad(tag, "dbs", a->o.dbs, c->ds, 1, v, v, rdb, tol, &h3);
+    float hl2[3];
+    KT_CHECK(fltk_call_run(a) == KDLOSS_OK, "%s: second call", tag);
+    CK(cudaStreamSynchronize(g_st));
+    d2h(hl2, a->o.loss, 12);
+    KT_CHECK(memcmp(hl, hl2, c->labels ? 12 : 8) == 0, "%s: losses differ between runs", tag);
+    const size_t es = kdloss_dtype_size(c->ds);
+    if (h1) { /* gradients of the second call, bitwise */
+        void *b = xmalloc((size_t)(bt * ldx) * es);
+        d2h(b, a->o.dxs.data, (size_t)(bt * ldx) * es);
+        cmp_bits(tag, h1, b, (size_t)(bt * ldx) * es);
+        free(b);
+    }
+    if (h2) {
+        void *b = xmalloc((size_t)(v * ldw) * es);
+        d2h(b, a->o.dws.data, (size_t)(v * ldw) * es);
+        cmp_bits(tag, h2, b, (size_t)(v * ldw) * es);
+        free(b);
+    }
+    free(hr), free(h1), free(h2), free(h3), free(g1), free(g2), free(g3);
+}
+
+/* The CPU function on the same inputs (host copies in ha; only when every id and label is
+ * valid), losses and gradients against the GPU's. */
+static void fltk_vs_cpu(const fltk_case *c, const char *tag, const fltk_call *a,
+                        const fltk_call *ha, double abs_soft, double nvd) {
+    const int64_t bt = c->bt, hs = c->hs, v = c->v;
+    const size_t es = kdloss_dtype_size(c->ds);
+    const double lt = c->ds == KDLOSS_BF16 ? 1e-3 : 1e-4, tol = c->ds == KDLOSS_BF16 ? 3e-2 : 2e-4;
+    fltk_call h = *ha;
+    float cl[3], gl[3];
+    h.o.loss = cl, h.o.soft_loss = cl + 1, h.o.hard_loss = c->labels ? cl + 2 : NULL;
+    h.o.row_soft = h.o.row_hard = h.o.row_lse = NULL;
+    void *c1 = a->o.dxs.data ? xmalloc((size_t)(bt * a->o.dxs.ld) * es) : NULL;
+    void *c2 = a->o.dws.data ? xmalloc((size_t)(v * a->o.dws.ld) * es) : NULL;
+    h.o.dxs.data = c1, h.o.dws.data = c2, h.o.dbs = NULL;
+    kdloss_status s = kdloss_fused_linear_topk_distill(&h.p, bt, hs, v, h.xs, h.ws, h.bs, h.t,
+                                                       h.L, &h.o, NULL, 0);
+    if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
+        d2h(gl, a->o.loss, 12);
+        for (int i = 0; i < (c->labels ? 3 : 2); i++)
+            kt_close(gl[i], cl[i], 1e-5 * abs_soft / nvd + 1e-6, lt, "%s loss[%d] vs CPU", tag, i);
+        char what[300];
+        for (int w = 0; w < 2; w++) {
+            void *cpu = w ? c2 : c1;
+            const kdloss_mat m = w ? a->o.dws : a->o.dxs;
+            const int64_t rows = w ? v : bt;
+            if (!cpu) continue;
+            void *gpu = xmalloc((size_t)(rows * m.ld) * es);
+            d2h(gpu, m.data, (size_t)(rows * m.ld) * es);
+            double *x = to_double(gpu, c->ds, rows, hs, m.ld), *y = to_double(cpu, c->ds, rows, hs, m.ld);
+            snprintf(what, sizeof what, "%s %s vs CPU", tag, w ? "dws" : "dxs");
+            cmp_norm(what, x, y, rows * hs, tol);
+            free(gpu), free(x), free(y);
+        }
+    }
+    free(c1), free(c2);
+}
+
+/* One fused case: operands as the dense fused test's (xs N(0, 1), ws of spread 3 / sqrt(hs),
+ * bs N(0, 0.5)), the teacher's slots from tk_gen_slots on the reference's own logits' scale. */
+static void test_fltk_case(kt_rng *rng, const fltk_case *c) {
+    const kdloss_div_params d = KT_DIV_CASES[c->div];
+    char tag[260];
+    snprintf(tag, sizeof tag,
+             "fltopk %s %s beta=%g alpha=%g bt=%lld hs=%lld v=%lld k=%lld s=%s lp=%s T=%g wh=%g "
+             "ws=%g t2=%d bias=%d chunk=%lld pad=%lld labels=%d bad_id=%d fwd=%d rows=%d",
+             tk_tail_name(c->tail), kdloss_divergence_name(d.divergence), d.beta, d.alpha,
+             (long long)c->bt, (long long)c->hs, (long long)c->v, (long long)c->k,
+             kt_dtype_name(c->ds), kt_dtype_name(c->lpdt), c->T, c->w_hard, c->w_soft, c->t2,
+             c->bias, (long long)c->chunk, (long long)c->pad, c->labels, c->bad_id, c->fwd_only,
+             c->rows);
+    const int64_t bt = c->bt, hs = c->hs, v = c->v, k = c->k, ldh = hs + c->pad, ldt = k + c->pad;
+    const size_t es = kdloss_dtype_size(c->ds);
+    double *xs = xmalloc((size_t)(bt * hs) * 8), *ws = xmalloc((size_t)(v * hs) * 8);
+    double *bs = xmalloc((size_t)v * 8), *lp = xmalloc((size_t)(bt * k) * 8);
+    int64_t *ids = xmalloc((size_t)(bt * k) * 8), *lab = xmalloc((size_t)bt * 8);
+    fill_normal(rng, xs, bt * hs, 1.0);
+    fill_normal(rng, ws, v * hs, 3.0 / sqrt((double)hs));
+    fill_normal(rng, bs, v, 0.5);
+    kt_round_to(xs, bt * hs, c->ds);
+    kt_round_to(ws, v * hs, c->ds);
+    kt_round_to(bs, v, c->ds);
+    for (int64_t r = 0; r < bt; r++)
+        tk_gen_slots(rng, v, k, c->T, (int)(r % 5), !div_rev_like(&d), c->lpdt, ids + r * k,
+                     lp + r * k);
+    tk_break_ids(ids, lp, bt, v, k, c->bad_id);
+    void *hlab;
+    kdloss_labels L = tk_make_labels(rng, c->labels, bt, v, lab, &hlab);
+    int *kind = xmalloc((size_t)bt * sizeof(int));
+    int64_t nv = 0;
+    for (int64_t r = 0; r < bt; r++) {
+        kind[r] = tk_row_kind(ids + r * k, k, v, c->labels, lab[r]);
+        nv += kind[r] == 0;
+    }
+    const int32_t want_status = tk_want_status(kind, lab, c->labels, bt, v, 1);
+    const double nvd = nv > 0 ? (double)nv : 1.0;
+
+    void *hxs = kt_pack(xs, bt, hs, ldh, c->ds), *hws = kt_pack(ws, v, hs, ldh, c->ds);
+    void *hbs = kt_pack(bs, 1, v, v, c->ds), *hid, *did, *hlp, *dlp;
+    tk_upload_teacher(ids, lp, bt, k, ldt, KDLOSS_I64, c->lpdt, &hid, &did, &hlp, &dlp);
+    void *dxs = dalloc((size_t)(bt * ldh) * es), *dwsm = dalloc((size_t)(v * ldh) * es);
+    void *dbs = dalloc((size_t)v * es);
+    h2d(dxs, hxs, (size_t)(bt * ldh) * es);
+    h2d(dwsm, hws, (size_t)(v * ldh) * es);
+    h2d(dbs, hbs, (size_t)v * es);
+    void *gdx = dalloc((size_t)(bt * ldh) * es), *gdw = dalloc((size_t)(v * ldh) * es);
+    void *gdb = dalloc((size_t)v * es);
+    float *gl = dalloc(12), *grows = dalloc((size_t)bt * 12);
+    dpoison(gdx, (size_t)(bt * ldh) * es);
+    dpoison(gdw, (size_t)(v * ldh) * es);
+    dpoison(gdb, (size_t)v * es);
+    dpoison(gl, 12);
+    dpoison(grows, (size_t)bt * 12);
+
+    fltk_call a;
+    memset(&a, 0, sizeof a);
+    kdloss_div_params_default(&a.p.div);
+    a.p.div = d;
+    a.p.tail = (kdloss_topk_tail)c->tail;
+    a.p.temperature = c->T;
+    a.p.weight_hard_loss = c->w_hard;
+    a.p.weight_soft_loss = c->w_soft;
+    a.p.t2_scale = c->t2;
+    a.p.ignore_index = -100;
+    a.p.chunk_size = c->chunk;
+    a.p.grad_scale = 0.5;
+    a.bt = bt, a.hs = hs, a.v = v;
+    a.xs = (kdloss_cmat){dxs, c->ds, ldh};
+    a.ws = (kdloss_cmat){dwsm, c->ds, ldh};
+    a.bs = c->bias ? dbs : NULL;
+    a.t = (kdloss_topk_teacher){k, {did, KDLOSS_I64, ldt}, {dlp, c->lpdt, ldt}};
+    a.L = L;
+    a.o.loss = gl, a.o.soft_loss = gl + 1, a.o.hard_loss = c->labels ? gl + 2 : NULL;
+    a.o.row_soft = grows;
+    a.o.row_hard = c->rows && c->labels ? grows + bt : NULL;
+    a.o.row_lse = c->rows ? grows + 2 * bt : NULL;
+    if (c->fwd_only != 1) a.o.dxs = (kdloss_mat){gdx, c->ds, ldh};
+    if (!c->fwd_only) a.o.dws = (kdloss_mat){gdw, c->ds, ldh};
+    if (!c->fwd_only && c->bias) a.o.dbs = gdb;
+    kdloss_status s = kdloss_cuda_fused_linear_topk_distill_workspace_size(
+        &a.p, bt, hs, v, k, c->ds, c->fwd_only != 1, &a.wkb);
+    KT_CHECK(s == KDLOSS_OK, "%s: ws size %d", tag, (int)s);
+    a.wk = dalloc(a.wkb);
+    s = fltk_call_run(&a);
+    CK(cudaStreamSynchronize(g_st));
+    if (KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) {
+        double *dz = xmalloc((size_t)(bt * v) * 8), *rr = xmalloc((size_t)bt * 24), Lr[3];
+        double *rdx = xmalloc((size_t)(bt * hs) * 8), *rdw = xmalloc((size_t)(v * hs) * 8);
+        double *rdb = xmalloc((size_t)v * 8);
+        const double abs_soft = fltk_ref(c, &d, xs, ws, bs, ids, lp, lab, kind, dz, rr, Lr);
+        fltk_ref_grads(c, dz, xs, ws, rdx, rdw, rdb);
+        fltk_check(c, tag, &a, want_status, rr, Lr, abs_soft, nvd, rdx, rdw, rdb);
+        if (kdloss_fused_linear_topk_distill && want_status == KDLOSS_OK) {
+            fltk_call h = a;
+            h.xs.data = hxs, h.ws.data = hws, h.bs = c->bias ? hbs : NULL;
+            h.t.ids.data = hid, h.t.logprobs.data = hlp, h.L.data = hlab;
+            fltk_vs_cpu(c, tag, &a, &h, abs_soft, nvd);
+        }
+        free(dz), free(rr), free(rdx), free(rdw), free(rdb);
+    }
+    CK(cudaFree(dxs));
+    CK(cudaFree(dwsm));
+    CK(cudaFree(dbs));
+    CK(cudaFree(did));
+    CK(cudaFree(dlp));
+    if (L.data) CK(cudaFree((void *)L.data));
+    CK(cudaFree(gdx));
+    CK(cudaFree(gdw));
+    CK(cudaFree(gdb));
+    CK(cudaFree(gl));
+    CK(cudaFree(grows));
+    CK(cudaFree(a.wk));
+    free(xs), free(ws), free(bs), free(lp), free(ids), free(lab), free(kind);
+    free(hxs), free(hws), free(hbs), free(hid), free(hlp), free(hlab);
+}
+
+/* Every divergence case with the bucket (dense) and renorm_both (the sparse path, and dense
+ * when row_lse is asked for), renorm_teacher, dtypes, T, t2_scale, weights, chunking, bias,
+ * padding, labels (none, ignored, all ignored, out of range), invalid ids, forward only. */
+static void test_topk_fused(kt_rng *rng) {
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16};
+    const int64_t chunks[] = {0, 16, 1, 7};
+    int n = 0;
+    for (int i = 0; i < NDIV; i++)
+        for (int tail = 0; tail < 2; tail++, n++) {
+            if (kt_quick() && n % 5) continue;
+            const int labels = n % 3 == 2 ? 0 : 1; /* no labels: no cross-entropy */
+            fltk_case c = {29, 24, 300, 8, dts[n % 2], KDLOSS_F32, i, tail, n % 4 == 1 ? 2.0 : 1.0,
+                           labels && tail == 0 ? 0.5 : 0.0, 1.0, (n / 2) % 2, n % 3 != 1,
+                           chunks[n % 4], 0, labels, 0, 0, n % 5 == 4};
+            test_fltk_case(rng, &c);
+        }
+    const fltk_case sp[] = {
+        /* renorm_teacher; renorm_both dense (row_lse) with CE; renorm_both sparse, bf16 log-probs, padded */
+        {29, 24, 300, 8, KDLOSS_F32, KDLOSS_F32, 0, 2, 1.5, 0.5, 0.5, 1, 1, 7, 0, 1, 0, 0, 1},
+        {29, 24, 300, 8, KDLOSS_BF16, KDLOSS_BF16, 4, 1, 1.0, 0.5, 0.5, 0, 1, 0, 0, 1, 0, 0, 1},
+        {29, 24, 300, 8, KDLOSS_BF16, KDLOSS_BF16, 4, 1, 2.0, 0.0, 1.0, 1, 1, 0, 3, 1, 0, 0, 0},
+        /* all ignored; one label out of range; invalid ids (dense, sparse, without labels) */
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 3, 0, 0, 0},
+        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 1, 1, 1.0, 0.0, 1.0, 0, 0, 0, 0, 4, 0, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 1, 1, 0, 1},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 2, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 2, 0, 0},
+        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 14, 0, 1.0, 0.0, 1.0, 0, 1, 3, 0, 0, 3, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 4, 2, 0, 0},
+        /* forward only; dxs only (sparse: no pairs); V across tiles, k 64; S = V (k > v) */
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 2.0, 0.5, 0.5, 1, 1, 0, 0, 1, 0, 1, 1},
+        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 0, 2, 0},
+        {9, 16, 4100, 64, KDLOSS_BF16, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 4, 3, 1, 0, 0, 1},
+        {9, 16, 4100, 64, KDLOSS_F32, KDLOSS_F32, 12, 1, 1.5, 0.0, 1.0, 1, 1, 0, 0, 1, 0, 0, 0},
+        {10, 8, 6, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 0, 0, 1, 0, 0, 1},
+        {10, 8, 6, 8, KDLOSS_F32, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 3, 0, 1, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) test_fltk_case(rng, &sp[i]);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Argument checks: same codes as the CPU, nothing written                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1467,6 +2237,140 @@ static void test_errors_distill(void) {
     e = f; e.ws_bytes -= 256; fl_err("fldistill workspace small", &e, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
 }
 
+/* The top-k entry points: host-side checks with the CPU's codes, nothing written. Operands:
+ * student / xs @AR_IN, ids @AR_T, log-probs @AR_T + 2048, weights @AR_W1, labels @AR_LAB. */
+typedef struct tk_err {
+    int null_params, null_ctx, null_out, fused;
+    kdloss_topk_distill_params p;
+    kdloss_fused_linear_topk_distill_params pf;
+    int64_t bt, v, k, hs;
+    kdloss_dtype ds, dg, dl, did, dlp;
+    int64_t ld_ids;
+    size_t g_off, id_off;
+    int labels, loss, row, grad, hard;
+    size_t ws_bytes;
+} tk_err;
+
+static kdloss_status run_tk_err(const tk_err *c, int cpu) {
+    char *ar = cpu ? g_har : g_ar;
+    kdloss_topk_teacher t = {c->k, {ar + c->id_off, c->did, c->ld_ids}, {ar + AR_T + 2048, c->dlp, 0}};
+    kdloss_labels L = {c->labels ? ar + AR_LAB : NULL, c->dl};
+    float *loss = c->loss ? (float *)(ar + AR_LOSS) : NULL;
+    float *row = c->row ? (float *)(ar + AR_ROW) : NULL;
+    kdloss_mat g = {c->grad ? ar + c->g_off : NULL, c->dg, 0};
+    kdloss_cuda_context *ctx = c->null_ctx ? NULL : g_actx;
+    if (!c->fused) {
+        const kdloss_topk_distill_params *p = c->null_params ? NULL : &c->p;
+        kdloss_cmat s = {ar + AR_IN, c->ds, 0};
+        if (cpu) return kdloss_topk_distill_logits(p, c->bt, c->v, s, t, L, loss, row, g);
+        return kdloss_cuda_topk_distill_logits(ctx, g_st, p, c->bt, c->v, s, t, L, loss, row, g,
+                                               ar + AR_WS, c->ws_bytes);
+    }
+    const kdloss_fused_linear_topk_distill_params *p = c->null_params ? NULL : &c->pf;
+    kdloss_cmat xs = {ar + AR_IN, c->ds, 0}, ws = {ar + AR_W1, c->ds, 0};
+    kdloss_fused_linear_distill_out o;
+    memset(&o, 0, sizeof o);
+    o.loss = loss;
+    o.hard_loss = c->hard ? (float *)(ar + AR_LOSS + 4) : NULL;
+    o.row_soft = row;
+    o.dxs = g;
+    kdloss_fused_linear_distill_out *op = c->null_out ? NULL : &o;
+    if (cpu)
+        return kdloss_fused_linear_topk_distill(p, c->bt, c->hs, c->v, xs, ws, NULL, t, L, op,
+                                                NULL, 0);
+    return kdloss_cuda_fused_linear_topk_distill(ctx, g_st, p, c->bt, c->hs, c->v, xs, ws, NULL,
+                                                 t, L, op, ar + AR_WS, c->ws_bytes);
+}
+
+static void tk_err_expect(const char *what, const tk_err *c, kdloss_status want, int cpu_too) {
+    if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
+    kdloss_status got = run_tk_err(c, 0);
+    int have_cpu = cpu_too && (c->fused ? kdloss_fused_linear_topk_distill != NULL
+                                        : kdloss_topk_distill_logits != NULL);
+    expect_code(what, got, want, have_cpu, have_cpu ? run_tk_err(c, 1) : KDLOSS_OK);
+    KT_CHECK(arena_untouched(), "%s: an output was written on error", what);
+}
+
+static void test_errors_topk(void) {
+    /* the ids every case reads: all -1 (unused, valid), so that the CPU's value check of the
+     * ids, which the GPU makes on the device, passes and the other checks decide */
+    memset(g_har + AR_T, 0xFF, 256);
+    if (g_gpu && g_ar != g_har) h2d(g_ar + AR_T, g_har + AR_T, 256);
+    tk_err b;
+    memset(&b, 0, sizeof b);
+    kdloss_div_params_default(&b.p.div);
+    b.p.tail = KDLOSS_TAIL_BUCKET;
+    b.p.temperature = 1.0;
+    b.p.ignore_index = -100;
+    b.p.grad_scale = 1.0;
+    b.bt = 4, b.v = 8, b.k = 4, b.hs = 8;
+    b.ds = b.dg = KDLOSS_F32;
+    b.dl = KDLOSS_I64, b.did = KDLOSS_I64, b.dlp = KDLOSS_F32;
+    b.g_off = AR_G, b.id_off = AR_T;
+    b.labels = b.loss = b.row = b.grad = 1;
+    size_t need = 0;
+    KT_CHECK(kdloss_cuda_topk_distill_logits_workspace_size(4, 8, 4, &b.ws_bytes) == KDLOSS_OK &&
+                 b.ws_bytes <= AR_BYTES - AR_WS, "topk ws size");
+    KT_CHECK(kdloss_cuda_topk_distill_logits_workspace_size(4, 8, 0, &need) == KDLOSS_ERR_INVALID_SIZE,
+             "topk ws size k 0");
+    KT_CHECK(kdloss_cuda_topk_distill_logits_workspace_size(4, 8, 4, NULL) == KDLOSS_ERR_NULL_POINTER,
+             "topk ws size NULL");
+    tk_err c;
+    c = b; c.null_params = 1; tk_err_expect("topk NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_ctx = 1; tk_err_expect("topk NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.k = 0; tk_err_expect("topk k 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.v = 0; tk_err_expect("topk v 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.p.tail = (kdloss_topk_tail)3; tk_err_expect("topk tail 3", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.tail = KDLOSS_TAIL_RENORM_TEACHER; c.p.div.divergence = KDLOSS_DIV_JSD;
+    tk_err_expect("topk renorm_teacher jsd", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.temperature = 0; tk_err_expect("topk T 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.div.beta = 2; tk_err_expect("topk beta 2", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.did = KDLOSS_F32; tk_err_expect("topk float ids", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dlp = KDLOSS_I32; tk_err_expect("topk int log-probs", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.ld_ids = 3; tk_err_expect("topk ids ld < k", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
+    c = b; c.id_off = AR_T + 4; tk_err_expect("topk ids misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
+    c = b; c.dg = KDLOSS_BF16; tk_err_expect("topk grad dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dl = KDLOSS_F32; tk_err_expect("topk float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.loss = c.row = c.grad = 0; tk_err_expect("topk no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
+    c = b; c.g_off = AR_T; tk_err_expect("topk grad on ids", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_T + 2048 - 64; tk_err_expect("topk grad over log-probs", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.ws_bytes -= 256; tk_err_expect("topk workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+
+    tk_err f = b;
+    f.fused = 1;
+    memset(&f.pf, 0, sizeof f.pf);
+    kdloss_div_params_default(&f.pf.div);
+    f.pf.temperature = 1.0;
+    f.pf.weight_soft_loss = 1.0;
+    f.pf.ignore_index = -100;
+    f.pf.grad_scale = 1.0;
+    f.ds = f.dg = KDLOSS_BF16;
+    KT_CHECK(kdloss_cuda_fused_linear_topk_distill_workspace_size(&f.pf, 4, 8, 8, 4, KDLOSS_BF16,
+                                                                  1, &f.ws_bytes) == KDLOSS_OK &&
+                 f.ws_bytes <= AR_BYTES - AR_WS, "fltopk ws size");
+    KT_CHECK(kdloss_cuda_fused_linear_topk_distill_workspace_size(&f.pf, 4, 8, 8, 4, KDLOSS_F16,
+                                                                  1, &need) == KDLOSS_ERR_INVALID_DTYPE,
+             "fltopk ws size f16");
+    KT_CHECK(kdloss_cuda_fused_linear_topk_distill_workspace_size(NULL, 4, 8, 8, 4, KDLOSS_BF16,
+                                                                  1, &need) == KDLOSS_ERR_NULL_POINTER,
+             "fltopk ws size NULL params");
+    c = f; c.null_params = 1; tk_err_expect("fltopk NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = f; c.null_out = 1; tk_err_expect("fltopk NULL out", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = f; c.null_ctx = 1; tk_err_expect("fltopk NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = f; c.pf.tail = (kdloss_topk_tail)-1; tk_err_expect("fltopk tail -1", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = f; c.pf.tail = KDLOSS_TAIL_RENORM_TEACHER; c.pf.div.divergence = KDLOSS_DIV_REVERSE_KL;
+    tk_err_expect("fltopk renorm_teacher reverse", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = f; c.pf.t2_scale = 3; tk_err_expect("fltopk t2_scale 3", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = f; c.k = -1; tk_err_expect("fltopk k < 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = f; c.labels = 0; c.pf.weight_hard_loss = 0.5;
+    tk_err_expect("fltopk CE weight without labels", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = f; c.labels = 0; c.hard = 1; tk_err_expect("fltopk hard_loss without labels", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = f; c.did = KDLOSS_I32; c.ld_ids = 2; tk_err_expect("fltopk i32 ids ld < k", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
+    c = f; c.dg = KDLOSS_F32; tk_err_expect("fltopk dxs dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = f; c.g_off = AR_T + 2048; tk_err_expect("fltopk dxs on log-probs", &c, KDLOSS_ERR_ALIASING, 1);
+    c = f; c.ws_bytes -= 256; tk_err_expect("fltopk workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+}
+
 static void test_errors(void) {
     g_har = xmalloc(AR_BYTES);
     memset(g_har, 0, AR_BYTES);
@@ -1482,6 +2386,7 @@ static void test_errors(void) {
     test_errors_jsd();
     test_errors_fl();
     test_errors_distill();
+    test_errors_topk();
     if (g_gpu) CK(cudaFree(g_ar));
     free(g_har);
 
@@ -1517,6 +2422,12 @@ int main(void) {
     test_fl(&rng);
     test_distill(&rng);
     test_fld(&rng);
+    if (&kdloss_test_emu && !kdloss_topk_distill_logits) {
+        printf("top-k: skipped (emulation, and this build has no CPU top-k functions)\n");
+    } else {
+        test_topk_logits(&rng);
+        test_topk_fused(&rng);
+    }
     CK(cudaStreamDestroy(g_st));
     kdloss_cuda_context_destroy(g_ctx);
     return kt_finish("test_cuda");

@@ -191,3 +191,136 @@ kdloss_status kdloss_cuda_fused_linear_distill(kdloss_cuda_context *ctx, void *s
     *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
     return s;
 }
+
+/* ---- the sparse top-k teacher ----
+ * The GPU reports invalid ids (and labels) through the status word instead of rejecting the call
+ * (kdloss.h): such a row is treated as ignored, its row outputs are NaN, its gradient zero, and
+ * the scalar losses NaN. The emulation gives the CPU function copies of the labels and ids in
+ * which every such row is ignored and has no used slot, then writes the NaNs. The CPU functions
+ * are weak: a build without them answers KDLOSS_ERR_UNSUPPORTED (test_cuda.c then skips). */
+#pragma weak kdloss_topk_distill_logits
+#pragma weak kdloss_fused_linear_topk_distill
+
+int kdloss_test_emu = 1; /* tests/cuda/test_cuda.c: this is the emulation */
+
+typedef struct emu_topk {
+    kdloss_labels l;
+    kdloss_topk_teacher t;
+    char *fault; /* [bt]: bit 1 label out of range, bit 2 invalid ids (either: row ignored) */
+    int bad_id, bad_label;
+} emu_topk;
+
+static int64_t emu_id(kdloss_topk_teacher t, int64_t r, int64_t j) {
+    const int64_t ld = t.ids.ld ? t.ids.ld : t.k;
+    return t.ids.dtype == KDLOSS_I64 ? ((const int64_t *)t.ids.data)[r * ld + j]
+                                     : ((const int32_t *)t.ids.data)[r * ld + j];
+}
+
+static int emu_row_fault(kdloss_topk_teacher t, kdloss_labels l, int64_t r, int64_t v,
+                         int64_t ignore) {
+    int f = 0;
+    for (int64_t j = 0; j < t.k && !f; j++) {
+        const int64_t id = emu_id(t, r, j);
+        if (id == -1) continue;
+        if (id < 0 || id >= v) f = 4;
+        for (int64_t i = 0; i < j && !f; i++)
+            if (emu_id(t, r, i) == id) f = 4;
+    }
+    if (!l.data) return f;
+    const int64_t y = label_at(l, r);
+    return f | (y != ignore && (y < 0 || y >= v) ? 2 : 0);
+}
+
+static emu_topk emu_topk_clean(kdloss_topk_teacher t, kdloss_labels l, int64_t bt, int64_t v,
+                               int64_t ignore) {
+    emu_topk e = {l, t, calloc((size_t)bt, 1), 0, 0};
+    for (int64_t r = 0; r < bt; r++) {
+        e.fault[r] = (char)emu_row_fault(t, l, r, v, ignore);
+        e.bad_id |= (e.fault[r] & 4) != 0;
+        e.bad_label |= (e.fault[r] & 2) != 0;
+    }
+    if (!e.bad_id && !e.bad_label) return e;
+    const int64_t ld = t.ids.ld ? t.ids.ld : t.k;
+    const size_t ie = kdloss_dtype_size(t.ids.dtype);
+    char *ids = malloc((size_t)(bt * ld) * ie);
+    int64_t *lab = malloc((size_t)bt * sizeof(int64_t));
+    memcpy(ids, t.ids.data, (size_t)((bt - 1) * ld + t.k) * ie);
+    for (int64_t r = 0; r < bt; r++) {
+        lab[r] = e.fault[r] ? ignore : l.data ? label_at(l, r) : 0;
+        for (int64_t j = 0; e.fault[r] && j < t.k; j++) {
+            if (t.ids.dtype == KDLOSS_I64) ((int64_t *)ids)[r * ld + j] = -1;
+            else ((int32_t *)ids)[r * ld + j] = -1;
+        }
+    }
+    e.t.ids.data = ids;
+    e.l.data = lab;
+    e.l.dtype = KDLOSS_I64;
+    return e;
+}
+
+static void emu_topk_free(emu_topk *e, kdloss_topk_teacher t, kdloss_labels l) {
+    if (e->t.ids.data != t.ids.data) free((void *)e->t.ids.data);
+    if (e->l.data != l.data) free((void *)e->l.data);
+    free(e->fault);
+}
+
+/* With both faults, the code the CPU function returns: the fused loss checks the ids first,
+ * the logits loss the labels. */
+static int32_t emu_topk_status(const emu_topk *e, kdloss_status s, int ids_first) {
+    if (e->bad_id && (ids_first || !e->bad_label)) return (int32_t)KDLOSS_ERR_INVALID_ID;
+    return e->bad_label ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
+}
+
+typedef kdloss_status (*tkl_fn)(kdloss_cuda_context *, void *, const kdloss_topk_distill_params *,
+                                int64_t, int64_t, kdloss_cmat, kdloss_topk_teacher, kdloss_labels,
+                                float *, float *, kdloss_mat, void *, size_t);
+kdloss_status kdloss_cuda_topk_distill_logits(kdloss_cuda_context *ctx, void *st,
+                                              const kdloss_topk_distill_params *p, int64_t bt,
+                                              int64_t v, kdloss_cmat x, kdloss_topk_teacher t,
+                                              kdloss_labels l, float *loss, float *row,
+                                              kdloss_mat g, void *ws, size_t wsb) {
+    kdloss_status s = ((tkl_fn)real_fn("kdloss_cuda_topk_distill_logits"))(
+        ctx, st, p, bt, v, x, t, l, loss, row, g, ws, wsb);
+    if (s != KDLOSS_ERR_CUDA) return s;
+    if (!kdloss_topk_distill_logits) return KDLOSS_ERR_UNSUPPORTED;
+    emu_topk e = emu_topk_clean(t, l, bt, v, p->ignore_index);
+    s = kdloss_topk_distill_logits(p, bt, v, x, e.t, e.l, loss, row, g);
+    if (loss && (e.bad_id || e.bad_label)) *loss = NAN;
+    for (int64_t r = 0; row && r < bt; r++)
+        if (e.fault[r]) row[r] = NAN;
+    *(int32_t *)ws = emu_topk_status(&e, s, 0);
+    emu_topk_free(&e, t, l);
+    return s;
+}
+
+typedef kdloss_status (*fltk_fn)(kdloss_cuda_context *, void *,
+                                 const kdloss_fused_linear_topk_distill_params *, int64_t, int64_t,
+                                 int64_t, kdloss_cmat, kdloss_cmat, const void *,
+                                 kdloss_topk_teacher, kdloss_labels,
+                                 kdloss_fused_linear_distill_out *, void *, size_t);
+kdloss_status kdloss_cuda_fused_linear_topk_distill(
+    kdloss_cuda_context *ctx, void *st, const kdloss_fused_linear_topk_distill_params *p,
+    int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat wsm, const void *bs,
+    kdloss_topk_teacher t, kdloss_labels l, kdloss_fused_linear_distill_out *o, void *ws,
+    size_t wsb) {
+    kdloss_status s = ((fltk_fn)real_fn("kdloss_cuda_fused_linear_topk_distill"))(
+        ctx, st, p, bt, hs, v, xs, wsm, bs, t, l, o, ws, wsb);
+    if (s != KDLOSS_ERR_CUDA) return s;
+    if (!kdloss_fused_linear_topk_distill) return KDLOSS_ERR_UNSUPPORTED;
+    emu_topk e = emu_topk_clean(t, l, bt, v, p->ignore_index);
+    s = kdloss_fused_linear_topk_distill(p, bt, hs, v, xs, wsm, bs, e.t, e.l, o, NULL, 0);
+    if (e.bad_id || e.bad_label) {
+        if (o->loss) *o->loss = NAN;
+        if (o->soft_loss) *o->soft_loss = NAN;
+        if (o->hard_loss) *o->hard_loss = NAN;
+    }
+    for (int64_t r = 0; r < bt; r++) {
+        if (!e.fault[r]) continue;
+        if (o->row_soft) o->row_soft[r] = NAN;
+        if (o->row_hard) o->row_hard[r] = NAN;
+        if (o->row_lse) o->row_lse[r] = NAN;
+    }
+    *(int32_t *)ws = emu_topk_status(&e, s, 1);
+    emu_topk_free(&e, t, l);
+    return s;
+}

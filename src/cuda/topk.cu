@@ -1,0 +1,1255 @@
+/* The sparse top-k teacher on the GPU (kdloss.h: kdloss_cuda_topk_distill_logits,
+ * kdloss_cuda_fused_linear_topk_distill; docs/MATH.md section 8). Everything that touches only
+ * the |S| used slots of a row is kd_topk_row (src/common/topk_row.h), the same code the CPU
+ * paths run; this file does the V-wide work around it.
+ *
+ * Launches of a call, on the caller's stream:
+ *   1. tk_check_kernel: per row, the label's kind and the ids' validity (range and repeats: the
+ *      ids are device memory, like labels, so a fault goes to the status word, kdloss.h), into
+ *      one flag byte per row and the header counters. n_valid is known before any gradient.
+ *   2. dense rows (the logits entry, and the fused loss chunk by chunk after its GEMM): one block
+ *      per row, tk_row_kernel: gather the slots (and mark S in a bitmap), the masked max / sum-exp
+ *      over the columns outside S (rest_lse R) and the untempered lse, kd_topk_row in thread 0,
+ *      then the gradient pass dz_j = cb c_rest exp(u_j - R) + ca (softmax(zs)_j - [j = y]) and
+ *      the |S| slot values written over it.
+ *      sparse rows (fused, renorm_both without cross-entropy or row_lse): tk_sparse_kernel forms
+ *      zs_k = xs . ws_k + bs_k for the used slots only, and dxs = sum_k dz_k ws_k.
+ *   3. fused gradients: dense: cuBLAS dxs / dws GEMMs and column sums, as fused_linear_jsd.cu;
+ *      sparse: dws / dbs rows gathered per vocabulary row from a CSR index of the (row, slot)
+ *      pairs (tk_count / tk_scan / tk_place / tk_rank kernels), summed in row order.
+ *   4. tk_final_kernel: the scalar losses in a fixed order, and the status word.
+ * No float atomics anywhere: every sum has a fixed order, so results are bitwise reproducible.
+ * The only atomics are integer ones (counters, a bitmap, CSR counts), whose results do not
+ * depend on their order; the CSR slots they hand out are put in row order by tk_rank_kernel. */
+#include <string.h>
+
+#include "args.h"
+#include "topk_row.h" /* before kd_cuda.cuh: div_elem.h's locals would shadow cuda_fp16.h's half */
+#include "kd_cuda.cuh"
+
+/* ---- the workspace header and the row kinds ------------------------------------------------ */
+
+/* kd_ws_header's layout (status first, kdloss.h) with one more counter. */
+typedef struct tk_header {
+    int32_t status;
+    int32_t reserved;
+    unsigned long long n_valid;     /* rows with a kept label (or no labels) and valid ids */
+    unsigned long long n_bad_label; /* label neither ignore_index nor in [0, V) (any ids) */
+    unsigned long long n_bad_id;    /* an id neither -1 nor in [0, V), or repeated (any label) */
+} tk_header;
+
+enum { TK_ROW_OK = 0, TK_ROW_IGNORED = 1, TK_ROW_BAD_LABEL = 2, TK_ROW_BAD_ID = 3 };
+
+#define TK_ROW_THREADS 512
+#define TK_TILE (TK_ROW_THREADS * 8)
+#define TK_SP_THREADS 256
+#define TK_CHECK_THREADS 256
+#define TK_FINAL_THREADS 1024
+#define TK_LT_WS_BYTES ((size_t)32 << 20)
+#define TK_DEFAULT_BUDGET ((size_t)256 << 20)
+/* Per-row scratch of a row block: the slots (column int64, logit, teacher log-prob, gradient:
+ * 20 bytes each) and the bitmap of S (V bits). In dynamic shared memory when they fit, else in
+ * TK_SLICES per-block slices of the workspace (the grid is then at most TK_SLICES blocks). */
+#define TK_SLOT_BYTES 20
+#define TK_SLOTS_SMEM_MAX ((size_t)16 << 10)
+#define TK_SMEM_MAX ((size_t)44 << 10)
+#define TK_SLICES 1024
+
+typedef struct tk_scratch {
+    int64_t words;      /* 32-bit words of a bitmap */
+    size_t slot_stride; /* bytes of one block's slots, 16-byte multiple */
+    int slots_smem, bits_smem;
+    size_t smem;        /* dynamic shared memory per block */
+} tk_scratch;
+
+/* Where a row block keeps its slots and its bitmap, for these V and K (bits: 0 when no bitmap
+ * is used: the sparse rows). */
+static tk_scratch tk_scratch_plan(int64_t v, int64_t k, int bits) {
+    tk_scratch s;
+    s.words = bits ? (v + 31) / 32 : 0;
+    s.slot_stride = kd_round_up((size_t)k * TK_SLOT_BYTES, 16);
+    s.slots_smem = s.slot_stride <= TK_SLOTS_SMEM_MAX;
+    const size_t sb = s.slots_smem ? s.slot_stride : 0;
+    s.bits_smem = sb + (size_t)s.words * 4u <= TK_SMEM_MAX;
+    s.smem = sb + (s.bits_smem ? (size_t)s.words * 4u : 0);
+    return s;
+}
+
+/* Grid of a row kernel: one block per row, or TK_SLICES blocks looping over the rows when
+ * global slices are in use. */
+static unsigned tk_row_grid(int64_t rows, const tk_scratch &s) {
+    const int global = !s.slots_smem || (s.words && !s.bits_smem);
+    return kd_grid(global && rows > TK_SLICES ? TK_SLICES : rows);
+}
+
+/* ---- device helpers ------------------------------------------------------------------------ */
+
+/* Element i of a float array whose dtype is known at run time only (the teacher's log-probs). */
+__device__ __forceinline__ float tk_ld_any(const void *p, int dt, int64_t i) {
+    if (dt == KDLOSS_F32) return kd_ld<KDLOSS_F32>(p, i);
+    if (dt == KDLOSS_BF16) return kd_ld<KDLOSS_BF16>(p, i);
+    return kd_ld<KDLOSS_F16>(p, i);
+}
+
+__device__ __forceinline__ double tk_qnan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
+
+/* A row block's slots: col[k] the id (-1 unused; compacted by tk_row_math), z the student's
+ * logit there (bias added), lp the teacher's log-prob, g kd_topk_row's gradient. */
+typedef struct tk_slots {
+    int64_t *col;
+    float *z, *lp, *g;
+} tk_slots;
+
+__device__ __forceinline__ tk_slots tk_slots_at(char *base, int64_t k) {
+    tk_slots s;
+    s.col = (int64_t *)base;
+    s.z = (float *)(s.col + k);
+    s.lp = s.z + k;
+    s.g = s.lp + k;
+    return s;
+}
+
+/* ---- 1. row checks ------------------------------------------------------------------------- */
+
+typedef struct tk_check_args {
+    const void *labels; /* [bt] or NULL (every row kept) */
+    int lab64;
+    int64_t ignore;
+    const void *ids;    /* (bt x k, ld_ids) I32 / I64 */
+    int ids64;
+    int64_t ld_ids, bt, v, k;
+    uint8_t *flags;     /* [bt] out: TK_ROW_* */
+    tk_header *hdr;     /* counters, zeroed before in the same stream */
+} tk_check_args;
+
+/* 1 if the ids of row r are valid: each -1 or in [0, v), no used id twice. One warp: lane l
+ * holds slots l, l + 32, ... and compares each with every earlier slot (all lanes read slot i at
+ * once: broadcast loads). K^2 / 2 compares a row: K is small. The whole warp gets the answer. */
+__device__ __forceinline__ int tk_ids_ok(const tk_check_args &a, int64_t r, int lane) {
+    int bad = 0;
+    for (int64_t j0 = 0; j0 < a.k; j0 += 32) {
+        const int64_t j = j0 + lane;
+        const int64_t id = j < a.k ? kd_topk_id(a.ids, a.ids64, a.ld_ids, r, j) : -1;
+        if (id != -1 && (id < 0 || id >= a.v)) bad = 1;
+        for (int64_t i = 0; id >= 0 && !bad && i < j; i++)
+            if (kd_topk_id(a.ids, a.ids64, a.ld_ids, r, i) == id) bad = 1;
+    }
+    return !__any_sync(0xffffffffu, bad);
+}
+
+/* One warp per row (grid-stride): flags[r] and the three counters (integer atomics, one per
+ * block: the totals are exact whatever the order). Every row's ids are checked, ignored rows
+ * too (kdloss.h); a row with invalid ids is flagged so whatever its label. */
+__global__ void __launch_bounds__(TK_CHECK_THREADS) tk_check_kernel(tk_check_args a) {
+    __shared__ unsigned long long red[32];
+    const int lane = threadIdx.x & 31;
+    const int64_t wpb = TK_CHECK_THREADS / 32;
+    unsigned long long nv = 0, nl = 0, ni = 0;
+    for (int64_t r = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); r < a.bt;
+         r += (int64_t)gridDim.x * wpb) {
+        const int ok = tk_ids_ok(a, r, lane);
+        int lk = TK_ROW_OK;
+        if (a.labels) {
+            const int64_t y = kd_label(a.labels, a.lab64, r);
+            lk = y == a.ignore ? TK_ROW_IGNORED : (y >= 0 && y < a.v) ? TK_ROW_OK : TK_ROW_BAD_LABEL;
+        }
+        const int kind = ok ? lk : TK_ROW_BAD_ID;
+        if (lane == 0) {
+            a.flags[r] = (uint8_t)kind;
+            nv += kind == TK_ROW_OK;
+            nl += lk == TK_ROW_BAD_LABEL;
+            ni += !ok;
+        }
+    }
+    nv = kd_block_sum_u64(nv, red);
+    nl = kd_block_sum_u64(nl, red);
+    ni = kd_block_sum_u64(ni, red);
+    if (threadIdx.x == 0) {
+        if (nv) atomicAdd(&a.hdr->n_valid, nv);
+        if (nl) atomicAdd(&a.hdr->n_bad_label, nl);
+        if (ni) atomicAdd(&a.hdr->n_bad_id, ni);
+    }
+}
+
+static kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a) {
+    cudaError_t e = cudaMemsetAsync(&a.hdr->n_valid, 0, 3 * sizeof(unsigned long long), st);
+    if (e != cudaSuccess) return kd_cuda_status(e);
+    const int64_t wpb = TK_CHECK_THREADS / 32;
+    int64_t blocks = (a.bt + wpb - 1) / wpb;
+    if (blocks > 4096) blocks = 4096; /* warps loop over rows; few atomics */
+    tk_check_kernel<<<(unsigned)blocks, TK_CHECK_THREADS, 0, st>>>(a);
+    return kd_launch_status();
+}
+
+/* ---- 4. the scalar losses and the status word ------------------------------------------------ */
+
+/* row_soft, row_hard [bt] (row_hard may be NULL) -> the scalar losses (one block, fixed order):
+ *   soft = sum row_soft * soft_fac / n, hard = sum row_hard / n, loss = w_hard hard + w_soft soft
+ * with n = max(1, n_valid); NaN when a row is bad. With both faults the status is the one the
+ * CPU function returns: it checks the ids first in the fused loss (ids_first), the labels first
+ * in the logits loss. */
+__global__ void __launch_bounds__(TK_FINAL_THREADS)
+tk_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, tk_header *hdr,
+                float *loss, float *soft_loss, float *hard_loss, double w_hard, double w_soft,
+                double soft_fac, int ids_first) {
+    __shared__ double red[32];
+    double s = 0.0, h = 0.0;
+    for (int64_t i = threadIdx.x; i < bt; i += blockDim.x) {
+        s += row_soft[i];
+        if (row_hard) h += row_hard[i];
+    }
+    s = kd_block_sum(s, red);
+    h = kd_block_sum(h, red);
+    if (threadIdx.x == 0) {
+        const int bad_id = hdr->n_bad_id > 0, bad_label = hdr->n_bad_label > 0;
+        const int bad = bad_id || bad_label;
+        const double n = hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0;
+        const float qnan = __int_as_float(0x7fc00000);
+        const double sl = s * soft_fac / n, hl = h / n;
+        if (loss) *loss = bad ? qnan : (float)(w_hard * hl + w_soft * sl);
+        if (soft_loss) *soft_loss = bad ? qnan : (float)sl;
+        if (hard_loss) *hard_loss = bad ? qnan : (float)hl;
+        const int id_wins = bad_id && (ids_first || !bad_label);
+        hdr->status = id_wins ? (int32_t)KDLOSS_ERR_INVALID_ID
+                      : bad   ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE
+                              : (int32_t)KDLOSS_OK;
+    }
+}
+
+/* ---- 2a. dense rows ---------------------------------------------------------------------------- */
+
+typedef struct tk_row_args {
+    const void *z;        /* logit rows of this launch: the student (dtype DZ), or the fused
+                             chunk's fp32 logits */
+    int64_t ldz;          /* in elements of DZ */
+    void *g;              /* gradient rows (dtype DG) or NULL; fused: the same bytes as z */
+    int64_t g_pitch;      /* bytes between gradient rows */
+    const void *bias;     /* [v] in DG, or NULL */
+    const void *ids;      /* teacher, global rows of k slots */
+    int ids64;
+    int64_t ld_ids;
+    const void *lp;
+    int lpdt;
+    int64_t ld_lp;
+    const void *labels;   /* [bt] or NULL */
+    int lab64;
+    const uint8_t *flags; /* [bt] TK_ROW_* */
+    int64_t row0;         /* global index of the launch's first row */
+    int64_t rows, v, k;
+    float inv_t;          /* 1 / T: the V-wide passes (u_j = z_j / T in fp32) */
+    double inv_t64;       /* 1 / T in double: kd_topk_row's slot math (topk_row.h says why) */
+    int same_t;           /* T == 1: the untempered lse comes from R and the slots */
+    kd_div_coef coef;
+    int tail;
+    int need_r;           /* the masked pass: R = lse(u_j, j not in S) */
+    int do_hard;          /* the untempered lse (row_lse, CE) */
+    int do_ce;            /* the label's cross-entropy (labels given) */
+    int grad_soft, grad_hard; /* the gradient's two terms */
+    double w_hard, w_soft, grad_scale, temperature, soft_fac;
+    const tk_header *hdr;
+    double *row_soft, *row_hard;          /* [bt] in the workspace; row_hard may be NULL */
+    float *out_soft, *out_hard, *out_lse; /* the caller's [bt], or NULL */
+    char *gslot;          /* TK_SLICES slices of slot_stride bytes, when not in shared memory */
+    size_t slot_stride;
+    uint32_t *gbits;      /* TK_SLICES bitmaps of `words` words, when not in shared memory */
+    int64_t words;
+    int slots_smem, bits_smem;
+} tk_row_args;
+
+/* What thread 0 works out for a row, for the whole block. */
+typedef struct tk_row_state {
+    float R;      /* rest lse of u (-inf: no column outside S, or not needed) */
+    float lh;     /* untempered lse over all v columns (do_hard) */
+    float crest;  /* c_rest of kd_topk_row: dD/du_j = crest exp(u_j - R) outside S */
+    float ca, cb; /* gradient factors of the CE and of the soft term (1/T folded into cb) */
+    float zy;     /* the label's logit (do_ce) */
+    int64_t y;    /* the label (do_ce), else -1 */
+    int64_t n;    /* used slots, compacted */
+} tk_row_state;
+
+/* zs at column c of local row r (bias added), as fp32: the value every pass sees. */
+template <int DZ, int DG>
+__device__ __forceinline__ float tk_z(const tk_row_args &a, int64_t r, int64_t c) {
+    const float z = kd_ld<DZ>(a.z, r * a.ldz + c);
+    return a.bias ? z + kd_ld<DG>(a.bias, c) : z;
+}
+
+/* Columns c0..c0+n-1 of local row r, as tk_z gives them (VEC: 16-byte aligned groups). */
+template <int DZ, int DG, bool VEC>
+__device__ __forceinline__ void tk_load8(const tk_row_args &a, int64_t r, int64_t c0, int n,
+                                         float out[8]) {
+    const int64_t o = r * a.ldz + c0;
+    if (VEC && n == 8) {
+        kd_ld8<DZ>(a.z, o, out);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[j] = j < n ? kd_ld<DZ>(a.z, o + j) : 0.0f;
+    }
+    if (a.bias) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < n) out[j] += kd_ld<DG>(a.bias, c0 + j);
+    }
+}
+
+template <int DG, bool VEC>
+__device__ __forceinline__ void tk_store8(void *grow, int64_t c0, int n, const float d[8]) {
+    if (VEC && n == 8) {
+        kd_st8<DG>(grow, c0, d);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < n) kd_st<DG>(grow, c0 + j, d[j]);
+    }
+}
+
+__device__ __forceinline__ void *tk_grow(const tk_row_args &a, int64_t r) {
+    return (char *)a.g + r * a.g_pitch;
+}
+
+/* An ignored or bad row: zero gradient, row loss 0 (ignored) or NaN (bad label or id). */
+template <int DG, bool VEC>
+__device__ void tk_skip_row(const tk_row_args &a, int64_t r, int64_t gr, int kind) {
+    if (a.g) {
+        const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        void *grow = tk_grow(a, r);
+        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += TK_TILE)
+            tk_store8<DG, VEC>(grow, c0, a.v - c0 >= 8 ? 8 : (int)(a.v - c0), z8);
+    }
+    if (threadIdx.x == 0) {
+        const double x = kind == TK_ROW_IGNORED ? 0.0 : tk_qnan();
+        a.row_soft[gr] = x;
+        if (a.row_hard) a.row_hard[gr] = x;
+        if (a.out_soft) a.out_soft[gr] = (float)x;
+        if (a.out_hard) a.out_hard[gr] = (float)x;
+        if (a.out_lse) a.out_lse[gr] = (float)x;
+    }
+}
+
+/* Threads over the slots: id, logit and teacher log-prob of each (uncompacted), and S's bits.
+ * Thread 0 also reads the label's logit (before the gradient pass may overwrite it). The ids
+ * of an OK row were checked by tk_check_kernel. */
+template <int DZ, int DG>
+__device__ void tk_gather(const tk_row_args &a, int64_t r, int64_t gr, tk_slots s,
+                          uint32_t *bits, tk_row_state *rs) {
+    for (int64_t j = threadIdx.x; j < a.k; j += blockDim.x) {
+        const int64_t id = kd_topk_id(a.ids, a.ids64, a.ld_ids, gr, j);
+        s.col[j] = id;
+        if (id < 0) continue;
+        s.z[j] = tk_z<DZ, DG>(a, r, id);
+        s.lp[j] = tk_ld_any(a.lp, a.lpdt, gr * a.ld_lp + j);
+        atomicOr(&bits[id >> 5], 1u << (id & 31)); /* shared or global: generic atomics */
+    }
+    if (threadIdx.x == 0) {
+        rs->y = a.do_ce ? kd_label(a.labels, a.lab64, gr) : -1;
+        rs->zy = a.do_ce ? tk_z<DZ, DG>(a, r, rs->y) : 0.0f;
+    }
+}
+
+/* The V-wide reductions: R = lse(u_j : j not in S) (need_r; S masked through its bitmap) and
+ * the untempered lse (do_hard with T != 1). Every thread gets both. */
+template <int DZ, int DG, bool VEC>
+__device__ void tk_pass_lse(const tk_row_args &a, int64_t r, const uint32_t *bits,
+                            kd_lse *lred, float *R, float *lh) {
+    const int need_h = a.do_hard && !a.same_t;
+    kd_lse sR = {-INFINITY, 0.0f}, sH = {-INFINITY, 0.0f};
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += TK_TILE) {
+        const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
+        float zz[8];
+        tk_load8<DZ, DG, VEC>(a, r, c0, n, zz);
+        if (need_h) kd_lse_add8(&sH, zz, n);
+        if (a.need_r) {
+            const uint32_t m = (bits[c0 >> 5] >> (c0 & 31)) & 0xffu; /* c0 % 8 == 0 */
+            float u[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) u[j] = (m >> j) & 1u ? -INFINITY : zz[j] * a.inv_t;
+            kd_lse_add8(&sR, u, n);
+        }
+    }
+    *R = a.need_r ? kd_block_lse(sR, lred) : -INFINITY;
+    *lh = need_h ? kd_block_lse(sH, lred) : 0.0f;
+}
+
+/* Thread 0: compact the used slots (slot order), kd_topk_row, the row's outputs and the
+ * gradient factors. lh: the untempered lse of the pass (T != 1). */
+__device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float R, float lh,
+                            tk_row_state *rs) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < a.k; j++)
+        if (s.col[j] >= 0) {
+            s.col[n] = s.col[j];
+            s.z[n] = s.z[j];
+            s.lp[n] = s.lp[j];
+            n++;
+        }
+    double crest = 0.0;
+    const double d = kd_topk_row(&a.coef, a.tail, n, s.z, s.lp, a.inv_t64, (double)R, s.g,
+                                 &crest);
+    /* T == 1: lse over all columns = logaddexp(R, lse over S), both parts exact */
+    if (a.do_hard && a.same_t) lh = (float)kd_topk_logaddexp((double)R, kd_topk_lse(s.z, n, 1.0));
+    const unsigned long long nv = a.hdr->n_valid;
+    const double nvd = nv > 0 ? (double)nv : 1.0;
+    rs->R = R;
+    rs->lh = lh;
+    rs->crest = (float)crest;
+    rs->ca = a.grad_hard ? (float)(a.w_hard * a.grad_scale / nvd) : 0.0f;
+    rs->cb = a.grad_soft ? (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
+                         : 0.0f;
+    rs->n = n;
+    const double hard = a.do_ce ? (double)(lh - rs->zy) : 0.0;
+    a.row_soft[gr] = d;
+    if (a.row_hard) a.row_hard[gr] = hard;
+    if (a.out_soft) a.out_soft[gr] = (float)d;
+    if (a.out_hard) a.out_hard[gr] = (float)hard;
+    if (a.out_lse) a.out_lse[gr] = a.do_hard ? lh : 0.0f;
+}
+
+/* The gradient of every column as if it were outside S (the slots are rewritten after):
+ *   dz_j = ca (exp(z_j - lh) - [j = y]) + cb crest exp(u_j - R)
+ * Tile by tile with a barrier between a tile's loads and its stores: in the fused loss a bf16
+ * dz row narrows in place over the fp32 logits (fused_linear_jsd.cu's argument). */
+template <int DZ, int DG, bool VEC>
+__device__ void tk_pass_grad(const tk_row_args &a, int64_t r, const tk_row_state &st) {
+    void *grow = tk_grow(a, r);
+    const int soft = a.grad_soft && st.crest != 0.0f;
+    for (int64_t tile0 = 0; tile0 < a.v; tile0 += TK_TILE) { /* same trip count everywhere */
+        const int64_t c0 = tile0 + (int64_t)threadIdx.x * 8;
+        const int n = c0 >= a.v ? 0 : a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
+        float zz[8], d[8];
+        if (n > 0) tk_load8<DZ, DG, VEC>(a, r, c0, n, zz);
+        __syncthreads();
+        if (n == 0) continue;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float dj = 0.0f;
+            if (a.grad_hard) dj = st.ca * (expf(zz[j] - st.lh) - (c0 + j == st.y ? 1.0f : 0.0f));
+            if (soft) dj += st.cb * (st.crest * expf(zz[j] * a.inv_t - st.R));
+            d[j] = dj;
+        }
+        tk_store8<DG, VEC>(grow, c0, n, d);
+    }
+}
+
+/* After the pass (and a barrier): the slots' own values, from the gathered logits. */
+template <int DG>
+__device__ void tk_fixup(const tk_row_args &a, int64_t r, tk_slots s, const tk_row_state &st) {
+    void *grow = tk_grow(a, r);
+    for (int64_t k = threadIdx.x; k < st.n; k += blockDim.x) {
+        const int64_t c = s.col[k];
+        float d = 0.0f;
+        if (a.grad_hard) d = st.ca * (expf(s.z[k] - st.lh) - (c == st.y ? 1.0f : 0.0f));
+        if (a.grad_soft) d += st.cb * s.g[k];
+        kd_st<DG>(grow, c, d);
+    }
+}
+
+/* One block per row (grid-stride over the launch's rows). DZ: dtype of the logit rows; DG: of
+ * the gradient and the bias; VEC: every row 16-byte aligned. */
+template <int DZ, int DG, bool VEC>
+__global__ void __launch_bounds__(TK_ROW_THREADS) tk_row_kernel(tk_row_args a) {
+    extern __shared__ __align__(16) char tk_smem[];
+    __shared__ kd_lse lred[32];
+    __shared__ tk_row_state rs;
+    const tk_slots s = tk_slots_at(
+        a.slots_smem ? tk_smem : a.gslot + (size_t)blockIdx.x * a.slot_stride, a.k);
+    uint32_t *bits = a.bits_smem ? (uint32_t *)(tk_smem + (a.slots_smem ? a.slot_stride : 0))
+                                 : a.gbits + (size_t)blockIdx.x * (size_t)a.words;
+    if (a.bits_smem) { /* global bitmaps start zeroed (memset) and are cleared after each row */
+        for (int64_t w = threadIdx.x; w < a.words; w += blockDim.x) bits[w] = 0;
+        __syncthreads();
+    }
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        const int64_t gr = a.row0 + r;
+        const int kind = a.flags[gr]; /* the same for the whole block */
+        if (kind != TK_ROW_OK) {
+            tk_skip_row<DG, VEC>(a, r, gr, kind);
+            continue;
+        }
+        tk_gather<DZ, DG>(a, r, gr, s, bits, &rs);
+        __syncthreads();
+        float R, lh;
+        tk_pass_lse<DZ, DG, VEC>(a, r, bits, lred, &R, &lh);
+        if (threadIdx.x == 0) tk_row_math(a, gr, s, R, lh, &rs);
+        __syncthreads();
+        const tk_row_state st = rs;
+        if (a.g) {
+            tk_pass_grad<DZ, DG, VEC>(a, r, st);
+            __syncthreads();
+            tk_fixup<DG>(a, r, s, st);
+        }
+        for (int64_t k = threadIdx.x; k < st.n; k += blockDim.x) bits[s.col[k] >> 5] = 0u;
+        __syncthreads(); /* slots, bits and rs are the next row's */
+    }
+}
+
+/* ---- 2b. sparse rows (fused, renorm_both without cross-entropy or row_lse) --------------------- */
+
+typedef struct tk_sparse_args {
+    const void *xs;       /* (bt x hs, ld_xs), dtype DS */
+    int64_t ld_xs;
+    const void *ws;       /* (v x hs, ld_ws), dtype DS */
+    int64_t ld_ws;
+    const void *bias;     /* [v] DS or NULL */
+    const void *ids;
+    int ids64;
+    int64_t ld_ids;
+    const void *lp;
+    int lpdt;
+    int64_t ld_lp;
+    const uint8_t *flags;
+    const tk_header *hdr;
+    int64_t bt, hs, k;
+    double inv_t64;       /* 1 / T in double (kd_topk_row) */
+    kd_div_coef coef;
+    int grad_soft;
+    double w_soft, grad_scale, temperature, soft_fac;
+    double *row_soft;     /* [bt] workspace */
+    float *out_soft;      /* caller's [bt] or NULL */
+    float *dz;            /* (bt x k) dz of the used slots, compacted per row (0 after), or NULL */
+    int32_t *pcol;        /* (bt x k) their ids (-1 after) */
+    void *dxs;            /* (bt x hs, ld_dxs) DS or NULL */
+    int64_t ld_dxs;
+    char *gslot;
+    size_t slot_stride;
+    int slots_smem;
+} tk_sparse_args;
+
+/* xs[row] . ws[id] over hs, one warp: lanes stride the hidden columns, then a fixed shuffle tree.
+ * Valid in every lane. */
+template <int DS>
+__device__ __forceinline__ float tk_dot(const tk_sparse_args &a, int64_t row, int64_t id) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int64_t h = lane; h < a.hs; h += 32)
+        acc += kd_ld<DS>(a.xs, row * a.ld_xs + h) * kd_ld<DS>(a.ws, id * a.ld_ws + h);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    return acc;
+}
+
+/* Warps over the slots: the logits zs_k = xs . ws_k + bs_k of the used ones. */
+template <int DS>
+__device__ void tk_sparse_gather(const tk_sparse_args &a, int64_t r, tk_slots s) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int64_t j = warp; j < a.k; j += nw) {
+        const int64_t id = kd_topk_id(a.ids, a.ids64, a.ld_ids, r, j);
+        if (id < 0) { /* the whole warp */
+            if ((threadIdx.x & 31) == 0) s.col[j] = -1;
+            continue;
+        }
+        const float z = tk_dot<DS>(a, r, id);
+        if ((threadIdx.x & 31) == 0) {
+            s.col[j] = id;
+            s.z[j] = a.bias ? z + kd_ld<DS>(a.bias, id) : z;
+            s.lp[j] = tk_ld_any(a.lp, a.lpdt, r * a.ld_lp + j);
+        }
+    }
+}
+
+/* Thread 0: compact, kd_topk_row (renorm_both: no rest), the row loss; g becomes dz = cb g. */
+__device__ void tk_sparse_math(const tk_sparse_args &a, int64_t r, tk_slots s, int64_t *n_out) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < a.k; j++)
+        if (s.col[j] >= 0) {
+            s.col[n] = s.col[j];
+            s.z[n] = s.z[j];
+            s.lp[n] = s.lp[j];
+            n++;
+        }
+    double crest = 0.0;
+    const double d = kd_topk_row(&a.coef, KD_TAIL_RENORM_BOTH, n, s.z, s.lp, a.inv_t64,
+                                 -INFINITY, s.g, &crest);
+    const unsigned long long nv = a.hdr->n_valid;
+    const double nvd = nv > 0 ? (double)nv : 1.0;
+    const float cb = a.grad_soft
+                         ? (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
+                         : 0.0f;
+    for (int64_t k = 0; k < n; k++) s.g[k] *= cb;
+    a.row_soft[r] = d;
+    if (a.out_soft) a.out_soft[r] = (float)d;
+    *n_out = n;
+}
+
+/* dxs[r] = sum over the used slots, in order, of dz_k ws[id_k] (threads over hidden columns);
+ * the row's (dz, id) pairs for the weight gradient. n = 0 (and dz NULL) zeroes the row. */
+template <int DS>
+__device__ void tk_sparse_dx(const tk_sparse_args &a, int64_t r, tk_slots s, int64_t n) {
+    if (a.dxs)
+        for (int64_t h = threadIdx.x; h < a.hs; h += blockDim.x) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < n; k++) acc += s.g[k] * kd_ld<DS>(a.ws, s.col[k] * a.ld_ws + h);
+            kd_st<DS>(a.dxs, r * a.ld_dxs + h, acc);
+        }
+    if (a.dz)
+        for (int64_t k = threadIdx.x; k < a.k; k += blockDim.x) {
+            a.dz[r * a.k + k] = k < n ? s.g[k] : 0.0f;
+            a.pcol[r * a.k + k] = k < n ? (int32_t)s.col[k] : -1;
+        }
+}
+
+/* One block per row (grid-stride). DS: dtype of xs, ws, bs, dxs. */
+template <int DS>
+__global__ void __launch_bounds__(TK_SP_THREADS) tk_sparse_kernel(tk_sparse_args a) {
+    extern __shared__ __align__(16) char tk_smem[];
+    __shared__ int64_t n_sh;
+    const tk_slots s = tk_slots_at(
+        a.slots_smem ? tk_smem : a.gslot + (size_t)blockIdx.x * a.slot_stride, a.k);
+    for (int64_t r = blockIdx.x; r < a.bt; r += gridDim.x) {
+        const int kind = a.flags[r];
+        if (kind != TK_ROW_OK) {
+            if (threadIdx.x == 0) {
+                const double x = kind == TK_ROW_IGNORED ? 0.0 : tk_qnan();
+                a.row_soft[r] = x;
+                if (a.out_soft) a.out_soft[r] = (float)x;
+            }
+            tk_sparse_dx<DS>(a, r, s, 0);
+            continue;
+        }
+        tk_sparse_gather<DS>(a, r, s);
+        __syncthreads();
+        if (threadIdx.x == 0) tk_sparse_math(a, r, s, &n_sh);
+        __syncthreads();
+        tk_sparse_dx<DS>(a, r, s, n_sh);
+        __syncthreads(); /* the slots are the next row's */
+    }
+}
+
+/* ---- 3b. the sparse weight gradient: a CSR index of the (row, slot) pairs by id ---------------
+ * np = bt k pairs p = r k + j (compacted slots, pcol[p] = -1 when unused); count [v + 1],
+ * offs [v + 1], rank0 / e0 / e1 [np] are uint32 (the plan keeps np below 2^31). */
+
+/* count[id] += 1 per used pair, rank0[p] = the count before: a slot in the id's segment, in an
+ * arbitrary order (tk_rank_kernel sorts each segment). Integer atomics: exact counts. */
+__global__ void __launch_bounds__(256)
+tk_count_kernel(const int32_t *pcol, int64_t np, uint32_t *count, uint32_t *rank0) {
+    for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < np;
+         p += (int64_t)gridDim.x * blockDim.x)
+        if (pcol[p] >= 0) rank0[p] = atomicAdd(&count[pcol[p]], 1u);
+}
+
+/* offs[i] = sum of count[0..i), i <= n - 1 (n = v + 1, count[v] = 0: offs[v] is the total).
+ * One block: each thread sums a contiguous range, a scan over the threads, then the ranges. */
+__global__ void __launch_bounds__(1024)
+tk_scan_kernel(const uint32_t *count, int64_t n, uint32_t *offs) {
+    __shared__ uint32_t part[1024];
+    const int t = threadIdx.x;
+    const int64_t per = (n + 1023) / 1024, lo = t * per, hi = lo + per < n ? lo + per : n;
+    uint32_t sum = 0;
+    for (int64_t i = lo; i < hi; i++) sum += count[i];
+    part[t] = sum;
+    __syncthreads();
+    for (int o = 1; o < 1024; o <<= 1) { /* inclusive scan of the 1024 range sums */
+        const uint32_t x = t >= o ? part[t - o] : 0u;
+        __syncthreads();
+        part[t] += x;
+        __syncthreads();
+    }
+    uint32_t run = t ? part[t - 1] : 0u;
+    for (int64_t i = lo; i < hi; i++) {
+        offs[i] = run;
+        run += count[i];
+    }
+}
+
+/* e0[offs[id] + rank0[p]] = p for every used pair. */
+__global__ void __launch_bounds__(256)
+tk_place_kernel(const int32_t *pcol, int64_t np, const uint32_t *offs, const uint32_t *rank0,
+                uint32_t *e0) {
+    for (int64_t p = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; p < np;
+         p += (int64_t)gridDim.x * blockDim.x)
+        if (pcol[p] >= 0) e0[offs[pcol[p]] + rank0[p]] = (uint32_t)p;
+}
+
+/* e1 = each segment of e0 in ascending pair order, i.e. row order (an id is used once per row):
+ * the rank of an entry is the number of smaller entries in its segment (quadratic in the
+ * segment's length, which is at most bt: the rows sharing one id). */
+__global__ void __launch_bounds__(256)
+tk_rank_kernel(const int32_t *pcol, int64_t v, const uint32_t *offs, const uint32_t *e0,
+               uint32_t *e1) {
+    const int64_t used = offs[v]; /* e0[0, used) is filled */
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < used;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const uint32_t p = e0[i];
+        const int32_t id = pcol[p];
+        const uint32_t lo = offs[id], hi = offs[id + 1];
+        uint32_t rank = 0;
+        for (uint32_t j = lo; j < hi; j++) rank += e0[j] < p;
+        e1[lo + rank] = p;
+    }
+}
+
+/* Per vocabulary row c (blocks, grid-stride), threads over the hidden columns:
+ *   dws[c] = sum over c's pairs in row order of dz_p xs[row(p)],  dbs[c] = sum of their dz_p
+ * in dtype DS, rounded once; 0 for ids no row uses. Each row of dws is written once. */
+template <int DS>
+__global__ void __launch_bounds__(256)
+tk_dw_kernel(const uint32_t *offs, const uint32_t *e1, const float *dz, int64_t k,
+             const void *xs, int64_t ld_xs, int64_t hs, int64_t v, void *dws, int64_t ld_dws,
+             void *dbs) {
+    for (int64_t c = blockIdx.x; c < v; c += gridDim.x) {
+        const uint32_t lo = offs[c], hi = offs[c + 1];
+        for (int64_t h = threadIdx.x; dws && h < hs; h += blockDim.x) {
+            float acc = 0.0f;
+            for (uint32_t j = lo; j < hi; j++) {
+                const uint32_t p = e1[j];
+                acc += dz[p] * kd_ld<DS>(xs, (int64_t)(p / (uint32_t)k) * ld_xs + h);
+            }
+            kd_st<DS>(dws, c * ld_dws + h, acc);
+        }
+        if (dbs && threadIdx.x == 0) {
+            float acc = 0.0f;
+            for (uint32_t j = lo; j < hi; j++) acc += dz[e1[j]];
+            kd_st<DS>(dbs, c, acc);
+        }
+    }
+}
+
+/* ---- host side: workspace plans --------------------------------------------------------------
+ * Workspace (after the 256-byte header, each part 256-byte aligned):
+ *   flags [bt] uint8, row_soft [bt] double (and row_hard [bt] for the dense fused loss)
+ *   slot / bitmap slices (TK_SLICES of them) when they do not fit in shared memory
+ * dense fused: lt_ws 32 MiB (cuBLASLt scratch), zs (C x ldz) fp32 chunk logits (dz over them),
+ *   dw_acc (v x hs) and db_acc [v] fp32 for a bf16 student with gradients (as fused_linear_jsd.cu);
+ *   C from chunk_size, or memory_budget (0 = 256 MiB) over ldz 4 bytes per row.
+ * sparse fused with gradients: dz (bt x k) fp32, pcol (bt x k) int32, and for dws / dbs
+ *   count, offs [v + 1] and rank0, e0, e1 [bt k] uint32. */
+
+typedef struct tk_plan {
+    tk_scratch sc;
+    tk_header *hdr;
+    uint8_t *flags;
+    double *row_soft, *row_hard;
+    char *gslot;
+    uint32_t *gbits;
+    int64_t chunk, ldz;   /* dense fused */
+    void *lt_ws;
+    float *zs, *dw_acc, *db_acc;
+    float *dz;            /* sparse fused */
+    int32_t *pcol;
+    uint32_t *count, *offs, *rank0, *e0, *e1;
+    size_t total;
+} tk_plan;
+
+/* The parts every call has: flags, per-row losses, the scratch slices. */
+static void tk_carve_common(kd_carver *c, int64_t bt, int hard_rows, tk_plan *P) {
+    P->flags = (uint8_t *)kd_carve(c, (size_t)bt);
+    P->row_soft = (double *)kd_carve(c, (size_t)bt * sizeof(double));
+    P->row_hard = hard_rows ? (double *)kd_carve(c, (size_t)bt * sizeof(double)) : NULL;
+    P->gslot = P->sc.slots_smem ? NULL : (char *)kd_carve(c, (size_t)TK_SLICES * P->sc.slot_stride);
+    P->gbits = P->sc.words && !P->sc.bits_smem
+                   ? (uint32_t *)kd_carve(c, (size_t)TK_SLICES * (size_t)P->sc.words * 4u)
+                   : NULL;
+}
+
+/* Bounds that keep every byte count below 2^62. */
+static int tk_sizes_ok(int64_t bt, int64_t v, int64_t k, int64_t hs) {
+    const int64_t m = (int64_t)1 << 40;
+    return bt <= m && v <= m && k <= m && hs <= m && (uint64_t)bt * (uint64_t)k <= ((uint64_t)1 << 56);
+}
+
+static kdloss_status tk_logits_plan(int64_t bt, int64_t v, int64_t k, void *ws, tk_plan *P) {
+    if (bt <= 0 || v <= 0 || k <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (!tk_sizes_ok(bt, v, k, 1)) return KDLOSS_ERR_INVALID_SIZE;
+    memset(P, 0, sizeof *P);
+    P->sc = tk_scratch_plan(v, k, 1);
+    kd_carver c = kd_carver_for(ws);
+    tk_carve_common(&c, bt, 0, P);
+    P->hdr = (tk_header *)ws;
+    P->total = kd_ws_total(&c);
+    return KDLOSS_OK;
+}
+
+/* Rows per chunk of the dense fused loss (fused_linear_jsd.cu's rule with one logit buffer). */
+static int64_t tk_chunk_rows(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                             int64_t ldz) {
+    const uint64_t row_bytes = (uint64_t)ldz * sizeof(float);
+    if (p->chunk_size > 0) {
+        const int64_t c = p->chunk_size < bt ? p->chunk_size : bt;
+        return c > ((int64_t)1 << 30) ? (int64_t)1 << 30 : c;
+    }
+    const uint64_t budget = p->memory_budget ? (uint64_t)p->memory_budget : TK_DEFAULT_BUDGET;
+    int64_t cmax = (int64_t)(budget / row_bytes);
+    if (cmax < 1) cmax = 1;
+    if (cmax > bt) cmax = bt;
+    if (cmax > ((int64_t)1 << 30)) cmax = (int64_t)1 << 30;
+    const int64_t nch = (bt + cmax - 1) / cmax; /* equal chunks, a multiple of 64 if it fits */
+    int64_t c = (bt + nch - 1) / nch;
+    const int64_t c64 = (c + 63) / 64 * 64;
+    return c > 64 && c64 <= cmax ? c64 : c;
+}
+
+static kdloss_status tk_dense_plan(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                                   int64_t hs, int64_t v, int64_t k, kdloss_dtype sdt,
+                                   int want_grad, void *ws, tk_plan *P) {
+    if (!tk_sizes_ok(bt, v, k, hs)) return KDLOSS_ERR_INVALID_SIZE;
+    memset(P, 0, sizeof *P);
+    P->sc = tk_scratch_plan(v, k, 1);
+    P->ldz = (v + 63) / 64 * 64; /* 256-byte rows */
+    P->chunk = tk_chunk_rows(p, bt, P->ldz);
+    if ((uint64_t)P->chunk > ((uint64_t)1 << 60) / ((uint64_t)P->ldz * 4u) ||
+        (uint64_t)v * (uint64_t)hs > ((uint64_t)1 << 60))
+        return KDLOSS_ERR_INVALID_SIZE;
+    kd_carver c = kd_carver_for(ws);
+    tk_carve_common(&c, bt, 1, P);
+    P->lt_ws = kd_carve(&c, TK_LT_WS_BYTES);
+    P->zs = (float *)kd_carve(&c, (size_t)P->chunk * (size_t)P->ldz * sizeof(float));
+    if (want_grad && sdt == KDLOSS_BF16) {
+        P->dw_acc = (float *)kd_carve(&c, (size_t)v * (size_t)hs * sizeof(float));
+        P->db_acc = (float *)kd_carve(&c, (size_t)v * sizeof(float));
+    }
+    P->hdr = (tk_header *)ws;
+    P->total = kd_ws_total(&c);
+    return KDLOSS_OK;
+}
+
+static kdloss_status tk_sparse_plan(int64_t bt, int64_t hs, int64_t v, int64_t k, int want_grad,
+                                    void *ws, tk_plan *P) {
+    if (!tk_sizes_ok(bt, v, k, hs)) return KDLOSS_ERR_INVALID_SIZE;
+    memset(P, 0, sizeof *P);
+    P->sc = tk_scratch_plan(v, k, 0);
+    kd_carver c = kd_carver_for(ws);
+    tk_carve_common(&c, bt, 0, P);
+    if (want_grad) {
+        const size_t np = (size_t)bt * (size_t)k, nv = (size_t)v + 1;
+        P->dz = (float *)kd_carve(&c, np * sizeof(float));
+        P->pcol = (int32_t *)kd_carve(&c, np * sizeof(int32_t));
+        P->count = (uint32_t *)kd_carve(&c, nv * sizeof(uint32_t));
+        P->offs = (uint32_t *)kd_carve(&c, nv * sizeof(uint32_t));
+        P->rank0 = (uint32_t *)kd_carve(&c, np * sizeof(uint32_t));
+        P->e0 = (uint32_t *)kd_carve(&c, np * sizeof(uint32_t));
+        P->e1 = (uint32_t *)kd_carve(&c, np * sizeof(uint32_t));
+    }
+    P->hdr = (tk_header *)ws;
+    P->total = kd_ws_total(&c);
+    return KDLOSS_OK;
+}
+
+/* renorm_both with no cross-entropy and no row_lse depends on the student through its K
+ * selected logits only (MATH.md 8): the sparse path. Its pair indices are uint32. */
+static int tk_sparse_params(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                            int64_t k) {
+    return p->tail == KDLOSS_TAIL_RENORM_BOTH && !(p->weight_hard_loss > 0.0) &&
+           (uint64_t)bt * (uint64_t)k <= (uint64_t)INT32_MAX;
+}
+static int tk_sparse_call(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                          int64_t k, const kdloss_fused_linear_distill_out *out) {
+    return tk_sparse_params(p, bt, k) && !out->hard_loss && !out->row_hard && !out->row_lse;
+}
+
+/* ---- host side: launchers ------------------------------------------------------------------- */
+
+template <int DZ, int DG>
+static void tk_row_launch2(const tk_row_args &a, const tk_scratch &sc, bool vec, cudaStream_t st) {
+    const unsigned grid = tk_row_grid(a.rows, sc);
+    if (vec) tk_row_kernel<DZ, DG, true><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
+    else tk_row_kernel<DZ, DG, false><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
+}
+
+/* The logits entry: logits and gradient in the student's dtype. */
+static void tk_row_launch_logits(kdloss_dtype ds, const tk_row_args &a, const tk_scratch &sc,
+                                 bool vec, cudaStream_t st) {
+    switch (ds) {
+    case KDLOSS_F32: tk_row_launch2<KDLOSS_F32, KDLOSS_F32>(a, sc, vec, st); break;
+    case KDLOSS_BF16: tk_row_launch2<KDLOSS_BF16, KDLOSS_BF16>(a, sc, vec, st); break;
+    default: tk_row_launch2<KDLOSS_F16, KDLOSS_F16>(a, sc, vec, st); break;
+    }
+}
+
+/* The dense fused loss: fp32 chunk logits, bias and dz in the student's dtype. */
+static void tk_row_launch_fused(kdloss_dtype ds, const tk_row_args &a, const tk_scratch &sc,
+                                cudaStream_t st) {
+    const unsigned grid = tk_row_grid(a.rows, sc);
+    if (ds == KDLOSS_BF16)
+        tk_row_kernel<KDLOSS_F32, KDLOSS_BF16, true><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
+    else
+        tk_row_kernel<KDLOSS_F32, KDLOSS_F32, true><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
+}
+
+/* Global bitmap slices start zeroed; the row kernel clears what it sets. */
+static kdloss_status tk_zero_slices(const tk_plan &P, cudaStream_t st) {
+    if (!P.gbits) return KDLOSS_OK;
+    return kd_cuda_status(cudaMemsetAsync(P.gbits, 0, (size_t)TK_SLICES * (size_t)P.sc.words * 4u, st));
+}
+
+/* The teacher's and the labels' fields of the check kernel and of a row kernel. */
+static tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
+                                 kdloss_labels labels, int64_t ignore, int64_t bt, int64_t v,
+                                 const tk_plan &P) {
+    tk_check_args c;
+    c.labels = labels.data;
+    c.lab64 = labels.dtype == KDLOSS_I64;
+    c.ignore = ignore;
+    c.ids = t.ids.data;
+    c.ids64 = t.ids.dtype == KDLOSS_I64;
+    c.ld_ids = g.ld_ids;
+    c.bt = bt;
+    c.v = v;
+    c.k = t.k;
+    c.flags = P.flags;
+    c.hdr = P.hdr;
+    return c;
+}
+
+static void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
+                          const tk_check_args &c, const tk_plan &P) {
+    memset(a, 0, sizeof *a);
+    a->ids = t.ids.data;
+    a->ids64 = c.ids64;
+    a->ld_ids = g.ld_ids;
+    a->lp = t.logprobs.data;
+    a->lpdt = (int)t.logprobs.dtype;
+    a->ld_lp = g.ld_lp;
+    a->labels = c.labels;
+    a->lab64 = c.lab64;
+    a->flags = P.flags;
+    a->v = c.v;
+    a->k = t.k;
+    a->hdr = P.hdr;
+    a->row_soft = P.row_soft;
+    a->row_hard = P.row_hard;
+    a->gslot = P.gslot;
+    a->slot_stride = P.sc.slot_stride;
+    a->gbits = P.gbits;
+    a->words = P.sc.words;
+    a->slots_smem = P.sc.slots_smem;
+    a->bits_smem = P.sc.bits_smem;
+}
+
+/* ---- host side: kdloss_cuda_topk_distill_logits ------------------------------------------------ */
+
+kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t v, int64_t k,
+                                                            size_t *bytes) {
+    if (!bytes) return KDLOSS_ERR_NULL_POINTER;
+    tk_plan P;
+    kdloss_status s = tk_logits_plan(bt, v, k, NULL, &P);
+    if (s == KDLOSS_OK) *bytes = P.total;
+    return s;
+}
+
+/* Shapes: student_logits, grad (bt x v) with their own ld; teacher (bt rows of k); labels [bt]
+ * optional; row_loss [bt]; loss [1]; all device pointers. Launches: the row checks, the row
+ * kernel, the final reduction. */
+kdloss_status kdloss_cuda_topk_distill_logits(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_topk_distill_params *params, int64_t bt,
+    int64_t v, kdloss_cmat student_logits, kdloss_topk_teacher teacher, kdloss_labels labels,
+    float *loss, float *row_loss, kdloss_mat grad, void *workspace, size_t workspace_bytes) {
+    if (!ctx) return KDLOSS_ERR_NULL_POINTER;
+    kd_topk_geom g;
+    kd_spanset spans;
+    kdloss_status s = kd_args_topk_logits(params, bt, v, student_logits, teacher, labels, loss,
+                                          row_loss, grad, &g, &spans);
+    if (s != KDLOSS_OK) return s;
+    tk_plan P;
+    if ((s = tk_logits_plan(bt, v, teacher.k, NULL, &P)) != KDLOSS_OK) return s;
+    if ((s = kd_args_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
+        return s;
+    tk_logits_plan(bt, v, teacher.k, workspace, &P);
+
+    const tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    tk_row_args a;
+    tk_row_common(&a, teacher, g, c, P);
+    const kdloss_dtype ds = student_logits.dtype;
+    const size_t es = kdloss_dtype_size(ds);
+    a.z = student_logits.data;
+    a.ldz = g.ld_s;
+    a.g = grad.data;
+    a.g_pitch = g.ld_g * (int64_t)es;
+    a.rows = bt;
+    a.inv_t = (float)(1.0 / params->temperature);
+    a.inv_t64 = 1.0 / params->temperature;
+    a.same_t = params->temperature == 1.0;
+    a.coef = kd_div_coef_make(&params->div);
+    a.tail = (int)params->tail;
+    a.need_r = params->tail != KDLOSS_TAIL_RENORM_BOTH;
+    a.grad_soft = grad.data != NULL;
+    a.w_soft = 1.0;
+    a.grad_scale = params->grad_scale;
+    a.temperature = params->temperature;
+    a.soft_fac = 1.0;
+    a.out_soft = row_loss;
+    const bool vec = kd_aligned16(student_logits.data, g.ld_s, es) &&
+                     kd_aligned16(grad.data, g.ld_g, es);
+
+    kd_dev_guard dg;
+    if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
+    cudaStream_t st = (cudaStream_t)stream;
+    s = tk_check_launch(st, c);
+    if (s == KDLOSS_OK) s = tk_zero_slices(P, st);
+    if (s == KDLOSS_OK) {
+        tk_row_launch_logits(ds, a, P.sc, vec, st);
+        s = kd_launch_status();
+    }
+    if (s == KDLOSS_OK) {
+        tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(P.row_soft, NULL, bt, P.hdr, loss, NULL,
+                                                        NULL, 0.0, 1.0, 1.0, 0);
+        s = kd_launch_status();
+    }
+    kd_dev_leave(&dg);
+    return s;
+}
+
+/* ---- host side: the fused loss, dense path ------------------------------------------------------ */
+
+static cudaDataType_t tk_cuda_type(kdloss_dtype d) {
+    return d == KDLOSS_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* The row-kernel fields of the dense fused loss (dz in place over the chunk's logits). */
+static void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params *p,
+                         const kdloss_fused_linear_distill_out *out, int has_labels,
+                         const void *bs, const tk_plan &P, int want_grad) {
+    a->z = P.zs;
+    a->ldz = P.ldz;
+    a->g = want_grad ? (void *)P.zs : NULL;
+    a->g_pitch = P.ldz * (int64_t)sizeof(float);
+    a->bias = bs;
+    a->inv_t = (float)(1.0 / p->temperature);
+    a->inv_t64 = 1.0 / p->temperature;
+    a->same_t = p->temperature == 1.0;
+    a->coef = kd_div_coef_make(&p->div);
+    a->tail = (int)p->tail;
+    /* "0 skips all cross-entropy work": the CE only when weighted or asked for */
+    a->do_ce = has_labels && (p->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard);
+    a->do_hard = a->do_ce || out->row_lse != NULL;
+    a->need_r = p->tail != KDLOSS_TAIL_RENORM_BOTH || (a->do_hard && a->same_t);
+    a->grad_soft = want_grad && p->weight_soft_loss > 0.0;
+    a->grad_hard = want_grad && p->weight_hard_loss > 0.0;
+    a->w_hard = p->weight_hard_loss;
+    a->w_soft = p->weight_soft_loss;
+    a->grad_scale = p->grad_scale;
+    a->temperature = p->temperature;
+    a->soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
+    a->out_soft = out->row_soft;
+    a->out_hard = out->row_hard;
+    a->out_lse = out->row_lse;
+}
+
+/* One chunk's backward: dxs rows, dws (+)= and dbs (+)= (fused_linear_jsd.cu's mappings). */
+static kdloss_status tk_dense_backward(kdloss_cuda_context *ctx, cudaStream_t st, kdloss_cmat xs,
+                                       kdloss_cmat ws, const kd_topk_geom &g,
+                                       const kdloss_fused_linear_distill_out *out,
+                                       const tk_plan &P, int64_t r0, int64_t rows, int64_t hs,
+                                       int64_t v) {
+    const kdloss_dtype sdt = xs.dtype;
+    const size_t es = kdloss_dtype_size(sdt);
+    const cudaDataType_t cs = tk_cuda_type(sdt);
+    const int64_t dz_pitch = sdt == KDLOSS_BF16 ? 2 * P.ldz : P.ldz; /* elements of dz */
+    const char *xs_c = (const char *)xs.data + (size_t)(r0 * g.ld_xs) * es;
+    const int first = r0 == 0;
+    kdloss_status s = KDLOSS_OK;
+    if (out->dxs.data) { /* dxs_c^T (hs x rows) = ws (hs x v col-major) dzs^T (v x rows) */
+        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * es;
+        s = kd_gemm(ctx, st, P.lt_ws, TK_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_N, hs, rows, v,
+                    ws.data, cs, g.ld_ws, P.zs, cs, dz_pitch, 0.0f, dxs_c, cs, g.ld_dxs);
+    }
+    if (s == KDLOSS_OK && out->dws.data) { /* dws^T (hs x v) (+)= xs_c dzs */
+        float *dw = sdt == KDLOSS_BF16 ? P.dw_acc : (float *)out->dws.data;
+        const int64_t ld_dw = sdt == KDLOSS_BF16 ? hs : g.ld_dws;
+        s = kd_gemm(ctx, st, P.lt_ws, TK_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_T, hs, v, rows, xs_c,
+                    cs, g.ld_xs, P.zs, cs, dz_pitch, first ? 0.0f : 1.0f, dw, CUDA_R_32F, ld_dw);
+    }
+    if (s == KDLOSS_OK && out->dbs) {
+        float *db = sdt == KDLOSS_BF16 ? P.db_acc : (float *)out->dbs;
+        if (sdt == KDLOSS_BF16)
+            kd_colsum_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.zs, dz_pitch,
+                                                                             rows, v, db, first);
+        else
+            kd_colsum_kernel<KDLOSS_F32><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.zs, dz_pitch,
+                                                                            rows, v, db, first);
+        s = kd_launch_status();
+    }
+    return s;
+}
+
+/* bf16 student: dws and dbs were summed in fp32 across chunks; round them once. */
+static kdloss_status tk_dense_cast(cudaStream_t st, const kd_topk_geom &g,
+                                   const kdloss_fused_linear_distill_out *out, const tk_plan &P,
+                                   int64_t hs, int64_t v) {
+    if (out->dws.data) {
+        kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v * hs, 256), 256, 0, st>>>(
+            P.dw_acc, hs, out->dws.data, g.ld_dws, v, hs);
+        kdloss_status s = kd_launch_status();
+        if (s != KDLOSS_OK) return s;
+    }
+    if (out->dbs) {
+        kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.db_acc, v, out->dbs, v,
+                                                                        1, v);
+        return kd_launch_status();
+    }
+    return KDLOSS_OK;
+}
+
+/* Per chunk: zs = xs_c ws^T (cuBLASLt, fp32 out), the row kernel, the backward. */
+static kdloss_status tk_run_dense(kdloss_cuda_context *ctx, cudaStream_t st, int64_t bt,
+                                  int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
+                                  const kd_topk_geom &g, const kdloss_fused_linear_distill_out *out,
+                                  const tk_plan &P, tk_row_args a) {
+    const size_t es = kdloss_dtype_size(xs.dtype);
+    const cudaDataType_t cs = tk_cuda_type(xs.dtype);
+    kdloss_status s = tk_zero_slices(P, st);
+    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk) {
+        const int64_t rows = bt - r0 < P.chunk ? bt - r0 : P.chunk;
+        const char *xs_c = (const char *)xs.data + (size_t)(r0 * g.ld_xs) * es;
+        /* zs^T (v x rows, ldz) = ws (hs x v col-major)^T xs_c (hs x rows col-major) */
+        s = kd_gemm(ctx, st, P.lt_ws, TK_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, v, rows, hs,
+                    ws.data, cs, g.ld_ws, xs_c, cs, g.ld_xs, 0.0f, P.zs, CUDA_R_32F, P.ldz);
+        if (s != KDLOSS_OK) break;
+        a.row0 = r0;
+        a.rows = rows;
+        tk_row_launch_fused(xs.dtype, a, P.sc, st);
+        if ((s = kd_launch_status()) != KDLOSS_OK) break;
+        if (g.want_grad) s = tk_dense_backward(ctx, st, xs, ws, g, out, P, r0, rows, hs, v);
+    }
+    if (s == KDLOSS_OK && g.want_grad && xs.dtype == KDLOSS_BF16)
+        s = tk_dense_cast(st, g, out, P, hs, v);
+    return s;
+}
+
+/* ---- host side: the fused loss, sparse path ----------------------------------------------------- */
+
+/* dws and dbs from the rows' (dz, id) pairs: CSR by id, each segment in row order, one pass per
+ * vocabulary row. Every row of dws / dbs is written (0 where no row uses the id). */
+static kdloss_status tk_sparse_wgrad(cudaStream_t st, int64_t bt, int64_t hs, int64_t v,
+                                     int64_t k, kdloss_cmat xs, const kd_topk_geom &g,
+                                     const kdloss_fused_linear_distill_out *out, const tk_plan &P) {
+    const int64_t np = bt * k;
+    const unsigned gp = kd_grid_1d(np, 256);
+    cudaError_t e = cudaMemsetAsync(P.count, 0, ((size_t)v + 1) * sizeof(uint32_t), st);
+    if (e != cudaSuccess) return kd_cuda_status(e);
+    tk_count_kernel<<<gp, 256, 0, st>>>(P.pcol, np, P.count, P.rank0);
+    tk_scan_kernel<<<1, 1024, 0, st>>>(P.count, v + 1, P.offs);
+    tk_place_kernel<<<gp, 256, 0, st>>>(P.pcol, np, P.offs, P.rank0, P.e0);
+    tk_rank_kernel<<<gp, 256, 0, st>>>(P.pcol, v, P.offs, P.e0, P.e1);
+    const unsigned gv = kd_grid(v > 65536 ? 65536 : v);
+    if (xs.dtype == KDLOSS_BF16)
+        tk_dw_kernel<KDLOSS_BF16><<<gv, 256, 0, st>>>(P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs,
+                                                     v, out->dws.data, g.ld_dws, out->dbs);
+    else
+        tk_dw_kernel<KDLOSS_F32><<<gv, 256, 0, st>>>(P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs,
+                                                    v, out->dws.data, g.ld_dws, out->dbs);
+    return kd_launch_status();
+}
+
+/* The row kernel (logits of the used slots, kd_topk_row, dxs), then the weight gradients. */
+static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_topk_distill_params *p,
+                                   int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
+                                   kdloss_cmat ws, const void *bs, const kdloss_topk_teacher &t,
+                                   const kd_topk_geom &g,
+                                   const kdloss_fused_linear_distill_out *out, const tk_plan &P) {
+    const int wgrad = out->dws.data || out->dbs;
+    tk_sparse_args a;
+    memset(&a, 0, sizeof a);
+    a.xs = xs.data;
+    a.ld_xs = g.ld_xs;
+    a.ws = ws.data;
+    a.ld_ws = g.ld_ws;
+    a.bias = bs;
+    a.ids = t.ids.data;
+    a.ids64 = t.ids.dtype == KDLOSS_I64;
+    a.ld_ids = g.ld_ids;
+    a.lp = t.logprobs.data;
+    a.lpdt = (int)t.logprobs.dtype;
+    a.ld_lp = g.ld_lp;
+    a.flags = P.flags;
+    a.hdr = P.hdr;
+    a.bt = bt;
+    a.hs = hs;
+    a.k = t.k;
+    a.inv_t64 = 1.0 / p->temperature;
+    a.coef = kd_div_coef_make(&p->div);
+    a.grad_soft = g.want_grad && p->weight_soft_loss > 0.0;
+    a.w_soft = p->weight_soft_loss;
+    a.grad_scale = p->grad_scale;
+    a.temperature = p->temperature;
+    a.soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
+    a.row_soft = P.row_soft;
+    a.out_soft = out->row_soft;
+    a.dz = wgrad ? P.dz : NULL;
+    a.pcol = wgrad ? P.pcol : NULL;
+    a.dxs = out->dxs.data;
+    a.ld_dxs = g.ld_dxs;
+    a.gslot = P.gslot;
+    a.slot_stride = P.sc.slot_stride;
+    a.slots_smem = P.sc.slots_smem;
+    const unsigned grid = tk_row_grid(bt, P.sc);
+    if (xs.dtype == KDLOSS_BF16)
+        tk_sparse_kernel<KDLOSS_BF16><<<grid, TK_SP_THREADS, P.sc.smem, st>>>(a);
+    else
+        tk_sparse_kernel<KDLOSS_F32><<<grid, TK_SP_THREADS, P.sc.smem, st>>>(a);
+    kdloss_status s = kd_launch_status();
+    if (s == KDLOSS_OK && wgrad) s = tk_sparse_wgrad(st, bt, hs, v, t.k, xs, g, out, P);
+    return s;
+}
+
+/* ---- host side: kdloss_cuda_fused_linear_topk_distill ------------------------------------------- */
+
+/* The size covers either path when the params allow the sparse one (the call picks it from its
+ * outputs: a row_lse or cross-entropy output needs the dense logits). */
+kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status s = kd_topk_check_fused_params(params);
+    if (s == KDLOSS_OK) s = kd_args_fl_sizes(bt, hs, hs, v);
+    if (s == KDLOSS_OK && k < 1) s = KDLOSS_ERR_INVALID_SIZE;
+    if (s != KDLOSS_OK) return s;
+    if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
+        return KDLOSS_ERR_INVALID_DTYPE;
+    tk_plan P;
+    s = tk_dense_plan(params, bt, hs, v, k, student_dtype, want_grad != 0, NULL, &P);
+    if (s != KDLOSS_OK) return s;
+    size_t total = P.total;
+    if (tk_sparse_params(params, bt, k)) {
+        if ((s = tk_sparse_plan(bt, hs, v, k, want_grad != 0, NULL, &P)) != KDLOSS_OK) return s;
+        if (P.total > total) total = P.total;
+    }
+    *bytes = total;
+    return KDLOSS_OK;
+}
+
+/* Shapes: xs (bt x hs), ws (v x hs), bs [v], teacher (bt rows of k), labels [bt] optional;
+ * outputs per kdloss_fused_linear_distill_out; all device pointers, each with its own ld. */
+kdloss_status kdloss_cuda_fused_linear_topk_distill(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_topk_distill_params *params,
+    int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
+    void *workspace, size_t workspace_bytes) {
+    if (!ctx) return KDLOSS_ERR_NULL_POINTER;
+    kd_topk_geom g;
+    kd_spanset spans;
+    kdloss_status s =
+        kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
+    if (s != KDLOSS_OK) return s;
+    const int sparse = tk_sparse_call(params, bt, teacher.k, out);
+    tk_plan P;
+    s = sparse ? tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, NULL, &P)
+               : tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
+    if (s != KDLOSS_OK) return s;
+    if ((s = kd_args_fl_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
+        return s;
+    if (sparse) tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, workspace, &P);
+    else tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
+
+    const tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    kd_dev_guard dg;
+    if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
+    cudaStream_t st = (cudaStream_t)stream;
+    s = tk_check_launch(st, c);
+    if (s == KDLOSS_OK && sparse) {
+        s = tk_run_sparse(st, params, bt, hs, v, xs, ws, bs, teacher, g, out, P);
+    } else if (s == KDLOSS_OK) {
+        tk_row_args a;
+        tk_row_common(&a, teacher, g, c, P);
+        tk_row_fused(&a, params, out, labels.data != NULL, bs, P, g.want_grad);
+        s = tk_run_dense(ctx, st, bt, hs, v, xs, ws, g, out, P, a);
+    }
+    if (s == KDLOSS_OK) {
+        const double soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;
+        tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(
+            P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
+            params->weight_hard_loss, params->weight_soft_loss, soft_fac, 1);
+        s = kd_launch_status();
+    }
+    kd_dev_leave(&dg);
+    return s;
+}
