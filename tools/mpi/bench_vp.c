@@ -2,8 +2,8 @@
  * Run with mpirun -np R; every rank holds V/R rows of the LM heads. Per call it reports the
  * median wall time (p20, p80) over --reps calls, the share of it spent inside the communicator
  * (every all-reduce timed by a wrapper around include/kdloss_mpi.h's), and the bytes each rank
- * contributed per token. Rank 0 then times the single-process call on the whole heads with the
- * same total thread count, for the ratio.
+ * contributed per token. With one rank it also times the single-process call on the whole heads
+ * (kdloss_fused_linear_*_distill), for the ratio.
  *   mpirun -np 2 build/kdloss_bench_vp [--bt N] [--hs N] [--v N] [--k N (0: dense)] [--reps N]
  */
 #include <omp.h>
@@ -152,9 +152,13 @@ int main(int argc, char **argv) {
                " a rank (%.0f of them dxs)\n",
                comm_s, 100.0 * comm_s / t[reps / 2], bytes / (double)j.bt, 4.0 * (double)j.hs);
     }
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (rank == 0) { /* the single-process call with all the threads the ranks had together */
-        omp_set_num_threads(omp_get_max_threads() * size);
+    /* the single-process call only in a 1-rank run: while rank 0 ran it, the other ranks
+     * would poll in MPI_Finalize and take its cores (run `mpirun -np 1` with the ranks' threads
+     * together for the comparison) */
+    if (size > 1 && rank == 0)
+        printf("single process: run with mpirun -np 1 and OMP_NUM_THREADS = %d x the threads\n",
+               size);
+    if (size == 1) {
         for (int i = -1; i < reps; i++) {
             double t0 = now();
             call(&j, NULL, 0, j.v);
