@@ -48,8 +48,11 @@ KD_HDM double kd_topk_logaddexp(double la, double lb) {
  *   n         |S|, the used slots (compacted, in slot order)
  *   zk [n]    the student's logits at S (bias added), untempered
  *   lp [n]    the teacher's log-probs at S (fp32)
- *   inv_t     1 / T, in double: gaps of logits times 1/T rounded to fp32 would move
- *             every log-prob by |gap| 2^-25, which tiny tail probabilities magnify
+ *   inv_t     1 / T rounded to fp32 (as the V-wide passes use it): a float times a float is
+ *             exact in double, so u_k = zk inv_t is the same number however the compiler
+ *             contracts it (an FMA in x_k = u_k - norm would otherwise see the unrounded
+ *             product, and at large logits |u| 2^-53 against norm's rounding is a loss of O(1):
+ *             found by the fuzzer with 1/T in double)
  *   rest_lse  R = log sum_{j not in S} exp(zs_j / T), -inf when S holds every id (bucket and
  *             renorm_teacher; renorm_both ignores it)
  * Outputs: returns the row's loss D; gk[k] = dD/du_k at each slot (u = zs / T); *c_rest the

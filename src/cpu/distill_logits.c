@@ -155,7 +155,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     a->ignore_index = ignore_index;
     a->coef = kd_div_coef_make(div);
     a->inv_t = (float)(1.0 / t);
-    a->inv_t64 = 1.0 / t;
+    a->inv_t64 = (double)a->inv_t; /* fp32-exact: topk_row.h */
     a->soft = 1;
     a->hard = 0;
     a->grad = grad.data != NULL;

@@ -293,7 +293,7 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     r->ignore_index = p->ignore_index;
     r->coef = kd_div_coef_make(&p->div);
     r->inv_t = (float)(1.0 / p->temperature);
-    r->inv_t64 = 1.0 / p->temperature;
+    r->inv_t64 = (double)r->inv_t; /* fp32-exact: topk_row.h */
     r->soft = soft;
     r->hard = hard;
     r->grad = k->grad;
@@ -433,7 +433,7 @@ static kdloss_status run_sparse(const kd_fljsd_call *k, const kd_fljsd_plan *pl,
     double nv = (double)k->n_valid, t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
     kd_topk_sparse a = {0, 0, k->hs, k->xs.data, k->xs.dtype, k->xs.ld, k->ws.data, k->ws.ld,
                         NULL, &k->topk, k->labels, p->ignore_index, kd_div_coef_make(&p->div),
-                        1.0 / p->temperature,
+                        (double)(float)(1.0 / p->temperature), /* fp32-exact: topk_row.h */
                         k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f,
                         NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL};
     sparse_layout(k, pl, base, &a);

@@ -40,7 +40,7 @@ typedef struct kd_fljsd_rows {
     int64_t ignore_index;
     kd_div_coef coef;      /* the divergence's element operation and constants */
     float inv_t;           /* 1 / temperature */
-    double inv_t64;        /* 1 / temperature in double (the sparse teacher's slot math) */
+    double inv_t64;        /* inv_t as a double (kd_topk_row's argument; exact, topk_row.h) */
     int soft;              /* compute the JSD terms (needs zt) */
     int hard;              /* compute the cross-entropy terms */
     int grad;              /* write dzs over zs */

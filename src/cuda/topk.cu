@@ -237,7 +237,7 @@ typedef struct tk_row_args {
     int64_t row0;         /* global index of the launch's first row */
     int64_t rows, v, k;
     float inv_t;          /* 1 / T: the V-wide passes (u_j = z_j / T in fp32) */
-    double inv_t64;       /* 1 / T in double: kd_topk_row's slot math (topk_row.h says why) */
+    double inv_t64;       /* 1 / T rounded to fp32, as a double: kd_topk_row (topk_row.h) */
     int same_t;           /* T == 1: the untempered lse comes from R and the slots */
     kd_div_coef coef;
     int tail;
@@ -499,7 +499,7 @@ typedef struct tk_sparse_args {
     const uint8_t *flags;
     const tk_header *hdr;
     int64_t bt, hs, k;
-    double inv_t64;       /* 1 / T in double (kd_topk_row) */
+    double inv_t64;       /* 1 / T rounded to fp32, as a double (kd_topk_row) */
     kd_div_coef coef;
     int grad_soft;
     double w_soft, grad_scale, temperature, soft_fac;
@@ -956,7 +956,7 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     a.g_pitch = g.ld_g * (int64_t)es;
     a.rows = bt;
     a.inv_t = (float)(1.0 / params->temperature);
-    a.inv_t64 = 1.0 / params->temperature;
+    a.inv_t64 = (double)(float)(1.0 / params->temperature); /* fp32-exact: topk_row.h */
     a.same_t = params->temperature == 1.0;
     a.coef = kd_div_coef_make(&params->div);
     a.tail = (int)params->tail;
@@ -1004,7 +1004,7 @@ static void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_
     a->g_pitch = P.ldz * (int64_t)sizeof(float);
     a->bias = bs;
     a->inv_t = (float)(1.0 / p->temperature);
-    a->inv_t64 = 1.0 / p->temperature;
+    a->inv_t64 = (double)(float)(1.0 / p->temperature); /* fp32-exact: topk_row.h */
     a->same_t = p->temperature == 1.0;
     a->coef = kd_div_coef_make(&p->div);
     a->tail = (int)p->tail;
@@ -1155,7 +1155,7 @@ static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_to
     a.bt = bt;
     a.hs = hs;
     a.k = t.k;
-    a.inv_t64 = 1.0 / p->temperature;
+    a.inv_t64 = (double)(float)(1.0 / p->temperature); /* fp32-exact: topk_row.h */
     a.coef = kd_div_coef_make(&p->div);
     a.grad_soft = g.want_grad && p->weight_soft_loss > 0.0;
     a.w_soft = p->weight_soft_loss;

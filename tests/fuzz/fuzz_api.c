@@ -612,6 +612,15 @@ static void fuzz_topk_logits(rd *r) {
     free(z), free(dz), free(dm), free(dc);
 }
 
+/* A one-rank communicator for the vocabulary-parallel entry points: the all-reduce of one rank
+ * is the identity; fz_comm_fail makes it report a failure (kdloss must then return
+ * KDLOSS_ERR_COMM from the agreement, before anything is written). */
+static int fz_comm_fail;
+static int fz_allreduce(void *ctx, void *buf, int64_t n, kdloss_dtype dt, kdloss_comm_op op) {
+    (void)ctx, (void)buf, (void)n, (void)dt, (void)op;
+    return fz_comm_fail;
+}
+
 static void fuzz_topk_fused(rd *r, int query) {
     kdloss_fused_linear_topk_distill_params p;
     kdloss_fused_linear_topk_distill_params_default(&p);
@@ -678,9 +687,21 @@ static void fuzz_topk_fused(rd *r, int query) {
     memcpy(in_snap, in_arena, ARENA);
     memcpy(out_snap, out_arena, ARENA);
     n_calls++;
-    kdloss_status st = kdloss_fused_linear_topk_distill(&p, bt, hs, v, xs, ws, bs, t, lab, &o, work, work_bytes);
+    /* a quarter of the calls through the vocabulary-parallel entry with one rank (the whole
+     * vocabulary, or a shard that does not tile it), which must give the same results */
+    int vp = pick(r, 4) == 0;
+    kdloss_comm comm = {0, 1, fz_allreduce, NULL};
+    int bad_rank = vp && pick(r, 16) == 0;
+    if (bad_rank) comm.rank = pick(r, 2) ? -1 : 1;
+    fz_comm_fail = vp && pick(r, 16) == 0;
+    kdloss_vocab_shard shard = {&comm, pick(r, 16) ? v : v + 1 - 2 * pick(r, 2), pick(r, 16) ? 0 : 1};
+    kdloss_status st = vp ? kdloss_fused_linear_topk_distill_vp(&p, &shard, bt, hs, v, xs, ws, bs, t, lab, &o, work, work_bytes)
+                          : kdloss_fused_linear_topk_distill(&p, bt, hs, v, xs, ws, bs, t, lab, &o, work, work_bytes);
+    if (vp && st == KDLOSS_OK && (fz_comm_fail || bad_rank || shard.v_total != v || shard.v_begin != 0))
+        FAIL("vocab-parallel call accepted a failing comm, rank %d or shard %lld/%lld", comm.rank,
+             (long long)shard.v_begin, (long long)shard.v_total);
     if (st != KDLOSS_OK) {
-        if (!arenas_same()) FAIL("fused_linear_topk_distill returned %d but wrote memory", st);
+        if (!arenas_same()) FAIL("fused_linear_topk_distill%s returned %d but wrote memory", vp ? "_vp" : "", st);
         n_rejected++;
         return;
     }
