@@ -694,7 +694,8 @@ static void fuzz_topk_fused(rd *r, int query) {
     int bad_rank = vp && pick(r, 16) == 0;
     if (bad_rank) comm.rank = pick(r, 2) ? -1 : 1;
     fz_comm_fail = vp && pick(r, 16) == 0;
-    kdloss_vocab_shard shard = {&comm, pick(r, 16) ? v : v + 1 - 2 * pick(r, 2), pick(r, 16) ? 0 : 1};
+    int64_t v_off = v > INT64_MIN + 1 && v < INT64_MAX && pick(r, 16) == 0 ? 1 - 2 * pick(r, 2) : 0;
+    kdloss_vocab_shard shard = {&comm, v + v_off, pick(r, 16) ? 0 : 1};
     kdloss_status st = vp ? kdloss_fused_linear_topk_distill_vp(&p, &shard, bt, hs, v, xs, ws, bs, t, lab, &o, work, work_bytes)
                           : kdloss_fused_linear_topk_distill(&p, bt, hs, v, xs, ws, bs, t, lab, &o, work, work_bytes);
     if (vp && st == KDLOSS_OK && (fz_comm_fail || bad_rank || shard.v_total != v || shard.v_begin != 0))
