@@ -146,6 +146,40 @@ static kdloss_status fl_mat(int64_t rows, int64_t cols, const void *data, kdloss
     return *ld > INT32_MAX ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_OK;
 }
 
+/* The fused losses' outputs (shared by the dense and top-k checks, in the CPU's order): at least
+ * one, dxs (BT x Hs) and dws (V x Hs) in their operands' dtypes, dbs only with a bias, every
+ * pointer aligned. Writes the effective lds, whether gradients are wanted, and the spans. */
+static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *out, int64_t bt,
+                                int64_t hs, int64_t v, kdloss_dtype xdt, kdloss_dtype wdt,
+                                int has_bias, int64_t *ld_dxs, int64_t *ld_dws, int *want_grad,
+                                kd_span *s_dxs, kd_span *s_dws) {
+    kdloss_status st;
+    const int grad = out->dxs.data || out->dws.data || out->dbs;
+    if (!grad && !out->loss && !out->soft_loss && !out->hard_loss && !out->row_soft &&
+        !out->row_hard && !out->row_lse)
+        return KDLOSS_ERR_NO_OUTPUT;
+    *s_dxs = *s_dws = (kd_span){0, 0};
+    *ld_dxs = *ld_dws = 0;
+    if (out->dxs.data) {
+        if (out->dxs.dtype != xdt) return KDLOSS_ERR_INVALID_DTYPE;
+        st = fl_mat(bt, hs, out->dxs.data, out->dxs.dtype, out->dxs.ld, ld_dxs, s_dxs);
+        if (st != KDLOSS_OK) return st;
+    }
+    if (out->dws.data) {
+        if (out->dws.dtype != wdt) return KDLOSS_ERR_INVALID_DTYPE;
+        st = fl_mat(v, hs, out->dws.data, out->dws.dtype, out->dws.ld, ld_dws, s_dws);
+        if (st != KDLOSS_OK) return st;
+    }
+    if (out->dbs && !has_bias) return KDLOSS_ERR_SHAPE_MISMATCH;
+    if (!kd_aligned(out->dbs, kdloss_dtype_size(xdt)) || !kd_aligned(out->loss, sizeof(float)) ||
+        !kd_aligned(out->soft_loss, sizeof(float)) || !kd_aligned(out->hard_loss, sizeof(float)) ||
+        !kd_aligned(out->row_soft, sizeof(float)) || !kd_aligned(out->row_hard, sizeof(float)) ||
+        !kd_aligned(out->row_lse, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
+    *want_grad = grad;
+    return KDLOSS_OK;
+}
+
 kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
                          int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
                          kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
@@ -172,30 +206,10 @@ kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt
     if (!labels.data) return KDLOSS_ERR_NULL_POINTER;
     if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) return KDLOSS_ERR_INVALID_DTYPE;
 
-    const int grad = out->dxs.data || out->dws.data || out->dbs;
-    if (!grad && !out->loss && !out->soft_loss && !out->hard_loss && !out->row_soft &&
-        !out->row_hard && !out->row_lse)
-        return KDLOSS_ERR_NO_OUTPUT;
-    kd_span s_dxs = {0, 0}, s_dws = {0, 0};
-    g->ld_dxs = 0;
-    g->ld_dws = 0;
-    if (out->dxs.data) {
-        if (out->dxs.dtype != xs.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = fl_mat(bt, hs, out->dxs.data, out->dxs.dtype, out->dxs.ld, &g->ld_dxs, &s_dxs);
-        if (st != KDLOSS_OK) return st;
-    }
-    if (out->dws.data) {
-        if (out->dws.dtype != ws.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = fl_mat(v, hs, out->dws.data, out->dws.dtype, out->dws.ld, &g->ld_dws, &s_dws);
-        if (st != KDLOSS_OK) return st;
-    }
-    if (out->dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
-    if (!kd_aligned(out->dbs, kdloss_dtype_size(xs.dtype)) || !kd_aligned(out->loss, sizeof(float)) ||
-        !kd_aligned(out->soft_loss, sizeof(float)) || !kd_aligned(out->hard_loss, sizeof(float)) ||
-        !kd_aligned(out->row_soft, sizeof(float)) || !kd_aligned(out->row_hard, sizeof(float)) ||
-        !kd_aligned(out->row_lse, sizeof(float)))
-        return KDLOSS_ERR_MISALIGNED;
-    g->want_grad = grad;
+    kd_span s_dxs, s_dws;
+    st = fl_outputs(out, bt, hs, v, xs.dtype, ws.dtype, bs != NULL, &g->ld_dxs, &g->ld_dws,
+                    &g->want_grad, &s_dxs, &s_dws);
+    if (st != KDLOSS_OK) return st;
 
     size_t es_s = kdloss_dtype_size(xs.dtype), es_t = kdloss_dtype_size(xt.dtype);
     /* inputs first, then outputs; the overlaps are checked with the workspace (as on the CPU,
@@ -327,30 +341,10 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
     if (labels.data && !kd_aligned(labels.data, kdloss_dtype_size(labels.dtype)))
         return KDLOSS_ERR_MISALIGNED;
 
-    const int grad = out->dxs.data || out->dws.data || out->dbs;
-    if (!grad && !out->loss && !out->soft_loss && !out->hard_loss && !out->row_soft &&
-        !out->row_hard && !out->row_lse)
-        return KDLOSS_ERR_NO_OUTPUT;
-    kd_span s_dxs = {0, 0}, s_dws = {0, 0};
-    g->ld_dxs = 0;
-    g->ld_dws = 0;
-    if (out->dxs.data) {
-        if (out->dxs.dtype != xs.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = fl_mat(bt, hs, out->dxs.data, out->dxs.dtype, out->dxs.ld, &g->ld_dxs, &s_dxs);
-        if (st != KDLOSS_OK) return st;
-    }
-    if (out->dws.data) {
-        if (out->dws.dtype != ws.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = fl_mat(v, hs, out->dws.data, out->dws.dtype, out->dws.ld, &g->ld_dws, &s_dws);
-        if (st != KDLOSS_OK) return st;
-    }
-    if (out->dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
-    if (!kd_aligned(out->dbs, es) || !kd_aligned(out->loss, sizeof(float)) ||
-        !kd_aligned(out->soft_loss, sizeof(float)) || !kd_aligned(out->hard_loss, sizeof(float)) ||
-        !kd_aligned(out->row_soft, sizeof(float)) || !kd_aligned(out->row_hard, sizeof(float)) ||
-        !kd_aligned(out->row_lse, sizeof(float)))
-        return KDLOSS_ERR_MISALIGNED;
-    g->want_grad = grad;
+    kd_span s_dxs, s_dws;
+    st = fl_outputs(out, bt, hs, v, xs.dtype, ws.dtype, bs != NULL, &g->ld_dxs, &g->ld_dws,
+                    &g->want_grad, &s_dxs, &s_dws);
+    if (st != KDLOSS_OK) return st;
 
     spans->n = 0;
     spans_add(spans, s_xs);

@@ -306,6 +306,18 @@ static void fuzz_jsd(rd *r) {
     n_ref_checked++;
 }
 
+/* The fused calls' labels, in the output arena's last 512 bytes (bt < 64): mostly in [0, v), some
+ * ignore_index, some out of range. */
+static void write_labels(rd *r, int64_t bt, int64_t v, int64_t ignore_index, kdloss_dtype dt) {
+    if (bt <= 0 || bt >= 64) return;
+    unsigned char *l = out_arena + ARENA - 512;
+    for (int64_t i = 0; i < bt; i++) {
+        int64_t y = pick(r, 6) == 0 ? ignore_index : pick(r, (int)(v > 0 && v < 64 ? v + 1 : 3)) - (pick(r, 32) == 0);
+        if (dt == KDLOSS_I32) { int32_t y32 = (int32_t)y; memcpy(l + 4 * i, &y32, 4); }
+        else memcpy(l + 8 * i, &y, 8);
+    }
+}
+
 static void fuzz_fljsd(rd *r, int query) {
     kdloss_fljsd_params p;
     kdloss_fljsd_params_default(&p);
@@ -354,14 +366,7 @@ static void fuzz_fljsd(rd *r, int query) {
     void *work = NULL;
     size_t work_bytes = 0;
     if (pick(r, 4) == 0) work = ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 0), work_bytes = (size_t)take(r, 2);
-    if (bt > 0 && bt < 64) { /* labels */
-        unsigned char *l = out_arena + ARENA - 512;
-        for (int64_t i = 0; i < bt; i++) {
-            int64_t y = pick(r, 6) == 0 ? p.ignore_index : pick(r, (int)(v > 0 && v < 64 ? v + 1 : 3)) - (pick(r, 32) == 0);
-            if (lab.dtype == KDLOSS_I32) { int32_t y32 = (int32_t)y; memcpy(l + 4 * i, &y32, 4); }
-            else memcpy(l + 8 * i, &y, 8);
-        }
-    }
+    write_labels(r, bt, v, p.ignore_index, lab.dtype);
     kdloss_dtype es = ds, et = dtt;
     unsigned char *oa = out_arena;
     if (!fits(xs.data, in_arena, bt, hs, xs.ld, xs.dtype) || !fits(ws.data, in_arena, v, hs, ws.ld, ws.dtype) ||
@@ -665,14 +670,7 @@ static void fuzz_topk_fused(rd *r, int query) {
     void *work = NULL;
     size_t work_bytes = 0;
     if (pick(r, 4) == 0) work = ptr_arg(r, pick(r, 8) ? out_arena : in_arena, 0), work_bytes = (size_t)take(r, 2);
-    if (bt > 0 && bt < 64) { /* labels */
-        unsigned char *l = out_arena + ARENA - 512;
-        for (int64_t i = 0; i < bt; i++) {
-            int64_t y = pick(r, 6) == 0 ? p.ignore_index : pick(r, (int)(v > 0 && v < 64 ? v + 1 : 3)) - (pick(r, 32) == 0);
-            if (lab.dtype == KDLOSS_I32) { int32_t y32 = (int32_t)y; memcpy(l + 4 * i, &y32, 4); }
-            else memcpy(l + 8 * i, &y, 8);
-        }
-    }
+    write_labels(r, bt, v, p.ignore_index, lab.dtype);
     unsigned char *oa = out_arena;
     float *rows[3] = {o.row_soft, o.row_hard, o.row_lse};
     for (int i = 0; i < 3; i++)
