@@ -180,6 +180,20 @@ static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *out, int6
     return KDLOSS_OK;
 }
 
+/* The fused losses' output spans after the inputs' (dbs elements of es bytes). */
+static void fl_out_spans(kd_spanset *spans, const kdloss_fused_linear_distill_out *out,
+                         int64_t bt, int64_t v, size_t es, kd_span s_dxs, kd_span s_dws) {
+    spans_add(spans, s_dxs);
+    spans_add(spans, s_dws);
+    spans_add(spans, kd_vec_span(out->dbs, v, es));
+    spans_add(spans, kd_vec_span(out->loss, 1, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->soft_loss, 1, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->hard_loss, 1, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_soft, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_hard, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(out->row_lse, bt, sizeof(float)));
+}
+
 kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
                          int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
                          kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
@@ -223,15 +237,7 @@ kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt
     spans_add(spans, kd_vec_span(bt_bias, v, es_t));
     spans_add(spans, kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
     spans->n_in = spans->n;
-    spans_add(spans, s_dxs);
-    spans_add(spans, s_dws);
-    spans_add(spans, kd_vec_span(out->dbs, v, es_s));
-    spans_add(spans, kd_vec_span(out->loss, 1, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->soft_loss, 1, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->hard_loss, 1, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->row_soft, bt, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->row_hard, bt, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->row_lse, bt, sizeof(float)));
+    fl_out_spans(spans, out, bt, v, es_s, s_dxs, s_dws);
     return KDLOSS_OK;
 }
 
@@ -354,14 +360,6 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
     spans_add(spans, s_lp);
     spans_add(spans, kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
     spans->n_in = spans->n;
-    spans_add(spans, s_dxs);
-    spans_add(spans, s_dws);
-    spans_add(spans, kd_vec_span(out->dbs, v, es));
-    spans_add(spans, kd_vec_span(out->loss, 1, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->soft_loss, 1, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->hard_loss, 1, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->row_soft, bt, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->row_hard, bt, sizeof(float)));
-    spans_add(spans, kd_vec_span(out->row_lse, bt, sizeof(float)));
+    fl_out_spans(spans, out, bt, v, es, s_dxs, s_dws);
     return KDLOSS_OK;
 }
