@@ -86,7 +86,7 @@ static int run_vmath_checks(const char *isa) {
     int diff = 0;
     for (uint64_t b = 0; b <= 0xffffffffu && !diff; b += 4099) {
         uint32_t u = (uint32_t)b;
-        float xs[VL], a[VL], r1[VL], r2[VL];
+        float xs[VL], a[VL], r1[VL], r2[VL], r3[VL], r4[VL];
         for (int i = 0; i < VL; i++) {
             uint32_t ui = u + (uint32_t)i * 257u;
             memcpy(&xs[i], &ui, 4);
@@ -96,13 +96,23 @@ static int run_vmath_checks(const char *isa) {
         vf_store(a, vf_exp(x));
         vf_store(r1, vf_exp_nonnan(x));
         vf_store(r2, vf_exp_nonpos(vf_neg(vf_abs(x))));
+        vf nm = vf_nabs_min(x, vf_set1(110.0f));
+        vf_store(r3, nm);
+        vf_store(r4, vf_exp_in(nm));
         for (int i = 0; i < VL; i++) {
-            float an = a[i];
+            float an = a[i], want_nm = -fminf(fabsf(xs[i]), 110.0f), e_nm[VL];
             vf_store(o, vf_exp(vf_set1(-fabsf(xs[i]))));
+            vf_store(e_nm, vf_exp(vf_set1(want_nm)));
             if (memcmp(&r1[i], &an, 4) || memcmp(&r2[i], &o[0], 4)) diff = 1, w = xs[i];
+            if (memcmp(&r3[i], &want_nm, 4) || memcmp(&r4[i], &e_nm[0], 4)) diff = 2, w = xs[i];
         }
     }
-    KT_CHECK(!diff, "%s vf_exp_nonnan / vf_exp_nonpos differ from vf_exp at %a", isa, w);
+    KT_CHECK(!diff, "%s vf_exp_nonnan / vf_exp_nonpos / vf_nabs_min / vf_exp_in differ from the "
+             "scalar definition / vf_exp at %a (%d)", isa, w, diff);
+    float nspec[4] = {NAN, -INFINITY, INFINITY, -0.0f};
+    vf_store(o, vf_nabs_min(vf_load_n(nspec, 4), vf_set1(110.0f)));
+    KT_CHECK(o[0] == -110.0f && o[1] == -110.0f && o[2] == -110.0f && o[3] == 0.0f,
+             "%s nabs_min specials: %g %g %g %g", isa, o[0], o[1], o[2], o[3]);
     float big[6] = {INFINITY, -INFINITY, 1e38f, -1e38f, 200.0f, -200.0f};
     vf_store(o, vf_exp_nonnan(vf_load_n(big, 6)));
     KT_CHECK(o[0] == INFINITY && o[1] == 0.0f && o[2] == INFINITY && o[3] == 0.0f &&

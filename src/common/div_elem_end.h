@@ -17,6 +17,8 @@
 #undef KE_EXP
 #undef KE_EXP_NONPOS
 #undef KE_EXP_NONNAN
+#undef KE_EXP_IN
+#undef KE_NABS_MIN
 #undef KE_LOG1P_UNIT
 #undef KE_C
 #undef KE_GT

@@ -32,6 +32,8 @@
 #define KE_EXP(a) expf(a)
 #define KE_EXP_NONPOS(a) expf(a)
 #define KE_EXP_NONNAN(a) expf(a)
+#define KE_EXP_IN(a) expf(a)
+#define KE_NABS_MIN(a, c) (-fminf(fabsf(a), c))
 #define KE_LOG1P_UNIT(a) log1pf(a)
 #define KE_C(c) (c)
 #define KE_GT(a, b) ((a) > (b))

@@ -39,6 +39,8 @@ KD_INLINE kd_vdiv kd_vdiv_make(kd_div_coef c) {
 #define KE_EXP vf_exp
 #define KE_EXP_NONPOS vf_exp_nonpos /* cheaper exp for x <= 0 (vmath.h) */
 #define KE_EXP_NONNAN vf_exp_nonnan /* cheaper exp for non-NaN x (vmath.h) */
+#define KE_EXP_IN vf_exp_in         /* exp without a clamp, x in [-110, 89] (vmath.h) */
+#define KE_NABS_MIN vf_nabs_min
 #define KE_LOG1P_UNIT vf_log1p_unit
 #define KE_C(c) vf_set1(c)
 #define KE_GT vm_gt

@@ -34,6 +34,8 @@ KD_INLINE vf vf_max(vf a, vf b) { return _mm512_max_ps(a, b); }
 KD_INLINE vf vf_min(vf a, vf b) { return _mm512_min_ps(a, b); }
 KD_INLINE vf vf_abs(vf a) { return _mm512_abs_ps(a); }
 KD_INLINE vf vf_neg(vf a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
+/* -min(|a|, c) for c > 0, a NaN giving -c: one vrangeps (min of magnitudes, sign set). */
+KD_INLINE vf vf_nabs_min(vf a, vf c) { return _mm512_range_ps(a, c, 0x0E); }
 KD_INLINE vm vm_gt(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 KD_INLINE vm vm_ge(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
 KD_INLINE vm vm_ne(vf a, vf b) { return _mm512_cmp_ps_mask(a, b, _CMP_NEQ_UQ); }
@@ -107,6 +109,8 @@ KD_INLINE vf vf_max(vf a, vf b) { return _mm256_max_ps(a, b); }
 KD_INLINE vf vf_min(vf a, vf b) { return _mm256_min_ps(a, b); }
 KD_INLINE vf vf_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 KD_INLINE vf vf_neg(vf a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+/* -min(|a|, c) for c > 0, a NaN giving -c (minps returns its second operand on a NaN). */
+KD_INLINE vf vf_nabs_min(vf a, vf c) { return vf_neg(_mm256_min_ps(vf_abs(a), c)); }
 KD_INLINE vm vm_gt(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
 KD_INLINE vm vm_ge(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_GE_OQ); }
 KD_INLINE vm vm_ne(vf a, vf b) { return _mm256_cmp_ps(a, b, _CMP_NEQ_UQ); }

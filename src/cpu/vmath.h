@@ -9,8 +9,9 @@
  *   vf_exp        x in [-87.3, 88.7]: <= 2 ULP; below, subnormal results within 1.5 subnormal steps (p is rounded before the final scaling);
  *                 exp(-inf) = 0, exp(+inf) = inf (beyond 88.73), NaN -> NaN.
  *                 Measured: AVX2 1.77 ULP, 1.02 steps; AVX-512 (own scheme below) 0.88 ULP, 0.86 steps.
- *   vf_exp_nonpos / vf_exp_nonnan: vf_exp with one clamp instead of two, for x <= 0 or NaN /
- *                 x not NaN; bitwise equal to vf_exp there (checked by the same tests).
+ *   vf_exp_nonpos / vf_exp_nonnan / vf_exp_in: vf_exp with one clamp instead of two, for x <= 0
+ *                 or NaN / x not NaN, and with none for x in [-110, 89]; bitwise equal to vf_exp
+ *                 there (checked by the same tests).
  *   vf_log        x > 0 incl. subnormals: <= 2 ULP; log(0) = -inf, log(<0) = NaN, log(inf) = inf.
  *   vf_log1p_unit e in [0, 1]: <= 2 ULP (relative, also for tiny e); NaN -> NaN.
  *
@@ -64,9 +65,8 @@ KD_INLINE vf vf_exp_nonpos(vf x) { return kd_vexp_clamped(vf_max(vf_set1(-110.0f
  * min(|x|, 110), which maps a NaN to +-110); the same results as vf_exp elsewhere. */
 KD_INLINE vf vf_exp_nonnan(vf x) { return kd_vexp_clamped(_mm512_range_ps(x, vf_set1(110.0f), 0x02)); }
 #else
-KD_INLINE vf vf_exp(vf x) {
-    /* clamp keeps 2^n in range; max(lo, x) / min(hi, .) return x itself when x is NaN */
-    x = vf_min(vf_set1(89.0f), vf_max(vf_set1(-110.0f), x));
+/* x in [-110, 89] or NaN: n in [-159, 128] keeps both scale factors 2^n1, 2^n2 normal */
+KD_INLINE vf kd_vexp_clamped(vf x) {
     vf sh = vf_set1(0x1.8p23f); /* n = round(x / ln2) by adding and subtracting 1.5 * 2^23 */
     vf n = vf_sub(vf_fmadd(x, vf_set1(1.44269504088896341f), sh), sh);
     vf r = vf_fmadd(n, vf_set1(-KD_LN2_HI), x);
@@ -85,10 +85,17 @@ KD_INLINE vf vf_exp(vf x) {
     vf s2 = vi_as_vf(vi_slli(vi_add(n2, vi_set1(127)), 23));
     return vf_mul(vf_mul(p, s1), s2);
 }
+KD_INLINE vf vf_exp(vf x) {
+    /* clamp keeps 2^n in range; max(lo, x) / min(hi, .) return x itself when x is NaN */
+    return kd_vexp_clamped(vf_min(vf_set1(89.0f), vf_max(vf_set1(-110.0f), x)));
+}
 /* exp(x) for x <= 0 or NaN; exp(x) for x not NaN */
 KD_INLINE vf vf_exp_nonpos(vf x) { return vf_exp(x); }
 KD_INLINE vf vf_exp_nonnan(vf x) { return vf_exp(x); }
 #endif
+/* exp(x) for x already in [-110, 89] (no clamp; the JSD's exp(-min(|d|, 110))): the same
+ * results as vf_exp there. */
+KD_INLINE vf vf_exp_in(vf x) { return kd_vexp_clamped(x); }
 
 /* log(1 + f) for f in [-0.2929, 0.4143] as f - f^2/2 + f^3 P(f), P of degree 7 fitted in
  * 40-digit arithmetic (Chebyshev-node weighted least squares, tools: mpmath/numpy) to
