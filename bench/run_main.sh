@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main benchmark job: `make bench` or `bash bench/run_main.sh BUILD_DIR`.
 # Runs `kdloss bench` for kl_div, jsd and distill (each divergence) at the reference shape (BT
-# 16384, V 4096, fp32, full), distill_jsd and topk_distill when the tool lists them, then
+# 16384, V 4096, fp32, full), distill_logits (each divergence, BT 4096, V 32768), distill_jsd
+# and topk_distill when the tool lists them, then
 # bench/peers.sh when present and executable, writing
 # JSON records to bench/out/. Ends with one combined table and the targets (MET / NOT MET);
 # exits 1 if any benchmark failed, 3 if all ran but some target was NOT MET.
@@ -55,6 +56,16 @@ if "$kd" bench --list | awk '{print $1}' | grep -qx distill; then
     for d in forward_kl reverse_kl jsd skew_forward_kl skew_reverse_kl tvd; do
         run "distill-$d" "$kd" bench distill --divergence "$d" --mode full --bt 16384 \
             --vocab 4096 --dtype fp32 --json "$out/distill-$d-full-$stamp.json"
+    done
+fi
+
+# The same on logits (kdloss_distill_logits, what DistillLoss calls) at an LLM-like shape, BT
+# 4096, V 32768: TARGET 0.6 of the streaming bandwidth for the KL class, the others reported.
+if "$kd" bench --list | awk '{print $1}' | grep -qx distill_logits; then
+    for d in forward_kl reverse_kl jsd skew_forward_kl skew_reverse_kl tvd; do
+        run "distill_logits-$d" "$kd" bench distill_logits --divergence "$d" --mode full \
+            --bt 4096 --vocab 32768 --dtype fp32 --reps 7 \
+            --json "$out/distill_logits-$d-full-$stamp.json"
     done
 fi
 

@@ -231,6 +231,7 @@ typedef struct kb_result {
     /* filled by the driver */
     size_t peak_rss;
     double stream_gbs;      /* set by the kernel to skip the driver's measurement */
+    int no_target;          /* set by the kernel: this run has no stream target */
     char observed_at[32];   /* ISO 8601 UTC, "2025-01-02T03:04:05.000Z" */
     char stamp[24];         /* same instant, "2025-01-02-03-04-05" */
 } kb_result;

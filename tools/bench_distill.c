@@ -10,11 +10,15 @@
 typedef struct distill_opts {
     const char *divergence; /* --divergence NAME (kdloss_divergence_from_name) */
     double beta, alpha;     /* --beta, --alpha, in [0, 1] */
+    double temperature;     /* --temperature (distill_logits) */
     int jsd;                /* run as `kdloss bench jsd` */
+    int logits;             /* run as `kdloss bench distill_logits` */
 } distill_opts;
 
 typedef struct distill_ctx {
     kdloss_distill_params params;
+    kdloss_distill_logits_params lparams; /* distill_logits */
+    int logits;
     int64_t bt, v;
     kdloss_cmat student, teacher;
     float loss;
@@ -28,6 +32,12 @@ static void distill_defaults(kb_options *o, void *kopts) {
     k->divergence = "forward_kl";
     k->beta = 0.5;
     k->alpha = 0.1;
+    k->temperature = 1.0;
+}
+
+static void logits_defaults(kb_options *o, void *kopts) {
+    distill_defaults(o, kopts);
+    ((distill_opts *)kopts)->logits = 1;
 }
 
 static void jsd_defaults(kb_options *o, void *kopts) {
@@ -48,6 +58,9 @@ static int distill_parse(kb_options *o, void *kopts, int argc, char **argv, int 
     int r;
     if ((r = kb_flag_str(argc, argv, i, "--divergence", &k->divergence))) return r;
     if ((r = kb_flag_double(argc, argv, i, "--beta", 0.0, 1.0, &k->beta))) return r;
+    if (k->logits &&
+        (r = kb_flag_double(argc, argv, i, "--temperature", 1e-3, 1e3, &k->temperature)))
+        return r;
     return kb_flag_double(argc, argv, i, "--alpha", 0.0, 1.0, &k->alpha);
 }
 
@@ -65,13 +78,21 @@ static int distill_check(const kb_options *o, const void *kopts) {
 static kdloss_status distill_call(void *p) {
     distill_ctx *c = p;
     kdloss_labels no_labels = {NULL, KDLOSS_I64};
+    if (c->logits)
+        return kdloss_distill_logits(&c->lparams, c->bt, c->v, c->student, c->teacher, no_labels,
+                                     c->loss_out, NULL, c->grad);
     return kdloss_distill(&c->params, c->bt, c->v, c->student, c->teacher, no_labels, c->loss_out,
                           NULL, c->grad);
 }
 
 static void distill_describe(const kb_options *o, const kdloss_div_params *d, int jsd,
-                             kb_workload *w) {
-    if (jsd) { /* the records' workload block of `kdloss bench jsd`, as before the family */
+                             const distill_opts *k, kb_workload *w) {
+    if (k->logits) {
+        kb_workload_init(w, "distill_logits", "Divergence-family distillation loss on logits",
+                         o->dtype, o->bt, o->vocab);
+        kb_wl_str(w, "divergence", kdloss_divergence_name(d->divergence));
+        kb_wl_num(w, "temperature", k->temperature);
+    } else if (jsd) { /* the records' workload block of `kdloss bench jsd`, as before the family */
         kb_workload_init(w, "jsd", "Generalized JSD loss", o->dtype, o->bt, o->vocab);
     } else {
         kb_workload_init(w, "distill", "Divergence-family distillation loss on log-probs",
@@ -81,7 +102,7 @@ static void distill_describe(const kb_options *o, const kdloss_div_params *d, in
     kb_wl_num(w, "beta", d->beta);
     if (!jsd) kb_wl_num(w, "alpha", d->alpha);
     kb_wl_str(w, "labels", "none");
-    kb_wl_str(w, "student", "log_softmax(randn)");
+    kb_wl_str(w, "student", "log_softmax(randn)"); /* as logits too: shift-invariant */
     kb_wl_str(w, "teacher", "log_softmax(randn)");
 }
 
@@ -94,23 +115,30 @@ static int distill_run(const kb_options *o, const void *kopts, kb_result *res) {
     kb_fill_logprobs(x, o->dtype, o->bt, o->vocab, o->seed);
     kb_fill_logprobs(y, o->dtype, o->bt, o->vocab, o->seed + 1);
 
-    distill_ctx c = {.bt = o->bt, .v = o->vocab};
+    distill_ctx c = {.bt = o->bt, .v = o->vocab, .logits = k->logits};
     kdloss_distill_params_default(&c.params);
     kdloss_divergence_from_name(k->divergence, &c.params.div.divergence); /* checked */
     c.params.div.beta = k->beta;
     c.params.div.alpha = k->alpha;
+    kdloss_distill_logits_params_default(&c.lparams);
+    c.lparams.div = c.params.div;
+    c.lparams.temperature = k->temperature;
     c.student = (kdloss_cmat){x, o->dtype, 0};
     c.teacher = (kdloss_cmat){y, o->dtype, 0};
     c.loss_out = o->mode == KB_MODE_BACKWARD ? NULL : &c.loss;
     c.grad = (kdloss_mat){g, o->dtype, 0};
 
-    distill_describe(o, &c.params.div, k->jsd, &res->wl);
+    distill_describe(o, &c.params.div, k->jsd, k, &res->wl);
     /* reads of X and Y, plus the gradient's write whenever it is wanted */
     res->bytes = (want_grad ? 3.0 : 2.0) * (double)tb;
     res->working_set = (want_grad ? 3 : 2) * tb;
+    /* on logits the target is the KL class's (two exps an element); the mixtures report */
+    res->no_target = k->logits && c.params.div.divergence != KDLOSS_DIV_FORWARD_KL &&
+                     c.params.div.divergence != KDLOSS_DIV_REVERSE_KL;
     if (k->jsd) snprintf(res->note, sizeof res->note, "beta %g", k->beta);
-    else snprintf(res->note, sizeof res->note, "%s beta %g alpha %g",
-                  kdloss_divergence_name(c.params.div.divergence), k->beta, k->alpha);
+    else snprintf(res->note, sizeof res->note, "%s beta %g alpha %g%s",
+                  kdloss_divergence_name(c.params.div.divergence), k->beta, k->alpha,
+                  k->logits ? " logits" : "");
     kdloss_status st = kb_time(distill_call, &c, o->warmup, o->reps, res->working_set, &res->t);
     res->loss = c.loss;
     res->has_loss = c.loss_out != NULL;
@@ -118,7 +146,7 @@ static int distill_run(const kb_options *o, const void *kopts, kb_result *res) {
     kb_free(y);
     kb_free(g);
     if (st != KDLOSS_OK) {
-        kb_report_status("kdloss_distill", st);
+        kb_report_status(k->logits ? "kdloss_distill_logits" : "kdloss_distill", st);
         return 1;
     }
     return 0;
@@ -153,4 +181,20 @@ const kb_kernel kb_kernel_jsd = {
     .check = distill_check,
     .run = distill_run,
     .stream_target = 0.8,
+};
+
+/* The same divergences on logits (kdloss_distill_logits: both log-softmaxes, the divergence and
+ * dz in one call); issue 9's KL-class target of 0.6 of the streaming bandwidth applies here too. */
+const kb_kernel kb_kernel_distill_logits = {
+    .name = "distill_logits",
+    .summary = "divergence family on logits (kdloss_distill_logits), no labels",
+    .flags_help =
+        "  --divergence D  as distill's, default forward_kl; --beta X, --alpha X as distill's\n"
+        "  --temperature T default 1\n",
+    .opts_size = sizeof(distill_opts),
+    .defaults = logits_defaults,
+    .parse_flag = distill_parse,
+    .check = distill_check,
+    .run = distill_run,
+    .stream_target = 0.6,
 };

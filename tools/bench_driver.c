@@ -137,7 +137,7 @@ static int run_kernel(const kb_kernel *k, const kb_options *o, const void *kopts
     res.peak_rss = kb_peak_rss_bytes(); /* before the stream arrays raise the high-water mark */
     stamp_now(&res);
     add_stream(&res);
-    if (k->stream_target > 0 && o->mode == KB_MODE_FULL && res.stream_gbs > 0) {
+    if (k->stream_target > 0 && !res.no_target && o->mode == KB_MODE_FULL && res.stream_gbs > 0) {
         double frac = res.bytes / res.t.median_ns / res.stream_gbs;
         char tag[96]; /* the kernel's name, and its divergence when the workload names one */
         snprintf(tag, sizeof tag, "%s", k->name);

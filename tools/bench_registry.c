@@ -5,6 +5,7 @@
 extern const kb_kernel kb_kernel_kl_div;
 extern const kb_kernel kb_kernel_jsd;
 extern const kb_kernel kb_kernel_distill;
+extern const kb_kernel kb_kernel_distill_logits;
 extern const kb_kernel kb_kernel_distill_jsd;
 extern const kb_kernel kb_kernel_topk_distill;
 
@@ -12,6 +13,7 @@ const kb_kernel *const kb_kernels[] = {
     &kb_kernel_kl_div,
     &kb_kernel_jsd,
     &kb_kernel_distill,
+    &kb_kernel_distill_logits,
     &kb_kernel_distill_jsd,
     &kb_kernel_topk_distill,
     NULL,

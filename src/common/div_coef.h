@@ -35,13 +35,14 @@ enum {
 typedef struct kd_div_coef {
     int op;
     float ca, cb;
+    float wa, wb; /* e^-ca, e^-cb: the weights themselves (div_elem.h's KDE_PQ form) */
 } kd_div_coef;
 
 /* The operation for a checked kdloss_div_params. The end points of beta and alpha where a
  * mixture weight is 0 (whose -log is +inf) become the plain KL they equal, so the element
  * functions never see an infinite constant that would meet another infinity. */
 static inline kd_div_coef kd_div_coef_make(const kdloss_div_params *d) {
-    kd_div_coef c = {KD_OP_FWD, 0.0f, 0.0f};
+    kd_div_coef c = {KD_OP_FWD, 0.0f, 0.0f, 0.0f, 0.0f};
     double w; /* the parameter w of the mixture w P + (1-w) Q (JSD, skew forward) or w Q + ... */
     switch (d->divergence) {
     case KDLOSS_DIV_REVERSE_KL: c.op = KD_OP_REV; return c;
@@ -69,6 +70,8 @@ static inline kd_div_coef kd_div_coef_make(const kdloss_div_params *d) {
         c.op = KD_OP_SKR;
         c.ca = (float)-log1p(-w);
         c.cb = (float)-log(w);
+        c.wa = (float)(1.0 - w);
+        c.wb = (float)w;
         return c;
     default: return c; /* FORWARD_KL */
     }
@@ -76,6 +79,8 @@ static inline kd_div_coef kd_div_coef_make(const kdloss_div_params *d) {
      * w = 1 (skew forward only) gives cb = +inf: M = P, which the element function handles */
     c.ca = (float)-log(w);
     c.cb = (float)-log1p(-w);
+    c.wa = (float)w;
+    c.wb = (float)(1.0 - w);
     return c;
 }
 

@@ -10,6 +10,9 @@
  *     into a per-thread buffer (then narrowed into the gradient);
  *   - teacher: the teacher row itself when it is fp32 and no gradient is wanted (the kernel only
  *     reads it then), else a copy in a per-thread buffer.
+ * A dense teacher on the AVX2 / AVX-512 paths takes the logits row kernel instead
+ * (logits_rows.h: two exps an element, the divergence in div_elem.h's KDE_PQ form), reading
+ * fp32 rows in place and widening narrower ones into per-thread buffers.
  * Rows run on OpenMP threads through kd_rows_sum, whose summation order depends on BT alone. */
 #include <math.h>
 #include <stdlib.h>
@@ -21,6 +24,7 @@
 #include "ew_common.h"
 #include "fljsd_rows.h"
 #include "half.h"
+#include "logits_rows.h"
 #include "topk.h"
 
 void kdloss_distill_logits_params_default(kdloss_distill_logits_params *p) {
@@ -37,10 +41,13 @@ typedef struct dl_job {
     kd_ew_job ew;
     kd_fljsd_rows tmpl; /* n = 1; zs, zt, tk, row0, row_soft/row_hard set per row */
     void (*rows)(const kd_fljsd_rows *);
+    double (*lrow)(const kd_lrow *); /* the dense logits kernel, or NULL (scalar path, top-k) */
+    kd_lrow ltmpl;      /* its per-call fields; the row pointers set per row */
     kdloss_topk_teacher topk; /* a sparse teacher (k > 0), its lds effective; k = 0: dense */
     float *bufs;        /* per thread: v floats for the student, then v floats for a dense
                            teacher's row or a sparse teacher's row scratch */
     int64_t buf_stride; /* floats per thread */
+    int64_t bt;         /* rows of the call */
     int nthreads;
 } dl_job;
 
@@ -64,6 +71,36 @@ static void narrow_row(const float *src, int64_t v, kdloss_dtype dt, void *dst) 
         for (int64_t c = 0; c < v; c++) d[c] = kd_f32_to_f16(src[c]);
 }
 
+/* The per-thread buffer of a dense row on the vector paths: es, et, then the widened student
+ * and teacher rows when they are not fp32 (4 rows of v floats, each on a cache line). */
+static double logits_row_dense(const dl_job *j, int64_t r, char *g, float *buf) {
+    const kd_ew_job *ew = &j->ew;
+    int64_t v = ew->v, vp = (v + 15) / 16 * 16;
+    size_t es = kdloss_dtype_size(ew->xdt);
+    const char *xs = ew->x + (size_t)(r * ew->ldx) * es;
+    const char *xt = ew->t + (size_t)(r * ew->ldt) * kdloss_dtype_size(ew->tdt);
+    kd_lrow a = j->ltmpl;
+    a.es = buf;
+    a.et = buf + vp;
+    a.zs = (const float *)xs;
+    a.zt = (const float *)xt;
+    if (ew->xdt != KDLOSS_F32) widen_row(xs, ew->xdt, v, buf + 2 * vp), a.zs = buf + 2 * vp;
+    if (ew->tdt != KDLOSS_F32) widen_row(xt, ew->tdt, v, buf + 3 * vp), a.zt = buf + 3 * vp;
+    /* fp32 gradient: written in place (streamed when the call asked for it and the row is
+     * aligned); narrower: over es (pass 4 reads es[c] before it writes dz[c]), then narrowed */
+    a.dz = !g ? NULL : ew->xdt == KDLOSS_F32 ? (float *)g : a.es;
+    a.nt = g && ew->stream_grad && ew->xdt == KDLOSS_F32 && (uintptr_t)g % 64 == 0;
+    if (r + 1 < j->bt) { /* with a static schedule, usually this thread's next row */
+        a.next_s = xs + (size_t)ew->ldx * es;
+        a.next_t = xt + (size_t)ew->ldt * kdloss_dtype_size(ew->tdt);
+        a.next_es = (int64_t)es;
+        a.next_et = (int64_t)kdloss_dtype_size(ew->tdt);
+    }
+    double soft = j->lrow(&a);
+    if (g && ew->xdt != KDLOSS_F32) narrow_row(a.es, v, ew->xdt, g);
+    return soft;
+}
+
 static double logits_row(const kd_ew_job *ew, int64_t r) {
     const dl_job *j = (const dl_job *)ew; /* ew is j's first member */
     int64_t v = ew->v;
@@ -77,6 +114,7 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     }
     int tid = omp_get_thread_num();
     if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
+    if (j->lrow) return logits_row_dense(j, r, g, j->bufs + (size_t)tid * (size_t)j->buf_stride);
     /* the second part starts on a cache line: its top-k scratch holds int64 and double */
     float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + (v + 15) / 16 * 16;
     float *zs, *zt;
@@ -119,6 +157,14 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     return soft;
 }
 
+static double (*logits_kernel(void))(const kd_lrow *) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return kd_logits_row_avx512;
+    case KDLOSS_ISA_AVX2: return kd_logits_row_avx2;
+    default: return NULL;
+    }
+}
+
 static void (*row_kernel(void))(const kd_fljsd_rows *) {
     switch (kd_cpu_isa()) {
     case KDLOSS_ISA_AVX512: return kd_fljsd_rows_avx512;
@@ -139,7 +185,10 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
                                               kd_fljsd_n_stats(job->topk.k) * sizeof(double)) /
                                              sizeof(float))
                                  : v;
-    job->buf_stride = (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
+    job->lrow = job->topk.k ? NULL : logits_kernel();
+    job->bt = bt;
+    job->buf_stride = job->lrow ? 4 * ((v + 15) / 16 * 16)
+                                : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;
     size_t bytes = (size_t)job->nthreads * (size_t)job->buf_stride * sizeof(float);
@@ -168,6 +217,12 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     a->v_lo = 0;
     a->n_sum = kd_fljsd_n_sum(job->topk.k);
     job->rows = row_kernel();
+    job->ltmpl.v = v;
+    job->ltmpl.coef = a->coef;
+    job->ltmpl.inv_t = a->inv_t;
+    job->ltmpl.gs = a->gs;
+    job->ew.stream_grad =
+        grad.data && bt * v * (int64_t)kdloss_dtype_size(job->ew.xdt) > KD_STREAM_BYTES;
     job->ew.want_loss = 1;
     double total = kd_rows_sum(bt, logits_row, &job->ew, row_loss);
     free(job->bufs);

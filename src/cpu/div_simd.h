@@ -11,7 +11,7 @@
 /* Broadcast constants of one call (div_coef.h). */
 typedef struct kd_vdiv {
     int op;
-    vf ca, cb;
+    vf ca, cb, wa, wb;
 } kd_vdiv;
 
 KD_INLINE kd_vdiv kd_vdiv_make(kd_div_coef c) {
@@ -19,6 +19,8 @@ KD_INLINE kd_vdiv kd_vdiv_make(kd_div_coef c) {
     k.op = c.op;
     k.ca = vf_set1(c.ca);
     k.cb = vf_set1(c.cb);
+    k.wa = vf_set1(c.wa);
+    k.wb = vf_set1(c.wb);
     return k;
 }
 
@@ -49,6 +51,12 @@ KD_INLINE kd_vdiv kd_vdiv_make(kd_div_coef c) {
 #define KE_SEL vf_select
 #define KE_KEEP vf_keep
 #include "div_elem.h"
+/* ... and again with the probabilities given (kd_vpq_fwd, ...: the logits kernel's form) */
+#undef KDE
+#define KDE(name) kd_vpq_##name
+#define KDE_PQ 1
+#include "div_elem.h"
+#undef KDE_PQ
 #include "div_elem_end.h"
 
 /* KLDivLoss element with probability target: t (log(max(t, eps)) - y), 0 where t == 0; grad -t. */

@@ -1,0 +1,38 @@
+/* The dense-teacher row kernel of kdloss_distill_logits on vectors (AVX2, AVX-512; the scalar
+ * path runs the fused loss's row phases, fljsd_row_phases.h). Per row, on fp32 logits held in
+ * cache between passes (docs/MATH.md section 7):
+ *   1. the row maxima ms, mt;
+ *   2. es = exp((zs - ms) / T) and et = exp((zt - mt) / T), stored, and their sums Ss, St;
+ *   3. X = (zs - ms) / T - log Ss, Y = (zt - mt) / T - log St, Q = es / Ss, P = et / St, the
+ *      divergence's terms and g = dD/dX (div_elem.h's KDE_PQ form: P and Q are not exp'd
+ *      again), g stored over et, and sum g;
+ *   4. dz = gs (g - Q sum g).
+ * Two exps an element where the log-prob form of the same passes takes four (forward KL) to
+ * five (JSD). Sums run in fp32 over tiles of KD_FLJSD_TILE columns, then in double, so their
+ * order depends on V alone. */
+#ifndef KDLOSS_LOGITS_ROWS_H
+#define KDLOSS_LOGITS_ROWS_H
+
+#include <stdint.h>
+
+#include "div_coef.h"
+
+typedef struct kd_lrow {
+    const float *zs, *zt; /* [v] the row's fp32 logits (widened by the caller when narrower) */
+    float *es, *et;       /* [v] scratch each, 64-byte aligned: exps, then g over et */
+    float *dz;            /* [v] out, or NULL (no gradient); may be zs or es (same index order) */
+    int64_t v;
+    kd_div_coef coef;     /* the divergence's element operation and constants */
+    float inv_t;          /* 1 / T, rounded to fp32 */
+    float gs;             /* grad_scale / (T n_valid) */
+    int nt;               /* write dz with streaming stores (fp32 output, 64-byte aligned) */
+    const char *next_s, *next_t; /* the next row's student and teacher (any dtype), prefetched
+                                    into L2 by pass 2; NULL for none */
+    int64_t next_es, next_et;    /* their bytes per column */
+} kd_lrow;
+
+/* One row: returns its divergence; writes dz when a->dz. */
+double kd_logits_row_avx2(const kd_lrow *a);
+double kd_logits_row_avx512(const kd_lrow *a);
+
+#endif
