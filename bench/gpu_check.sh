@@ -4,9 +4,10 @@
 #   1. build with -DKDLOSS_CUDA=ON -DKDLOSS_CUDA_ARCHS=90; if CMake cannot configure the full
 #      library there (CPU dependencies missing), build the CUDA backend alone with nvcc (the test
 #      then compares against its own float64 reference only: the CPU functions are not linked)
-#   2. run the CUDA test (its top-k expectations counted apart: "topk" in the summary); then its
-#      quick subset under compute-sanitizer memcheck and racecheck when the tool is there and
-#      time allows
+#   2. run the CUDA test (its top-k expectations counted apart: "topk" in the summary, and the
+#      vocabulary-parallel entries', 2 and 3 ranks as threads on this one GPU plus the NCCL
+#      adapter with one rank: "vp"); then its quick subset under compute-sanitizer memcheck and
+#      racecheck when the tool is there and time allows
 #   3. time kdloss with bench/gpu_check/gpu_bench.cu (KL full, fused-linear JSD at the seed shape
 #      at three memory budgets, the four bare GEMMs; the sparse top-k teacher at issue 10's shape
 #      BT 2048, H 1024, V 32768, K 64, fp32: fused forward-KL bucket against its three bare
@@ -34,7 +35,7 @@ limit() { local l; l=$(left); [ "$l" -lt 1 ] && l=1; [ "$1" -lt "$l" ] && echo "
 step() { echo; echo "== [$(($(date +%s) - START)) s] $*"; }
 
 status_build=fail status_test=skipped status_memcheck=skipped status_racecheck=skipped
-status_bench=skipped status_torch=skipped status_topk=skipped
+status_bench=skipped status_torch=skipped status_topk=skipped status_vp=skipped
 
 step "device"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
@@ -68,7 +69,7 @@ else
       gcc -std=c11 -O2 -Iinclude -Itests/support -Isrc/common tests/cuda/test_cuda.c \
           tests/support/testutil.c tests/support/reference.c tests/support/ref_topk.c \
           -o $B/test_cuda -L$B -lkdloss -L/usr/local/cuda/lib64 \
-          -lcudart -lm -Wl,-rpath,$B -Wl,-rpath,/usr/local/cuda/lib64
+          -lcudart -lm -pthread -Wl,-rpath,$B -Wl,-rpath,/usr/local/cuda/lib64
     " >"$WORK/build_nvcc.log" 2>&1; then
     LIBDIR=$B TEST=$B/test_cuda status_build=nvcc-only
     echo "nvcc build ok"
@@ -82,7 +83,7 @@ fi
 if [ -n "$TEST" ]; then
   step "CUDA test"
   if timeout "$(limit 90)" "$TEST" >"$WORK/test_cuda.log" 2>&1; then status_test=pass; else status_test="FAIL($?)"; fi
-  grep -E "^(seed|CPU functions|FAIL|skipped|top-k|test_cuda|[0-9]+ passed)" "$WORK/test_cuda.log" | head -60
+  grep -E "^(seed|CPU functions|FAIL|skipped|top-k|vp|test_cuda|[0-9]+ passed)" "$WORK/test_cuda.log" | head -60
   # the top-k kernels' own verdict: their expectations ran (a tag "topk" / "fltopk") and none failed
   n_tk=$(grep -cE "^FAIL (.*: )?(fl)?topk " "$WORK/test_cuda.log")
   if grep -qE "^(top-k: )?skipped" "$WORK/test_cuda.log"; then status_topk=skipped
@@ -90,6 +91,13 @@ if [ -n "$TEST" ]; then
   elif [ "$status_test" = pass ] || grep -qE "^[0-9]+ passed" "$WORK/test_cuda.log"; then status_topk=pass
   else status_topk="unknown(test cut short)"; fi
   echo "top-k expectations: $status_topk"
+  # the vocabulary-parallel entries' verdict: their line printed ("vp: ...") and no "vp" FAIL
+  n_vp=$(grep -cE "^FAIL (.*: )?vp " "$WORK/test_cuda.log")
+  if ! grep -qE "^vp: " "$WORK/test_cuda.log"; then status_vp="not-run"
+  elif [ "$n_vp" -gt 0 ]; then status_vp="FAIL($n_vp)"
+  elif [ "$status_test" = pass ] || grep -qE "^[0-9]+ passed" "$WORK/test_cuda.log"; then status_vp=pass
+  else status_vp="unknown(test cut short)"; fi
+  echo "vocabulary-parallel expectations: $status_vp"
   if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
       if [ "$(left)" -lt 200 ]; then echo "no time left for $tool"; break; fi
@@ -134,7 +142,7 @@ fi
 # ---- 4. summary ------------------------------------------------------------------------------
 step "summary"
 cat >"$WORK/status.json" <<EOF
-{"build": "$status_build", "test": "$status_test", "topk": "$status_topk",
+{"build": "$status_build", "test": "$status_test", "topk": "$status_topk", "vp": "$status_vp",
  "memcheck": "$status_memcheck", "racecheck": "$status_racecheck", "bench": "$status_bench",
  "peers": "$status_torch",
  "seconds": $(($(date +%s) - START))}

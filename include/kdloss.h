@@ -707,7 +707,8 @@ KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_vp(
 /* CUDA backend (declared always; returns KDLOSS_ERR_UNSUPPORTED when built without CUDA)     */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Owns the cuBLAS/cuBLASLt handles for one device. Create once per device, reuse for every call. */
+/* Owns the cuBLAS/cuBLASLt handles for one device (and 64 KiB of device memory for the
+ * vocabulary-parallel calls' agreement). Create once per device, reuse for every call. */
 typedef struct kdloss_cuda_context kdloss_cuda_context;
 
 KDLOSS_API int kdloss_cuda_available(void); /* 1 if built with CUDA and a device is visible */
@@ -797,6 +798,43 @@ KDLOSS_API kdloss_status kdloss_cuda_fused_linear_topk_distill(
     int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes);
+
+/* The vocabulary-parallel fused losses on the GPU: the contract of kdloss_fused_linear_distill_vp
+ * and kdloss_fused_linear_topk_distill_vp (shards, replicated inputs with global ids, the same
+ * collectives in the same order and sizes, the agreement before anything is written, its error
+ * codes) with the CUDA conventions above (ctx, stream, device pointers, the caller's workspace of
+ * *_vp_workspace_size() bytes for this rank's v, labels and ids checked on the device against
+ * v_total and reported through the status word).
+ * The communicator: every allreduce gets a DEVICE pointer (F64 statistics, F32 dxs), and must
+ * reduce it in stream order on `stream`: the kernels that produced the buffer are queued before
+ * the callback, the ones that read the result after it, without a host synchronization in
+ * between (include/kdloss_nccl.h enqueues ncclAllReduce on the stream it was given, which must be
+ * this call's). A callback may also synchronize the stream and reduce on the host (slower).
+ * The agreement is a host decision: its buffer (in memory the context owns) is copied to the
+ * device, reduced by the callback, copied back, and the stream synchronized: one host
+ * synchronization a call, before the first kernel. A workspace that is NULL, misaligned, too small
+ * or overlapping is this rank's own fault there (its code, KDLOSS_ERR_PEER on the others, nothing
+ * written), like any other argument. A NULL ctx (KDLOSS_ERR_NULL_POINTER), a
+ * communicator of more than 4096 ranks (KDLOSS_ERR_UNSUPPORTED), or a CUDA failure on the way to
+ * the agreement (KDLOSS_ERR_CUDA) returns at once, like a NULL comm: that rank cannot take part,
+ * and the others wait in the agreement. Never run on a GPU yet (docs/MATH.md section 9). */
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill_vp_workspace_size(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill_vp(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
+    const kdloss_vocab_shard *shard, int64_t bt, int64_t hs, int64_t ht, int64_t v,
+    kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt, kdloss_cmat wt,
+    const void *bt_bias, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
+    void *workspace, size_t workspace_bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_topk_distill_params *params,
+    const kdloss_vocab_shard *shard, int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
+    kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes);
 
 #ifdef __cplusplus
 }

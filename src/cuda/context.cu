@@ -2,6 +2,7 @@
  * created once here and reused by every call, never global. Errors become status codes. */
 #include <stdlib.h>
 
+#include "vp_cuda.h" /* first: it includes kd_cuda.cuh after div_math.h (tk_rows.cuh says why) */
 #include "kd_cuda.cuh"
 
 int kdloss_cuda_available(void) {
@@ -52,6 +53,13 @@ kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx) 
             c->blas = NULL;
         }
     }
+    if (s == KDLOSS_OK) { /* the vocabulary-parallel agreement's buffer: calls never allocate */
+        s = kd_cuda_status(cudaMalloc((void **)&c->vp_agree, KD_VP_AGREE_BYTES));
+        if (s != KDLOSS_OK) {
+            cublasLtDestroy(c->lt);
+            cublasDestroy(c->blas);
+        }
+    }
     kd_dev_leave(&g);
     if (s != KDLOSS_OK) {
         free(c);
@@ -66,6 +74,7 @@ void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx) {
     if (!ctx) return;
     kd_dev_guard g;
     int entered = kd_dev_enter(ctx, &g) == KDLOSS_OK;
+    if (ctx->vp_agree) (void)cudaFree(ctx->vp_agree);
     if (ctx->lt) cublasLtDestroy(ctx->lt);
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (entered) kd_dev_leave(&g);

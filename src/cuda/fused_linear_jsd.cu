@@ -20,29 +20,13 @@
  *   zs, zt  (C x ldz) fp32 each     chunk logits, ldz = V rounded up to 64 (256-byte rows)
  *   dw_acc  (V x Hs) fp32           only for a bf16 student with gradients
  *   db_acc  [V] fp32                same
- * C comes from chunk_size, or from memory_budget (0 = 256 MiB) over 2 ldz 4 bytes per row. */
-#include "args.h"
-#include "div_math.h"
-#include "kd_cuda.cuh"
+ * C comes from chunk_size, or from memory_budget (0 = 256 MiB) over 2 ldz 4 bytes per row.
+ * The steps shared with the other fused drivers (plan, GEMM steps, dzs) are fl_rows.cuh's. */
+#include "fl_rows.cuh"
 
-#define FL_ROW_THREADS 512
-#define FL_TILE (FL_ROW_THREADS * 8)
-#define FL_LT_WS_BYTES ((size_t)32 << 20)
-#define FL_DEFAULT_BUDGET ((size_t)256 << 20)
-
-typedef struct fl_plan {
-    int64_t chunk; /* rows per chunk */
-    int64_t ldz;   /* row stride of zs and zt, in floats */
-    kd_ws_header *hdr;
-    double *row_soft, *row_hard;
-    void *lt_ws;
-    float *zs, *zt;
-    float *dw_acc, *db_acc;
-    size_t total;
-} fl_plan;
-
-static kdloss_status fl_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t v,
-                                  kdloss_dtype sdt, int want_grad, void *ws, fl_plan *P) {
+kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
+                            int64_t v, kdloss_dtype sdt, int want_grad, kd_carver *cv,
+                            fl_plan *P) {
     /* bounds that keep every byte count below 2^62 */
     if (v > ((int64_t)1 << 40) || bt > ((int64_t)1 << 40) || hs > ((int64_t)1 << 40))
         return KDLOSS_ERR_INVALID_SIZE;
@@ -68,67 +52,33 @@ static kdloss_status fl_plan_make(const kdloss_fused_linear_distill_params *p, i
     if ((uint64_t)c > ((uint64_t)1 << 62) / row_bytes) return KDLOSS_ERR_INVALID_SIZE;
     if ((uint64_t)v * (uint64_t)hs > ((uint64_t)1 << 60)) return KDLOSS_ERR_INVALID_SIZE;
 
-    kd_carver cv = kd_carver_for(ws);
     P->chunk = c;
     P->ldz = ldz;
-    P->hdr = (kd_ws_header *)ws;
-    P->row_soft = (double *)kd_carve(&cv, (size_t)bt * sizeof(double));
-    P->row_hard = (double *)kd_carve(&cv, (size_t)bt * sizeof(double));
-    P->lt_ws = kd_carve(&cv, FL_LT_WS_BYTES);
-    P->zs = (float *)kd_carve(&cv, (size_t)c * (size_t)ldz * sizeof(float));
-    P->zt = (float *)kd_carve(&cv, (size_t)c * (size_t)ldz * sizeof(float));
+    P->row_soft = (double *)kd_carve(cv, (size_t)bt * sizeof(double));
+    P->row_hard = (double *)kd_carve(cv, (size_t)bt * sizeof(double));
+    P->lt_ws = kd_carve(cv, FL_LT_WS_BYTES);
+    P->zs = (float *)kd_carve(cv, (size_t)c * (size_t)ldz * sizeof(float));
+    P->zt = (float *)kd_carve(cv, (size_t)c * (size_t)ldz * sizeof(float));
     P->dw_acc = NULL;
     P->db_acc = NULL;
     if (want_grad && sdt == KDLOSS_BF16) {
-        P->dw_acc = (float *)kd_carve(&cv, (size_t)v * (size_t)hs * sizeof(float));
-        P->db_acc = (float *)kd_carve(&cv, (size_t)v * sizeof(float));
+        P->dw_acc = (float *)kd_carve(cv, (size_t)v * (size_t)hs * sizeof(float));
+        P->db_acc = (float *)kd_carve(cv, (size_t)v * sizeof(float));
     }
-    P->total = kd_ws_total(&cv);
     return KDLOSS_OK;
 }
 
-/* ---- the row kernel ------------------------------------------------------------------------ */
-
-typedef struct fl_row_args {
-    float *zs;            /* (C x ldz) student logits of the chunk; dzs overwrites them */
-    const float *zt;      /* (C x ldz) teacher logits, NULL when the soft loss is skipped */
-    int64_t ldz;
-    const void *bs, *bt;  /* [v] biases in the student / teacher dtype, or NULL */
-    const void *labels;   /* [bt], global row index */
-    int lab64;
-    int64_t ignore;
-    int64_t row0;         /* global index of the chunk's first row */
-    int64_t v;
-    float inv_t;          /* 1 / temperature */
-    int same_t;           /* temperature == 1: tempered and plain student softmax coincide */
-    kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
-    int do_soft, do_hard; /* compute the divergence / the CE at all */
-    int do_grad;          /* write dzs (zeros when both weights are 0: the GEMMs still read it) */
-    int grad_soft, grad_hard; /* its terms: weight > 0 and gradients wanted */
-    double w_hard, w_soft, grad_scale, temperature;
-    double soft_fac;      /* T^2 with t2_scale, else 1: the soft part's factor */
-    const kd_ws_header *hdr; /* n_valid, counted before the first chunk */
-    double *row_soft, *row_hard; /* [bt] */
-    float *out_soft, *out_hard, *out_lse; /* [bt] caller's per-row outputs, or NULL */
-} fl_row_args;
-
-/* Logits c0..c0+n-1 of one row plus bias (dtype DB), fp32. Rows of z are 256-byte aligned and
- * c0 is a multiple of 8, so full groups are two 16-byte loads. */
-template <int DB>
-__device__ __forceinline__ void fl_load(const float *z, const void *bias, int64_t c0, int n,
-                                        float out[8]) {
-    if (n == 8) {
-        kd_ld8<KDLOSS_F32>(z, c0, out);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++) out[j] = j < n ? z[c0 + j] : 0.0f;
-    }
-    if (bias) {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < n) out[j] += kd_ld<DB>(bias, c0 + j);
-    }
+static kdloss_status fl_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt,
+                                  int64_t hs, int64_t v, kdloss_dtype sdt, int want_grad,
+                                  void *ws, fl_plan *P) {
+    kd_carver cv = kd_carver_for(ws);
+    kdloss_status s = fl_plan_carve(p, bt, hs, v, sdt, want_grad, &cv, P);
+    P->hdr = (kd_ws_header *)ws;
+    P->total = kd_ws_total(&cv);
+    return s;
 }
+
+/* ---- the row kernel ------------------------------------------------------------------------ */
 
 /* One block per row of the chunk (grid = C). DS: student dtype (student bias and dzs), DT:
  * teacher dtype (teacher bias). Passes over the row:
@@ -136,9 +86,7 @@ __device__ __forceinline__ void fl_load(const float *z, const void *bias, int64_
  *   2. JSD terms and the row sum of g = dJSD/dX (needs the lse of pass 1)
  *   3. dzs = a (softmax(zs) - onehot(y)) + b (g - softmax(zs/T) sum(g)), with
  *      a = w_hard gs / n_valid and b = w_soft gs / (n_valid T)  (needs sum(g) of pass 2)
- * Pass 3 goes tile by tile with a barrier between the tile's loads and its stores: a bf16 dzs
- * row occupies the first half of the fp32 zs row, so the stores of tile k land on fp32 elements
- * below (k+1) FL_TILE / 2, which every thread has read by the barrier of tile k. */
+ * Pass 3 is fl_dz_pass (in place, tile by tile: fl_rows.cuh). */
 template <int DS, int DT>
 __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
     __shared__ double red[32];
@@ -148,33 +96,11 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
     const int64_t gr = a.row0 + r;
     float *zs = a.zs + r * a.ldz;
     const float *zt = a.zt ? a.zt + r * a.ldz : NULL;
-    /* dzs row: same start as the zs row; element c at index c in dtype DS */
-    void *dz = (void *)zs;
     const int64_t y = kd_label(a.labels, a.lab64, gr);
     const int valid = y != a.ignore && y >= 0 && y < a.v;
 
     if (!valid) { /* whole block takes this branch: zero gradient, stats 0 (ignored) or NaN */
-        if (a.do_grad) {
-            const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int64_t c0 = (int64_t)tid * 8; c0 < a.v; c0 += FL_TILE) {
-                if (c0 + 8 <= a.v) {
-                    kd_st8<DS>(dz, c0, z8);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        if (c0 + j < a.v) kd_st<DS>(dz, c0 + j, 0.0f);
-                }
-            }
-        }
-        if (tid == 0) {
-            double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
-            a.row_soft[gr] = z;
-            a.row_hard[gr] = z;
-            /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
-            if (a.out_soft) a.out_soft[gr] = (float)z;
-            if (a.out_hard) a.out_hard[gr] = (float)z;
-            if (a.out_lse) a.out_lse[gr] = (float)z;
-        }
+        fl_skip_row<DS>(a, (void *)zs, gr, y);
         return;
     }
 
@@ -240,43 +166,12 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
 
     /* ---- pass 3: dzs in place ---- */
     if (!a.do_grad) return;
-    const unsigned long long nv = a.hdr->n_valid;
-    const double nvd = nv > 0 ? (double)nv : 1.0;
-    const float ca = (float)(a.w_hard * a.grad_scale / nvd);
-    const float cb = (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature));
+    float ca, cb;
+    fl_factors(a, &ca, &cb);
     const float Sf = (float)S;
-    for (int64_t tile0 = 0; tile0 < a.v; tile0 += FL_TILE) { /* same trip count in every thread */
-        const int64_t c0 = tile0 + (int64_t)tid * 8;
-        const int n = c0 >= a.v ? 0 : a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
-        float s[8], t[8];
-        if (n > 0) {
-            fl_load<DS>(zs, a.bs, c0, n, s);
-            if (a.grad_soft) fl_load<DT>(zt, a.bt, c0, n, t);
-        }
-        __syncthreads(); /* every load of this tile precedes any store that narrows over it */
-        if (n > 0) {
-            float d[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float dzj = 0.0f;
-                if (a.grad_hard) dzj = ca * (expf(s[j] - lseH) - (c0 + j == y ? 1.0f : 0.0f));
-                if (a.grad_soft) {
-                    const float x = s[j] * a.inv_t - lseA;
-                    float g;
-                    (void)kd_div_elem(&a.coef, x, t[j] * a.inv_t - lseB, &g);
-                    dzj += cb * (g - expf(x) * Sf);
-                }
-                d[j] = dzj;
-            }
-            if (n == 8) {
-                kd_st8<DS>(dz, c0, d);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (j < n) kd_st<DS>(dz, c0 + j, d[j]);
-            }
-        }
-    }
+    fl_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
+        return fl_dz(a, ca, cb, s, lseH, c == y, s * a.inv_t - lseA, t * a.inv_t - lseB, Sf);
+    });
 }
 
 /* ---- small kernels ------------------------------------------------------------------------- */
@@ -308,11 +203,87 @@ fl_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, kd_w
     }
 }
 
-/* ---- host side ----------------------------------------------------------------------------- */
-
-static cudaDataType_t fl_cuda_type(kdloss_dtype d) {
-    return d == KDLOSS_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+kdloss_status fl_final(cudaStream_t st, const fl_plan &P, int64_t bt,
+                       const kdloss_fused_linear_distill_out *out,
+                       const kdloss_fused_linear_distill_params *p) {
+    const double soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
+    fl_final_kernel<<<1, FL_FINAL_THREADS, 0, st>>>(P.row_soft, P.row_hard, bt, P.hdr, out->loss,
+                                                    out->soft_loss, out->hard_loss,
+                                                    p->weight_hard_loss, p->weight_soft_loss,
+                                                    soft_fac);
+    return kd_launch_status();
 }
+
+/* ---- the per-chunk GEMM steps (fl_rows.cuh) ------------------------------------------------- */
+
+kdloss_status fl_chunk_logits(const fl_gemms *g, int64_t r0, int64_t rows, float *zs,
+                              kdloss_cmat xt, kdloss_cmat wt, int64_t ht, float *zt) {
+    const size_t es = kdloss_dtype_size(g->sdt);
+    const char *xs_c = (const char *)g->xs + (size_t)(r0 * g->ld_xs) * es;
+    /* zs^T (v x rows, ldz) = ws (hs x v col-major)^T  xs_c (hs x rows col-major) */
+    kdloss_status s = kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N,
+                              g->v, rows, g->hs, g->ws, fl_cuda_type(g->sdt), g->ld_ws, xs_c,
+                              fl_cuda_type(g->sdt), g->ld_xs, 0.0f, zs, CUDA_R_32F, g->ldz);
+    if (s != KDLOSS_OK || !wt.data) return s;
+    const char *xt_c = (const char *)xt.data + (size_t)(r0 * xt.ld) * kdloss_dtype_size(xt.dtype);
+    return kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, g->v, rows,
+                   ht, wt.data, fl_cuda_type(wt.dtype), wt.ld, xt_c, fl_cuda_type(xt.dtype),
+                   xt.ld, 0.0f, zt, CUDA_R_32F, g->ldz);
+}
+
+/* dzs in the student dtype, in place over zs: the row pitch in elements of that dtype. */
+static int64_t fl_dz_pitch(const fl_gemms *g) {
+    return g->sdt == KDLOSS_BF16 ? 2 * g->ldz : g->ldz;
+}
+
+kdloss_status fl_chunk_dx(const fl_gemms *g, int64_t rows, void *dx, cudaDataType_t dxt,
+                          int64_t ld_dx) {
+    /* dx^T (hs x rows, ld_dx) = ws (hs x v col-major)  dzs^T (v x rows, dz pitch) */
+    return kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_N, g->hs, rows,
+                   g->v, g->ws, fl_cuda_type(g->sdt), g->ld_ws, g->zs, fl_cuda_type(g->sdt),
+                   fl_dz_pitch(g), 0.0f, dx, dxt, ld_dx);
+}
+
+kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
+                             const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
+                             float *dw_acc, float *db_acc) {
+    const int first = r0 == 0, bf = g->sdt == KDLOSS_BF16;
+    const int64_t pitch = fl_dz_pitch(g), ld_dw = bf ? g->hs : ld_dws;
+    float *dw = !out->dws.data ? NULL : bf ? dw_acc : (float *)out->dws.data;
+    float *db = !out->dbs ? NULL : bf ? db_acc : (float *)out->dbs;
+    kdloss_status s = KDLOSS_OK;
+    if (dw) {
+        /* dws^T (hs x v) (+)= xs_c (hs x rows col-major)  (dzs^T (v x rows))^T */
+        const char *xs_c = (const char *)g->xs + (size_t)(r0 * g->ld_xs) * kdloss_dtype_size(g->sdt);
+        s = kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_T, g->hs,
+                    g->v, rows, xs_c, fl_cuda_type(g->sdt), g->ld_xs, g->zs,
+                    fl_cuda_type(g->sdt), pitch, first ? 0.0f : 1.0f, dw, CUDA_R_32F, ld_dw);
+    }
+    if (s != KDLOSS_OK || !db) return s;
+    if (g->sdt == KDLOSS_BF16)
+        kd_colsum_kernel<KDLOSS_BF16><<<kd_grid_1d(g->v, 256), 256, 0, g->st>>>(g->zs, pitch, rows,
+                                                                               g->v, db, first);
+    else
+        kd_colsum_kernel<KDLOSS_F32><<<kd_grid_1d(g->v, 256), 256, 0, g->st>>>(g->zs, pitch, rows,
+                                                                              g->v, db, first);
+    return kd_launch_status();
+}
+
+kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
+                            const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
+                            int64_t hs, int64_t v) {
+    if (out->dws.data) {
+        kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v * hs, 256), 256, 0, st>>>(
+            dw_acc, hs, out->dws.data, ld_dws, v, hs);
+        kdloss_status s = kd_launch_status();
+        if (s != KDLOSS_OK) return s;
+    }
+    if (!out->dbs) return KDLOSS_OK;
+    kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(db_acc, v, out->dbs, v, 1, v);
+    return kd_launch_status();
+}
+
+/* ---- host side ----------------------------------------------------------------------------- */
 
 static void fl_row_launch(kdloss_dtype ds, kdloss_dtype dt, int64_t rows, const fl_row_args &a,
                           cudaStream_t st) {
@@ -334,16 +305,68 @@ kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = kd_args_fl_params(params);
-    if (s == KDLOSS_OK) s = kd_args_fl_sizes(bt, hs, ht, v);
-    if (s != KDLOSS_OK) return s;
-    if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
-        return KDLOSS_ERR_INVALID_DTYPE;
+    kdloss_status s = fl_size_checks(kd_args_fl_params(params), bt, hs, ht, v, 1, student_dtype);
     fl_plan P;
-    s = fl_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
+    if (s == KDLOSS_OK) s = fl_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
+    if (s == KDLOSS_OK) *bytes = P.total;
+    return s;
+}
+
+kdloss_status fl_size_checks(kdloss_status st, int64_t bt, int64_t hs, int64_t ht, int64_t v,
+                             int64_t k, kdloss_dtype sdt) {
+    if (st == KDLOSS_OK) st = kd_args_fl_sizes(bt, hs, ht, v);
+    if (st == KDLOSS_OK && k < 1) st = KDLOSS_ERR_INVALID_SIZE;
+    if (st != KDLOSS_OK) return st;
+    return sdt == KDLOSS_F32 || sdt == KDLOSS_BF16 ? KDLOSS_OK : KDLOSS_ERR_INVALID_DTYPE;
+}
+
+void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
+                  const kdloss_fused_linear_distill_out *out, const fl_plan &P, const void *bs,
+                  const void *bt_bias, kdloss_labels labels, int64_t v, int want_grad) {
+    /* "0 skips all cross-entropy work": the CE runs only if it is weighted or asked for; the
+     * same for the divergence and its teacher GEMM */
+    const int do_hard = p->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard ||
+                        out->row_lse;
+    const int do_soft = p->weight_soft_loss > 0.0 || out->soft_loss || out->row_soft;
+    a->zs = P.zs;
+    a->zt = do_soft ? P.zt : NULL;
+    a->ldz = P.ldz;
+    a->bs = bs;
+    a->bt = bt_bias;
+    a->labels = labels.data;
+    a->lab64 = labels.dtype == KDLOSS_I64;
+    a->ignore = p->ignore_index;
+    a->row0 = 0;
+    a->v = v;
+    a->inv_t = (float)(1.0 / p->temperature);
+    a->same_t = p->temperature == 1.0;
+    a->coef = kd_div_coef_make(&p->div);
+    a->do_soft = do_soft;
+    a->do_hard = do_hard;
+    a->do_grad = want_grad;
+    fl_grad_fields(a, p, out, want_grad);
+    a->hdr = P.hdr;
+    a->row_soft = P.row_soft;
+    a->row_hard = P.row_hard;
+}
+
+/* One chunk: its logits, the row kernel, its gradients. */
+static kdloss_status fl_chunk(const fl_gemms &gm, const kd_fl_geom &g, kdloss_cmat xt,
+                              kdloss_cmat wt, int64_t ht, const kdloss_fused_linear_distill_out *out,
+                              const fl_plan &P, fl_row_args &a, int64_t r0, int64_t rows) {
+    const kdloss_dtype sdt = gm.sdt;
+    kdloss_status s = fl_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : kdloss_cmat{NULL, KDLOSS_F32, 0},
+                                      ht, P.zt);
     if (s != KDLOSS_OK) return s;
-    *bytes = P.total;
-    return KDLOSS_OK;
+    a.row0 = r0;
+    fl_row_launch(sdt, xt.dtype, rows, a, gm.st);
+    if ((s = kd_launch_status()) != KDLOSS_OK) return s;
+    if (out->dxs.data) {
+        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * kdloss_dtype_size(sdt);
+        s = fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(sdt), g.ld_dxs);
+        if (s != KDLOSS_OK) return s;
+    }
+    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc);
 }
 
 /* Shapes: xs (bt x hs), ws (v x hs), bs [v], xt (bt x ht), wt (v x ht), bt_bias [v], labels [bt];
@@ -366,115 +389,20 @@ kdloss_status kdloss_cuda_fused_linear_distill(
         return s;
     fl_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
 
-    const kdloss_dtype sdt = xs.dtype, tdt = xt.dtype;
-    const size_t es = kdloss_dtype_size(sdt), et = kdloss_dtype_size(tdt);
-    const cudaDataType_t cs = fl_cuda_type(sdt), ct = fl_cuda_type(tdt);
-    /* "0 skips all cross-entropy work": the CE runs only if it is weighted or asked for; the
-     * same for the JSD and its teacher GEMM */
-    const int do_hard = params->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard ||
-                        out->row_lse;
-    const int do_soft = params->weight_soft_loss > 0.0 || out->soft_loss || out->row_soft;
-    /* dzs in the student dtype: in place over zs, row pitch in elements of that dtype */
-    const int64_t dz_pitch = sdt == KDLOSS_BF16 ? 2 * P.ldz : P.ldz;
-    float *dw = sdt == KDLOSS_BF16 ? P.dw_acc : (float *)out->dws.data;
-    const int64_t ld_dw = sdt == KDLOSS_BF16 ? hs : g.ld_dws;
-    float *db = sdt == KDLOSS_BF16 ? P.db_acc : (float *)out->dbs;
-
     fl_row_args a;
-    a.zs = P.zs;
-    a.zt = do_soft ? P.zt : NULL;
-    a.ldz = P.ldz;
-    a.bs = bs;
-    a.bt = bt_bias;
-    a.labels = labels.data;
-    a.lab64 = labels.dtype == KDLOSS_I64;
-    a.ignore = params->ignore_index;
-    a.v = v;
-    a.inv_t = (float)(1.0 / params->temperature);
-    a.same_t = params->temperature == 1.0;
-    a.coef = kd_div_coef_make(&params->div);
-    a.do_soft = do_soft;
-    a.do_hard = do_hard;
-    a.do_grad = g.want_grad;
-    a.grad_soft = g.want_grad && params->weight_soft_loss > 0.0;
-    a.grad_hard = g.want_grad && params->weight_hard_loss > 0.0;
-    a.w_hard = params->weight_hard_loss;
-    a.w_soft = params->weight_soft_loss;
-    a.grad_scale = params->grad_scale;
-    a.temperature = params->temperature;
-    a.soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;
-    a.out_soft = out->row_soft;
-    a.out_hard = out->row_hard;
-    a.out_lse = out->row_lse;
-    a.hdr = P.hdr;
-    a.row_soft = P.row_soft;
-    a.row_hard = P.row_hard;
-
+    fl_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad);
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
+    const fl_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
+                         P.zs, P.ldz};
+    const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
     s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, P.hdr);
-
-    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk) {
-        const int64_t rows = bt - r0 < P.chunk ? bt - r0 : P.chunk;
-        const int first = r0 == 0;
-        const char *xs_c = (const char *)xs.data + (size_t)(r0 * g.ld_xs) * es;
-        const char *xt_c = (const char *)xt.data + (size_t)(r0 * g.ld_xt) * et;
-        /* zs^T (v x rows, ldz) = ws (hs x v col-major)^T  xs_c (hs x rows col-major) */
-        s = kd_gemm(ctx, st, P.lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, v, rows, hs,
-                    ws.data, cs, g.ld_ws, xs_c, cs, g.ld_xs, 0.0f, P.zs, CUDA_R_32F, P.ldz);
-        if (s == KDLOSS_OK && do_soft)
-            s = kd_gemm(ctx, st, P.lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, v, rows, ht,
-                        wt.data, ct, g.ld_wt, xt_c, ct, g.ld_xt, 0.0f, P.zt, CUDA_R_32F, P.ldz);
-        if (s != KDLOSS_OK) break;
-
-        a.row0 = r0;
-        fl_row_launch(sdt, tdt, rows, a, st);
-        if ((s = kd_launch_status()) != KDLOSS_OK) break;
-
-        if (out->dxs.data) {
-            /* dxs_c^T (hs x rows, ld_dxs) = ws (hs x v col-major)  dzs^T (v x rows, dz_pitch) */
-            char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * es;
-            s = kd_gemm(ctx, st, P.lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_N, hs, rows, v,
-                        ws.data, cs, g.ld_ws, P.zs, cs, dz_pitch, 0.0f, dxs_c, cs, g.ld_dxs);
-            if (s != KDLOSS_OK) break;
-        }
-        if (out->dws.data) {
-            /* dws^T (hs x v) (+)= xs_c (hs x rows col-major)  (dzs^T (v x rows))^T */
-            s = kd_gemm(ctx, st, P.lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_T, hs, v, rows,
-                        xs_c, cs, g.ld_xs, P.zs, cs, dz_pitch, first ? 0.0f : 1.0f, dw,
-                        CUDA_R_32F, ld_dw);
-            if (s != KDLOSS_OK) break;
-        }
-        if (out->dbs) {
-            if (sdt == KDLOSS_BF16)
-                kd_colsum_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(
-                    P.zs, dz_pitch, rows, v, db, first);
-            else
-                kd_colsum_kernel<KDLOSS_F32><<<kd_grid_1d(v, 256), 256, 0, st>>>(
-                    P.zs, dz_pitch, rows, v, db, first);
-            if ((s = kd_launch_status()) != KDLOSS_OK) break;
-        }
-    }
-
-    if (s == KDLOSS_OK && sdt == KDLOSS_BF16) {
-        if (out->dws.data) {
-            kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v * hs, 256), 256, 0, st>>>(
-                P.dw_acc, hs, out->dws.data, g.ld_dws, v, hs);
-            s = kd_launch_status();
-        }
-        if (s == KDLOSS_OK && out->dbs) {
-            kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.db_acc, v, out->dbs,
-                                                                            v, 1, v);
-            s = kd_launch_status();
-        }
-    }
-    if (s == KDLOSS_OK) {
-        fl_final_kernel<<<1, FL_FINAL_THREADS, 0, st>>>(
-            P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
-            params->weight_hard_loss, params->weight_soft_loss, a.soft_fac);
-        s = kd_launch_status();
-    }
+    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
+        s = fl_chunk(gm, g, xt_e, wt_e, ht, out, P, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk);
+    if (s == KDLOSS_OK && xs.dtype == KDLOSS_BF16)
+        s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, out, g.ld_dws, hs, v);
+    if (s == KDLOSS_OK) s = fl_final(st, P, bt, out, params);
     kd_dev_leave(&dg);
     return s;
 }

@@ -19,6 +19,7 @@ struct kdloss_cuda_context {
     int cc_major;
     cublasHandle_t blas;  /* used only when cuBLASLt offers no algorithm for a GEMM */
     cublasLtHandle_t lt;
+    double *vp_agree;     /* device buffer of the vocabulary-parallel agreement (vp.h) */
 };
 
 /* ---- error mapping: never exit, never print ------------------------------------------------ */
@@ -224,6 +225,28 @@ __device__ __forceinline__ double kd_block_sum_all(double x, double *red) {
     s = red[0];
     __syncthreads();
     return s;
+}
+
+/* Max over the block (exact: any order gives the same bits; NaN lanes are dropped, as fmaxf
+ * does); every thread gets it. `red` is shared scratch of 32 floats. Must be called by every
+ * thread of the block; it ends with a barrier so the scratch can be reused right away. */
+__device__ __forceinline__ float kd_block_max(float x, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_down_sync(0xffffffffu, x, o));
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        x = lane < nwarps ? red[lane] : -INFINITY;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_down_sync(0xffffffffu, x, o));
+        if (lane == 0) red[0] = x;
+    }
+    __syncthreads();
+    x = red[0];
+    __syncthreads();
+    return x;
 }
 
 /* Integer sum over the block (exact, so order does not matter); valid in thread 0. */

@@ -21,106 +21,9 @@
  * No float atomics anywhere: every sum has a fixed order, so results are bitwise reproducible.
  * The only atomics are integer ones (counters, a bitmap, CSR counts), whose results do not
  * depend on their order; the CSR slots they hand out are put in row order by tk_rank_kernel. */
-#include <string.h>
-
-#include "args.h"
-#include "topk_row.h" /* before kd_cuda.cuh: div_elem.h's locals would shadow cuda_fp16.h's half */
-#include "kd_cuda.cuh"
-
-/* ---- the workspace header and the row kinds ------------------------------------------------ */
-
-/* kd_ws_header's layout (status first, kdloss.h) with one more counter. */
-typedef struct tk_header {
-    int32_t status;
-    int32_t reserved;
-    unsigned long long n_valid;     /* rows with a kept label (or no labels) and valid ids */
-    unsigned long long n_bad_label; /* label neither ignore_index nor in [0, V) (any ids) */
-    unsigned long long n_bad_id;    /* an id neither -1 nor in [0, V), or repeated (any label) */
-} tk_header;
-
-enum { TK_ROW_OK = 0, TK_ROW_IGNORED = 1, TK_ROW_BAD_LABEL = 2, TK_ROW_BAD_ID = 3 };
-
-#define TK_ROW_THREADS 512
-#define TK_TILE (TK_ROW_THREADS * 8)
-#define TK_SP_THREADS 256
-#define TK_CHECK_THREADS 256
-#define TK_FINAL_THREADS 1024
-#define TK_LT_WS_BYTES ((size_t)32 << 20)
-#define TK_DEFAULT_BUDGET ((size_t)256 << 20)
-/* Per-row scratch of a row block: the slots (column int64, logit, teacher log-prob, gradient:
- * 20 bytes each) and the bitmap of S (V bits). In dynamic shared memory when they fit, else in
- * TK_SLICES per-block slices of the workspace (the grid is then at most TK_SLICES blocks). */
-#define TK_SLOT_BYTES 20
-#define TK_SLOTS_SMEM_MAX ((size_t)16 << 10)
-#define TK_SMEM_MAX ((size_t)44 << 10)
-#define TK_SLICES 1024
-
-typedef struct tk_scratch {
-    int64_t words;      /* 32-bit words of a bitmap */
-    size_t slot_stride; /* bytes of one block's slots, 16-byte multiple */
-    int slots_smem, bits_smem;
-    size_t smem;        /* dynamic shared memory per block */
-} tk_scratch;
-
-/* Where a row block keeps its slots and its bitmap, for these V and K (bits: 0 when no bitmap
- * is used: the sparse rows). */
-static tk_scratch tk_scratch_plan(int64_t v, int64_t k, int bits) {
-    tk_scratch s;
-    s.words = bits ? (v + 31) / 32 : 0;
-    s.slot_stride = kd_round_up((size_t)k * TK_SLOT_BYTES, 16);
-    s.slots_smem = s.slot_stride <= TK_SLOTS_SMEM_MAX;
-    const size_t sb = s.slots_smem ? s.slot_stride : 0;
-    s.bits_smem = sb + (size_t)s.words * 4u <= TK_SMEM_MAX;
-    s.smem = sb + (s.bits_smem ? (size_t)s.words * 4u : 0);
-    return s;
-}
-
-/* Grid of a row kernel: one block per row, or TK_SLICES blocks looping over the rows when
- * global slices are in use. */
-static unsigned tk_row_grid(int64_t rows, const tk_scratch &s) {
-    const int global = !s.slots_smem || (s.words && !s.bits_smem);
-    return kd_grid(global && rows > TK_SLICES ? TK_SLICES : rows);
-}
-
-/* ---- device helpers ------------------------------------------------------------------------ */
-
-/* Element i of a float array whose dtype is known at run time only (the teacher's log-probs). */
-__device__ __forceinline__ float tk_ld_any(const void *p, int dt, int64_t i) {
-    if (dt == KDLOSS_F32) return kd_ld<KDLOSS_F32>(p, i);
-    if (dt == KDLOSS_BF16) return kd_ld<KDLOSS_BF16>(p, i);
-    return kd_ld<KDLOSS_F16>(p, i);
-}
-
-__device__ __forceinline__ double tk_qnan(void) { return __longlong_as_double(0x7ff8000000000000LL); }
-
-/* A row block's slots: col[k] the id (-1 unused; compacted by tk_row_math), z the student's
- * logit there (bias added), lp the teacher's log-prob, g kd_topk_row's gradient. */
-typedef struct tk_slots {
-    int64_t *col;
-    float *z, *lp, *g;
-} tk_slots;
-
-__device__ __forceinline__ tk_slots tk_slots_at(char *base, int64_t k) {
-    tk_slots s;
-    s.col = (int64_t *)base;
-    s.z = (float *)(s.col + k);
-    s.lp = s.z + k;
-    s.g = s.lp + k;
-    return s;
-}
+#include "tk_rows.cuh"
 
 /* ---- 1. row checks ------------------------------------------------------------------------- */
-
-typedef struct tk_check_args {
-    const void *labels; /* [bt] or NULL (every row kept) */
-    int lab64;
-    int64_t ignore;
-    const void *ids;    /* (bt x k, ld_ids) I32 / I64 */
-    int ids64;
-    int64_t ld_ids, bt, v, k;
-    uint8_t *flags;     /* [bt] out: TK_ROW_* */
-    tk_header *hdr;     /* counters, zeroed before in the same stream */
-} tk_check_args;
 
 /* 1 if the ids of row r are valid: each -1 or in [0, v), no used id twice. One warp: lane l
  * holds slots l, l + 32, ... and compares each with every earlier slot (all lanes read slot i at
@@ -171,7 +74,7 @@ __global__ void __launch_bounds__(TK_CHECK_THREADS) tk_check_kernel(tk_check_arg
     }
 }
 
-static kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a) {
+kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a) {
     cudaError_t e = cudaMemsetAsync(&a.hdr->n_valid, 0, 3 * sizeof(unsigned long long), st);
     if (e != cudaSuccess) return kd_cuda_status(e);
     const int64_t wpb = TK_CHECK_THREADS / 32;
@@ -216,115 +119,16 @@ tk_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, tk_h
     }
 }
 
+kdloss_status tk_final_launch(cudaStream_t st, const double *row_soft, const double *row_hard,
+                              int64_t bt, tk_header *hdr, const kdloss_fused_linear_distill_out *out,
+                              double w_hard, double w_soft, double soft_fac, int ids_first) {
+    tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(row_soft, row_hard, bt, hdr, out->loss,
+                                                    out->soft_loss, out->hard_loss, w_hard,
+                                                    w_soft, soft_fac, ids_first);
+    return kd_launch_status();
+}
+
 /* ---- 2a. dense rows ---------------------------------------------------------------------------- */
-
-typedef struct tk_row_args {
-    const void *z;        /* logit rows of this launch: the student (dtype DZ), or the fused
-                             chunk's fp32 logits */
-    int64_t ldz;          /* in elements of DZ */
-    void *g;              /* gradient rows (dtype DG) or NULL; fused: the same bytes as z */
-    int64_t g_pitch;      /* bytes between gradient rows */
-    const void *bias;     /* [v] in DG, or NULL */
-    const void *ids;      /* teacher, global rows of k slots */
-    int ids64;
-    int64_t ld_ids;
-    const void *lp;
-    int lpdt;
-    int64_t ld_lp;
-    const void *labels;   /* [bt] or NULL */
-    int lab64;
-    const uint8_t *flags; /* [bt] TK_ROW_* */
-    int64_t row0;         /* global index of the launch's first row */
-    int64_t rows, v, k;
-    float inv_t;          /* 1 / T: the V-wide passes (u_j = z_j / T in fp32) */
-    double inv_t64;       /* 1 / T rounded to fp32, as a double: kd_topk_row (topk_row.h) */
-    int same_t;           /* T == 1: the untempered lse comes from R and the slots */
-    kd_div_coef coef;
-    int tail;
-    int need_r;           /* the masked pass: R = lse(u_j, j not in S) */
-    int do_hard;          /* the untempered lse (row_lse, CE) */
-    int do_ce;            /* the label's cross-entropy (labels given) */
-    int grad_soft, grad_hard; /* the gradient's two terms */
-    double w_hard, w_soft, grad_scale, temperature, soft_fac;
-    const tk_header *hdr;
-    double *row_soft, *row_hard;          /* [bt] in the workspace; row_hard may be NULL */
-    float *out_soft, *out_hard, *out_lse; /* the caller's [bt], or NULL */
-    char *gslot;          /* TK_SLICES slices of slot_stride bytes, when not in shared memory */
-    size_t slot_stride;
-    uint32_t *gbits;      /* TK_SLICES bitmaps of `words` words, when not in shared memory */
-    int64_t words;
-    int slots_smem, bits_smem;
-} tk_row_args;
-
-/* What thread 0 works out for a row, for the whole block. */
-typedef struct tk_row_state {
-    float R;      /* rest lse of u (-inf: no column outside S, or not needed) */
-    float lh;     /* untempered lse over all v columns (do_hard) */
-    float crest;  /* c_rest of kd_topk_row: dD/du_j = crest exp(u_j - R) outside S */
-    float ca, cb; /* gradient factors of the CE and of the soft term (1/T folded into cb) */
-    float zy;     /* the label's logit (do_ce) */
-    int64_t y;    /* the label (do_ce), else -1 */
-    int64_t n;    /* used slots, compacted */
-} tk_row_state;
-
-/* zs at column c of local row r (bias added), as fp32: the value every pass sees. */
-template <int DZ, int DG>
-__device__ __forceinline__ float tk_z(const tk_row_args &a, int64_t r, int64_t c) {
-    const float z = kd_ld<DZ>(a.z, r * a.ldz + c);
-    return a.bias ? z + kd_ld<DG>(a.bias, c) : z;
-}
-
-/* Columns c0..c0+n-1 of local row r, as tk_z gives them (VEC: 16-byte aligned groups). */
-template <int DZ, int DG, bool VEC>
-__device__ __forceinline__ void tk_load8(const tk_row_args &a, int64_t r, int64_t c0, int n,
-                                         float out[8]) {
-    const int64_t o = r * a.ldz + c0;
-    if (VEC && n == 8) {
-        kd_ld8<DZ>(a.z, o, out);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++) out[j] = j < n ? kd_ld<DZ>(a.z, o + j) : 0.0f;
-    }
-    if (a.bias) {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < n) out[j] += kd_ld<DG>(a.bias, c0 + j);
-    }
-}
-
-template <int DG, bool VEC>
-__device__ __forceinline__ void tk_store8(void *grow, int64_t c0, int n, const float d[8]) {
-    if (VEC && n == 8) {
-        kd_st8<DG>(grow, c0, d);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < n) kd_st<DG>(grow, c0 + j, d[j]);
-    }
-}
-
-__device__ __forceinline__ void *tk_grow(const tk_row_args &a, int64_t r) {
-    return (char *)a.g + r * a.g_pitch;
-}
-
-/* An ignored or bad row: zero gradient, row loss 0 (ignored) or NaN (bad label or id). */
-template <int DG, bool VEC>
-__device__ void tk_skip_row(const tk_row_args &a, int64_t r, int64_t gr, int kind) {
-    if (a.g) {
-        const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        void *grow = tk_grow(a, r);
-        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += TK_TILE)
-            tk_store8<DG, VEC>(grow, c0, a.v - c0 >= 8 ? 8 : (int)(a.v - c0), z8);
-    }
-    if (threadIdx.x == 0) {
-        const double x = kind == TK_ROW_IGNORED ? 0.0 : tk_qnan();
-        a.row_soft[gr] = x;
-        if (a.row_hard) a.row_hard[gr] = x;
-        if (a.out_soft) a.out_soft[gr] = (float)x;
-        if (a.out_hard) a.out_hard[gr] = (float)x;
-        if (a.out_lse) a.out_lse[gr] = (float)x;
-    }
-}
 
 /* Threads over the slots: id, logit and teacher log-prob of each (uncompacted), and S's bits.
  * Thread 0 also reads the label's logit (before the gradient pass may overwrite it). The ids
@@ -387,60 +191,7 @@ __device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float 
                                  &crest);
     /* T == 1: lse over all columns = logaddexp(R, lse over S), both parts exact */
     if (a.do_hard && a.same_t) lh = (float)kd_topk_logaddexp((double)R, kd_topk_lse(s.z, n, 1.0));
-    const unsigned long long nv = a.hdr->n_valid;
-    const double nvd = nv > 0 ? (double)nv : 1.0;
-    rs->R = R;
-    rs->lh = lh;
-    rs->crest = (float)crest;
-    rs->ca = a.grad_hard ? (float)(a.w_hard * a.grad_scale / nvd) : 0.0f;
-    rs->cb = a.grad_soft ? (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
-                         : 0.0f;
-    rs->n = n;
-    const double hard = a.do_ce ? (double)(lh - rs->zy) : 0.0;
-    a.row_soft[gr] = d;
-    if (a.row_hard) a.row_hard[gr] = hard;
-    if (a.out_soft) a.out_soft[gr] = (float)d;
-    if (a.out_hard) a.out_hard[gr] = (float)hard;
-    if (a.out_lse) a.out_lse[gr] = a.do_hard ? lh : 0.0f;
-}
-
-/* The gradient of every column as if it were outside S (the slots are rewritten after):
- *   dz_j = ca (exp(z_j - lh) - [j = y]) + cb crest exp(u_j - R)
- * Tile by tile with a barrier between a tile's loads and its stores: in the fused loss a bf16
- * dz row narrows in place over the fp32 logits (fused_linear_jsd.cu's argument). */
-template <int DZ, int DG, bool VEC>
-__device__ void tk_pass_grad(const tk_row_args &a, int64_t r, const tk_row_state &st) {
-    void *grow = tk_grow(a, r);
-    const int soft = a.grad_soft && st.crest != 0.0f;
-    for (int64_t tile0 = 0; tile0 < a.v; tile0 += TK_TILE) { /* same trip count everywhere */
-        const int64_t c0 = tile0 + (int64_t)threadIdx.x * 8;
-        const int n = c0 >= a.v ? 0 : a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
-        float zz[8], d[8];
-        if (n > 0) tk_load8<DZ, DG, VEC>(a, r, c0, n, zz);
-        __syncthreads();
-        if (n == 0) continue;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            float dj = 0.0f;
-            if (a.grad_hard) dj = st.ca * (expf(zz[j] - st.lh) - (c0 + j == st.y ? 1.0f : 0.0f));
-            if (soft) dj += st.cb * (st.crest * expf(zz[j] * a.inv_t - st.R));
-            d[j] = dj;
-        }
-        tk_store8<DG, VEC>(grow, c0, n, d);
-    }
-}
-
-/* After the pass (and a barrier): the slots' own values, from the gathered logits. */
-template <int DG>
-__device__ void tk_fixup(const tk_row_args &a, int64_t r, tk_slots s, const tk_row_state &st) {
-    void *grow = tk_grow(a, r);
-    for (int64_t k = threadIdx.x; k < st.n; k += blockDim.x) {
-        const int64_t c = s.col[k];
-        float d = 0.0f;
-        if (a.grad_hard) d = st.ca * (expf(s.z[k] - st.lh) - (c == st.y ? 1.0f : 0.0f));
-        if (a.grad_soft) d += st.cb * s.g[k];
-        kd_st<DG>(grow, c, d);
-    }
+    tk_row_finish(a, gr, d, a.do_ce ? (double)(lh - rs->zy) : 0.0, R, lh, crest, n, rs);
 }
 
 /* One block per row (grid-stride over the launch's rows). DZ: dtype of the logit rows; DG: of
@@ -450,14 +201,8 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tk_row_kernel(tk_row_args a) {
     extern __shared__ __align__(16) char tk_smem[];
     __shared__ kd_lse lred[32];
     __shared__ tk_row_state rs;
-    const tk_slots s = tk_slots_at(
-        a.slots_smem ? tk_smem : a.gslot + (size_t)blockIdx.x * a.slot_stride, a.k);
-    uint32_t *bits = a.bits_smem ? (uint32_t *)(tk_smem + (a.slots_smem ? a.slot_stride : 0))
-                                 : a.gbits + (size_t)blockIdx.x * (size_t)a.words;
-    if (a.bits_smem) { /* global bitmaps start zeroed (memset) and are cleared after each row */
-        for (int64_t w = threadIdx.x; w < a.words; w += blockDim.x) bits[w] = 0;
-        __syncthreads();
-    }
+    const tk_slots s = tk_slots_of(a, tk_smem);
+    uint32_t *bits = tk_bits_init(a, tk_smem);
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
         const int64_t gr = a.row0 + r;
         const int kind = a.flags[gr]; /* the same for the whole block */
@@ -714,22 +459,6 @@ tk_dw_kernel(const uint32_t *offs, const uint32_t *e1, const float *dz, int64_t 
  * sparse fused with gradients: dz (bt x k) fp32, pcol (bt x k) int32, and for dws / dbs
  *   count, offs [v + 1] and rank0, e0, e1 [bt k] uint32. */
 
-typedef struct tk_plan {
-    tk_scratch sc;
-    tk_header *hdr;
-    uint8_t *flags;
-    double *row_soft, *row_hard;
-    char *gslot;
-    uint32_t *gbits;
-    int64_t chunk, ldz;   /* dense fused */
-    void *lt_ws;
-    float *zs, *dw_acc, *db_acc;
-    float *dz;            /* sparse fused */
-    int32_t *pcol;
-    uint32_t *count, *offs, *rank0, *e0, *e1;
-    size_t total;
-} tk_plan;
-
 /* The parts every call has: flags, per-row losses, the scratch slices. */
 static void tk_carve_common(kd_carver *c, int64_t bt, int hard_rows, tk_plan *P) {
     P->flags = (uint8_t *)kd_carve(c, (size_t)bt);
@@ -778,9 +507,9 @@ static int64_t tk_chunk_rows(const kdloss_fused_linear_topk_distill_params *p, i
     return c > 64 && c64 <= cmax ? c64 : c;
 }
 
-static kdloss_status tk_dense_plan(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
-                                   int64_t hs, int64_t v, int64_t k, kdloss_dtype sdt,
-                                   int want_grad, void *ws, tk_plan *P) {
+kdloss_status tk_dense_carve(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                             int64_t hs, int64_t v, int64_t k, kdloss_dtype sdt, int want_grad,
+                             kd_carver *c, tk_plan *P) {
     if (!tk_sizes_ok(bt, v, k, hs)) return KDLOSS_ERR_INVALID_SIZE;
     memset(P, 0, sizeof *P);
     P->sc = tk_scratch_plan(v, k, 1);
@@ -789,17 +518,24 @@ static kdloss_status tk_dense_plan(const kdloss_fused_linear_topk_distill_params
     if ((uint64_t)P->chunk > ((uint64_t)1 << 60) / ((uint64_t)P->ldz * 4u) ||
         (uint64_t)v * (uint64_t)hs > ((uint64_t)1 << 60))
         return KDLOSS_ERR_INVALID_SIZE;
-    kd_carver c = kd_carver_for(ws);
-    tk_carve_common(&c, bt, 1, P);
-    P->lt_ws = kd_carve(&c, TK_LT_WS_BYTES);
-    P->zs = (float *)kd_carve(&c, (size_t)P->chunk * (size_t)P->ldz * sizeof(float));
+    tk_carve_common(c, bt, 1, P);
+    P->lt_ws = kd_carve(c, TK_LT_WS_BYTES);
+    P->zs = (float *)kd_carve(c, (size_t)P->chunk * (size_t)P->ldz * sizeof(float));
     if (want_grad && sdt == KDLOSS_BF16) {
-        P->dw_acc = (float *)kd_carve(&c, (size_t)v * (size_t)hs * sizeof(float));
-        P->db_acc = (float *)kd_carve(&c, (size_t)v * sizeof(float));
+        P->dw_acc = (float *)kd_carve(c, (size_t)v * (size_t)hs * sizeof(float));
+        P->db_acc = (float *)kd_carve(c, (size_t)v * sizeof(float));
     }
+    return KDLOSS_OK;
+}
+
+static kdloss_status tk_dense_plan(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                                   int64_t hs, int64_t v, int64_t k, kdloss_dtype sdt,
+                                   int want_grad, void *ws, tk_plan *P) {
+    kd_carver c = kd_carver_for(ws);
+    kdloss_status s = tk_dense_carve(p, bt, hs, v, k, sdt, want_grad, &c, P);
     P->hdr = (tk_header *)ws;
     P->total = kd_ws_total(&c);
-    return KDLOSS_OK;
+    return s;
 }
 
 static kdloss_status tk_sparse_plan(int64_t bt, int64_t hs, int64_t v, int64_t k, int want_grad,
@@ -865,14 +601,13 @@ static void tk_row_launch_fused(kdloss_dtype ds, const tk_row_args &a, const tk_
         tk_row_kernel<KDLOSS_F32, KDLOSS_F32, true><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
 }
 
-/* Global bitmap slices start zeroed; the row kernel clears what it sets. */
-static kdloss_status tk_zero_slices(const tk_plan &P, cudaStream_t st) {
+kdloss_status tk_zero_slices(const tk_plan &P, cudaStream_t st) {
     if (!P.gbits) return KDLOSS_OK;
     return kd_cuda_status(cudaMemsetAsync(P.gbits, 0, (size_t)TK_SLICES * (size_t)P.sc.words * 4u, st));
 }
 
 /* The teacher's and the labels' fields of the check kernel and of a row kernel. */
-static tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
+tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
                                  kdloss_labels labels, int64_t ignore, int64_t bt, int64_t v,
                                  const tk_plan &P) {
     tk_check_args c;
@@ -890,7 +625,7 @@ static tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geo
     return c;
 }
 
-static void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
+void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
                           const tk_check_args &c, const tk_plan &P) {
     memset(a, 0, sizeof *a);
     a->ids = t.ids.data;
@@ -980,9 +715,10 @@ kdloss_status kdloss_cuda_topk_distill_logits(
         s = kd_launch_status();
     }
     if (s == KDLOSS_OK) {
-        tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(P.row_soft, NULL, bt, P.hdr, loss, NULL,
-                                                        NULL, 0.0, 1.0, 1.0, 0);
-        s = kd_launch_status();
+        kdloss_fused_linear_distill_out o;
+        memset(&o, 0, sizeof o);
+        o.loss = loss;
+        s = tk_final_launch(st, P.row_soft, NULL, bt, P.hdr, &o, 0.0, 1.0, 1.0, 0);
     }
     kd_dev_leave(&dg);
     return s;
@@ -990,12 +726,7 @@ kdloss_status kdloss_cuda_topk_distill_logits(
 
 /* ---- host side: the fused loss, dense path ------------------------------------------------------ */
 
-static cudaDataType_t tk_cuda_type(kdloss_dtype d) {
-    return d == KDLOSS_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-}
-
-/* The row-kernel fields of the dense fused loss (dz in place over the chunk's logits). */
-static void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params *p,
+void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params *p,
                          const kdloss_fused_linear_distill_out *out, int has_labels,
                          const void *bs, const tk_plan &P, int want_grad) {
     a->z = P.zs;
@@ -1012,71 +743,19 @@ static void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_
     a->do_ce = has_labels && (p->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard);
     a->do_hard = a->do_ce || out->row_lse != NULL;
     a->need_r = p->tail != KDLOSS_TAIL_RENORM_BOTH || (a->do_hard && a->same_t);
-    a->grad_soft = want_grad && p->weight_soft_loss > 0.0;
-    a->grad_hard = want_grad && p->weight_hard_loss > 0.0;
-    a->w_hard = p->weight_hard_loss;
-    a->w_soft = p->weight_soft_loss;
-    a->grad_scale = p->grad_scale;
-    a->temperature = p->temperature;
-    a->soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
-    a->out_soft = out->row_soft;
-    a->out_hard = out->row_hard;
-    a->out_lse = out->row_lse;
+    fl_grad_fields(a, p, out, want_grad);
 }
 
-/* One chunk's backward: dxs rows, dws (+)= and dbs (+)= (fused_linear_jsd.cu's mappings). */
-static kdloss_status tk_dense_backward(kdloss_cuda_context *ctx, cudaStream_t st, kdloss_cmat xs,
-                                       kdloss_cmat ws, const kd_topk_geom &g,
+/* One chunk's backward: dxs rows, dws (+)= and dbs (+)= (fl_rows.cuh's steps). */
+static kdloss_status tk_dense_backward(const fl_gemms &gm, const kd_topk_geom &g,
                                        const kdloss_fused_linear_distill_out *out,
-                                       const tk_plan &P, int64_t r0, int64_t rows, int64_t hs,
-                                       int64_t v) {
-    const kdloss_dtype sdt = xs.dtype;
-    const size_t es = kdloss_dtype_size(sdt);
-    const cudaDataType_t cs = tk_cuda_type(sdt);
-    const int64_t dz_pitch = sdt == KDLOSS_BF16 ? 2 * P.ldz : P.ldz; /* elements of dz */
-    const char *xs_c = (const char *)xs.data + (size_t)(r0 * g.ld_xs) * es;
-    const int first = r0 == 0;
-    kdloss_status s = KDLOSS_OK;
-    if (out->dxs.data) { /* dxs_c^T (hs x rows) = ws (hs x v col-major) dzs^T (v x rows) */
-        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * es;
-        s = kd_gemm(ctx, st, P.lt_ws, TK_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_N, hs, rows, v,
-                    ws.data, cs, g.ld_ws, P.zs, cs, dz_pitch, 0.0f, dxs_c, cs, g.ld_dxs);
-    }
-    if (s == KDLOSS_OK && out->dws.data) { /* dws^T (hs x v) (+)= xs_c dzs */
-        float *dw = sdt == KDLOSS_BF16 ? P.dw_acc : (float *)out->dws.data;
-        const int64_t ld_dw = sdt == KDLOSS_BF16 ? hs : g.ld_dws;
-        s = kd_gemm(ctx, st, P.lt_ws, TK_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_T, hs, v, rows, xs_c,
-                    cs, g.ld_xs, P.zs, cs, dz_pitch, first ? 0.0f : 1.0f, dw, CUDA_R_32F, ld_dw);
-    }
-    if (s == KDLOSS_OK && out->dbs) {
-        float *db = sdt == KDLOSS_BF16 ? P.db_acc : (float *)out->dbs;
-        if (sdt == KDLOSS_BF16)
-            kd_colsum_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.zs, dz_pitch,
-                                                                             rows, v, db, first);
-        else
-            kd_colsum_kernel<KDLOSS_F32><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.zs, dz_pitch,
-                                                                            rows, v, db, first);
-        s = kd_launch_status();
-    }
-    return s;
-}
-
-/* bf16 student: dws and dbs were summed in fp32 across chunks; round them once. */
-static kdloss_status tk_dense_cast(cudaStream_t st, const kd_topk_geom &g,
-                                   const kdloss_fused_linear_distill_out *out, const tk_plan &P,
-                                   int64_t hs, int64_t v) {
-    if (out->dws.data) {
-        kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v * hs, 256), 256, 0, st>>>(
-            P.dw_acc, hs, out->dws.data, g.ld_dws, v, hs);
-        kdloss_status s = kd_launch_status();
+                                       const tk_plan &P, int64_t r0, int64_t rows) {
+    if (out->dxs.data) {
+        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * kdloss_dtype_size(gm.sdt);
+        kdloss_status s = fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(gm.sdt), g.ld_dxs);
         if (s != KDLOSS_OK) return s;
     }
-    if (out->dbs) {
-        kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(P.db_acc, v, out->dbs, v,
-                                                                        1, v);
-        return kd_launch_status();
-    }
-    return KDLOSS_OK;
+    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc);
 }
 
 /* Per chunk: zs = xs_c ws^T (cuBLASLt, fp32 out), the row kernel, the backward. */
@@ -1084,24 +763,22 @@ static kdloss_status tk_run_dense(kdloss_cuda_context *ctx, cudaStream_t st, int
                                   int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
                                   const kd_topk_geom &g, const kdloss_fused_linear_distill_out *out,
                                   const tk_plan &P, tk_row_args a) {
-    const size_t es = kdloss_dtype_size(xs.dtype);
-    const cudaDataType_t cs = tk_cuda_type(xs.dtype);
+    const fl_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
+                         P.zs, P.ldz};
+    const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
     kdloss_status s = tk_zero_slices(P, st);
     for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk) {
         const int64_t rows = bt - r0 < P.chunk ? bt - r0 : P.chunk;
-        const char *xs_c = (const char *)xs.data + (size_t)(r0 * g.ld_xs) * es;
-        /* zs^T (v x rows, ldz) = ws (hs x v col-major)^T xs_c (hs x rows col-major) */
-        s = kd_gemm(ctx, st, P.lt_ws, TK_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, v, rows, hs,
-                    ws.data, cs, g.ld_ws, xs_c, cs, g.ld_xs, 0.0f, P.zs, CUDA_R_32F, P.ldz);
+        s = fl_chunk_logits(&gm, r0, rows, P.zs, none, none, 0, NULL);
         if (s != KDLOSS_OK) break;
         a.row0 = r0;
         a.rows = rows;
         tk_row_launch_fused(xs.dtype, a, P.sc, st);
         if ((s = kd_launch_status()) != KDLOSS_OK) break;
-        if (g.want_grad) s = tk_dense_backward(ctx, st, xs, ws, g, out, P, r0, rows, hs, v);
+        if (g.want_grad) s = tk_dense_backward(gm, g, out, P, r0, rows);
     }
     if (s == KDLOSS_OK && g.want_grad && xs.dtype == KDLOSS_BF16)
-        s = tk_dense_cast(st, g, out, P, hs, v);
+        s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, out, g.ld_dws, hs, v);
     return s;
 }
 
@@ -1189,12 +866,9 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = kd_topk_check_fused_params(params);
-    if (s == KDLOSS_OK) s = kd_args_fl_sizes(bt, hs, hs, v);
-    if (s == KDLOSS_OK && k < 1) s = KDLOSS_ERR_INVALID_SIZE;
+    kdloss_status s = fl_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
+                                     student_dtype);
     if (s != KDLOSS_OK) return s;
-    if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
-        return KDLOSS_ERR_INVALID_DTYPE;
     tk_plan P;
     s = tk_dense_plan(params, bt, hs, v, k, student_dtype, want_grad != 0, NULL, &P);
     if (s != KDLOSS_OK) return s;
@@ -1245,10 +919,8 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     }
     if (s == KDLOSS_OK) {
         const double soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;
-        tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(
-            P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
-            params->weight_hard_loss, params->weight_soft_loss, soft_fac, 1);
-        s = kd_launch_status();
+        s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, out, params->weight_hard_loss,
+                            params->weight_soft_loss, soft_fac, 1);
     }
     kd_dev_leave(&dg);
     return s;

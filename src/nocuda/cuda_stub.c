@@ -103,3 +103,32 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     void *workspace, size_t workspace_bytes) {
     return KDLOSS_ERR_UNSUPPORTED;
 }
+
+kdloss_status kdloss_cuda_fused_linear_distill_vp_workspace_size(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_distill_vp(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
+    const kdloss_vocab_shard *shard, int64_t bt, int64_t hs, int64_t ht, int64_t v,
+    kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt, kdloss_cmat wt,
+    const void *bt_bias, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
+    void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_topk_distill_params *params,
+    const kdloss_vocab_shard *shard, int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
+    kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}

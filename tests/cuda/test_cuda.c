@@ -25,9 +25,16 @@
  * tests/support/reference.h (the CPU tests' float64 reference, written from the definitions);
  * the same tolerances, except TVD's subgradient, whose sign may differ where P and Q agree to
  * fp32 rounding (those elements are not compared). The fused cases also check t2_scale and the
- * per-row outputs row_soft, row_hard, row_lse (rtol 1e-4, or 1e-3 with bf16 operands). */
+ * per-row outputs row_soft, row_hard, row_lse (rtol 1e-4, or 1e-3 with bf16 operands).
+ *
+ * The vocabulary-parallel entry points (test_vp: 2 and 3 ranks as threads on one GPU, with this
+ * file's own communicator) are compared with the single-process CUDA call instead, at
+ * tests/mpi/test_vp.c's tolerances (losses 1e-6 relative, gradients 1e-5), and their all-reduce
+ * sequence with the documented protocol; the NCCL adapter runs with one rank where CMake found
+ * NCCL (KDLOSS_TEST_NCCL). */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +44,9 @@
 #include "ref_topk.h"
 #include "div_cases.h"
 #include "testutil.h"
+#ifdef KDLOSS_TEST_NCCL
+#include "kdloss_nccl.h" /* built where CMake found NCCL: the adapter compiles and links here */
+#endif
 
 /* The CPU functions, when this build has them (resolved to NULL otherwise). */
 #pragma weak kdloss_kl_div
@@ -1870,6 +1880,610 @@ static void test_topk_fused(kt_rng *rng) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Vocabulary-parallel entry points on one GPU: ranks as threads                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* kdloss_cuda_fused_linear_distill_vp and kdloss_cuda_fused_linear_topk_distill_vp with 2 and 3
+ * ranks that are threads of this process on one device, each with its own stream, context,
+ * block of the heads (uneven), outputs and workspace, against the single-process CUDA call on the
+ * whole heads: losses and row outputs rtol 1e-6, gradients (dxs, the rank's dws / dbs block)
+ * 1e-5 relative + 1e-5 x the largest entry (two bf16 roundings apart with bf16 operands), as
+ * tests/mpi/test_vp.c. The communicator is the test's own: it checks that every rank makes the
+ * same all-reduce calls (count, dtype, op) and records rank 0's sequence, which must be the
+ * documented protocol (the agreement, then per chunk MAX 2, SUM 4 (4 + K), SUM 2 (dense), the
+ * dxs SUM). Under tests/cuda/emu the calls are the CPU _vp functions with the same communicator. */
+
+#define VP_MAX_RANKS 3
+#define VP_MAX_CALLS 64
+
+typedef struct vp_call_rec {
+    int64_t n;
+    int dt, op;
+} vp_call_rec;
+
+/* The ranks' meeting point: each rank's host copy of its buffer and its call, between two
+ * barriers. */
+typedef struct vp_world {
+    int size;
+    pthread_barrier_t bar;
+    void *in[VP_MAX_RANKS];
+    vp_call_rec call[VP_MAX_RANKS];
+    vp_call_rec log[VP_MAX_CALLS]; /* rank 0's calls in order */
+    int ncalls;
+} vp_world;
+
+typedef struct vp_rank {
+    kdloss_comm comm; /* ctx points here */
+    vp_world *w;
+    cudaStream_t st;
+} vp_rank;
+
+/* res = every rank's in[] reduced in rank order (fp32 sums in fp32, as NCCL and MPI do). */
+static void vp_reduce(void *res, void *const *in, int size, int64_t n, kdloss_dtype dt,
+                      kdloss_comm_op op) {
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == KDLOSS_F64) {
+            double a = ((const double *)in[0])[i];
+            for (int q = 1; q < size; q++) {
+                double x = ((const double *)in[q])[i];
+                a = op == KDLOSS_COMM_MAX ? (x > a ? x : a) : a + x;
+            }
+            ((double *)res)[i] = a;
+        } else {
+            float a = ((const float *)in[0])[i];
+            for (int q = 1; q < size; q++) {
+                float x = ((const float *)in[q])[i];
+                a = op == KDLOSS_COMM_MAX ? (x > a ? x : a) : a + x;
+            }
+            ((float *)res)[i] = a;
+        }
+    }
+}
+
+/* kdloss_comm.allreduce of a device buffer: to the host on the rank's stream, reduced with the
+ * other ranks, back. A call that another rank does not make the same way fails (returns 1). */
+static int vp_allreduce(void *ctx, void *buf, int64_t n, kdloss_dtype dt, kdloss_comm_op op) {
+    vp_rank *me = (vp_rank *)ctx;
+    vp_world *w = me->w;
+    const int r = me->comm.rank;
+    const size_t bytes = (size_t)(n > 0 ? n : 0) * (dt == KDLOSS_F64 ? 8u : 4u);
+    void *mine = xmalloc(bytes), *res = xmalloc(bytes);
+    int ok = n >= 0 && (dt == KDLOSS_F64 || dt == KDLOSS_F32) &&
+             cudaMemcpyAsync(mine, buf, bytes, cudaMemcpyDeviceToHost, me->st) == cudaSuccess &&
+             cudaStreamSynchronize(me->st) == cudaSuccess;
+    w->in[r] = mine;
+    w->call[r] = (vp_call_rec){ok ? n : -1, (int)dt, (int)op};
+    pthread_barrier_wait(&w->bar);
+    for (int q = 0; q < w->size; q++)
+        ok &= w->call[q].n == n && w->call[q].dt == (int)dt && w->call[q].op == (int)op;
+    if (ok) vp_reduce(res, w->in, w->size, n, dt, op);
+    if (r == 0 && w->ncalls < VP_MAX_CALLS) w->log[w->ncalls] = w->call[0];
+    if (r == 0) w->ncalls++;
+    pthread_barrier_wait(&w->bar); /* every rank has read every input */
+    ok = ok && cudaMemcpyAsync(buf, res, bytes, cudaMemcpyHostToDevice, me->st) == cudaSuccess &&
+         cudaStreamSynchronize(me->st) == cudaSuccess;
+    free(mine);
+    free(res);
+    return !ok;
+}
+
+typedef struct vp_case {
+    const char *tag;
+    int topk;                /* 0: dense teacher, 1: sparse top-k teacher */
+    int64_t bt, hs, ht, v, k;
+    kdloss_dtype dt;         /* every float operand's */
+    int bias;
+    int labels;              /* top-k: 0 runs without labels */
+    kdloss_fused_linear_distill_params dp;
+    kdloss_fused_linear_topk_distill_params tp;
+} vp_case;
+
+/* The operands of a case on the device (whole heads) and their host values. */
+typedef struct vp_data {
+    void *xs, *ws, *bs, *xt, *wt, *bt, *lab, *ids, *lp;
+} vp_data;
+
+/* One call's outputs on the device: loss / soft / hard, the three row outputs, the gradients
+ * (dws / dbs of `rows` vocabulary rows), and their host copies after the call. */
+typedef struct vp_out {
+    float *d_sc, *d_rows;
+    void *d_dxs, *d_dws, *d_dbs;
+    float sc[3], *rows;
+    void *dxs, *dws, *dbs;
+} vp_out;
+
+static int vp_hard(const vp_case *c) {
+    return c->topk ? c->tp.weight_hard_loss > 0.0 : 1;
+}
+
+static void vp_out_alloc(vp_out *o, const vp_case *c, int64_t rows) {
+    const size_t es = kdloss_dtype_size(c->dt);
+    o->d_sc = dalloc(3 * sizeof(float));
+    o->d_rows = dalloc((size_t)(3 * c->bt) * sizeof(float));
+    o->d_dxs = dalloc((size_t)(c->bt * c->hs) * es);
+    o->d_dws = dalloc((size_t)(rows * c->hs) * es);
+    o->d_dbs = c->bias ? dalloc((size_t)rows * es) : NULL;
+    dpoison(o->d_sc, 3 * sizeof(float));
+    dpoison(o->d_rows, (size_t)(3 * c->bt) * sizeof(float));
+    dpoison(o->d_dxs, (size_t)(c->bt * c->hs) * es);
+    dpoison(o->d_dws, (size_t)(rows * c->hs) * es);
+    if (o->d_dbs) dpoison(o->d_dbs, (size_t)rows * es);
+    o->rows = xmalloc((size_t)(3 * c->bt) * sizeof(float));
+    o->dxs = xmalloc((size_t)(c->bt * c->hs) * es);
+    o->dws = xmalloc((size_t)(rows * c->hs) * es);
+    o->dbs = xmalloc((size_t)rows * es);
+}
+
+static kdloss_fused_linear_distill_out vp_view(const vp_out *o, const vp_case *c) {
+    const int hard = vp_hard(c);
+    kdloss_fused_linear_distill_out d;
+    memset(&d, 0, sizeof d);
+    d.loss = o->d_sc;
+    d.soft_loss = o->d_sc + 1;
+    d.hard_loss = hard ? o->d_sc + 2 : NULL;
+    d.dxs = (kdloss_mat){o->d_dxs, c->dt, 0};
+    d.dws = (kdloss_mat){o->d_dws, c->dt, 0};
+    d.dbs = o->d_dbs;
+    d.row_soft = o->d_rows;
+    d.row_hard = hard ? o->d_rows + c->bt : NULL;
+    d.row_lse = hard ? o->d_rows + 2 * c->bt : NULL;
+    return d;
+}
+
+static void vp_out_fetch(vp_out *o, const vp_case *c, int64_t rows) {
+    const size_t es = kdloss_dtype_size(c->dt);
+    d2h(o->sc, o->d_sc, 3 * sizeof(float));
+    d2h(o->rows, o->d_rows, (size_t)(3 * c->bt) * sizeof(float));
+    d2h(o->dxs, o->d_dxs, (size_t)(c->bt * c->hs) * es);
+    d2h(o->dws, o->d_dws, (size_t)(rows * c->hs) * es);
+    if (o->d_dbs) d2h(o->dbs, o->d_dbs, (size_t)rows * es);
+}
+
+static void vp_out_free(vp_out *o) {
+    CK(cudaFree(o->d_sc));
+    CK(cudaFree(o->d_rows));
+    CK(cudaFree(o->d_dxs));
+    CK(cudaFree(o->d_dws));
+    if (o->d_dbs) CK(cudaFree(o->d_dbs));
+    free(o->rows), free(o->dxs), free(o->dws), free(o->dbs);
+}
+
+/* Rank r's block of v rows: uneven, every block non-empty (r+1 shares of 1+2+..+size). */
+static void vp_block(int64_t v, int rank, int size, int64_t *lo, int64_t *n) {
+    int64_t tot = (int64_t)size * (size + 1) / 2, acc = 0;
+    for (int q = 0; q < rank; q++) acc += q + 1;
+    *lo = v * acc / tot;
+    *n = v * (acc + rank + 1) / tot - *lo;
+}
+
+static void *vp_upload(const void *h, size_t bytes) {
+    void *d = dalloc(bytes);
+    h2d(d, h, bytes);
+    return d;
+}
+
+/* Operands as tests/mpi/test_vp.c draws them (logits of spread ~3, as this file's fused cases):
+ * labels with every fifth row ignored; top-k ids distinct per row over the whole vocabulary (so
+ * every rank holds some), two unused slots when 3 < K < V, log-probs decreasing from -1. */
+static void vp_data_make(kt_rng *g, const vp_case *c, vp_data *d) {
+    const int64_t bt = c->bt, hs = c->hs, ht = c->ht > 0 ? c->ht : 1, v = c->v, k = c->k;
+    const size_t es = kdloss_dtype_size(c->dt);
+    double *x = xmalloc((size_t)((bt + v) * (hs > ht ? hs : ht) + 2 * v) * sizeof(double));
+    void *p;
+#define VP_PUT(field, rows, cols, sd)                                                          \
+    fill_normal(g, x, (rows) * (cols), (sd));                                                  \
+    p = kt_pack(x, (rows), (cols), (cols), c->dt);                                             \
+    d->field = vp_upload(p, (size_t)((rows) * (cols)) * es);                                   \
+    free(p);
+    VP_PUT(xs, bt, hs, 1.0)
+    VP_PUT(ws, v, hs, 3.0 / sqrt((double)hs))
+    VP_PUT(bs, 1, v, 0.5)
+    VP_PUT(xt, bt, ht, 1.0)
+    VP_PUT(wt, v, ht, 3.0 / sqrt((double)ht))
+    VP_PUT(bt, 1, v, 0.5)
+#undef VP_PUT
+    free(x);
+    int64_t *lab = xmalloc((size_t)bt * sizeof(int64_t));
+    for (int64_t r = 0; r < bt; r++) lab[r] = r % 5 == 3 ? -100 : kt_randint(g, v);
+    d->lab = vp_upload(lab, (size_t)bt * sizeof(int64_t));
+    free(lab);
+    int32_t *ids = xmalloc((size_t)(bt * (k > 0 ? k : 1)) * 4);
+    float *lp = xmalloc((size_t)(bt * (k > 0 ? k : 1)) * 4);
+    memset(ids, 0xFF, (size_t)(bt * (k > 0 ? k : 1)) * 4); /* -1: a dense case never reads them */
+    memset(lp, 0, (size_t)(bt * (k > 0 ? k : 1)) * 4);
+    for (int64_t r = 0; r < bt; r++) {
+        int32_t *row = ids + r * k;
+        for (int64_t j = 0; j < k; j++) {
+            int dup;
+            do { /* rejection: k <= v */
+                row[j] = (int32_t)kt_randint(g, v);
+                dup = 0;
+                for (int64_t i = 0; i < j; i++) dup |= row[i] == row[j];
+            } while (dup);
+            lp[r * k + j] = (float)(-1.0 - 0.3 * (double)j - 0.1 * kt_uniform(g));
+        }
+        if (k > 3 && k < v) row[1] = row[k - 1] = -1;
+    }
+    d->ids = vp_upload(ids, (size_t)(bt * (k > 0 ? k : 1)) * 4);
+    d->lp = vp_upload(lp, (size_t)(bt * (k > 0 ? k : 1)) * 4);
+    free(ids);
+    free(lp);
+}
+
+static void vp_data_free(vp_data *d) {
+    void *all[] = {d->xs, d->ws, d->bs, d->xt, d->wt, d->bt, d->lab, d->ids, d->lp};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) CK(cudaFree(all[i]));
+}
+
+static kdloss_topk_teacher vp_teacher(const vp_case *c, const vp_data *d) {
+    kdloss_topk_teacher t = {c->k, {d->ids, KDLOSS_I32, 0}, {d->lp, KDLOSS_F32, 0}};
+    return t;
+}
+
+/* The whole-vocabulary call (single process) on g_st. */
+static kdloss_status vp_whole(const vp_case *c, const vp_data *d, vp_out *o) {
+    const kdloss_fused_linear_distill_out out = vp_view(o, c);
+    kdloss_cmat xs = {d->xs, c->dt, 0}, ws = {d->ws, c->dt, 0};
+    kdloss_labels lab = {d->lab, KDLOSS_I64};
+    size_t wsb = 0;
+    kdloss_status s =
+        c->topk ? kdloss_cuda_fused_linear_topk_distill_workspace_size(&c->tp, c->bt, c->hs, c->v,
+                                                                       c->k, c->dt, 1, &wsb)
+                : kdloss_cuda_fused_linear_distill_workspace_size(&c->dp, c->bt, c->hs, c->ht,
+                                                                  c->v, c->dt, 1, &wsb);
+    if (s != KDLOSS_OK) return s;
+    void *wk = dalloc(wsb);
+    kdloss_fused_linear_distill_out o2 = out;
+    if (c->topk) {
+        if (!c->labels) lab.data = NULL;
+        s = kdloss_cuda_fused_linear_topk_distill(g_ctx, g_st, &c->tp, c->bt, c->hs, c->v, xs, ws,
+                                                  c->bias ? d->bs : NULL, vp_teacher(c, d), lab,
+                                                  &o2, wk, wsb);
+    } else {
+        s = kdloss_cuda_fused_linear_distill(g_ctx, g_st, &c->dp, c->bt, c->hs, c->ht, c->v, xs,
+                                             ws, c->bias ? d->bs : NULL,
+                                             (kdloss_cmat){d->xt, c->dt, 0},
+                                             (kdloss_cmat){d->wt, c->dt, 0},
+                                             c->bias ? d->bt : NULL, lab, &o2, wk, wsb);
+    }
+    CK(cudaStreamSynchronize(g_st));
+    CK(cudaFree(wk));
+    return s;
+}
+
+/* One rank of a vocabulary-parallel call. */
+typedef struct vp_job {
+    const vp_case *c;
+    const vp_data *d;
+    kdloss_fused_linear_distill_params dp;       /* the case's, or a bad one */
+    kdloss_fused_linear_topk_distill_params tp;
+    kdloss_vocab_shard shard;
+    int64_t lo, n;                               /* its block: shard.v_begin may differ */
+    const kdloss_comm *comm;
+    cudaStream_t st;                             /* NULL: its own, made and destroyed here */
+    kdloss_cuda_context *ctx;                    /* NULL: its own */
+    vp_rank *rank;                               /* the test's communicator, or NULL */
+    int ws_short;                                /* pass one byte less than the size query's */
+    vp_out o;
+    kdloss_status status;
+    int32_t word;                                /* the workspace's status word */
+} vp_job;
+
+static kdloss_status vp_job_call(vp_job *j, void *wk, size_t wsb) {
+    const vp_case *c = j->c;
+    const vp_data *d = j->d;
+    const size_t es = kdloss_dtype_size(c->dt);
+    kdloss_fused_linear_distill_out out = vp_view(&j->o, c);
+    kdloss_cmat xs = {d->xs, c->dt, 0}, ws = {(char *)d->ws + (size_t)(j->lo * c->hs) * es, c->dt, 0};
+    const void *bs = c->bias ? (const char *)d->bs + (size_t)j->lo * es : NULL;
+    kdloss_labels lab = {c->topk && !c->labels ? NULL : d->lab, KDLOSS_I64};
+    if (c->topk)
+        return kdloss_cuda_fused_linear_topk_distill_vp(j->ctx, j->st, &j->tp, &j->shard, c->bt,
+                                                        c->hs, j->n, xs, ws, bs, vp_teacher(c, d),
+                                                        lab, &out, wk, wsb);
+    kdloss_cmat xt = {d->xt, c->dt, 0};
+    kdloss_cmat wt = {(char *)d->wt + (size_t)(j->lo * c->ht) * es, c->dt, 0};
+    const void *btb = c->bias ? (const char *)d->bt + (size_t)j->lo * es : NULL;
+    return kdloss_cuda_fused_linear_distill_vp(j->ctx, j->st, &j->dp, &j->shard, c->bt, c->hs,
+                                               c->ht, j->n, xs, ws, bs, xt, wt, btb, lab, &out,
+                                               wk, wsb);
+}
+
+/* A rank's thread: its stream and context (unless given), workspace, the call, the wait. */
+static void *vp_job_run(void *arg) {
+    vp_job *j = (vp_job *)arg;
+    const vp_case *c = j->c;
+    int own_st = !j->st, own_ctx = !j->ctx;
+    if (own_st) CK(cudaStreamCreateWithFlags(&j->st, cudaStreamNonBlocking));
+    if (own_ctx && kdloss_cuda_context_create(0, &j->ctx) != KDLOSS_OK) {
+        j->status = KDLOSS_ERR_INTERNAL;
+        return NULL;
+    }
+    if (j->rank) j->rank->st = j->st;
+    size_t wsb = 0;
+    kdloss_status s =
+        c->topk ? kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(&c->tp, c->bt, c->hs,
+                                                                          j->n, c->k, c->dt, 1, &wsb)
+                : kdloss_cuda_fused_linear_distill_vp_workspace_size(&c->dp, c->bt, c->hs, c->ht,
+                                                                     j->n, c->dt, 1, &wsb);
+    void *wk = dalloc(s == KDLOSS_OK ? wsb : 256);
+    j->status = vp_job_call(j, wk, wsb - (j->ws_short ? 1 : 0));
+    CK(cudaStreamSynchronize(j->st));
+    j->word = j->status == KDLOSS_OK ? read_status(wk) : 0;
+    CK(cudaFree(wk));
+    if (own_ctx) kdloss_cuda_context_destroy(j->ctx);
+    if (own_st) CK(cudaStreamDestroy(j->st));
+    return NULL;
+}
+
+/* Every rank of `size` on its own thread, with the test's communicator. */
+static void vp_run_ranks(vp_job *jobs, int size, vp_world *w, vp_rank *ranks) {
+    pthread_t th[VP_MAX_RANKS];
+    memset(w, 0, sizeof *w);
+    w->size = size;
+    pthread_barrier_init(&w->bar, NULL, (unsigned)size);
+    for (int r = 0; r < size; r++) {
+        ranks[r].comm = (kdloss_comm){r, size, vp_allreduce, &ranks[r]};
+        ranks[r].w = w;
+        jobs[r].comm = &ranks[r].comm;
+        jobs[r].shard.comm = jobs[r].comm;
+        jobs[r].rank = &ranks[r];
+        if (pthread_create(&th[r], NULL, vp_job_run, &jobs[r]) != 0) {
+            printf("vp: pthread_create failed\n");
+            exit(1);
+        }
+    }
+    for (int r = 0; r < size; r++) pthread_join(th[r], NULL);
+    pthread_barrier_destroy(&w->bar);
+}
+
+/* max |a - b| <= tol max |b| + tol |b| element by element (dtype dt, n elements). */
+static void vp_close(const char *tag, const char *what, const void *a, const void *b, int64_t n,
+                     kdloss_dtype dt) {
+    double mx = 0.0;
+    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(kt_get(b, dt, 0, 0, i)));
+    const double tol = dt == KDLOSS_BF16 ? 2 * kt_eps(dt) : 1e-5; /* bf16: one rounding apart */
+    for (int64_t i = 0; i < n; i++)
+        if (!kt_close(kt_get(a, dt, 0, 0, i), kt_get(b, dt, 0, 0, i), tol * mx, tol, "%s %s [%lld]",
+                      tag, what, (long long)i))
+            return;
+}
+
+/* A rank's results against the whole call's (its block lo, n of dws / dbs). */
+static void vp_compare(const char *tag, const vp_case *c, const vp_out *q, const vp_out *w,
+                       int64_t lo, int64_t n) {
+    const size_t es = kdloss_dtype_size(c->dt);
+    const int hard = vp_hard(c);
+    kt_close(q->sc[0], w->sc[0], 1e-30, 1e-6, "%s loss", tag);
+    kt_close(q->sc[1], w->sc[1], 1e-30, 1e-6, "%s soft", tag);
+    if (hard) kt_close(q->sc[2], w->sc[2], 1e-30, 1e-6, "%s hard", tag);
+    for (int64_t r = 0; r < c->bt; r++) {
+        kt_close(q->rows[r], w->rows[r], 1e-6, 1e-6, "%s row_soft[%lld]", tag, (long long)r);
+        if (!hard) continue;
+        kt_close(q->rows[c->bt + r], w->rows[c->bt + r], 1e-6, 1e-6, "%s row_hard", tag);
+        kt_close(q->rows[2 * c->bt + r], w->rows[2 * c->bt + r], 1e-6, 1e-6, "%s row_lse", tag);
+    }
+    vp_close(tag, "dxs", q->dxs, w->dxs, c->bt * c->hs, c->dt);
+    vp_close(tag, "dws", q->dws, (const char *)w->dws + (size_t)(lo * c->hs) * es, n * c->hs, c->dt);
+    if (c->bias) vp_close(tag, "dbs", q->dbs, (const char *)w->dbs + (size_t)lo * es, n, c->dt);
+}
+
+/* Rank 0's all-reduces: the agreement, then per chunk (the case's chunk_size, which every rank
+ * shares) MAX 2 rows, SUM (4 or 4 + K) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
+static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world *w) {
+    vp_call_rec want[VP_MAX_CALLS];
+    int n = 0;
+    want[n++] = (vp_call_rec){2 * (int64_t)w->size + 8, KDLOSS_F64, KDLOSS_COMM_MAX};
+    const int64_t chunk = c->topk ? c->tp.chunk_size : c->dp.chunk_size;
+    for (int64_t r0 = 0; chunk > 0 && r0 < c->bt && n + 4 <= VP_MAX_CALLS; r0 += chunk) {
+        const int64_t m = c->bt - r0 < chunk ? c->bt - r0 : chunk;
+        want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_MAX};
+        want[n++] = (vp_call_rec){(4 + (c->topk ? c->k : 0)) * m, KDLOSS_F64, KDLOSS_COMM_SUM};
+        if (!c->topk) want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_SUM};
+        want[n++] = (vp_call_rec){m * c->hs, KDLOSS_F32, KDLOSS_COMM_SUM};
+    }
+    if (chunk <= 0) { /* automatic chunk: the agreement at least */
+        KT_CHECK(w->ncalls >= 1 && !memcmp(&w->log[0], &want[0], sizeof want[0]),
+                 "%s: the agreement first", tag);
+        return;
+    }
+    int same = w->ncalls == n;
+    for (int i = 0; same && i < n; i++)
+        same = w->log[i].n == want[i].n && w->log[i].dt == want[i].dt && w->log[i].op == want[i].op;
+    KT_CHECK(same, "%s: %d all-reduces, the protocol has %d (or they differ)", tag, w->ncalls, n);
+}
+
+/* The ranks of a case: each its uneven block and shard (its communicator comes with the run),
+ * the case's params, fresh poisoned outputs. */
+static void vp_jobs_init(vp_job *jobs, int size, const vp_case *c, const vp_data *d) {
+    memset(jobs, 0, (size_t)size * sizeof *jobs);
+    for (int r = 0; r < size; r++) {
+        vp_job *j = &jobs[r];
+        j->c = c, j->d = d, j->dp = c->dp, j->tp = c->tp;
+        vp_block(c->v, r, size, &j->lo, &j->n);
+        j->shard = (kdloss_vocab_shard){NULL, c->v, j->lo};
+        vp_out_alloc(&j->o, c, j->n);
+    }
+}
+
+/* One case with `size` ranks: the whole call, the ranks, the comparisons. */
+static void test_vp_case(kt_rng *rng, const vp_case *c, int size) {
+    char tag[160];
+    snprintf(tag, sizeof tag, "vp %s ranks=%d", c->tag, size);
+    vp_data d;
+    vp_data_make(rng, c, &d);
+    vp_out whole;
+    vp_out_alloc(&whole, c, c->v);
+    kdloss_status s = vp_whole(c, &d, &whole);
+    KT_CHECK(s == KDLOSS_OK, "%s: whole call %s", tag, kdloss_status_string(s));
+    vp_out_fetch(&whole, c, c->v);
+    vp_job jobs[VP_MAX_RANKS];
+    vp_rank ranks[VP_MAX_RANKS];
+    vp_world w;
+    vp_jobs_init(jobs, size, c, &d);
+    vp_run_ranks(jobs, size, &w, ranks);
+    for (int r = 0; r < size; r++) {
+        vp_job *j = &jobs[r];
+        char rt[190];
+        snprintf(rt, sizeof rt, "%s rank %d", tag, r);
+        KT_CHECK(j->status == KDLOSS_OK && j->word == KDLOSS_OK, "%s: %s, status word %d", rt,
+                 kdloss_status_string(j->status), (int)j->word);
+        if (j->status == KDLOSS_OK && s == KDLOSS_OK) {
+            vp_out_fetch(&j->o, c, j->n);
+            vp_compare(rt, c, &j->o, &whole, j->lo, j->n);
+        }
+        vp_out_free(&j->o);
+    }
+    vp_check_protocol(tag, c, &w);
+    vp_out_free(&whole);
+    vp_data_free(&d);
+}
+
+/* 1 if the device bytes are still the 0xFF poison. */
+static int vp_untouched(const void *d, size_t n) {
+    unsigned char *h = xmalloc(n);
+    d2h(h, d, n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= h[i] == 0xFF;
+    free(h);
+    return ok;
+}
+
+/* The agreement: a bad temperature on the last rank gives it INVALID_PARAM and the others PEER;
+ * blocks that leave a gap give every rank SHAPE_MISMATCH; a workspace one byte short on the last
+ * rank gives it WORKSPACE_TOO_SMALL and the others PEER (not under the emulation: the CPU
+ * functions have no such fault); nothing written anywhere. */
+static void test_vp_agreement(kt_rng *rng, int size) {
+    vp_case c;
+    memset(&c, 0, sizeof c);
+    c.tag = "agreement";
+    c.bt = 8, c.hs = 16, c.ht = 16, c.v = 97, c.dt = KDLOSS_F32, c.bias = 1;
+    kdloss_fused_linear_distill_params_default(&c.dp);
+    vp_data d;
+    vp_data_make(rng, &c, &d);
+    static const char *kinds[3] = {"bad temperature", "gap", "short workspace"};
+    for (int kind = 0; kind < (&kdloss_test_emu ? 2 : 3); kind++) {
+        vp_job jobs[VP_MAX_RANKS];
+        vp_rank ranks[VP_MAX_RANKS];
+        vp_world w;
+        vp_jobs_init(jobs, size, &c, &d);
+        for (int r = 0; r < size; r++) {
+            vp_job *j = &jobs[r];
+            if (kind == 0 && r == size - 1) j->dp.temperature = -1.0;
+            if (kind == 1 && r > 0) j->shard.v_begin++, j->n--; /* a gap before each block */
+            j->ws_short = kind == 2 && r == size - 1;
+        }
+        vp_run_ranks(jobs, size, &w, ranks);
+        for (int r = 0; r < size; r++) {
+            vp_job *j = &jobs[r];
+            const kdloss_status own = kind == 0 ? KDLOSS_ERR_INVALID_PARAM
+                                                : KDLOSS_ERR_WORKSPACE_TOO_SMALL;
+            kdloss_status want = kind == 1 ? (size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK)
+                                 : r == size - 1 ? own
+                                                 : KDLOSS_ERR_PEER;
+            KT_CHECK(j->status == want, "vp agreement %s ranks=%d rank %d: got %d want %d",
+                     kinds[kind], size, r, (int)j->status, (int)want);
+            if (want != KDLOSS_OK)
+                KT_CHECK(vp_untouched(j->o.d_sc, 3 * sizeof(float)) &&
+                             vp_untouched(j->o.d_rows, (size_t)(3 * c.bt) * sizeof(float)) &&
+                             vp_untouched(j->o.d_dxs, (size_t)(c.bt * c.hs) * 4) &&
+                             vp_untouched(j->o.d_dws, (size_t)(j->n * c.hs) * 4),
+                         "vp agreement ranks=%d rank %d: nothing written", size, r);
+            vp_out_free(&j->o);
+        }
+        KT_CHECK(w.ncalls == 1, "vp agreement ranks=%d: one collective, got %d", size, w.ncalls);
+    }
+    vp_data_free(&d);
+}
+
+static void test_vp(kt_rng *rng) {
+    vp_case c[6];
+    memset(c, 0, sizeof c);
+    c[0].tag = "dense jsd bias chunk 8";
+    c[0].bt = 37, c[0].hs = 24, c[0].ht = 20, c[0].v = 301, c[0].dt = KDLOSS_F32, c[0].bias = 1;
+    kdloss_fused_linear_distill_params_default(&c[0].dp); /* JSD 0.5, w 0.5 / 0.5 */
+    c[0].dp.chunk_size = 8; /* five chunks, the last short */
+    c[1] = c[0];
+    c[1].tag = "dense fwd T2 t2 bf16 auto chunk";
+    c[1].bt = 21, c[1].hs = 32, c[1].ht = 16, c[1].v = 250, c[1].dt = KDLOSS_BF16, c[1].bias = 0;
+    c[1].dp.div.divergence = KDLOSS_DIV_FORWARD_KL;
+    c[1].dp.temperature = 2.0;
+    c[1].dp.t2_scale = 1;
+    c[1].dp.chunk_size = 0;
+    for (int tail = 0; tail < 3; tail++) {
+        vp_case *t = &c[2 + tail];
+        t->topk = 1;
+        t->bt = 29, t->hs = 24, t->v = 307, t->k = 9, t->dt = KDLOSS_F32, t->bias = 1;
+        kdloss_fused_linear_topk_distill_params_default(&t->tp);
+        t->tp.tail = (kdloss_topk_tail)tail;
+        t->tp.div.divergence = tail == 2 ? KDLOSS_DIV_FORWARD_KL : KDLOSS_DIV_JSD;
+        t->tp.chunk_size = 7;
+        /* bucket with CE and T 1.5; renorm_both soft only, no labels; renorm_teacher with CE */
+        t->labels = tail != 1;
+        t->tp.weight_hard_loss = tail != 1 ? 0.5 : 0.0;
+        t->tp.temperature = tail == 0 ? 1.5 : 1.0;
+    }
+    c[2].tag = "topk bucket CE T1.5 chunk 7";
+    c[3].tag = "topk renorm_both no labels chunk 7";
+    c[4].tag = "topk renorm_teacher CE chunk 7";
+    c[5] = c[2];
+    c[5].tag = "topk bucket K=V tvd";
+    c[5].bt = 16, c[5].hs = 32, c[5].v = 64, c[5].k = 64, c[5].tp.chunk_size = 0;
+    c[5].tp.div.divergence = KDLOSS_DIV_TVD;
+    const int fails = kt_failures;
+    for (int size = 2; size <= VP_MAX_RANKS; size++) {
+        for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) test_vp_case(rng, &c[i], size);
+        test_vp_agreement(rng, size);
+    }
+    printf("vp: %d cases x 2..%d ranks as threads, and the agreement: %d failures\n",
+           (int)(sizeof c / sizeof c[0]), VP_MAX_RANKS, kt_failures - fails);
+}
+
+#ifdef KDLOSS_TEST_NCCL
+/* The NCCL adapter (include/kdloss_nccl.h) with one rank on one device: ncclAllReduce on g_st,
+ * the vocabulary-parallel call on the whole heads against the single-process one. */
+static void test_vp_nccl(kt_rng *rng) {
+    ncclComm_t nc;
+    int dev = 0;
+    ncclResult_t nr = ncclCommInitAll(&nc, 1, &dev);
+    if (!KT_CHECK(nr == ncclSuccess, "vp nccl: ncclCommInitAll: %s", ncclGetErrorString(nr)))
+        return;
+    kdloss_nccl_comm nccl;
+    kdloss_status s = kdloss_comm_from_nccl(nc, g_st, &nccl);
+    KT_CHECK(s == KDLOSS_OK && nccl.comm.rank == 0 && nccl.comm.size == 1, "vp nccl: comm");
+    vp_case c;
+    memset(&c, 0, sizeof c);
+    c.tag = "nccl one rank dense jsd chunk 8";
+    c.bt = 37, c.hs = 24, c.ht = 20, c.v = 301, c.dt = KDLOSS_F32, c.bias = 1;
+    kdloss_fused_linear_distill_params_default(&c.dp);
+    c.dp.chunk_size = 8;
+    vp_data d;
+    vp_data_make(rng, &c, &d);
+    vp_out whole;
+    vp_out_alloc(&whole, &c, c.v);
+    KT_CHECK(vp_whole(&c, &d, &whole) == KDLOSS_OK, "vp nccl: whole call");
+    vp_out_fetch(&whole, &c, c.v);
+    vp_job j;
+    memset(&j, 0, sizeof j);
+    j.c = &c, j.d = &d, j.dp = c.dp, j.lo = 0, j.n = c.v, j.st = g_st, j.ctx = g_ctx;
+    j.shard = (kdloss_vocab_shard){&nccl.comm, c.v, 0};
+    vp_out_alloc(&j.o, &c, c.v);
+    vp_job_run(&j);
+    KT_CHECK(j.status == KDLOSS_OK && j.word == KDLOSS_OK, "vp nccl: %s",
+             kdloss_status_string(j.status));
+    if (j.status == KDLOSS_OK) {
+        vp_out_fetch(&j.o, &c, c.v);
+        vp_compare("vp nccl", &c, &j.o, &whole, 0, c.v);
+    }
+    vp_out_free(&j.o);
+    vp_out_free(&whole);
+    vp_data_free(&d);
+    ncclCommDestroy(nc);
+    printf("vp: the NCCL adapter with one rank ran\n");
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
 /* Argument checks: same codes as the CPU, nothing written                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -2371,6 +2985,78 @@ static void test_errors_topk(void) {
     c = f; c.ws_bytes -= 256; tk_err_expect("fltopk workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
 }
 
+/* A callback the at-once faults must never reach. */
+static int vp_never(void *ctx, void *buf, int64_t n, kdloss_dtype dt, kdloss_comm_op op) {
+    ++*(int *)ctx;
+    return 1;
+}
+
+/* The vocabulary-parallel entries' faults that return at once, before any collective and any
+ * CUDA call (every other fault meets the other ranks in the agreement: test_vp_agreement): no
+ * shard, communicator or callback, a rank outside [0, size), no context, more ranks than the
+ * context's agreement buffer serves; and the size queries. Nothing written, no collective. */
+static void test_errors_vp(void) {
+    kdloss_fused_linear_distill_params p;
+    kdloss_fused_linear_distill_params_default(&p);
+    kdloss_fused_linear_topk_distill_params tp;
+    kdloss_fused_linear_topk_distill_params_default(&tp);
+    int calls = 0;
+    kdloss_comm comm = {0, 2, vp_never, &calls};
+    kdloss_vocab_shard sh = {&comm, 16, 0};
+    kdloss_fused_linear_distill_out o;
+    memset(&o, 0, sizeof o);
+    o.loss = (float *)(g_ar + AR_LOSS);
+    o.dxs = (kdloss_mat){g_ar + AR_G, KDLOSS_F32, 0};
+    const kdloss_cmat x = {g_ar + AR_IN, KDLOSS_F32, 0}, w = {g_ar + AR_W1, KDLOSS_F32, 0};
+    const kdloss_labels lab = {g_ar + AR_LAB, KDLOSS_I64};
+    const kdloss_topk_teacher t = {4, {g_ar + AR_T, KDLOSS_I64, 0}, {g_ar + AR_E, KDLOSS_F32, 0}};
+    void *wk = g_ar + AR_WS;
+    const size_t wsb = AR_BYTES - AR_WS;
+    struct { const char *what; int rank, size, null_cb, null_shard, null_ctx; kdloss_status want; } e[] = {
+        {"no shard", 0, 2, 0, 1, 0, KDLOSS_ERR_NULL_POINTER},
+        {"no callback", 0, 2, 1, 0, 0, KDLOSS_ERR_NULL_POINTER},
+        {"rank -1", -1, 2, 0, 0, 0, KDLOSS_ERR_INVALID_PARAM},
+        {"rank = size", 2, 2, 0, 0, 0, KDLOSS_ERR_INVALID_PARAM},
+        {"size 0", 0, 0, 0, 0, 0, KDLOSS_ERR_INVALID_PARAM},
+        {"no context", 0, 2, 0, 0, 1, KDLOSS_ERR_NULL_POINTER},
+        {"5000 ranks", 0, 5000, 0, 0, 0, KDLOSS_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof e / sizeof e[0]; i++) {
+        comm.rank = e[i].rank, comm.size = e[i].size;
+        comm.allreduce = e[i].null_cb ? NULL : vp_never;
+        const kdloss_vocab_shard *shp = e[i].null_shard ? NULL : &sh;
+        kdloss_cuda_context *ctx = e[i].null_ctx ? NULL : g_actx;
+        if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
+        kdloss_status sd = kdloss_cuda_fused_linear_distill_vp(
+            ctx, g_st, &p, shp, 4, 8, 8, 8, x, w, NULL, x, w, NULL, lab, &o, wk, wsb);
+        kdloss_status sk = kdloss_cuda_fused_linear_topk_distill_vp(
+            ctx, g_st, &tp, shp, 4, 8, 8, x, w, NULL, t, lab, &o, wk, wsb);
+        KT_CHECK(sd == e[i].want && sk == e[i].want, "vp %s: got %d / %d want %d", e[i].what,
+                 (int)sd, (int)sk, (int)e[i].want);
+        KT_CHECK(arena_untouched(), "vp %s: an output was written", e[i].what);
+    }
+    KT_CHECK(calls == 0, "vp at-once faults: %d collectives", calls);
+    size_t b = 0;
+    KT_CHECK(kdloss_cuda_fused_linear_distill_vp_workspace_size(&p, 4, 8, 8, 8, KDLOSS_F32, 1, &b) ==
+                 KDLOSS_OK && b > 0, "vp dense ws size");
+    KT_CHECK(kdloss_cuda_fused_linear_distill_vp_workspace_size(NULL, 4, 8, 8, 8, KDLOSS_F32, 1,
+                                                                &b) == KDLOSS_ERR_NULL_POINTER &&
+                 kdloss_cuda_fused_linear_distill_vp_workspace_size(&p, 4, 8, 8, 8, KDLOSS_F16, 1,
+                                                                    &b) == KDLOSS_ERR_INVALID_DTYPE &&
+                 kdloss_cuda_fused_linear_distill_vp_workspace_size(&p, 4, 0, 8, 8, KDLOSS_F32, 1,
+                                                                    &b) == KDLOSS_ERR_INVALID_SIZE,
+             "vp dense ws size errors");
+    KT_CHECK(kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(&tp, 4, 8, 8, 4, KDLOSS_BF16, 1,
+                                                                     &b) == KDLOSS_OK && b > 0,
+             "vp topk ws size");
+    KT_CHECK(kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(&tp, 4, 8, 8, 0, KDLOSS_F32, 1,
+                                                                     &b) == KDLOSS_ERR_INVALID_SIZE &&
+                 kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(&tp, 4, 8, 8, 4, KDLOSS_F32,
+                                                                         1, NULL) ==
+                     KDLOSS_ERR_NULL_POINTER,
+             "vp topk ws size errors");
+}
+
 static void test_errors(void) {
     g_har = xmalloc(AR_BYTES);
     memset(g_har, 0, AR_BYTES);
@@ -2387,6 +3073,7 @@ static void test_errors(void) {
     test_errors_fl();
     test_errors_distill();
     test_errors_topk();
+    test_errors_vp();
     if (g_gpu) CK(cudaFree(g_ar));
     free(g_har);
 
@@ -2428,6 +3115,10 @@ int main(void) {
         test_topk_logits(&rng);
         test_topk_fused(&rng);
     }
+    test_vp(&rng);
+#ifdef KDLOSS_TEST_NCCL
+    test_vp_nccl(&rng);
+#endif
     CK(cudaStreamDestroy(g_st));
     kdloss_cuda_context_destroy(g_ctx);
     return kt_finish("test_cuda");

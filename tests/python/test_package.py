@@ -61,13 +61,11 @@ def test_register_backend_hook():
     assert calls == [torch.device("meta")]
 
 
-def test_cuda_backend_argument_plumbing(monkeypatch):
-    """Without a GPU: drive CudaBackend with a fake C layer that checks every call against the
-    prototype declared for it (argument count and ctypes conversion), so the CUDA path's calls
-    are at least well-formed until a CUDA machine runs tests/python for real."""
+def _fake_cuda_layer(monkeypatch, calls, seen=None):
+    """A fake C layer (every call checked against the prototype declared for it: argument count
+    and ctypes conversion; its name appended to `calls`, and for a _vp entry its args to `seen`)
+    and a CudaBackend whose stream is NULL and whose workspaces are host tensors."""
     import ctypes
-
-    calls = []
 
     def fake_fn(name):
         restype, argtypes = _lib._PROTOTYPES[name]
@@ -81,7 +79,10 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
                 args[1]._obj.value = 0x1234
             elif name.endswith("_workspace_size"):
                 args[-1]._obj.value = 4096
+            elif seen is not None and name.endswith("_vp"):
+                seen.append(args)
             return 0
+        call.argtypes = argtypes
         return call
 
     monkeypatch.setattr(_lib, "fn", fake_fn)
@@ -89,6 +90,15 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
     monkeypatch.setattr(be, "_stream", staticmethod(lambda index: ctypes.c_void_p(None)))
     monkeypatch.setattr(be, "_workspace", staticmethod(
         lambda n, device: (torch.empty(n, dtype=torch.uint8), n)))
+    return be
+
+
+def test_cuda_backend_argument_plumbing(monkeypatch):
+    """Without a GPU: drive CudaBackend with a fake C layer that checks every call against the
+    prototype declared for it (argument count and ctypes conversion), so the CUDA path's calls
+    are at least well-formed until a CUDA machine runs tests/python for real."""
+    calls = []
+    be = _fake_cuda_layer(monkeypatch, calls)
     dev = torch.device("cuda", 0)
     x = torch.zeros(4, 6)
     m = _lib.CMat(x.data_ptr(), _lib.F32, 6)
@@ -117,3 +127,65 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
                      "kdloss_cuda_topk_distill_logits",
                      "kdloss_cuda_fused_linear_topk_distill_workspace_size",
                      "kdloss_cuda_fused_linear_topk_distill"]
+
+
+def test_cuda_vocab_parallel_plumbing(monkeypatch):
+    """Without a GPU: a vocabulary-parallel call on CUDA tensors goes through VocabParallel to
+    kdloss_cuda_*_vp with the context, the stream, the shard after the params (from the
+    all-gathered row counts) and a workspace of the _vp size query, every argument checked
+    against its prototype by a fake C layer; a rank that failed after the all-gather joins the
+    agreement with a context (meet_peers); the all-reduce callback views a device buffer through
+    __cuda_array_interface__ on the call's device and reduces it in place."""
+    import torch.distributed as dist
+
+    calls, seen = [], []
+    be = _fake_cuda_layer(monkeypatch, calls, seen)
+    monkeypatch.setattr(_backend, "_cuda_backend", lambda device: be)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+
+    def all_gather(out, t, group=None):  # rank 0 holds 5 rows
+        out[0].fill_(5)
+        out[1].copy_(t)
+    monkeypatch.setattr(dist, "all_gather", all_gather)
+    dev = torch.device("cuda", 0)
+    x = torch.zeros(4, 6)
+    m = _lib.CMat(x.data_ptr(), _lib.F32, 6)
+    out = _lib.FldOut(x.data_ptr(), None, None, _lib.Mat(x.data_ptr(), _lib.F32, 6),
+                      _lib.Mat(None, 0, 0), None, None, None, None)
+    teacher = _lib.TopkTeacher(3, _lib.CMat(x.data_ptr(), _lib.I64, 6), m)
+    for c_name in ("kdloss_fused_linear_distill_vp", "kdloss_fused_linear_topk_distill_vp"):
+        vp = _backend.VocabParallel(object(), c_name)
+        monkeypatch.setattr(vp, "_collective_device", lambda: torch.device("cpu"))
+        assert _backend.backend_for(dev, vp) is vp
+        if "topk" in c_name:
+            vp.fused_linear_topk_distill(dev, _lib.FltdParams(), 4, 6, 6, m, m, None, teacher,
+                                         _lib.Labels(None, _lib.I64), out, _lib.F32, True)
+        else:
+            vp.fused_linear_distill(dev, _lib.FldParams(), 4, 6, 6, 6, m, m, None, m, m, None,
+                                    _lib.Labels(x.data_ptr(), _lib.I64), out, _lib.F32, True)
+        vp.called = False
+        vp.meet_peers()  # after the all-gather: the C call's agreement, with a context
+    cuda = "kdloss_cuda_fused_linear_"
+    assert calls == ["kdloss_cuda_context_create", cuda + "distill_vp_workspace_size",
+                     cuda + "distill_vp", cuda + "distill_vp", cuda + "topk_distill_vp_workspace_size",
+                     cuda + "topk_distill_vp", cuda + "topk_distill_vp"], calls
+    assert [getattr(a[0], "value", a[0]) for a in seen] == [0x1234] * 4  # the context first
+    shards = [(a[3]._obj.v_total, a[3]._obj.v_begin, a[3]._obj.comm.contents.rank) for a in seen]
+    assert shards == [(11, 5, 1)] * 4, shards
+
+    # the callback: a device buffer viewed on the call's device, reduced in place
+    seen = []
+    host = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+
+    def as_tensor(obj, device=None):
+        face = obj.__cuda_array_interface__
+        seen.append((face["data"][0], face["typestr"], face["shape"], device))
+        return host
+    monkeypatch.setattr(torch, "as_tensor", as_tensor)
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None, group=None: t.mul_(2))
+    assert vp.comm.allreduce(None, 0xABC0, 3, _lib.F64, _lib.COMM_SUM) == 0
+    assert seen == [(0xABC0, "<f8", (3,), dev)] and host.tolist() == [2.0, 4.0, 6.0]
+    with pytest.raises(NotImplementedError, match="CPU or CUDA tensors"):
+        _backend.VocabParallel(object(), "kdloss_fused_linear_distill_vp").bind(
+            torch.device("meta"))

@@ -14,6 +14,7 @@ parent's deadline turn a hang into a failure.
 
 import datetime
 import gc
+import importlib
 import os
 import time
 import traceback
@@ -44,14 +45,18 @@ BLOCKS = {"even": (20, 20), "uneven": (29, 12)}  # rows per rank of a V = 40 / 4
 
 # ---- the harness: one spawn runs every scenario, each test reads its scenario's outcome ---------
 
-def _entry(rank, store, outdir):
-    """A rank: joins the gloo group, runs the scenarios in order, writes each one's outcome to
+def _entry(rank, store, outdir, module):
+    """A rank: joins the gloo group, runs the scenarios of test module `module` (its SCENARIOS,
+    after its rank_setup(rank) if it has one) in order, writes each one's outcome to
     outdir/NAME.RANK (empty: passed; else the traceback). The first failure ends the process with
     that exception: the ranks are no longer in step, and the parent reports a non-zero exit."""
+    mod = importlib.import_module(module)
+    if hasattr(mod, "rank_setup"):
+        mod.rank_setup(rank)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                             world_size=WORLD, timeout=COLLECTIVE_TIMEOUT)
     try:
-        for name, worker in SCENARIOS.items():
+        for name, worker in mod.SCENARIOS.items():
             outcome = os.path.join(outdir, f"{name}.{rank}")
             try:
                 worker(rank)
@@ -65,17 +70,17 @@ def _entry(rank, store, outdir):
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def outcomes(tmp_path_factory):
-    """Runs the scenarios in WORLD spawned processes (one start-up for all the tests) and returns
-    (outcome folder, what ended the processes early: None, an exception's text or a deadline)."""
-    outdir = tmp_path_factory.mktemp("vocab_parallel")
+def spawn_scenarios(tmp_path_factory, module, deadline_s=DEADLINE_S):
+    """Runs test module `module`'s scenarios in WORLD spawned processes (one start-up for all its
+    tests) and returns (outcome folder, what ended the processes early: None, an exception's text
+    or a deadline)."""
+    outdir = tmp_path_factory.mktemp(module)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")  # 2 processes on 2 cores
         ctx = torch.multiprocessing.start_processes(
-            _entry, args=(str(outdir / "store"), str(outdir)), nprocs=WORLD, join=False,
+            _entry, args=(str(outdir / "store"), str(outdir), module), nprocs=WORLD, join=False,
             start_method="spawn")
-    deadline, ended = time.monotonic() + DEADLINE_S, None
+    deadline, ended = time.monotonic() + deadline_s, None
     try:
         while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
             if time.monotonic() >= deadline:
@@ -88,6 +93,11 @@ def outcomes(tmp_path_factory):
             if p.is_alive():
                 p.kill()
     return outdir, ended
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    return spawn_scenarios(tmp_path_factory, __name__)
 
 
 def check_scenario(outcomes, name):
@@ -252,9 +262,9 @@ def _error_worker(rank):
         dist.all_reduce = real
     good_call()
 
-    # tensors on another device than the CPU: NotImplementedError (the CUDA path does not exist)
+    # tensors on another device than the CPU or CUDA: NotImplementedError
     meta = {k: x.to("meta") for k, x in t.items()}
-    with pytest.raises(NotImplementedError, match="CPU tensors"):
+    with pytest.raises(NotImplementedError, match="CPU or CUDA tensors"):
         FusedLinearJSDLoss(process_group=group)(meta["xs"], meta["ws"], meta["xt"], meta["wt"],
                                                 meta["labels"])
     good_call()

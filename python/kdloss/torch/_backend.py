@@ -11,7 +11,8 @@ Device dispatch: `backend_for(device)` returns the object that makes the C call.
 the kdloss_* functions; CUDA tensors go to kdloss_cuda_* when the loaded library was built with
 CUDA (kdloss_cuda_available() == 1) and otherwise raise a KdlossError saying so. Both backends take
 the same arguments (views, params, output pointers); the CUDA one adds its context, the current
-stream and a caller-owned workspace, as the header asks.
+stream and a caller-owned workspace, as the header asks. A vocabulary-parallel call (process_group)
+goes through VocabParallel on either device.
 """
 
 import contextlib
@@ -288,23 +289,40 @@ class CudaBackend:
                   (p, bt, hs, v, xs, ws, bs, teacher, labels, ctypes.byref(out)))
 
 
-_COMM_TYPES = {_lib.F32: (ctypes.c_float, torch.float32),
-               _lib.F64: (ctypes.c_double, torch.float64)}
+_COMM_TYPES = {_lib.F32: (ctypes.c_float, torch.float32, "<f4"),
+               _lib.F64: (ctypes.c_double, torch.float64, "<f8")}
 
 
-def _allreduce_callback(dist, group, errors):
+class _DeviceBuffer:
+    """n elements at a device pointer, described by __cuda_array_interface__ (version 2: no
+    stream to wait for; the C call and torch use the same stream), for torch.as_tensor to view
+    without a copy."""
+
+    def __init__(self, ptr, n, typestr):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (ptr, False),
+                                         "strides": None, "version": 2}
+
+
+def _allreduce_callback(dist, group, errors, where):
     """kdloss_comm's all-reduce as a ctypes callback: the C buffer seen as a tensor (no copy),
-    reduced in place by dist.all_reduce on `group`. An exception is appended to `errors` and the
-    C call gets non-zero. It refers to no VocabParallel: a cycle through the callback would keep
-    the group alive until a garbage collection, and a gloo group destroyed by the interpreter's
-    teardown can abort the process ("terminate called without an active exception")."""
+    reduced in place by dist.all_reduce on `group`. The buffer is host memory, or device memory
+    on where["device"] for the CUDA entry points (which call it with the work that fills the
+    buffer queued on torch's current stream, the stream dist.all_reduce orders itself after).
+    An exception is appended to `errors` and the C call gets non-zero. It refers to no
+    VocabParallel: a cycle through the callback would keep the group alive until a garbage
+    collection, and a gloo group destroyed by the interpreter's teardown can abort the process
+    ("terminate called without an active exception")."""
     ops = {_lib.COMM_SUM: dist.ReduceOp.SUM, _lib.COMM_MAX: dist.ReduceOp.MAX}
 
     def allreduce(ctx, buf, n, dtype, op):
         try:
             if n > 0:
-                ctype, tdtype = _COMM_TYPES[dtype]
-                t = torch.frombuffer((ctype * n).from_address(buf), dtype=tdtype)
+                ctype, tdtype, typestr = _COMM_TYPES[dtype]
+                device = where.get("device")
+                if device is None:
+                    t = torch.frombuffer((ctype * n).from_address(buf), dtype=tdtype)
+                else:
+                    t = torch.as_tensor(_DeviceBuffer(buf, n, typestr), device=device)
                 dist.all_reduce(t, op=ops[op], group=group)
             return 0
         except BaseException as e:  # nothing may unwind through the C frames
@@ -315,9 +333,11 @@ def _allreduce_callback(dist, group, errors):
 
 
 class VocabParallel(CpuBackend):
-    """The CPU backend of one vocabulary-parallel call (include/kdloss.h, "Vocabulary-parallel
+    """The backend of one vocabulary-parallel call (include/kdloss.h, "Vocabulary-parallel
     fused losses"): the student's and teacher's LM heads are split by rows across the ranks of a
-    torch.distributed process group, and the fused calls go to the kdloss_*_vp entry points.
+    torch.distributed process group, and the fused calls go to the kdloss_*_vp entry points, or
+    to kdloss_cuda_*_vp for CUDA tensors (bind(); the CUDA backend's context, torch's current
+    stream and a workspace from its allocator; the all-reduces then see device memory).
 
     Made fresh for every call and caching nothing: the call all-gathers every rank's row count
     (in rank order: this rank's block starts after the lower ranks' rows, the vocabulary is their
@@ -331,22 +351,69 @@ class VocabParallel(CpuBackend):
         import torch.distributed as dist
         self._dist = dist
         self.group = group
+        self._c_name = c_name
         self._fn = _lib.fn(c_name)  # UNSUPPORTED here, before any collective, without it
         rank, size = dist.get_rank(group), dist.get_world_size(group)
         if rank < 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "this process is not in process_group")
         self._errors = []  # what the callback raised
-        self._callback = _allreduce_callback(dist, group, self._errors)  # alive during the call
+        self._where = {"device": None}  # the callback's buffers: device memory once bound to CUDA
+        self._callback = _allreduce_callback(dist, group, self._errors, self._where)
         self.comm = _lib.Comm(rank, size, self._callback, None)
         self.shard = None  # the kdloss_vocab_shard, once the row counts are gathered
         self.gathered = self.called = False
+        self._cuda = None  # (CudaBackend, device) once bound to a CUDA device
+
+    def bind(self, device):
+        """This call's backend for tensors on `device`: itself. On the CPU it calls `c_name`; on
+        CUDA the same entry point's kdloss_cuda_ twin (KdlossError(UNSUPPORTED), before any
+        collective, when the library has no CUDA backend); other devices raise
+        NotImplementedError."""
+        if device.type == "cuda":
+            cuda = _cuda_backend(device)
+            self._fn = _lib.fn(self._c_name.replace("kdloss_", "kdloss_cuda_", 1))
+            self._cuda = (cuda, device)
+            self._where["device"] = device
+        elif device.type != "cpu":
+            raise NotImplementedError(
+                f"kdloss: process_group (a vocabulary-parallel loss) takes CPU or CUDA tensors "
+                f"only; got {device} tensors")
+        return self
+
+    def _collective_device(self):
+        """Where the all-gather's tensors live: the call's CUDA device, the current one for an
+        NCCL group (CUDA tensors only) that failed before binding, else the CPU."""
+        if self._cuda is not None:
+            return self._cuda[1]
+        if str(self._dist.get_backend(self.group)) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _c_args(self, name, size_args, args):
+        """The C call's arguments: the shard after the params; on CUDA the context and stream
+        first. The workspace is sized by the entry point's query; a failing query still makes
+        the call, with none, which reports the error and tells the other ranks. Returns (args,
+        the workspace to keep alive during the call)."""
+        if self._cuda is None:
+            ws = self._workspace(name + "_workspace_size", size_args, strict=False)
+            return (args[0], ctypes.byref(self.shard), *args[1:], *ws), None
+        cuda, device = self._cuda
+        ctx, index = cuda._ctx(device)
+        size = ctypes.c_size_t()
+        size_name = "kdloss_cuda_" + name[len("kdloss_"):] + "_vp_workspace_size"
+        ok = _lib.fn(size_name)(*size_args, ctypes.byref(size)) == _lib.OK
+        ws, n = cuda._workspace(size.value, device) if ok else (None, 0)
+        return (ctx, cuda._stream(index), args[0], ctypes.byref(self.shard), *args[1:], ptr(ws),
+                n), ws
 
     def _gather(self, v):
         """The shard of this rank's v rows, from every rank's row count. A rank that failed
         before its call sends -1 instead (meet_peers), and the others raise KDLOSS_ERR_PEER."""
         self.gathered = True  # even if it raises: the group is then broken for every rank
-        counts = [torch.zeros(1, dtype=torch.int64) for _ in range(self.comm.size)]
-        self._dist.all_gather(counts, torch.tensor([v], dtype=torch.int64), group=self.group)
+        device = self._collective_device()
+        counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.comm.size)]
+        self._dist.all_gather(counts, torch.tensor([v], dtype=torch.int64, device=device),
+                              group=self.group)
         counts = [int(c) for c in counts]
         if min(counts) < 0:
             failed = [r for r, c in enumerate(counts) if c < 0]
@@ -356,12 +423,12 @@ class VocabParallel(CpuBackend):
                                      sum(counts[:self.comm.rank]))
 
     def _fused(self, name, v, size_args, args):
-        """`name`_vp with the shard inserted after the params. A failing size query still makes
-        the C call (with no workspace): it reports the error and tells the other ranks."""
+        """`name`_vp (or its CUDA twin) with the shard inserted after the params (_c_args)."""
         self._gather(v)
-        workspace = self._workspace(name + "_workspace_size", size_args, strict=False)
+        call, keep = self._c_args(name, size_args, args)
         self.called = True
-        st = self._fn(args[0], ctypes.byref(self.shard), *args[1:], *workspace)
+        st = self._fn(*call)
+        del keep  # the CUDA workspace: its memory is reused in stream order after the call
         if self._errors:
             raise self._errors.pop()  # the list no longer holds it: no reference cycle
         _lib.check(st, name + "_vp")
@@ -380,7 +447,12 @@ class VocabParallel(CpuBackend):
                 self._gather(-1)
             elif self.shard is not None:
                 args = [t() for t in self._fn.argtypes]
-                args[1] = ctypes.byref(self.shard)
+                at = 1 if self._cuda is None else 3  # after the params (and ctx, stream)
+                args[at] = ctypes.byref(self.shard)
+                if self._cuda is not None:  # a context: without one the call returns at once
+                    cuda, device = self._cuda
+                    ctx, index = cuda._ctx(device)
+                    args[0], args[1] = ctx, cuda._stream(index)
                 self._fn(*args)
         except Exception:  # the exception being raised is the one to report
             pass
@@ -414,28 +486,29 @@ def register_backend(device_type, backend):
     _BACKENDS[device_type] = backend
 
 
-def backend_for(device, vp=None):
-    """The backend for tensors on `device`; with `vp` (a VocabParallel), that one (CPU only)."""
+def _cuda_backend(device):
+    """The CUDA backend (made on first use); KdlossError(UNSUPPORTED) when the library has none."""
     global _CUDA
+    if _lib.has("kdloss_cuda_available") and _lib.lib().kdloss_cuda_available():
+        if _CUDA is None:
+            _CUDA = CudaBackend()
+        return _CUDA
+    raise KdlossError(_lib.ERR_UNSUPPORTED,
+                      f"kdloss got CUDA tensors ({device}) but {_lib.library_path()} has no "
+                      "CUDA backend (built without -DKDLOSS_CUDA=ON, or no device visible); "
+                      "move the tensors to the CPU, or reinstall with "
+                      "KDLOSS_CMAKE_ARGS=-DKDLOSS_CUDA=ON pip install .")
+
+
+def backend_for(device, vp=None):
+    """The backend for tensors on `device`; with `vp` (a VocabParallel), that one bound to the
+    device (CPU or CUDA)."""
     if vp is not None:
-        if device.type != "cpu":
-            raise NotImplementedError(
-                f"kdloss: process_group (a vocabulary-parallel loss) takes CPU tensors only; got "
-                f"{device} tensors, and the {device.type} vocabulary-parallel entry points do "
-                "not exist yet")
-        return vp
+        return vp.bind(device)
     if device.type in _BACKENDS:
         return _BACKENDS[device.type]
     if device.type == "cpu":
         return _CPU
     if device.type == "cuda":
-        if _lib.has("kdloss_cuda_available") and _lib.lib().kdloss_cuda_available():
-            if _CUDA is None:
-                _CUDA = CudaBackend()
-            return _CUDA
-        raise KdlossError(_lib.ERR_UNSUPPORTED,
-                          f"kdloss got CUDA tensors ({device}) but {_lib.library_path()} has no "
-                          "CUDA backend (built without -DKDLOSS_CUDA=ON, or no device visible); "
-                          "move the tensors to the CPU, or reinstall with "
-                          "KDLOSS_CMAKE_ARGS=-DKDLOSS_CUDA=ON pip install .")
+        return _cuda_backend(device)
     raise KdlossError(_lib.ERR_UNSUPPORTED, f"kdloss has no backend for {device.type} tensors")

@@ -12,8 +12,10 @@ receive a gradient. Losses come back in the student's dtype (PyTorch's conventio
 computed in fp32 with double accumulation by the library.
 
 Vocabulary parallelism (docs/MATH.md section 9): the fused-linear losses take process_group, a
-torch.distributed group whose ranks split the LM heads by vocabulary rows (CPU tensors and a
-CPU-capable group such as gloo; the CUDA entry points do not exist yet). The weights (and biases)
+torch.distributed group whose ranks split the LM heads by vocabulary rows (CPU tensors with a
+CPU-capable group such as gloo; CUDA tensors go to the kdloss_cuda_*_vp entry points, whose
+all-reduces see device memory, on torch's current stream: NCCL, or gloo; that path has not run on
+a GPU yet). The weights (and biases)
 each rank passes are then its contiguous block of rows, blocks in rank order, sizes free: every
 call all-gathers them, so nothing goes stale. Hidden states, labels and teachers are the same on
 every rank, with global token ids. Every rank gets the same loss, the full student_input gradient

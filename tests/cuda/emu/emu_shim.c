@@ -324,3 +324,79 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     emu_topk_free(&e, t, l);
     return s;
 }
+
+/* ---- the vocabulary-parallel entries ----
+ * The real function runs first: its host checks, and without a device it fails at its first CUDA
+ * call (KDLOSS_ERR_CUDA) on every rank, before the agreement's collective; only the faults that
+ * return at once (no communicator, a rank outside it, no context) answer for themselves. The CPU
+ * _vp function then makes the call, collectives included, with the same communicator (whose
+ * "device" buffers are host memory here), labels and ids cleaned against v_total as above. The
+ * CUDA-only faults (a workspace that is NULL, misaligned or too small) are not emulated: the CPU
+ * function accepts those. */
+#pragma weak kdloss_fused_linear_distill_vp
+#pragma weak kdloss_fused_linear_topk_distill_vp
+
+static void emu_nan_losses(kdloss_fused_linear_distill_out *o) {
+    if (o->loss) *o->loss = NAN;
+    if (o->soft_loss) *o->soft_loss = NAN;
+    if (o->hard_loss) *o->hard_loss = NAN;
+}
+
+typedef kdloss_status (*fldvp_fn)(kdloss_cuda_context *, void *,
+                                  const kdloss_fused_linear_distill_params *,
+                                  const kdloss_vocab_shard *, int64_t, int64_t, int64_t, int64_t,
+                                  kdloss_cmat, kdloss_cmat, const void *, kdloss_cmat, kdloss_cmat,
+                                  const void *, kdloss_labels, kdloss_fused_linear_distill_out *,
+                                  void *, size_t);
+kdloss_status kdloss_cuda_fused_linear_distill_vp(
+    kdloss_cuda_context *ctx, void *st, const kdloss_fused_linear_distill_params *p,
+    const kdloss_vocab_shard *sh, int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs,
+    kdloss_cmat wsm, const void *bs, kdloss_cmat xt, kdloss_cmat wt, const void *btb,
+    kdloss_labels l, kdloss_fused_linear_distill_out *o, void *ws, size_t wsb) {
+    kdloss_status s = ((fldvp_fn)real_fn("kdloss_cuda_fused_linear_distill_vp"))(
+        ctx, st, p, sh, bt, hs, ht, v, xs, wsm, bs, xt, wt, btb, l, o, ws, wsb);
+    if (s != KDLOSS_ERR_CUDA) return s;
+    if (!kdloss_fused_linear_distill_vp) return KDLOSS_ERR_UNSUPPORTED;
+    int bad = 0;
+    kdloss_labels c = p && l.data ? clean_labels(l, bt, sh->v_total, p->ignore_index, &bad) : l;
+    s = kdloss_fused_linear_distill_vp(p, sh, bt, hs, ht, v, xs, wsm, bs, xt, wt, btb, c, o, NULL,
+                                       0);
+    if (c.data != l.data) free((void *)c.data);
+    if (s != KDLOSS_OK) return s;
+    if (bad) emu_nan_losses(o);
+    if (ws) *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
+    return s;
+}
+
+typedef kdloss_status (*fltkvp_fn)(kdloss_cuda_context *, void *,
+                                   const kdloss_fused_linear_topk_distill_params *,
+                                   const kdloss_vocab_shard *, int64_t, int64_t, int64_t,
+                                   kdloss_cmat, kdloss_cmat, const void *, kdloss_topk_teacher,
+                                   kdloss_labels, kdloss_fused_linear_distill_out *, void *,
+                                   size_t);
+kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
+    kdloss_cuda_context *ctx, void *st, const kdloss_fused_linear_topk_distill_params *p,
+    const kdloss_vocab_shard *sh, int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
+    kdloss_cmat wsm, const void *bs, kdloss_topk_teacher t, kdloss_labels l,
+    kdloss_fused_linear_distill_out *o, void *ws, size_t wsb) {
+    kdloss_status s = ((fltkvp_fn)real_fn("kdloss_cuda_fused_linear_topk_distill_vp"))(
+        ctx, st, p, sh, bt, hs, v, xs, wsm, bs, t, l, o, ws, wsb);
+    if (s != KDLOSS_ERR_CUDA) return s;
+    if (!kdloss_fused_linear_topk_distill_vp) return KDLOSS_ERR_UNSUPPORTED;
+    if (!p || !t.ids.data || t.k < 1) /* the CPU function reports these itself */
+        return kdloss_fused_linear_topk_distill_vp(p, sh, bt, hs, v, xs, wsm, bs, t, l, o, NULL, 0);
+    emu_topk e = emu_topk_clean(t, l, bt, sh->v_total, p->ignore_index);
+    s = kdloss_fused_linear_topk_distill_vp(p, sh, bt, hs, v, xs, wsm, bs, e.t, e.l, o, NULL, 0);
+    if (s == KDLOSS_OK) {
+        if (e.bad_id || e.bad_label) emu_nan_losses(o);
+        for (int64_t r = 0; r < bt; r++) {
+            if (!e.fault[r]) continue;
+            if (o->row_soft) o->row_soft[r] = NAN;
+            if (o->row_hard) o->row_hard[r] = NAN;
+            if (o->row_lse) o->row_lse[r] = NAN;
+        }
+        if (ws) *(int32_t *)ws = emu_topk_status(&e, s, 1);
+    }
+    emu_topk_free(&e, t, l);
+    return s;
+}

@@ -1,0 +1,236 @@
+/* The chunked fused-linear loss on the GPU, the parts its drivers share: the single-process one
+ * (fused_linear_jsd.cu), the sparse teacher's dense path (topk.cu) and the vocabulary-parallel
+ * ones (fljsd_vp.cu, topk_vp.cu): the workspace plan, the row kernel's arguments and its
+ * per-element device functions (one definition of dzs), and the per-chunk GEMM steps. */
+#ifndef KDLOSS_FL_ROWS_CUH
+#define KDLOSS_FL_ROWS_CUH
+
+#include "args.h"
+#include "div_math.h"
+#include "kd_cuda.cuh"
+
+#define FL_ROW_THREADS 512
+#define FL_TILE (FL_ROW_THREADS * 8)
+#define FL_LT_WS_BYTES ((size_t)32 << 20)
+#define FL_DEFAULT_BUDGET ((size_t)256 << 20)
+
+/* The dense fused loss's workspace (fused_linear_jsd.cu has the layout). */
+typedef struct fl_plan {
+    int64_t chunk; /* rows per chunk */
+    int64_t ldz;   /* row stride of zs and zt, in floats */
+    kd_ws_header *hdr;
+    double *row_soft, *row_hard;
+    void *lt_ws;
+    float *zs, *zt;
+    float *dw_acc, *db_acc;
+    size_t total;
+} fl_plan;
+
+/* Chooses the chunk and carves the plan's regions from cv (after the header); the caller sets
+ * hdr and total (kd_ws_total), so that more regions can follow. INVALID_SIZE on overflow. */
+kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
+                            int64_t v, kdloss_dtype sdt, int want_grad, kd_carver *cv,
+                            fl_plan *P);
+
+typedef struct fl_row_args {
+    float *zs;            /* (C x ldz) student logits of the chunk; dzs overwrites them */
+    const float *zt;      /* (C x ldz) teacher logits, NULL when the soft loss is skipped */
+    int64_t ldz;
+    const void *bs, *bt;  /* [v] biases in the student / teacher dtype, or NULL */
+    const void *labels;   /* [bt], global row index */
+    int lab64;
+    int64_t ignore;
+    int64_t row0;         /* global index of the chunk's first row */
+    int64_t v;
+    float inv_t;          /* 1 / temperature */
+    int same_t;           /* temperature == 1: tempered and plain student softmax coincide */
+    kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
+    int do_soft, do_hard; /* compute the divergence / the CE at all */
+    int do_grad;          /* write dzs (zeros when both weights are 0: the GEMMs still read it) */
+    int grad_soft, grad_hard; /* its terms: weight > 0 and gradients wanted */
+    double w_hard, w_soft, grad_scale, temperature;
+    double soft_fac;      /* T^2 with t2_scale, else 1: the soft part's factor */
+    const kd_ws_header *hdr; /* n_valid, counted before the first chunk */
+    double *row_soft, *row_hard; /* [bt] */
+    float *out_soft, *out_hard, *out_lse; /* [bt] caller's per-row outputs, or NULL */
+} fl_row_args;
+
+/* The fields the dense and the top-k row kernels' arguments (A) share: the gradient's terms and
+ * factors and the caller's row outputs, from either fused loss's params (P). */
+template <class A, class P>
+static inline void fl_grad_fields(A *a, const P *p, const kdloss_fused_linear_distill_out *out,
+                                  int want_grad) {
+    a->grad_soft = want_grad && p->weight_soft_loss > 0.0;
+    a->grad_hard = want_grad && p->weight_hard_loss > 0.0;
+    a->w_hard = p->weight_hard_loss;
+    a->w_soft = p->weight_soft_loss;
+    a->grad_scale = p->grad_scale;
+    a->temperature = p->temperature;
+    a->soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
+    a->out_soft = out->row_soft;
+    a->out_hard = out->row_hard;
+    a->out_lse = out->row_lse;
+}
+
+/* The row-kernel fields of a call (everything but row0). */
+void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
+                  const kdloss_fused_linear_distill_out *out, const fl_plan &P, const void *bs,
+                  const void *bt_bias, kdloss_labels labels, int64_t v, int want_grad);
+
+#ifdef __CUDACC__
+/* Logits c0..c0+n-1 of one row plus bias (dtype DB), fp32. Rows of z are 256-byte aligned and
+ * c0 is a multiple of 8, so full groups are two 16-byte loads. */
+template <int DB>
+__device__ __forceinline__ void fl_load(const float *z, const void *bias, int64_t c0, int n,
+                                        float out[8]) {
+    if (n == 8) {
+        kd_ld8<KDLOSS_F32>(z, c0, out);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[j] = j < n ? z[c0 + j] : 0.0f;
+    }
+    if (bias) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < n) out[j] += kd_ld<DB>(bias, c0 + j);
+    }
+}
+
+/* The gradient's factors from the device's n_valid: ca of the cross-entropy, cb of the soft
+ * term (1/T and T^2 folded in). */
+__device__ __forceinline__ void fl_factors(const fl_row_args &a, float *ca, float *cb) {
+    const unsigned long long nv = a.hdr->n_valid;
+    const double nvd = nv > 0 ? (double)nv : 1.0;
+    *ca = (float)(a.w_hard * a.grad_scale / nvd);
+    *cb = (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature));
+}
+
+/* dzs of one logit (docs/MATH.md 4 and 7.4): ca (softmax(zs)_j - [j = y]) + cb (g_j - Q_j S),
+ * from s = zs_j (bias added), lh the row's untempered log-normalizer, x = log Q_j and
+ * y = log P_j at the temperature (g_j = de/dx from kd_div_elem), S = sum g. */
+__device__ __forceinline__ float fl_dz(const fl_row_args &a, float ca, float cb, float s,
+                                       float lh, bool is_label, float x, float y, float S) {
+    float d = 0.0f;
+    if (a.grad_hard) d = ca * (expf(s - lh) - (is_label ? 1.0f : 0.0f));
+    if (a.grad_soft) {
+        float g;
+        (void)kd_div_elem(&a.coef, x, y, &g);
+        d += cb * (g - expf(x) * S);
+    }
+    return d;
+}
+
+/* Writes d_j = f(j, s_j, t_j) over the row in place of its logits (dtype DS: a bf16 dzs row
+ * occupies the first half of the fp32 zs row), s and t the student's and (when load_t, else 0)
+ * the teacher's logits with their biases. Tile by tile with a barrier between the tile's loads
+ * and its stores: the stores of tile k land on fp32 elements below (k+1) FL_TILE / 2, which
+ * every thread has read by the barrier of tile k. Every thread makes the same trips. */
+template <int DS, int DT, class F>
+__device__ __forceinline__ void fl_dz_pass(const fl_row_args &a, float *zs, const float *zt,
+                                           int load_t, const F &f) {
+    void *dz = (void *)zs;
+    for (int64_t tile0 = 0; tile0 < a.v; tile0 += FL_TILE) {
+        const int64_t c0 = tile0 + (int64_t)threadIdx.x * 8;
+        const int n = c0 >= a.v ? 0 : a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
+        float s[8], t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (n > 0) {
+            fl_load<DS>(zs, a.bs, c0, n, s);
+            if (load_t) fl_load<DT>(zt, a.bt, c0, n, t);
+        }
+        __syncthreads(); /* every load of this tile precedes any store that narrows over it */
+        if (n == 0) continue;
+        float d[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) d[j] = f(c0 + j, s[j], t[j]);
+        if (n == 8) {
+            kd_st8<DS>(dz, c0, d);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < n) kd_st<DS>(dz, c0 + j, d[j]);
+        }
+    }
+}
+
+/* A row that does not count (label y ignored, or out of range): zero dzs, row outputs 0 (ignored)
+ * or NaN (bad label). The whole block calls it. */
+template <int DS>
+__device__ void fl_skip_row(const fl_row_args &a, void *dz, int64_t gr, int64_t y) {
+    if (a.do_grad) {
+        const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FL_TILE) {
+            if (c0 + 8 <= a.v) {
+                kd_st8<DS>(dz, c0, z8);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (c0 + j < a.v) kd_st<DS>(dz, c0 + j, 0.0f);
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
+        a.row_soft[gr] = z;
+        a.row_hard[gr] = z;
+        /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
+        if (a.out_soft) a.out_soft[gr] = (float)z;
+        if (a.out_hard) a.out_hard[gr] = (float)z;
+        if (a.out_lse) a.out_lse[gr] = (float)z;
+    }
+}
+#endif /* __CUDACC__ */
+
+static inline cudaDataType_t fl_cuda_type(kdloss_dtype d) {
+    return d == KDLOSS_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* ---- the per-chunk GEMM steps (fused_linear_jsd.cu) ----------------------------------------- */
+
+/* One chunk's operands as the GEMMs see them: row-major matrices with their effective lds
+ * (cuBLAS reads each as its column-major transpose), xs / ws / dz in the student's dtype sdt. */
+typedef struct fl_gemms {
+    kdloss_cuda_context *ctx;
+    cudaStream_t st;
+    void *lt_ws;              /* cuBLASLt scratch of FL_LT_WS_BYTES */
+    kdloss_dtype sdt;
+    const void *xs, *ws;      /* (bt x hs, ld_xs), (v x hs, ld_ws) */
+    int64_t ld_xs, ld_ws, hs, v;
+    const float *zs;          /* the chunk's logits (rows x v, ldz floats); dzs over them */
+    int64_t ldz;
+} fl_gemms;
+
+/* zs (rows x v, ldz) = xs[r0 .. r0 + rows) ws^T (fp32 from the accumulator); with a teacher
+ * (wt not NULL) also zt = xt[r0 ..] wt^T. */
+kdloss_status fl_chunk_logits(const fl_gemms *g, int64_t r0, int64_t rows, float *zs,
+                              kdloss_cmat xt, kdloss_cmat wt, int64_t ht, float *zt);
+
+/* dx (rows x hs, ld_dx, dtype dxt) = dzs ws: the chunk's dxs rows, complete in one GEMM. */
+kdloss_status fl_chunk_dx(const fl_gemms *g, int64_t rows, void *dx, cudaDataType_t dxt,
+                          int64_t ld_dx);
+
+/* The chunk's dws (+)= dzs^T xs[r0 ..] and dbs (+)= column sums of dzs (fixed row order), each
+ * when the caller asked for it, summed in fp32: in the caller's fp32 outputs (dws with ld_dws),
+ * or for a bf16 student in dw_acc (v x hs) and db_acc (fl_cast_wgrad rounds them once). r0 == 0
+ * starts the sums. */
+kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
+                             const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
+                             float *dw_acc, float *db_acc);
+
+/* bf16 student: dws and dbs were summed in fp32 across chunks; round them once into the
+ * caller's outputs (ld_dws of its dws). */
+kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
+                            const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
+                            int64_t hs, int64_t v);
+
+/* The size queries' checks after the params' (st, in the calls' order): the sizes, K (the sparse
+ * teacher's slots; 1 for the dense one), the student's dtype. */
+kdloss_status fl_size_checks(kdloss_status st, int64_t bt, int64_t hs, int64_t ht, int64_t v,
+                             int64_t k, kdloss_dtype sdt);
+
+/* The scalar losses from the per-row double losses (one block, fixed order) and the status
+ * word (LABEL_OUT_OF_RANGE when the device counted a bad label). */
+kdloss_status fl_final(cudaStream_t st, const fl_plan &P, int64_t bt,
+                       const kdloss_fused_linear_distill_out *out,
+                       const kdloss_fused_linear_distill_params *p);
+
+#endif /* KDLOSS_FL_ROWS_CUH */

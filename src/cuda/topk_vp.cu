@@ -1,0 +1,367 @@
+/* The vocabulary-parallel fused loss against a sparse top-k teacher on the GPU (kdloss.h,
+ * kdloss_cuda_fused_linear_topk_distill_vp; docs/MATH.md sections 8 and 9): topk.cu's dense
+ * path on this rank's V_r rows of the head, its row kernel split into phases with the
+ * statistics all-reduced in between (the CPU's phases and collectives), on the caller's stream:
+ *   tk_check_kernel   every row's label and ids against v_total (the global ids)
+ *   zs = xs[chunk] ws_r^T                                     (fl_chunk_logits)
+ *   1. max   over this rank's columns outside S and over all of them -> MAX 2 a row   (st_max)
+ *   2. sums  sum e^((zs-mr)/T) and sum e^(zs-mr) (T != 1) outside S, the label's logit, the
+ *            |S| <= K selected logits, each from the rank that holds it -> SUM 4 + K  (st_sum)
+ *   3+4. thread 0: the rest's log-sum-exp R, the untempered lse, kd_topk_row on all of S (the
+ *        same numbers on every rank, no third all-reduce); then tk_pass_grad and tk_fixup, the
+ *        single-process gradient passes, on this rank's columns and the slots it holds
+ *   dws, dbs of the block (fl_chunk_wgrad); dxs: the partial in fp32, SUM, rounded once
+ * Every tail mode runs this full-vocabulary path (renorm_both's sparse path is single-process).
+ * S's bitmap (this rank's ids) and the slots live where tk_row_kernel keeps them (shared memory,
+ * or TK_SLICES slices of the workspace, the grid then at most TK_SLICES blocks). Nothing in this
+ * file has run on a GPU yet.
+ *
+ * Workspace: topk.cu's dense plan (for this rank's v), then st: 6 + K doubles a chunk row
+ * (st_max, st_sum), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
+#include "tk_rows.cuh"
+#include "vp_cuda.h"
+
+typedef struct tkvp_args {
+    tk_row_args r;   /* v: this rank's columns; row0, flags, ids and labels global */
+    int64_t v_lo;    /* global id of local column 0 */
+    int64_t n_sum;   /* 4 + K */
+    double *st_max, *st_sum; /* [2 rows], [n_sum rows] of the chunk */
+} tkvp_args;
+
+/* ---- device side ----------------------------------------------------------------------------- */
+
+/* Sets (or clears) the bits of this rank's ids of row gr; threads over the slots. The ids of a
+ * row that counts were checked: -1 or in [0, v_total). */
+__device__ void tkvp_mark(const tkvp_args &a, int64_t gr, uint32_t *bits, bool set) {
+    for (int64_t j = threadIdx.x; j < a.r.k; j += blockDim.x) {
+        const int64_t id = kd_topk_id(a.r.ids, a.r.ids64, a.r.ld_ids, gr, j);
+        const int64_t c = id - a.v_lo;
+        if (id < 0 || c < 0 || c >= a.r.v) continue;
+        if (set) atomicOr(&bits[c >> 5], 1u << (c & 31)); /* shared or global: generic atomics */
+        else bits[c >> 5] = 0u;
+    }
+}
+
+/* f(z, in_s) for each of this thread's columns of local row r (bias added), in_s whether S
+ * holds the column. */
+template <int DG, class F>
+__device__ __forceinline__ void tkvp_each(const tkvp_args &a, int64_t r, const uint32_t *bits,
+                                          const F &f) {
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.r.v; c0 += TK_TILE) {
+        const int n = a.r.v - c0 >= 8 ? 8 : (int)(a.r.v - c0);
+        float zz[8];
+        tk_load8<KDLOSS_F32, DG, true>(a.r, r, c0, n, zz);
+        const uint32_t mk = (bits[c0 >> 5] >> (c0 & 31)) & 0xffu; /* c0 % 8 == 0 */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < n) f(zz[j], ((mk >> j) & 1u) != 0u);
+    }
+}
+
+/* The maxima of local row r: *mr outside S, *m over every column (every thread gets both). */
+template <int DG>
+__device__ void tkvp_pass_max(const tkvp_args &a, int64_t r, const uint32_t *bits, float *red,
+                              float *mr, float *m) {
+    float xr = -INFINITY, xa = -INFINITY;
+    tkvp_each<DG>(a, r, bits, [&](float z, bool in_s) {
+        xa = fmaxf(xa, z);
+        if (!in_s) xr = fmaxf(xr, z);
+    });
+    *mr = kd_block_max(xr, red);
+    *m = kd_block_max(xa, red);
+}
+
+/* Sum over local row r's columns outside S of exp((z - mr) s), in double (thread 0). */
+template <int DG>
+__device__ double tkvp_sum_rest(const tkvp_args &a, int64_t r, const uint32_t *bits, float mr,
+                                float s, double *red) {
+    double acc = 0.0;
+    tkvp_each<DG>(a, r, bits, [&](float z, bool in_s) {
+        if (!in_s) acc += (double)expf((z - mr) * s);
+    });
+    return kd_block_sum(acc, red);
+}
+
+/* Phase 1: st_max = {max zs outside S, max zs} over this rank's columns (-inf for rows that do
+ * not count). One block per row, grid-stride (tk_row_grid). */
+template <int DG>
+__global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_max_kernel(tkvp_args a) {
+    extern __shared__ __align__(16) char tk_smem[];
+    __shared__ float red[32];
+    uint32_t *bits = tk_bits_init(a.r, tk_smem);
+    for (int64_t r = blockIdx.x; r < a.r.rows; r += gridDim.x) {
+        const int64_t gr = a.r.row0 + r;
+        float mr = -INFINITY, m = -INFINITY;
+        if (a.r.flags[gr] == TK_ROW_OK) { /* the same for the whole block */
+            tkvp_mark(a, gr, bits, true);
+            __syncthreads();
+            tkvp_pass_max<DG>(a, r, bits, red, &mr, &m); /* ends with a barrier */
+            tkvp_mark(a, gr, bits, false);
+            __syncthreads(); /* cleared before the next row's marks */
+        }
+        if (threadIdx.x == 0) {
+            a.st_max[2 * r] = mr;
+            a.st_max[2 * r + 1] = m;
+        }
+    }
+}
+
+/* Thread 0 of phase 2: the label's logit and the used slots' logits in slot order (0 where
+ * another rank holds the id), after the two sums; 0 up to n_sum. */
+template <int DG>
+__device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double s0, double s1) {
+    double *sm = a.st_sum + a.n_sum * r;
+    const tk_row_args &b = a.r;
+    const int64_t y = b.do_ce ? kd_label(b.labels, b.lab64, gr) - a.v_lo : -1;
+    sm[0] = s0;
+    sm[1] = s1;
+    sm[2] = 0.0;
+    sm[3] = y >= 0 && y < b.v ? (double)tk_z<KDLOSS_F32, DG>(b, r, y) : 0.0;
+    int64_t n = 0;
+    for (int64_t j = 0; j < b.k; j++) {
+        const int64_t id = kd_topk_id(b.ids, b.ids64, b.ld_ids, gr, j);
+        if (id < 0) continue;
+        const int64_t c = id - a.v_lo;
+        sm[4 + n++] = c >= 0 && c < b.v ? (double)tk_z<KDLOSS_F32, DG>(b, r, c) : 0.0;
+    }
+    for (; n < b.k; n++) sm[4 + n] = 0.0;
+}
+
+/* Phase 2: st_sum = {sum e^((zs-mr)/T) outside S, sum e^(zs-mr) outside S (untempered lse at
+ * T != 1), 0, zs[y], zs at S} over this rank's columns, at the maxima of every rank. */
+template <int DG>
+__global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_sums_kernel(tkvp_args a) {
+    extern __shared__ __align__(16) char tk_smem[];
+    __shared__ double red[32];
+    uint32_t *bits = tk_bits_init(a.r, tk_smem);
+    for (int64_t r = blockIdx.x; r < a.r.rows; r += gridDim.x) {
+        const int64_t gr = a.r.row0 + r;
+        if (a.r.flags[gr] != TK_ROW_OK) {
+            for (int64_t j = threadIdx.x; j < a.n_sum; j += blockDim.x) a.st_sum[a.n_sum * r + j] = 0.0;
+            continue;
+        }
+        tkvp_mark(a, gr, bits, true);
+        __syncthreads();
+        const float mr = (float)a.st_max[2 * r];
+        double s0 = 0.0, s1 = 0.0;
+        if (mr > -INFINITY) { /* else no column outside S anywhere: both sums are empty */
+            s0 = tkvp_sum_rest<DG>(a, r, bits, mr, a.r.inv_t, red);
+            if (a.r.do_hard && !a.r.same_t) s1 = tkvp_sum_rest<DG>(a, r, bits, mr, 1.0f, red);
+        }
+        if (threadIdx.x == 0) tkvp_slot_sums<DG>(a, r, gr, s0, s1);
+        __syncthreads(); /* every thread is done with the bits */
+        tkvp_mark(a, gr, bits, false);
+        __syncthreads();
+    }
+}
+
+/* Thread 0 of phase 3+4: the slots of every rank (this rank's local columns, -1 for the others'),
+ * R, the untempered lse, kd_topk_row, the row's outputs and the gradient's state. The CPU's
+ * topk_div (src/cpu/fljsd_row_phases.h) on the same reduced numbers. */
+__device__ void tkvp_row_math(const tkvp_args &a, int64_t r, int64_t gr, tk_slots s,
+                              tk_row_state *rs) {
+    const tk_row_args &b = a.r;
+    const double *sm = a.st_sum + a.n_sum * r;
+    int64_t n = 0;
+    for (int64_t j = 0; j < b.k; j++) {
+        const int64_t id = kd_topk_id(b.ids, b.ids64, b.ld_ids, gr, j);
+        if (id < 0) continue;
+        const int64_t c = id - a.v_lo;
+        s.col[n] = c >= 0 && c < b.v ? c : -1;
+        s.z[n] = (float)sm[4 + n];
+        s.lp[n] = tk_ld_any(b.lp, b.lpdt, gr * b.ld_lp + j);
+        n++;
+    }
+    const float mr = (float)a.st_max[2 * r];
+    const double rest = mr > -INFINITY ? (double)mr * b.inv_t64 + log(sm[0]) : -INFINITY;
+    double lse1 = 0.0;
+    if (b.do_hard) {
+        const double rest1 = b.same_t ? rest : mr > -INFINITY ? (double)mr + log(sm[1]) : -INFINITY;
+        lse1 = kd_topk_logaddexp(rest1, kd_topk_lse(s.z, n, 1.0));
+    }
+    double crest = 0.0;
+    const double d = kd_topk_row(&b.coef, b.tail, n, s.z, s.lp, b.inv_t64, rest, s.g, &crest);
+    const int64_t y = b.do_ce ? kd_label(b.labels, b.lab64, gr) - a.v_lo : -1;
+    rs->y = y >= 0 && y < b.v ? y : -1;
+    rs->zy = 0.0f;
+    tk_row_finish(b, gr, d, b.do_ce ? lse1 - sm[3] : 0.0, (float)rest, (float)lse1, crest, n, rs);
+}
+
+/* Phase 3+4: the row's loss (every rank the same) and dz over this rank's columns in place. */
+template <int DG>
+__global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_grad_kernel(tkvp_args a) {
+    extern __shared__ __align__(16) char tk_smem[];
+    __shared__ tk_row_state rs;
+    const tk_slots s = tk_slots_of(a.r, tk_smem);
+    for (int64_t r = blockIdx.x; r < a.r.rows; r += gridDim.x) {
+        const int64_t gr = a.r.row0 + r;
+        const int kind = a.r.flags[gr];
+        if (kind != TK_ROW_OK) {
+            tk_skip_row<DG, true>(a.r, r, gr, kind);
+            continue;
+        }
+        if (threadIdx.x == 0) tkvp_row_math(a, r, gr, s, &rs);
+        __syncthreads();
+        const tk_row_state st = rs;
+        if (a.r.g) {
+            tk_pass_grad<KDLOSS_F32, DG, true>(a.r, r, st);
+            __syncthreads();
+            tk_fixup<DG>(a.r, r, s, st);
+        }
+        __syncthreads(); /* slots and rs are the next row's */
+    }
+}
+
+/* ---- host side ------------------------------------------------------------------------------- */
+
+template <int DG>
+static void tkvp_launch2(int phase, unsigned grid, size_t smem, const tkvp_args &a,
+                         cudaStream_t st) {
+    switch (phase) {
+    case 1: tkvp_max_kernel<DG><<<grid, TK_ROW_THREADS, smem, st>>>(a); break;
+    case 2: tkvp_sums_kernel<DG><<<grid, TK_ROW_THREADS, smem, st>>>(a); break;
+    default: tkvp_grad_kernel<DG><<<grid, TK_ROW_THREADS, smem, st>>>(a); break;
+    }
+}
+
+/* Phase 1, 2 or 3 (3+4) over the chunk's rows; DG the student's dtype (bias, dz). */
+static kdloss_status tkvp_launch(int phase, kdloss_dtype ds, const tkvp_args &a,
+                                 const tk_scratch &sc, cudaStream_t st) {
+    const unsigned grid = tk_row_grid(a.r.rows, sc);
+    if (ds == KDLOSS_BF16) tkvp_launch2<KDLOSS_BF16>(phase, grid, sc.smem, a, st);
+    else tkvp_launch2<KDLOSS_F32>(phase, grid, sc.smem, a, st);
+    return kd_launch_status();
+}
+
+/* The plan: topk.cu's dense regions for this rank's v, the statistics, the dxs partial. */
+typedef struct tkvp_plan {
+    tk_plan tk;
+    double *st;  /* (6 + K) doubles a chunk row */
+    float *part; /* (chunk x hs) fp32, with gradients */
+} tkvp_plan;
+
+static kdloss_status tkvp_plan_make(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
+                                    int64_t hs, int64_t v, int64_t k, kdloss_dtype sdt,
+                                    int want_grad, void *ws, tkvp_plan *P) {
+    kd_carver cv = kd_carver_for(ws);
+    kdloss_status s = tk_dense_carve(p, bt, hs, v, k, sdt, want_grad, &cv, &P->tk);
+    if (s == KDLOSS_OK)
+        s = kd_cuda_vp_carve(&cv, P->tk.chunk, 6 + k, hs, want_grad, &P->st, &P->part);
+    if (s != KDLOSS_OK) return s;
+    P->tk.hdr = (tk_header *)ws;
+    P->tk.total = kd_ws_total(&cv);
+    return KDLOSS_OK;
+}
+
+/* A checked call after the agreement. */
+typedef struct tkvp_call {
+    fl_gemms gm;             /* ctx, stream, xs / ws_r with their lds, the chunk's zs */
+    const kdloss_comm *comm;
+    const kdloss_fused_linear_distill_out *out;
+    const kd_topk_geom *g;
+    const tkvp_plan *P;
+} tkvp_call;
+
+/* One chunk: logits of the block, the phases with their all-reduces, the gradients. */
+static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, int64_t rows) {
+    const tk_plan &P = k.P->tk;
+    const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
+    const kdloss_dtype ds = k.gm.sdt;
+    const cudaStream_t st = k.gm.st;
+    a.r.row0 = r0;
+    a.r.rows = rows;
+    kdloss_status s = fl_chunk_logits(&k.gm, r0, rows, P.zs, none, none, 0, NULL);
+    if (s == KDLOSS_OK) s = tkvp_launch(1, ds, a, P.sc, st);
+    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
+    if (s == KDLOSS_OK) s = tkvp_launch(2, ds, a, P.sc, st);
+    if (s == KDLOSS_OK)
+        s = kd_cuda_vp_allreduce(k.comm, a.st_sum, a.n_sum * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
+    if (s == KDLOSS_OK) s = tkvp_launch(3, ds, a, P.sc, st);
+    if (s != KDLOSS_OK || !k.g->want_grad) return s;
+    const kdloss_fused_linear_distill_out *out = k.out;
+    if (out->dxs.data) {
+        const kdloss_mat dxs = {out->dxs.data, out->dxs.dtype, k.g->ld_dxs};
+        s = kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
+        if (s != KDLOSS_OK) return s;
+    }
+    return fl_chunk_wgrad(&k.gm, r0, rows, out, k.g->ld_dws, P.dw_acc, P.db_acc);
+}
+
+/* The row checks, every chunk, the bf16 casts, the scalar losses. On the context's device. */
+static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk_distill_params *p,
+                              const kdloss_vocab_shard *sh, const void *bs,
+                              const kdloss_topk_teacher &t, kdloss_labels labels, int64_t bt) {
+    const tk_plan &P = k.P->tk;
+    const kd_topk_geom &g = *k.g;
+    const cudaStream_t st = k.gm.st;
+    const tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
+    tkvp_args a;
+    tk_row_common(&a.r, t, g, c, P);
+    tk_row_fused(&a.r, p, k.out, labels.data != NULL, bs, P, g.want_grad);
+    a.r.v = k.gm.v; /* tk_row_common gave the ids' range, v_total */
+    a.v_lo = sh->v_begin;
+    a.n_sum = 4 + t.k;
+    a.st_max = k.P->st;
+    a.st_sum = a.st_max + 2 * P.chunk;
+    kdloss_status s = tk_check_launch(st, c);
+    if (s == KDLOSS_OK) s = tk_zero_slices(P, st);
+    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
+        s = tkvp_chunk(k, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk);
+    if (s == KDLOSS_OK && g.want_grad && k.gm.sdt == KDLOSS_BF16)
+        s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, k.out, g.ld_dws, k.gm.hs, k.gm.v);
+    if (s == KDLOSS_OK)
+        s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.out, p->weight_hard_loss,
+                            p->weight_soft_loss,
+                            p->t2_scale ? p->temperature * p->temperature : 1.0, 1);
+    return s;
+}
+
+kdloss_status kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(
+    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
+    int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
+    kdloss_status s = fl_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
+                                     student_dtype);
+    tkvp_plan P;
+    if (s == KDLOSS_OK)
+        s = tkvp_plan_make(params, bt, hs, v, k, student_dtype, want_grad != 0, NULL, &P);
+    if (s == KDLOSS_OK) *bytes = P.tk.total;
+    return s;
+}
+
+/* Shapes: xs (bt x hs), ws (v x hs) this rank's rows of the head, bs [v], teacher (bt rows of k,
+ * global ids), labels [bt] optional (global ids); outputs per kdloss_fused_linear_distill_out
+ * (dws, dbs: the block's rows); all device pointers, each with its own ld. */
+kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_topk_distill_params *params,
+    const kdloss_vocab_shard *shard, int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
+    kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kdloss_status s = kd_cuda_vp_enter(ctx, shard);
+    if (s != KDLOSS_OK) return s; /* this rank cannot take part */
+    kd_topk_geom g;
+    kd_spanset spans;
+    tkvp_plan P;
+    s = kd_vp_check_shard(shard, v);
+    if (s == KDLOSS_OK)
+        s = kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
+    if (s == KDLOSS_OK)
+        s = tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
+    if (s == KDLOSS_OK) s = kd_args_fl_workspace(workspace, workspace_bytes, P.tk.total, &spans);
+    int64_t chunk = s == KDLOSS_OK ? P.tk.chunk : 1;
+    kd_dev_guard dg;
+    kdloss_status e = kd_dev_enter(ctx, &dg);
+    if (e != KDLOSS_OK) return e;
+    const cudaStream_t st = (cudaStream_t)stream;
+    s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, teacher.k, &chunk);
+    if (s == KDLOSS_OK) {
+        tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
+        P.tk.chunk = chunk; /* <= this rank's: its regions still hold it */
+        const tkvp_call k = {{ctx, st, P.tk.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
+                              hs, v, P.tk.zs, P.tk.ldz},
+                             shard->comm, out, &g, &P};
+        s = tkvp_run(k, params, shard, bs, teacher, labels, bt);
+    }
+    kd_dev_leave(&dg);
+    return s;
+}

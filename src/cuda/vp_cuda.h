@@ -1,0 +1,47 @@
+/* The vocabulary-parallel fused losses on the GPU, the host steps both teachers share (vp.cu):
+ * the checks that decide whether this rank can take part at all, the agreement collective staged
+ * through the context's device buffer, the chunk's all-reduces, and the dxs step (a partial in
+ * fp32, summed over the ranks, rounded once). The rules themselves are src/common/vp.h's, the
+ * CPU's. */
+#ifndef KDLOSS_VP_CUDA_H
+#define KDLOSS_VP_CUDA_H
+
+#include "vp.h"
+
+/* The largest communicator the context's agreement buffer serves, and that buffer's bytes. */
+#define KD_VP_MAX_RANKS 4096
+#define KD_VP_AGREE_BYTES ((size_t)(2 * KD_VP_MAX_RANKS + KD_VP_AG_N) * sizeof(double))
+
+#ifdef __CUDACC__
+#include "fl_rows.cuh"
+
+/* What decides whether this rank can take part in the agreement: kd_vp_check_comm, a context,
+ * a communicator the context's buffer can serve (UNSUPPORTED above KD_VP_MAX_RANKS). */
+kdloss_status kd_cuda_vp_enter(const kdloss_cuda_context *ctx, const kdloss_vocab_shard *sh);
+
+/* kd_vp_agree with the buffer staged through ctx->vp_agree on stream st (copy in, the
+ * callback's all-reduce, copy out, synchronize: the verdict is a host decision). On the
+ * context's device (kd_dev_enter done). */
+kdloss_status kd_cuda_vp_agree(kdloss_cuda_context *ctx, cudaStream_t st,
+                               const kdloss_vocab_shard *sh, int64_t v, kdloss_status status,
+                               int64_t bt, int64_t hs, int64_t shape, int64_t *chunk);
+
+/* One of the chunk's all-reduces: n elements of dt at the device pointer buf (the callback
+ * orders it on the call's stream). KDLOSS_ERR_COMM when the callback fails. */
+kdloss_status kd_cuda_vp_allreduce(const kdloss_comm *c, void *buf, int64_t n, kdloss_dtype dt,
+                                   kdloss_comm_op op);
+
+/* The vocabulary-parallel regions after a plan's, from cv: n_st doubles of statistics a chunk
+ * row, and with gradients the chunk's dxs partial (chunk x hs fp32). INVALID_SIZE when they
+ * would overflow. */
+kdloss_status kd_cuda_vp_carve(kd_carver *cv, int64_t chunk, int64_t n_st, int64_t hs,
+                               int want_grad, double **st, float **part);
+
+/* dxs rows [r0, r0 + rows) of a chunk: this rank's partial dzs ws_r in fp32 into part (rows x
+ * hs, contiguous), summed over the ranks, then rounded once into dxs (the caller's, with its
+ * effective ld, dtype of xs). */
+kdloss_status kd_cuda_vp_dxs(const fl_gemms *gm, const kdloss_comm *c, float *part, int64_t r0,
+                             int64_t rows, kdloss_mat dxs);
+#endif
+
+#endif /* KDLOSS_VP_CUDA_H */
