@@ -4,14 +4,16 @@
 #   1. build with -DKDLOSS_CUDA=ON -DKDLOSS_CUDA_ARCHS=90; if CMake cannot configure the full
 #      library there (CPU dependencies missing), build the CUDA backend alone with nvcc (the test
 #      then compares against its own float64 reference only: the CPU functions are not linked)
-#   2. run the CUDA test (its top-k expectations counted apart: "topk" in the summary, and the
-#      vocabulary-parallel entries', 2 and 3 ranks as threads on this one GPU plus the NCCL
-#      adapter with one rank: "vp"); then its quick subset under compute-sanitizer memcheck and
-#      racecheck when the tool is there and time allows
+#   2. run the CUDA test (its top-k expectations, those of the divergence family on logits
+#      and the vocabulary-parallel entries', 2 and 3 ranks as threads on this one GPU plus
+#      the NCCL adapter with one rank, counted apart: "topk", "dlogits" and "vp" in the
+#      summary); then its quick subset under compute-sanitizer memcheck and racecheck when
+#      the tool is there and time allows
 #   3. time kdloss with bench/gpu_check/gpu_bench.cu (KL full, fused-linear JSD at the seed shape
 #      at three memory budgets, the four bare GEMMs; the sparse top-k teacher at issue 10's shape
 #      BT 2048, H 1024, V 32768, K 64, fp32: fused forward-KL bucket against its three bare
-#      GEMMs, renorm_both sparse against dense, the logits entry), and, when python3 has torch,
+#      GEMMs, renorm_both sparse against dense, the logits entry; kdloss_cuda_distill_logits on
+#      2048 x 32768 fp32 logits, forward KL and JSD), and, when python3 has torch,
 #      eager torch and Liger-Kernel on the same workloads (Liger from wheels in .whl/ if carried)
 #   4. print one table; the log and a JSON summary go to $OUT (or bench/out/gpu_check): at most
 #      five files (gpu_check.log, gpu_check.json, test_cuda.log, sanitizer.log, build.log on a
@@ -36,6 +38,7 @@ step() { echo; echo "== [$(($(date +%s) - START)) s] $*"; }
 
 status_build=fail status_test=skipped status_memcheck=skipped status_racecheck=skipped
 status_bench=skipped status_torch=skipped status_topk=skipped status_vp=skipped
+status_dlogits=skipped
 
 step "device"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader || true
@@ -98,6 +101,12 @@ if [ -n "$TEST" ]; then
   elif [ "$status_test" = pass ] || grep -qE "^[0-9]+ passed" "$WORK/test_cuda.log"; then status_vp=pass
   else status_vp="unknown(test cut short)"; fi
   echo "vocabulary-parallel expectations: $status_vp"
+  # the same for kdloss_cuda_distill_logits (tag "dlogits")
+  n_dl=$(grep -cE "^FAIL (.*: )?dlogits " "$WORK/test_cuda.log")
+  if [ "$n_dl" -gt 0 ]; then status_dlogits="FAIL($n_dl)"
+  elif [ "$status_test" = pass ] || grep -qE "^[0-9]+ passed" "$WORK/test_cuda.log"; then status_dlogits=pass
+  else status_dlogits="unknown(test cut short)"; fi
+  echo "distill_logits expectations: $status_dlogits"
   if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
       if [ "$(left)" -lt 200 ]; then echo "no time left for $tool"; break; fi
@@ -143,6 +152,7 @@ fi
 step "summary"
 cat >"$WORK/status.json" <<EOF
 {"build": "$status_build", "test": "$status_test", "topk": "$status_topk", "vp": "$status_vp",
+ "dlogits": "$status_dlogits",
  "memcheck": "$status_memcheck", "racecheck": "$status_racecheck", "bench": "$status_bench",
  "peers": "$status_torch",
  "seconds": $(($(date +%s) - START))}

@@ -765,6 +765,18 @@ KDLOSS_API kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *str
                                              kdloss_labels labels, float *loss, float *row_loss,
                                              kdloss_mat grad, void *workspace,
                                              size_t workspace_bytes);
+/* kdloss_distill_logits on the GPU: the same semantics, checks and codes (labels' values through
+ * the status word, as above), the same element definitions. One block per row, three passes over
+ * the row's logits (log-sum-exps; divergence and sum(g); gradient), no copy of the row: any V
+ * (rows of 256k logits included), any row count. grad.data may equal student_logits.data (same
+ * ld, in place). */
+KDLOSS_API kdloss_status kdloss_cuda_distill_logits_workspace_size(int64_t bt, int64_t v,
+                                                                   size_t *bytes);
+KDLOSS_API kdloss_status kdloss_cuda_distill_logits(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_distill_logits_params *params,
+    int64_t bt, int64_t v, kdloss_cmat student_logits, kdloss_cmat teacher_logits,
+    kdloss_labels labels, float *loss, float *row_loss, kdloss_mat grad, void *workspace,
+    size_t workspace_bytes);
 KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes);

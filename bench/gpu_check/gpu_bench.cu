@@ -11,6 +11,8 @@
  *      fp32 GEMMs as the floor), renorm_both on the sparse path, the same on the dense path (a
  *      row_lse output forces it; the two must agree), and kdloss_cuda_topk_distill_logits on
  *      2048 x 32768 fp32 logits
+ *   5. kdloss_cuda_distill_logits on 2048 x 32768 fp32 student and teacher logits, T 2, loss +
+ *      gradient, forward KL and JSD
  * and the device memory each workload holds (inputs + outputs + workspace, counted at cudaMalloc).
  * Usage: gpu_bench [summary.json]. Exit code 0 only if every call succeeded and every loss is
  * finite. */
@@ -514,6 +516,77 @@ static int bench_topk(kdloss_cuda_context *ctx) {
     return ok;
 }
 
+/* ---- workload 5: the divergence family on dense logits ---- */
+typedef struct dl_w {
+    kdloss_cuda_context *ctx;
+    int64_t bt, v;
+    kdloss_divergence div;
+    float *zs, *zt, *g, *loss;
+    void *wk;
+    size_t wkb;
+} dl_w;
+
+static void dl_op(void *arg) {
+    dl_w *w = (dl_w *)arg;
+    kdloss_distill_logits_params p;
+    kdloss_distill_logits_params_default(&p);
+    p.div.divergence = w->div;
+    p.temperature = 2.0;
+    kdloss_cmat zs = {w->zs, KDLOSS_F32, 0}, zt = {w->zt, KDLOSS_F32, 0};
+    kdloss_labels L = {NULL, KDLOSS_I64};
+    kdloss_mat g = {w->g, KDLOSS_F32, 0};
+    KS(kdloss_cuda_distill_logits(w->ctx, g_st, &p, w->bt, w->v, zs, zt, L, w->loss, NULL, g,
+                                  w->wk, w->wkb));
+}
+
+/* kdloss_cuda_distill_logits on (bt x v) fp32 logits, T 2, loss + gradient, forward KL and JSD:
+ * three passes over both rows (the second and third from L2 when a row fits), one write. */
+static int bench_distill_logits(kdloss_cuda_context *ctx) {
+    dl_w w;
+    memset(&w, 0, sizeof w);
+    w.ctx = ctx;
+    w.bt = 2048, w.v = 32768;
+    const size_t bz = (size_t)(w.bt * w.v) * 4;
+    g_peak = g_live;
+    w.zs = (float *)dmalloc(bz);
+    w.zt = (float *)dmalloc(bz);
+    w.g = (float *)dmalloc(bz);
+    w.loss = (float *)dmalloc(4);
+    fill_normal_f32<<<grid_for(bz / 4), 256, 0, g_st>>>(w.zs, bz / 4, 41);
+    fill_normal_f32<<<grid_for(bz / 4), 256, 0, g_st>>>(w.zt, bz / 4, 42);
+    CK(cudaGetLastError());
+    KS(kdloss_cuda_distill_logits_workspace_size(w.bt, w.v, &w.wkb));
+    w.wk = dmalloc(w.wkb);
+    int ok = 1;
+    const kdloss_divergence divs[] = {KDLOSS_DIV_FORWARD_KL, KDLOSS_DIV_JSD};
+    for (int i = 0; i < 2; i++) {
+        w.div = divs[i];
+        timing t = time_op(dl_op, &w, 3, 20);
+        float loss;
+        int32_t st;
+        CK(cudaMemcpy(&loss, w.loss, 4, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(&st, w.wk, 4, cudaMemcpyDeviceToHost));
+        if (!isfinite(loss) || st != 0) {
+            printf("distill_logits %s: loss %g, status word %d\n", kdloss_divergence_name(w.div),
+                   loss, (int)st);
+            ok = 0;
+        }
+        char name[96], extra[128];
+        snprintf(name, sizeof name, "kdloss distill_logits %s 2048x32768 fp32",
+                 kdloss_divergence_name(w.div));
+        snprintf(extra, sizeof extra,
+                 "%.0f GB/s effective (%.0f MB read once + written), loss %.6g",
+                 3.0 * bz / (t.med * 1e6), 3.0 * bz / 1e6, loss);
+        row_out(name, t, g_peak, extra);
+    }
+    dfree(w.wk, w.wkb);
+    dfree(w.zs, bz);
+    dfree(w.zt, bz);
+    dfree(w.g, bz);
+    dfree(w.loss, 4);
+    return ok;
+}
+
 static size_t dev_used(void) {
     size_t fr, tot;
     CK(cudaMemGetInfo(&fr, &tot));
@@ -666,6 +739,8 @@ int main(int argc, char **argv) {
     }
     /* ---- 4. the sparse top-k teacher ---- */
     if (!bench_topk(ctx)) ok = 0;
+    /* ---- 5. the divergence family on dense logits ---- */
+    if (!bench_distill_logits(ctx)) ok = 0;
     if (js) {
         fprintf(js, "\n  ],\n  \"ok\": %s\n}\n", ok ? "true" : "false");
         fclose(js);

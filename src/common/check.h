@@ -28,6 +28,13 @@ static inline int kd_fp32_finite(double x) {
     return x < 0x1.ffffffp+127 && x > -0x1.ffffffp+127;
 }
 
+/* 1 if T > 0 and 1/T, grad_scale and grad_scale / T are finite fp32 values: the losses on
+ * logits scale the logits by 1/T and the gradient by grad_scale / T, both in fp32. */
+static inline int kd_temperature_ok(double t, double grad_scale) {
+    return t > 0.0 && kd_fp32_finite(t) && kd_fp32_finite(1.0 / t) &&
+           kd_fp32_finite(grad_scale) && kd_fp32_finite(grad_scale / t);
+}
+
 /* 1 for F32, BF16, F16. */
 int kd_is_float_dtype(kdloss_dtype dt);
 
@@ -69,6 +76,9 @@ kdloss_status kd_div_check(const kdloss_div_params *d);
 
 /* kdloss_distill parameters (NULL -> NULL_POINTER), shared by the CPU and CUDA backends. */
 kdloss_status kd_distill_check_params(const kdloss_distill_params *p);
+/* kdloss_distill_logits parameters (NULL -> NULL_POINTER): kdloss_distill's and the
+ * temperature, shared by the CPU and CUDA backends. */
+kdloss_status kd_distill_logits_check_params(const kdloss_distill_logits_params *p);
 /* kdloss_jsd's parameters as kdloss_distill's (divergence JSD). */
 kdloss_distill_params kd_distill_from_jsd(const kdloss_jsd_params *p);
 

@@ -52,6 +52,24 @@ kdloss_status kd_distill_check_params(const kdloss_distill_params *p) {
     return kd_fp32_finite(p->grad_scale) ? KDLOSS_OK : KDLOSS_ERR_INVALID_PARAM;
 }
 
+/* Here rather than with the CPU function: the CUDA entry takes the same parameters, and a
+ * CUDA-only build (bench/gpu_check.sh's fallback) has src/common but no CPU kernels. */
+void kdloss_distill_logits_params_default(kdloss_distill_logits_params *p) {
+    if (!p) return;
+    kdloss_div_params_default(&p->div);
+    p->temperature = 1.0;
+    p->ignore_index = -100;
+    p->grad_scale = 1.0;
+}
+
+kdloss_status kd_distill_logits_check_params(const kdloss_distill_logits_params *p) {
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    const kdloss_distill_params dp = {p->div, p->ignore_index, p->grad_scale};
+    kdloss_status st = kd_distill_check_params(&dp);
+    if (st != KDLOSS_OK) return st;
+    return kd_temperature_ok(p->temperature, p->grad_scale) ? KDLOSS_OK : KDLOSS_ERR_INVALID_PARAM;
+}
+
 kdloss_distill_params kd_distill_from_jsd(const kdloss_jsd_params *p) {
     kdloss_distill_params d;
     kdloss_distill_params_default(&d);

@@ -61,12 +61,7 @@ kdloss_status kd_topk_check_logits_params(const kdloss_topk_distill_params *p) {
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_topk_check_tail(&p->div, p->tail);
     if (st != KDLOSS_OK) return st;
-    double t = p->temperature;
-    /* 1/T scales the logits and grad_scale / T the gradient, both in fp32 */
-    if (!(t > 0.0) || !kd_fp32_finite(t) || !kd_fp32_finite(1.0 / t) ||
-        !kd_fp32_finite(p->grad_scale) || !kd_fp32_finite(p->grad_scale / t))
-        return KDLOSS_ERR_INVALID_PARAM;
-    return KDLOSS_OK;
+    return kd_temperature_ok(p->temperature, p->grad_scale) ? KDLOSS_OK : KDLOSS_ERR_INVALID_PARAM;
 }
 
 kdloss_fused_linear_distill_params kd_topk_fld_params(

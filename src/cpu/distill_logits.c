@@ -27,14 +27,6 @@
 #include "logits_rows.h"
 #include "topk.h"
 
-void kdloss_distill_logits_params_default(kdloss_distill_logits_params *p) {
-    if (!p) return;
-    kdloss_div_params_default(&p->div);
-    p->temperature = 1.0;
-    p->ignore_index = -100;
-    p->grad_scale = 1.0;
-}
-
 /* One call: the elementwise job (first member: kd_rows_sum hands it back to the row function)
  * and what the row kernel needs besides. */
 typedef struct dl_job {
@@ -235,13 +227,8 @@ kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64
                                     float *loss, float *row_loss, kdloss_mat grad) {
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    kdloss_distill_params dp = {p->div, p->ignore_index, p->grad_scale};
-    kdloss_status st = kd_distill_check_params(&dp);
+    kdloss_status st = kd_distill_logits_check_params(p); /* src/common, shared with CUDA */
     if (st) return st;
-    double t = p->temperature;
-    if (!(t > 0.0) || !kd_fp32_finite(t) || !kd_fp32_finite(1.0 / t) ||
-        !kd_fp32_finite(p->grad_scale / t))
-        return KDLOSS_ERR_INVALID_PARAM;
 
     dl_job job;
     memset(&job, 0, sizeof job);
@@ -249,8 +236,8 @@ kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64
     st = kd_ew_check_distill(bt, v, student, teacher, labels, p->ignore_index, loss, row_loss,
                              grad, &job.ew, &n_valid);
     if (st) return st;
-    return run(&job, &p->div, 0, t, p->grad_scale, bt, v, n_valid, labels, p->ignore_index, loss,
-               row_loss, grad);
+    return run(&job, &p->div, 0, p->temperature, p->grad_scale, bt, v, n_valid, labels,
+               p->ignore_index, loss, row_loss, grad);
 }
 
 kdloss_status kdloss_topk_distill_logits(const kdloss_topk_distill_params *p, int64_t bt,

@@ -1,8 +1,8 @@
 /* Host-side argument checks of the CUDA entry points (see args.h). The order of the checks is
- * the CPU functions' (src/cpu/kl_div.c, jsd.c, fljsd_check.c), so that a call with several faults
- * gets the same code from both backends; the CUDA-only faults (context, workspace alignment, a
- * NULL workspace) come where the CPU checks its own workspace, or last. Label values are device
- * memory and are checked on the device (kdloss.h). */
+ * the CPU functions' (src/cpu/kl_div.c, jsd.c, distill_logits.c, fljsd_check.c), so that a call
+ * with several faults gets the same code from both backends; the CUDA-only faults (context,
+ * workspace alignment, a NULL workspace) come where the CPU checks its own workspace, or last.
+ * Label values are device memory and are checked on the device (kdloss.h). */
 #include "args.h"
 
 #include <math.h>
@@ -266,7 +266,7 @@ kdloss_status kd_args_workspace(const void *ws, size_t bytes, size_t need, const
     return KDLOSS_OK;
 }
 
-/* ---- the sparse top-k teacher ------------------------------------------------------------- */
+/* ---- the losses on logits (dense teacher, sparse top-k teacher) ---------------------------- */
 
 /* Every output span against every input and every later output; output `skip_o` may coincide
  * with input `skip_i` (an in-place gradient; -1: none). */
@@ -280,6 +280,63 @@ static kdloss_status spans_disjoint(const kd_spanset *s, int skip_o, int skip_i)
     return KDLOSS_OK;
 }
 
+/* The student, gradient, labels and outputs of a loss on logits, after its teacher's checks
+ * (the CPU's kd_ew_check_rows order: student, gradient, labels' dtype and alignment, at least
+ * one output, outputs' alignment, overlaps). teacher: the n_teacher spans the teacher reads,
+ * inputs after the student's. Writes the effective lds and every span (the gradient is the
+ * first output and may be the student itself, same ld). */
+static kdloss_status logits_rows(int64_t bt, int64_t v, kdloss_cmat student,
+                                 const kd_span *teacher, int n_teacher, kdloss_labels labels,
+                                 const float *loss, const float *row_loss, kdloss_mat grad,
+                                 int64_t *ld_s, int64_t *ld_g, kd_spanset *spans) {
+    kd_span s_s, s_g = {0, 0};
+    kdloss_status st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, ld_s, &s_s);
+    if (st != KDLOSS_OK) return st;
+    *ld_g = 0;
+    if (grad.data) {
+        if (grad.dtype != student.dtype) return KDLOSS_ERR_INVALID_DTYPE;
+        st = kd_check_fmat(bt, v, grad.data, grad.dtype, grad.ld, ld_g, &s_g);
+        if (st != KDLOSS_OK) return st;
+    }
+    /* label values live on the device and are checked there (kdloss.h) */
+    if (labels.data && labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32)
+        return KDLOSS_ERR_INVALID_DTYPE;
+    if (labels.data && !kd_aligned(labels.data, kdloss_dtype_size(labels.dtype)))
+        return KDLOSS_ERR_MISALIGNED;
+    if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
+    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
+        return KDLOSS_ERR_MISALIGNED;
+    spans->n = 0;
+    spans_add(spans, s_s); /* input 0 */
+    for (int i = 0; i < n_teacher; i++) spans_add(spans, teacher[i]);
+    spans_add(spans, kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
+    spans->n_in = spans->n;
+    spans_add(spans, s_g); /* output n_in: may be the student itself, same ld */
+    spans_add(spans, kd_vec_span(row_loss, bt, sizeof(float)));
+    spans_add(spans, kd_vec_span(loss, 1, sizeof(float)));
+    const int in_place = grad.data && grad.data == student.data && *ld_g == *ld_s;
+    return spans_disjoint(spans, in_place ? spans->n_in : -1, 0);
+}
+
+kdloss_status kd_args_distill_logits(const kdloss_distill_logits_params *p, int64_t bt,
+                                     int64_t v, kdloss_cmat student, kdloss_cmat teacher,
+                                     kdloss_labels labels, const float *loss,
+                                     const float *row_loss, kdloss_mat grad, kd_jsd_geom *g,
+                                     kd_spanset *spans) {
+    /* the CPU's order (src/cpu/distill_logits.c): parameters, sizes, student, teacher, rest */
+    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    kdloss_status st = kd_distill_logits_check_params(p); /* src/common, shared */
+    if (st != KDLOSS_OK) return st;
+    kd_span s_s, s_t;
+    st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, &g->ld_s, &s_s);
+    if (st == KDLOSS_OK)
+        st = kd_check_fmat(bt, v, teacher.data, teacher.dtype, teacher.ld, &g->ld_t, &s_t);
+    if (st != KDLOSS_OK) return st;
+    return logits_rows(bt, v, student, &s_t, 1, labels, loss, row_loss, grad, &g->ld_s, &g->ld_g,
+                       spans);
+}
+
 kdloss_status kd_args_topk_logits(const kdloss_topk_distill_params *p, int64_t bt, int64_t v,
                                   kdloss_cmat student, kdloss_topk_teacher teacher,
                                   kdloss_labels labels, const float *loss, const float *row_loss,
@@ -288,38 +345,15 @@ kdloss_status kd_args_topk_logits(const kdloss_topk_distill_params *p, int64_t b
     kdloss_status st = kd_topk_check_logits_params(p); /* src/common/topk.c, shared */
     if (st != KDLOSS_OK) return st;
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    kd_span s_s, s_ids, s_lp, s_g = {0, 0};
-    st = kd_topk_check_teacher(teacher, bt, &s_ids, &s_lp, &g->ld_ids, &g->ld_lp);
-    if (st == KDLOSS_OK)
-        st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, &g->ld_s, &s_s);
+    kd_span s_t[2];
+    st = kd_topk_check_teacher(teacher, bt, &s_t[0], &s_t[1], &g->ld_ids, &g->ld_lp);
     if (st != KDLOSS_OK) return st;
-    g->ld_g = 0;
-    if (grad.data) {
-        if (grad.dtype != student.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = kd_check_fmat(bt, v, grad.data, grad.dtype, grad.ld, &g->ld_g, &s_g);
-        if (st != KDLOSS_OK) return st;
-    }
-    /* label values live on the device and are checked there, as the ids (kdloss.h) */
-    if (labels.data && labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32)
-        return KDLOSS_ERR_INVALID_DTYPE;
-    if (labels.data && !kd_aligned(labels.data, kdloss_dtype_size(labels.dtype)))
-        return KDLOSS_ERR_MISALIGNED;
-    if (!loss && !row_loss && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
-    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
-        return KDLOSS_ERR_MISALIGNED;
     g->want_grad = grad.data != NULL;
-    spans->n = 0;
-    spans_add(spans, s_s); /* input 0 */
-    spans_add(spans, s_ids);
-    spans_add(spans, s_lp);
-    spans_add(spans, kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
-    spans->n_in = spans->n;
-    spans_add(spans, s_g); /* output n_in: may be the student itself, same ld */
-    spans_add(spans, kd_vec_span(row_loss, bt, sizeof(float)));
-    spans_add(spans, kd_vec_span(loss, 1, sizeof(float)));
-    const int in_place = grad.data && grad.data == student.data && g->ld_g == g->ld_s;
-    return spans_disjoint(spans, in_place ? spans->n_in : -1, 0);
+    return logits_rows(bt, v, student, s_t, 2, labels, loss, row_loss, grad, &g->ld_s, &g->ld_g,
+                       spans);
 }
+
+/* ---- the fused sparse top-k teacher ------------------------------------------------------- */
 
 kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                            int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,

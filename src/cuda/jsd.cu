@@ -166,19 +166,9 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
     kd_ew_plan_make(bt, v, workspace, &plan);
 
     jsd_args a;
-    a.s = student.data;
-    a.ld_s = g.ld_s;
-    a.t = teacher.data;
-    a.ld_t = g.ld_t;
-    a.grad = grad.data;
-    a.ld_g = g.ld_g;
-    a.labels = labels.data;
-    a.lab64 = labels.dtype == KDLOSS_I64;
-    a.ignore = params->ignore_index;
-    a.hdr = plan.hdr;
-    a.part = (loss || row_loss) ? plan.part : NULL;
-    a.bt = bt;
-    a.v = v;
+    kd_pair_args_fill(&a, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g, labels,
+                      params->ignore_index, plan, bt, v);
+    if (!loss && !row_loss) a.part = NULL; /* no partial sums to write */
     a.ntiles = plan.ntiles;
     a.coef = kd_div_coef_make(&params->div);
     a.grad_scale = params->grad_scale;

@@ -192,6 +192,30 @@ __device__ __forceinline__ void kd_st8(void *p, int64_t i, const float in[8]) {
     }
 }
 
+/* Elements o..o+n-1 (n <= 8) of a DT array as fp32, the rest of out 0. VEC: element o is
+ * 16-byte aligned, so a full group (n == 8) is one or two 16-byte loads. */
+template <int DT, bool VEC>
+__device__ __forceinline__ void kd_ld8n(const void *p, int64_t o, int n, float out[8]) {
+    if (VEC && n == 8) {
+        kd_ld8<DT>(p, o, out);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[j] = j < n ? kd_ld<DT>(p, o + j) : 0.0f;
+    }
+}
+
+/* Stores in[0..n) as elements o..o+n-1 of a DT array; same rule as kd_ld8n. */
+template <int DT, bool VEC>
+__device__ __forceinline__ void kd_st8n(void *p, int64_t o, int n, const float in[8]) {
+    if (VEC && n == 8) {
+        kd_st8<DT>(p, o, in);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < n) kd_st<DT>(p, o + j, in[j]);
+    }
+}
+
 /* Label of row r (I64 or I32), widened. */
 __device__ __forceinline__ int64_t kd_label(const void *labels, int is64, int64_t r) {
     return is64 ? ((const int64_t *)labels)[r] : (int64_t)((const int32_t *)labels)[r];
@@ -267,7 +291,10 @@ __device__ __forceinline__ unsigned long long kd_block_sum_u64(unsigned long lon
     return x;
 }
 
-/* Online log-sum-exp state: sum exp(x_i) = l * exp(m). m = -inf and l = 0 when empty. */
+/* Online log-sum-exp state of values x scaled by sc > 0 (the temperature's 1/T, or 1):
+ * sum exp(sc x_i) = l * exp(sc m), m the largest x_i. m = -inf and l = 0 when empty. Forming
+ * sc (x - m) rather than sc x - sc m keeps the precision of rows far from 0 (logits near -1e4),
+ * as the CPU's row passes do. */
 typedef struct kd_lse {
     float m;
     float l;
@@ -275,34 +302,38 @@ typedef struct kd_lse {
 
 /* Adds n values at once: one rescale per group instead of per element. -inf values add 0; an
  * all -inf state stays (m = -inf, l = 0) instead of forming exp(-inf - -inf) = NaN. */
-__device__ __forceinline__ void kd_lse_add8(kd_lse *s, const float x[8], int n) {
+__device__ __forceinline__ void kd_lse_add8s(kd_lse *s, const float x[8], int n, float sc) {
     float gm = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; j++)
         if (j < n) gm = fmaxf(gm, x[j]);
     float nm = fmaxf(s->m, gm);
     if (nm == -INFINITY) return;
-    float l = s->m == -INFINITY ? 0.0f : s->l * expf(s->m - nm);
+    float l = s->m == -INFINITY ? 0.0f : s->l * expf((s->m - nm) * sc);
 #pragma unroll
     for (int j = 0; j < 8; j++)
-        if (j < n) l += expf(x[j] - nm);
+        if (j < n) l += expf((x[j] - nm) * sc);
     s->m = nm;
     s->l = l;
 }
 
-__device__ __forceinline__ kd_lse kd_lse_merge(kd_lse a, kd_lse b) {
+__device__ __forceinline__ void kd_lse_add8(kd_lse *s, const float x[8], int n) {
+    kd_lse_add8s(s, x, n, 1.0f); /* (x - m) * 1 is exact: the unscaled sums */
+}
+
+__device__ __forceinline__ kd_lse kd_lse_merge(kd_lse a, kd_lse b, float sc) {
     float m = fmaxf(a.m, b.m);
     if (m == -INFINITY) return a;
     kd_lse r;
     r.m = m;
-    r.l = (a.m == -INFINITY ? 0.0f : a.l * expf(a.m - m)) +
-          (b.m == -INFINITY ? 0.0f : b.l * expf(b.m - m));
+    r.l = (a.m == -INFINITY ? 0.0f : a.l * expf((a.m - m) * sc)) +
+          (b.m == -INFINITY ? 0.0f : b.l * expf((b.m - m) * sc));
     return r;
 }
 
-/* log(sum exp) over the block, fixed combination order; every thread gets the result.
+/* The merged state over the block, fixed combination order; every thread gets it.
  * `red` is shared scratch of 32 kd_lse. Ends with a barrier. */
-__device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
+__device__ __forceinline__ kd_lse kd_block_lse_state(kd_lse s, kd_lse *red, float sc) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = (blockDim.x + 31) >> 5;
 #pragma unroll
@@ -310,7 +341,7 @@ __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
         kd_lse t;
         t.m = __shfl_down_sync(0xffffffffu, s.m, o);
         t.l = __shfl_down_sync(0xffffffffu, s.l, o);
-        s = kd_lse_merge(s, t);
+        s = kd_lse_merge(s, t, sc);
     }
     if (lane == 0) red[warp] = s;
     __syncthreads();
@@ -326,13 +357,19 @@ __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
             kd_lse t;
             t.m = __shfl_down_sync(0xffffffffu, s.m, o);
             t.l = __shfl_down_sync(0xffffffffu, s.l, o);
-            s = kd_lse_merge(s, t);
+            s = kd_lse_merge(s, t, sc);
         }
         if (lane == 0) red[0] = s;
     }
     __syncthreads();
     kd_lse r = red[0];
     __syncthreads();
+    return r;
+}
+
+/* log(sum exp) of unscaled values over the block; every thread gets it. Ends with a barrier. */
+__device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
+    const kd_lse r = kd_block_lse_state(s, red, 1.0f);
     /* an empty (all -inf) row has lse -inf; log(0) gives exactly that */
     return r.m == -INFINITY ? -INFINITY : r.m + logf(r.l);
 }
@@ -441,5 +478,30 @@ static inline unsigned int kd_grid_1d(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return kd_grid(b > 65536 ? 65536 : b);
 }
+
+#ifdef __cplusplus
+/* The fields every (student, teacher, labels) row kernel of the elementwise plan takes, filled
+ * from a checked call: A has s, ld_s, t, ld_t, grad, ld_g (effective lds), labels, lab64,
+ * ignore, hdr, part (the plan's), bt, v. */
+template <typename A>
+static inline void kd_pair_args_fill(A *a, kdloss_cmat s, int64_t ld_s, kdloss_cmat t,
+                                     int64_t ld_t, kdloss_mat g, int64_t ld_g,
+                                     kdloss_labels labels, int64_t ignore, const kd_ew_plan &plan,
+                                     int64_t bt, int64_t v) {
+    a->s = s.data;
+    a->ld_s = ld_s;
+    a->t = t.data;
+    a->ld_t = ld_t;
+    a->grad = g.data;
+    a->ld_g = ld_g;
+    a->labels = labels.data;
+    a->lab64 = labels.dtype == KDLOSS_I64;
+    a->ignore = ignore;
+    a->hdr = plan.hdr;
+    a->part = plan.part;
+    a->bt = bt;
+    a->v = v;
+}
+#endif
 
 #endif /* KDLOSS_KD_CUDA_CUH */

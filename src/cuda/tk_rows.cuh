@@ -177,28 +177,11 @@ __device__ __forceinline__ float tk_z(const tk_row_args &a, int64_t r, int64_t c
 template <int DZ, int DG, bool VEC>
 __device__ __forceinline__ void tk_load8(const tk_row_args &a, int64_t r, int64_t c0, int n,
                                          float out[8]) {
-    const int64_t o = r * a.ldz + c0;
-    if (VEC && n == 8) {
-        kd_ld8<DZ>(a.z, o, out);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++) out[j] = j < n ? kd_ld<DZ>(a.z, o + j) : 0.0f;
-    }
+    kd_ld8n<DZ, VEC>(a.z, r * a.ldz + c0, n, out);
     if (a.bias) {
 #pragma unroll
         for (int j = 0; j < 8; j++)
             if (j < n) out[j] += kd_ld<DG>(a.bias, c0 + j);
-    }
-}
-
-template <int DG, bool VEC>
-__device__ __forceinline__ void tk_store8(void *grow, int64_t c0, int n, const float d[8]) {
-    if (VEC && n == 8) {
-        kd_st8<DG>(grow, c0, d);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j < n) kd_st<DG>(grow, c0 + j, d[j]);
     }
 }
 
@@ -231,7 +214,7 @@ __device__ void tk_skip_row(const tk_row_args &a, int64_t r, int64_t gr, int kin
         const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         void *grow = tk_grow(a, r);
         for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += TK_TILE)
-            tk_store8<DG, VEC>(grow, c0, a.v - c0 >= 8 ? 8 : (int)(a.v - c0), z8);
+            kd_st8n<DG, VEC>(grow, c0, a.v - c0 >= 8 ? 8 : (int)(a.v - c0), z8);
     }
     if (threadIdx.x == 0) {
         const double x = kind == TK_ROW_IGNORED ? 0.0 : tk_qnan();
@@ -287,7 +270,7 @@ __device__ void tk_pass_grad(const tk_row_args &a, int64_t r, const tk_row_state
             if (soft) dj += st.cb * (st.crest * expf(zz[j] * a.inv_t - st.R));
             d[j] = dj;
         }
-        tk_store8<DG, VEC>(grow, c0, n, d);
+        kd_st8n<DG, VEC>(grow, c0, n, d);
     }
 }
 

@@ -64,6 +64,19 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
+kdloss_status kdloss_cuda_distill_logits_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
+kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
+                                         const kdloss_distill_logits_params *params, int64_t bt,
+                                         int64_t v, kdloss_cmat student_logits,
+                                         kdloss_cmat teacher_logits, kdloss_labels labels,
+                                         float *loss, float *row_loss, kdloss_mat grad,
+                                         void *workspace, size_t workspace_bytes) {
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
 kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {

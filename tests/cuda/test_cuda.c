@@ -31,7 +31,15 @@
  * file's own communicator) are compared with the single-process CUDA call instead, at
  * tests/mpi/test_vp.c's tolerances (losses 1e-6 relative, gradients 1e-5), and their all-reduce
  * sequence with the documented protocol; the NCCL adapter runs with one rank where CMake found
- * NCCL (KDLOSS_TEST_NCCL). */
+ * NCCL (KDLOSS_TEST_NCCL).
+ *
+ * The divergence family on logits (kdloss_cuda_distill_logits, tag "dlogits"): every case of
+ * div_cases.h at T 1, 2, 0.7 against a float64 reference written here (log_softmax(z / T) in
+ * double, ref_div_elem, dz = (g - Q sum g) / T), with the top-k logits loss's tolerances plus
+ * what S = sum g carries to element j as Q_j dS: 64 u of its terms' magnitudes (the bound
+ * test_distill_logits holds the CPU to; its scalar path sums S sequentially in fp32), and for
+ * TVD Q_k of each element k where P and Q agree to fp32 rounding (either subgradient; that
+ * element itself may move by Q_k). */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
@@ -53,6 +61,7 @@
 #pragma weak kdloss_jsd
 #pragma weak kdloss_fused_linear_jsd
 #pragma weak kdloss_distill
+#pragma weak kdloss_distill_logits
 #pragma weak kdloss_fused_linear_distill
 #pragma weak kdloss_topk_distill_logits
 #pragma weak kdloss_fused_linear_topk_distill
@@ -1325,12 +1334,24 @@ static void tk_logits_vs_cpu(const tk_case *c, const char *tag, const kdloss_top
     free(crow);
 }
 
-/* Checks of one logits call against the reference (rrow / rg / want), run-to-run bits, and the
- * CPU. Returns nothing; the tag names the case. */
-static void tk_logits_check(const tk_case *c, const char *tag, const kdloss_div_params *d,
-                            void *dg, float *dloss, float *drow, void *dws, int32_t want_status,
-                            const double *rg, const double *rrow, double want, double abs_tot,
-                            double nvd, kdloss_status (*call)(void *), void *arg) {
+/* abs(log w) + abs(log(1 - w)) of a mixture divergence's weight w in (0, 1), else 0: the size of
+ * the constants whose fp32 rounding stays in the mixtures' log-differences. */
+static double mix_log_weights(const kdloss_div_params *d) {
+    const double w = d->divergence == KDLOSS_DIV_JSD ? d->beta : d->alpha;
+    const int mix = d->divergence == KDLOSS_DIV_JSD ||
+                    d->divergence == KDLOSS_DIV_SKEW_FORWARD_KL ||
+                    d->divergence == KDLOSS_DIV_SKEW_REVERSE_KL;
+    return mix && w > 0 && w < 1 ? fabs(log(w)) + fabs(log1p(-w)) : 0.0;
+}
+
+/* Checks of one call of a loss on logits (the top-k teacher's, or the dense one's with c->k 0)
+ * against the reference (rrow / rg / want), and run-to-run bits. slack (bt x v, or NULL): how
+ * far each gradient element may stray from rg beyond the tolerance (TVD's subgradient at ties).
+ * Returns nothing; the tag names the case. */
+static void logits_check(const tk_case *c, const char *tag, const kdloss_div_params *d,
+                         void *dg, float *dloss, float *drow, void *dws, int32_t want_status,
+                         const double *rg, const double *slack, const double *rrow, double want,
+                         double abs_tot, double nvd, kdloss_status (*call)(void *), void *arg) {
     const int64_t bt = c->bt, v = c->v, ld = v + c->pad, n = bt * v;
     const size_t es = kdloss_dtype_size(c->ds);
     char what[300];
@@ -1339,10 +1360,9 @@ static void tk_logits_check(const tk_case *c, const char *tag, const kdloss_div_
     void *hg = xmalloc((size_t)(bt * ld) * es);
     d2h(hg, dg, (size_t)(bt * ld) * es);
     double *gg = to_double(hg, c->ds, bt, v, ld);
-    double w_mix = d->divergence == KDLOSS_DIV_JSD ? d->beta : d->alpha, lw = 0;
-    if (w_mix > 0 && w_mix < 1 && d->divergence != KDLOSS_DIV_FORWARD_KL &&
-        d->divergence != KDLOSS_DIV_REVERSE_KL && d->divergence != KDLOSS_DIV_TVD)
-        lw = fabs(log(w_mix)) + fabs(log1p(-w_mix));
+    for (int64_t i = 0; slack && i < n; i++)
+        if (fabs(gg[i] - rg[i]) <= slack[i]) gg[i] = rg[i];
+    const double lw = mix_log_weights(d);
     const double mix_atol = 64 * 0x1p-24 * (1 + lw) * 1.25 / (c->T * nvd);
     snprintf(what, sizeof what, "%s grad", tag);
     cmp_arr(what, gg, rg, n, 1e-5 * max_abs(rg, n) + mix_atol + kt_tiny(c->ds),
@@ -1450,8 +1470,8 @@ static void test_tk_logits_case(kt_rng *rng, const tk_case *c) {
         int64_t nv = 0;
         for (int64_t r = 0; r < bt; r++) nv += kind[r] == 0;
         const double nvd = nv > 0 ? (double)nv : 1.0;
-        tk_logits_check(c, tag, &d, dg, dloss, drow, dws, want_status, rg, rrow, want, abs_tot,
-                        nvd, tk_call_run, &a);
+        logits_check(c, tag, &d, dg, dloss, drow, dws, want_status, rg, NULL, rrow, want, abs_tot,
+                     nvd, tk_call_run, &a);
         if (!c->in_place) { /* the student's logits are an input: never written (nor masked) */
             void *hx2 = xmalloc((size_t)(bt * ld) * es);
             d2h(hx2, dx, (size_t)(bt * ld) * es);
@@ -2484,6 +2504,255 @@ static void test_vp_nccl(kt_rng *rng) {
 #endif
 
 /* ------------------------------------------------------------------------------------------ */
+/* The divergence family on logits (kdloss_cuda_distill_logits)                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A case: bt x v logits (tk_gen_logits's rows), divergence KT_DIV_CASES[div], temperature T,
+ * tk_make_labels's label kinds, pad extra columns on every ld, misaligned (one element past a
+ * 16-byte boundary: the scalar path), the gradient in place over the student. */
+typedef struct dl_case {
+    int64_t bt, v;
+    kdloss_dtype ds, dt; /* student (and gradient), teacher */
+    int div;
+    double T;
+    int labels;
+    int64_t pad;
+    int misalign, in_place;
+} dl_case;
+
+/* The float64 reference from the formulas (docs/MATH.md 7.4), not from the kernels' forms: per
+ * row X = log_softmax(zs / T), Y = log_softmax(zt / T) (log-sum-exp in double), ref_div_elem,
+ * dz = (g - Q sum g) / T times gs / max(1, n_valid). Writes grad (bt x v), row [bt] (0 when
+ * ignored, NaN for a bad label), slack (bt x v), what the fp32 chain rule may add to the
+ * elementwise tolerance through S = sum g: its summation (64 u times the row's term magnitudes
+ * |g| + (P + Q)(2 + |x| + |y| + lw), test_distill_logits's bound: the CPU's scalar path sums S
+ * sequentially over the row) reaches element j as Q_j dS; and TVD's subgradient may take either
+ * sign where P and Q agree to fp32 rounding (tvd_tie), which moves that element by up to Q_k and
+ * S by Q_k. Returns the loss (NaN with a bad label); *abs_tot the counted rows' error scales,
+ * *nvd max(1, n_valid). */
+static double dl_ref(const dl_case *c, const kdloss_div_params *d, const double *zs,
+                     const double *zt, const int64_t *lab, double gs, double *grad, double *row,
+                     double *slack, double *abs_tot, double *nvd) {
+    const int64_t bt = c->bt, v = c->v;
+    int64_t nv = 0;
+    int bad = 0;
+    for (int64_t r = 0; r < bt; r++) {
+        const int kind = c->labels ? (lab[r] == -100 ? 1 : lab[r] >= 0 && lab[r] < v ? 0 : 2) : 0;
+        nv += kind == 0, bad |= kind == 2;
+        row[r] = kind == 2 ? NAN : 0.0;
+    }
+    *nvd = nv > 0 ? (double)nv : 1.0;
+    const double scale = gs / (c->T * *nvd), lw = mix_log_weights(d);
+    double tot = 0.0, *g = xmalloc((size_t)v * 8), *x = xmalloc((size_t)v * 8);
+    *abs_tot = 0.0;
+    for (int64_t r = 0; r < bt; r++) {
+        const double *s = zs + r * v, *t = zt + r * v;
+        double *gr = grad + r * v, *sl = slack + r * v;
+        for (int64_t k = 0; k < v; k++) gr[k] = sl[k] = 0.0;
+        if (c->labels && lab[r] == -100) continue;
+        if (c->labels && (lab[r] < 0 || lab[r] >= v)) continue;
+        const double ls = logsumexp(s, v, 1.0 / c->T), lt = logsumexp(t, v, 1.0 / c->T);
+        double loss = 0.0, sum_g = 0.0, dsum = 0.0;
+        for (int64_t k = 0; k < v; k++) {
+            double mag;
+            const double y = t[k] / c->T - lt;
+            x[k] = s[k] / c->T - ls;
+            const double l = ref_div_elem(d, x[k], y, &g[k], &mag);
+            loss += l;
+            sum_g += g[k];
+            *abs_tot += fabs(l) > mag ? fabs(l) : mag;
+            dsum += 64 * 0x1p-24 * (fabs(g[k]) + ref_wmul(exp(x[k]) + exp(y),
+                                                          2 + fabs(x[k]) + fabs(y) + lw));
+            if (tvd_tie(d, x[k], y)) sl[k] = exp(x[k]), dsum += exp(x[k]);
+        }
+        for (int64_t k = 0; k < v; k++) {
+            gr[k] = (g[k] - exp(x[k]) * sum_g) * scale;
+            sl[k] = (sl[k] + exp(x[k]) * dsum) * scale;
+        }
+        row[r] = loss;
+        tot += loss;
+    }
+    free(g);
+    free(x);
+    return bad ? NAN : tot / *nvd;
+}
+
+typedef struct dl_call {
+    const kdloss_distill_logits_params *p;
+    int64_t bt, v;
+    kdloss_cmat s, t;
+    kdloss_labels L;
+    float *loss, *row;
+    kdloss_mat g;
+    void *ws;
+    size_t wsb;
+} dl_call;
+
+static kdloss_status dl_call_run(void *arg) {
+    const dl_call *a = arg;
+    return kdloss_cuda_distill_logits(g_ctx, g_st, a->p, a->bt, a->v, a->s, a->t, a->L, a->loss,
+                                      a->row, a->g, a->ws, a->wsb);
+}
+
+/* Without the gradient: the same loss and row losses, bitwise (the loss pass does not depend on
+ * whether a gradient is wanted). */
+static void dl_forward_only(const char *tag, dl_call a) {
+    const int64_t bt = a.bt;
+    float l1, l2, *r1 = xmalloc((size_t)bt * 4), *r2 = xmalloc((size_t)bt * 4);
+    d2h(&l1, a.loss, 4);
+    d2h(r1, a.row, (size_t)bt * 4);
+    dpoison(a.loss, 4);
+    dpoison(a.row, (size_t)bt * 4);
+    a.g.data = NULL;
+    KT_CHECK(dl_call_run(&a) == KDLOSS_OK, "%s: forward-only call", tag);
+    CK(cudaStreamSynchronize(g_st));
+    d2h(&l2, a.loss, 4);
+    d2h(r2, a.row, (size_t)bt * 4);
+    KT_CHECK(!memcmp(&l1, &l2, 4) && !memcmp(r1, r2, (size_t)bt * 4),
+             "%s: losses without the gradient differ", tag);
+    free(r1);
+    free(r2);
+}
+
+/* kdloss_distill_logits on the host copies (a case without bad labels), when linked. */
+static void dl_vs_cpu(const dl_case *c, const char *tag, const kdloss_distill_logits_params *p,
+                      const void *hx, const void *hy, kdloss_labels hL, const void *dg,
+                      const float *dloss, const double *slack, double abs_tot, double nvd) {
+    const int64_t bt = c->bt, v = c->v, ld = v + c->pad, n = bt * v;
+    const size_t es = kdloss_dtype_size(c->ds);
+    void *cg = xmalloc((size_t)(bt * ld) * es), *hg = xmalloc((size_t)(bt * ld) * es);
+    float cl = 0, hl = 0, *crow = xmalloc((size_t)bt * 4);
+    kdloss_cmat cs = {hx, c->ds, ld}, ct = {hy, c->dt, ld};
+    kdloss_mat cgm = {cg, c->ds, ld};
+    kdloss_status s = kdloss_distill_logits(p, bt, v, cs, ct, hL, &cl, crow, cgm);
+    if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
+        d2h(hg, dg, (size_t)(bt * ld) * es);
+        d2h(&hl, dloss, 4);
+        double *gg = to_double(hg, c->ds, bt, v, ld), *cgg = to_double(cg, c->ds, bt, v, ld);
+        for (int64_t i = 0; i < n; i++) /* either side of a TVD tie */
+            if (fabs(gg[i] - cgg[i]) <= 2 * slack[i]) gg[i] = cgg[i];
+        char what[300];
+        snprintf(what, sizeof what, "%s grad vs CPU", tag);
+        cmp_arr(what, gg, cgg, n, 1e-5 * max_abs(cgg, n) + kt_tiny(c->ds), 2 * unit(c->ds) + 1e-5);
+        kt_close(hl, cl, 1e-5 * abs_tot / nvd + 1e-30, 1e-4, "%s loss vs CPU", tag);
+        free(gg);
+        free(cgg);
+    }
+    free(cg);
+    free(hg);
+    free(crow);
+}
+
+static void test_dl_case(kt_rng *rng, const dl_case *c) {
+    const kdloss_div_params d = KT_DIV_CASES[c->div];
+    char tag[240];
+    snprintf(tag, sizeof tag,
+             "dlogits %s beta=%g alpha=%g bt=%lld v=%lld s=%s t=%s T=%g labels=%d pad=%lld "
+             "mis=%d ip=%d",
+             kdloss_divergence_name(d.divergence), d.beta, d.alpha, (long long)c->bt,
+             (long long)c->v, kt_dtype_name(c->ds), kt_dtype_name(c->dt), c->T, c->labels,
+             (long long)c->pad, c->misalign, c->in_place);
+    const int64_t bt = c->bt, v = c->v, ld = v + c->pad, n = bt * v;
+    const size_t es = kdloss_dtype_size(c->ds), et = kdloss_dtype_size(c->dt);
+    double *zs = tk_gen_logits(rng, bt, v, c->ds), *zt = tk_gen_logits(rng, bt, v, c->dt);
+    int64_t *lab = xmalloc((size_t)bt * 8);
+    void *hlab;
+    kdloss_labels L = tk_make_labels(rng, c->labels, bt, v, lab, &hlab);
+    void *hx = kt_pack(zs, bt, v, ld, c->ds), *hy = kt_pack(zt, bt, v, ld, c->dt);
+    const size_t off_s = c->misalign ? es : 0, off_t = c->misalign ? et : 0;
+    char *dx0 = dalloc((size_t)(bt * ld) * es + 16), *dy0 = dalloc((size_t)(bt * ld) * et + 16);
+    char *dg0 = c->in_place ? NULL : dalloc((size_t)(bt * ld) * es + 16);
+    void *dx = dx0 + off_s, *dy = dy0 + off_t, *dg = c->in_place ? dx : dg0 + off_s;
+    h2d(dx, hx, (size_t)(bt * ld) * es);
+    h2d(dy, hy, (size_t)(bt * ld) * et);
+    if (!c->in_place) dpoison(dg, (size_t)(bt * ld) * es);
+    float *dloss = dalloc(4), *drow = dalloc((size_t)bt * 4);
+    dpoison(dloss, 4);
+    dpoison(drow, (size_t)bt * 4);
+    size_t wsb = 0;
+    KT_CHECK(kdloss_cuda_distill_logits_workspace_size(bt, v, &wsb) == KDLOSS_OK, "%s: ws size",
+             tag);
+    void *dws = dalloc(wsb);
+    kdloss_distill_logits_params p;
+    kdloss_distill_logits_params_default(&p);
+    p.div = d;
+    p.temperature = c->T;
+    p.grad_scale = 1.25;
+    dl_call a = {&p, bt, v, {dx, c->ds, ld}, {dy, c->dt, ld}, L, dloss, drow, {dg, c->ds, ld},
+                 dws, wsb};
+    kdloss_status s = dl_call_run(&a);
+    CK(cudaStreamSynchronize(g_st));
+    if (KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) {
+        double *rg = xmalloc((size_t)n * 8), *sl = xmalloc((size_t)n * 8);
+        double *rrow = xmalloc((size_t)bt * 8), abs_tot, nvd;
+        const double want = dl_ref(c, &d, zs, zt, lab, 1.25, rg, rrow, sl, &abs_tot, &nvd);
+        const int bad_label = isnan(want);
+        const tk_case tc = {bt, v, 0, c->ds, c->dt, KDLOSS_I64, c->div, 0, c->T, c->labels,
+                            0, c->pad, c->misalign, c->in_place};
+        logits_check(&tc, tag, &d, dg, dloss, drow, dws,
+                     bad_label ? KDLOSS_ERR_LABEL_OUT_OF_RANGE : KDLOSS_OK, rg, sl, rrow, want,
+                     abs_tot, nvd, dl_call_run, &a);
+        if (!c->in_place) { /* inputs are never written; the losses without the gradient */
+            void *h2 = xmalloc((size_t)(bt * ld) * (es > et ? es : et));
+            d2h(h2, dx, (size_t)(bt * ld) * es);
+            KT_CHECK(!memcmp(hx, h2, (size_t)(bt * ld) * es), "%s: student logits written", tag);
+            d2h(h2, dy, (size_t)(bt * ld) * et);
+            KT_CHECK(!memcmp(hy, h2, (size_t)(bt * ld) * et), "%s: teacher logits written", tag);
+            free(h2);
+            dl_forward_only(tag, a);
+        }
+        if (kdloss_distill_logits && !bad_label && !c->misalign && !c->in_place) {
+            kdloss_labels hL = {hlab, L.dtype};
+            dl_vs_cpu(c, tag, &p, hx, hy, hL, dg, dloss, sl, abs_tot, nvd);
+        }
+        free(rg);
+        free(sl);
+        free(rrow);
+    }
+    CK(cudaFree(dx0));
+    CK(cudaFree(dy0));
+    if (dg0) CK(cudaFree(dg0));
+    if (L.data) CK(cudaFree((void *)L.data));
+    CK(cudaFree(dloss));
+    CK(cudaFree(drow));
+    CK(cudaFree(dws));
+    free(zs), free(zt), free(lab), free(hx), free(hy), free(hlab);
+}
+
+static void test_distill_logits(kt_rng *rng) {
+    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
+    const int64_t vs[] = {1, 37, 4099, 9001};
+    const double temps[] = {1.0, 2.0, 0.7};
+    int n = 0;
+    /* every divergence case x 3 (student, teacher) dtype pairs x T x labels none / some ignored
+     * (I64, I32) / all ignored */
+    for (int i = 0; i < NDIV; i++)
+        for (int j = 0; j < 3; j++, n++) {
+            if (kt_quick() && n % 5) continue;
+            /* n covers every (V, labels) pair in 16 steps, every (V, T) pair in 12 */
+            const dl_case c = {13, vs[n % 4], dts[j], dts[(j + i) % 3], i, temps[n % 3],
+                               (n / 4) % 4, 0, 0, 0};
+            test_dl_case(rng, &c);
+        }
+    for (int i = 0; i < NDIV; i++) { /* a bad label; padding + misaligned; in place (padded) */
+        const dl_case bad = {8, 300, KDLOSS_BF16, KDLOSS_F32, i, temps[i % 3], 4, 0, 0, 0};
+        test_dl_case(rng, &bad);
+        if (kt_quick() && i % 3) continue;
+        const dl_case mis = {7, 4099, dts[i % 3], dts[(i + 1) % 3], i, temps[(i + 1) % 3], 2,
+                             5, 1, 0};
+        const dl_case ip = {9, 513, dts[(i + 2) % 3], KDLOSS_F32, i, temps[(i + 2) % 3], 1,
+                            i % 2 ? 8 : 0, 0, 1};
+        test_dl_case(rng, &mis);
+        test_dl_case(rng, &ip);
+    }
+    /* a long row (several tiles of every thread), in place too */
+    const dl_case big = {3, 100000, KDLOSS_BF16, KDLOSS_BF16, 4, 0.7, 1, 0, 0, 0};
+    const dl_case big_ip = {3, 100000, KDLOSS_F32, KDLOSS_F16, 14, 2.0, 0, 3, 0, 1};
+    test_dl_case(rng, &big);
+    test_dl_case(rng, &big_ip);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Argument checks: same codes as the CPU, nothing written                                    */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -2612,17 +2881,34 @@ typedef struct jsd_call {
     size_t g_off;
     int labels, loss, row, grad;
     size_t ws_bytes;
-    int distill;          /* 1: kdloss_cuda_distill / kdloss_distill with divergence d */
+    int distill;          /* 1: kdloss_cuda_distill / kdloss_distill with divergence d;
+                             2: kdloss_cuda_distill_logits / kdloss_distill_logits, with T */
     kdloss_div_params d;  /* (p.beta unused then) */
+    double temperature;   /* distill 2 */
+    int ld_s, ws_null, ws_off;
+    size_t s_off, lab_off, loss_off; /* the student, labels and loss moved by that many bytes */
 } jsd_call;
+
+static kdloss_status run_distill_logits(const jsd_call *c, int cpu, kdloss_cmat s, kdloss_cmat t,
+                                        kdloss_labels L, float *loss, float *row, kdloss_mat g) {
+    char *ar = cpu ? g_har : g_ar;
+    kdloss_distill_logits_params pl = {c->d, c->temperature, c->p.ignore_index, c->p.grad_scale};
+    const kdloss_distill_logits_params *pp = c->null_params ? NULL : &pl;
+    if (cpu) return kdloss_distill_logits(pp, c->bt, c->v, s, t, L, loss, row, g);
+    return kdloss_cuda_distill_logits(c->null_ctx ? NULL : g_actx, g_st, pp, c->bt, c->v, s, t,
+                                      L, loss, row, g, c->ws_null ? NULL : ar + AR_WS + c->ws_off,
+                                      c->ws_bytes);
+}
 
 static kdloss_status run_jsd(const jsd_call *c, int cpu) {
     char *ar = cpu ? g_har : g_ar;
-    kdloss_cmat s = {ar + AR_IN, c->ds, 0}, t = {ar + AR_T, c->dt, 0};
-    kdloss_labels L = {c->labels ? ar + AR_LAB : NULL, c->dl};
+    kdloss_cmat s = {ar + AR_IN + c->s_off, c->ds, c->ld_s}, t = {ar + AR_T, c->dt, 0};
+    kdloss_labels L = {c->labels ? ar + AR_LAB + c->lab_off : NULL, c->dl};
     kdloss_mat g = {c->grad ? ar + c->g_off : NULL, c->dg, c->ld_g};
-    float *loss = c->loss ? (float *)(ar + AR_LOSS) : NULL, *row = c->row ? (float *)(ar + AR_ROW) : NULL;
+    float *loss = c->loss ? (float *)(ar + AR_LOSS + c->loss_off) : NULL;
+    float *row = c->row ? (float *)(ar + AR_ROW) : NULL;
     const kdloss_jsd_params *p = c->null_params ? NULL : &c->p;
+    if (c->distill == 2) return run_distill_logits(c, cpu, s, t, L, loss, row, g);
     if (c->distill) {
         kdloss_distill_params pd = {c->d, c->p.ignore_index, c->p.grad_scale};
         const kdloss_distill_params *pp = c->null_params ? NULL : &pd;
@@ -2638,15 +2924,22 @@ static kdloss_status run_jsd(const jsd_call *c, int cpu) {
 static void jsd_err(const char *what, const jsd_call *c, kdloss_status want, int cpu_too) {
     if (g_gpu) dpoison(g_ar + AR_G, AR_ROW + 64 - AR_G);
     kdloss_status got = run_jsd(c, 0);
-    int have_cpu = cpu_too && (c->distill ? kdloss_distill != NULL : kdloss_jsd != NULL);
+    int have_cpu = cpu_too && (c->distill == 2   ? kdloss_distill_logits != NULL
+                               : c->distill ? kdloss_distill != NULL
+                                            : kdloss_jsd != NULL);
     expect_code(what, got, want, have_cpu, have_cpu ? run_jsd(c, 1) : KDLOSS_OK);
     KT_CHECK(arena_untouched(), "%s: an output was written on error", what);
 }
 
-static void test_errors_jsd(void) {
+/* A valid call of the family `distill` (jsd_call's kinds): 4 x 8 fp32, I64 labels, every output;
+ * default divergence (beta 0.5 for kdloss_jsd), T 2 on logits. The workspace size is the case's. */
+static jsd_call jsd_base(int distill) {
     jsd_call b;
     memset(&b, 0, sizeof b);
+    b.distill = distill;
+    kdloss_div_params_default(&b.d);
     b.p.beta = 0.5;
+    b.temperature = 2.0;
     b.p.ignore_index = -100;
     b.p.grad_scale = 1.0;
     b.bt = 4;
@@ -2655,6 +2948,11 @@ static void test_errors_jsd(void) {
     b.dl = KDLOSS_I64;
     b.g_off = AR_G;
     b.labels = b.loss = b.row = b.grad = 1;
+    return b;
+}
+
+static void test_errors_jsd(void) {
+    jsd_call b = jsd_base(0);
     KT_CHECK(kdloss_cuda_jsd_workspace_size(4, 8, &b.ws_bytes) == KDLOSS_OK, "jsd ws size");
     jsd_call c;
     c = b; c.null_params = 1; jsd_err("jsd NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
@@ -2783,18 +3081,7 @@ static void test_errors_fl(void) {
 
 /* The divergence-family entry points: the shared checks (tests/test_errors.c has the CPU side). */
 static void test_errors_distill(void) {
-    jsd_call b;
-    memset(&b, 0, sizeof b);
-    b.distill = 1;
-    kdloss_div_params_default(&b.d);
-    b.p.ignore_index = -100;
-    b.p.grad_scale = 1.0;
-    b.bt = 4;
-    b.v = 8;
-    b.ds = b.dt = b.dg = KDLOSS_F32;
-    b.dl = KDLOSS_I64;
-    b.g_off = AR_G;
-    b.labels = b.loss = b.row = b.grad = 1;
+    jsd_call b = jsd_base(1);
     KT_CHECK(kdloss_cuda_distill_workspace_size(4, 8, &b.ws_bytes) == KDLOSS_OK, "distill ws size");
     KT_CHECK(kdloss_cuda_distill_workspace_size(0, 8, &b.ws_bytes) == KDLOSS_ERR_INVALID_SIZE,
              "distill ws size bt=0");
@@ -2849,6 +3136,62 @@ static void test_errors_distill(void) {
     e = f; e.dx_off = AR_ROW - 16; fl_err("fldistill dxs overlaps row_soft", &e, KDLOSS_ERR_ALIASING, 1);
     e = f; e.labels = 0; fl_err("fldistill no labels", &e, KDLOSS_ERR_NULL_POINTER, 1);
     e = f; e.ws_bytes -= 256; fl_err("fldistill workspace small", &e, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+}
+
+/* kdloss_cuda_distill_logits: the CPU's codes in the CPU's order, nothing written. */
+static void test_errors_distill_logits(void) {
+    jsd_call b = jsd_base(2);
+    size_t need = 0;
+    KT_CHECK(kdloss_cuda_distill_logits_workspace_size(4, 8, &b.ws_bytes) == KDLOSS_OK &&
+                 b.ws_bytes <= AR_BYTES - AR_WS, "dlogits ws size");
+    KT_CHECK(kdloss_cuda_distill_logits_workspace_size(0, 8, &need) == KDLOSS_ERR_INVALID_SIZE,
+             "dlogits ws size bt 0");
+    KT_CHECK(kdloss_cuda_distill_logits_workspace_size(4, -1, &need) == KDLOSS_ERR_INVALID_SIZE,
+             "dlogits ws size v < 0");
+    KT_CHECK(kdloss_cuda_distill_logits_workspace_size(4, 8, NULL) == KDLOSS_ERR_NULL_POINTER,
+             "dlogits ws size NULL");
+    jsd_call c;
+    c = b; c.null_params = 1; jsd_err("dlogits NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_params = 1; c.bt = 0; jsd_err("dlogits NULL params and bt 0", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_ctx = 1; jsd_err("dlogits NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.bt = 0; jsd_err("dlogits bt 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.v = -1; jsd_err("dlogits v < 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.bt = 0; c.temperature = 0; jsd_err("dlogits bt 0 and T 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.temperature = 0; jsd_err("dlogits T 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.temperature = -1; jsd_err("dlogits T < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.temperature = NAN; jsd_err("dlogits T NaN", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.temperature = INFINITY; jsd_err("dlogits T inf", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.temperature = 1e-39; jsd_err("dlogits 1/T beyond fp32", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.temperature = 1e-30; c.p.grad_scale = 1e10;
+    jsd_err("dlogits grad_scale / T beyond fp32", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.grad_scale = NAN; jsd_err("dlogits grad_scale NaN", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.d.divergence = (kdloss_divergence)6; jsd_err("dlogits unknown divergence", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.d.alpha = NAN; jsd_err("dlogits alpha NaN", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.d.beta = 1.5; jsd_err("dlogits beta > 1", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.temperature = 0; c.ds = KDLOSS_I32; jsd_err("dlogits T 0 and int student", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.ds = KDLOSS_I32; jsd_err("dlogits int student", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dt = (kdloss_dtype)77; jsd_err("dlogits unknown teacher dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.s_off = 2; jsd_err("dlogits student misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
+    c = b; c.ld_s = 5; jsd_err("dlogits student ld < v", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
+    c = b; c.dg = KDLOSS_BF16; jsd_err("dlogits grad dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.ld_g = 3; jsd_err("dlogits grad ld", &c, KDLOSS_ERR_INVALID_STRIDE, 1);
+    c = b; c.dl = KDLOSS_F32; jsd_err("dlogits float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.lab_off = 4; jsd_err("dlogits labels misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
+    c = b; c.loss = c.row = c.grad = 0; jsd_err("dlogits no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
+    c = b; c.loss = c.row = c.grad = 0; c.dl = KDLOSS_F32;
+    jsd_err("dlogits no output and float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.loss_off = 2; jsd_err("dlogits loss misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
+    c = b; c.g_off = AR_T; jsd_err("dlogits grad on teacher", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_LAB - 64; jsd_err("dlogits grad overlaps labels", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_ROW - 64; jsd_err("dlogits grad overlaps the losses", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_IN; c.ld_g = 9; jsd_err("dlogits in place, other ld", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.g_off = AR_IN + 4; jsd_err("dlogits grad over the student, shifted", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.ws_null = 1; jsd_err("dlogits NULL workspace", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.ws_bytes -= 1; jsd_err("dlogits workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.ws_off = 4; c.ws_bytes += 64; jsd_err("dlogits workspace misaligned", &c, KDLOSS_ERR_INVALID_PARAM, 0);
+    c = b; c.s_off = AR_WS + 64; jsd_err("dlogits workspace overlaps the student", &c, KDLOSS_ERR_ALIASING, 0);
+    c = b; c.ws_bytes -= 1; c.g_off = AR_T;
+    jsd_err("dlogits grad on teacher and workspace small", &c, KDLOSS_ERR_ALIASING, 0);
 }
 
 /* The top-k entry points: host-side checks with the CPU's codes, nothing written. Operands:
@@ -3072,6 +3415,7 @@ static void test_errors(void) {
     test_errors_jsd();
     test_errors_fl();
     test_errors_distill();
+    test_errors_distill_logits();
     test_errors_topk();
     test_errors_vp();
     if (g_gpu) CK(cudaFree(g_ar));
@@ -3108,6 +3452,7 @@ int main(void) {
     test_jsd(&rng);
     test_fl(&rng);
     test_distill(&rng);
+    test_distill_logits(&rng);
     test_fld(&rng);
     if (&kdloss_test_emu && !kdloss_topk_distill_logits) {
         printf("top-k: skipped (emulation, and this build has no CPU top-k functions)\n");

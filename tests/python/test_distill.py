@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import kdloss
+from kdloss import _lib
 from kdloss.torch import DistillLoss, FusedLinearDistillLoss, FusedLinearJSDLoss
 from kdloss.torch.functional import distill_loss
 
@@ -16,6 +17,12 @@ DIVS = [("forward_kl", 0.5, 0.1), ("reverse_kl", 0.5, 0.1), ("jsd", 0.5, 0.1), (
         ("skew_reverse_kl", 0.5, 1.0), ("tvd", 0.5, 0.1)]
 
 
+# CUDA tensors go to kdloss_cuda_distill_logits; that case runs only on a CUDA build with a GPU.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (torch.cuda.is_available() and _lib.lib().kdloss_cuda_available()),
+    reason="needs a GPU and a CUDA build of libkdloss"))]
+
+
 def ref_rows(zs, zt, div, beta, alpha, t):
     """Per-row divergence of softmax(zt/t) (P) and softmax(zs/t) (Q), float64."""
     lq = torch.log_softmax(zs.double() / t, -1)
@@ -23,25 +30,27 @@ def ref_rows(zs, zt, div, beta, alpha, t):
     return ref.div_rows(lp, lq, div, beta, alpha)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("div,beta,alpha", DIVS)
 @pytest.mark.parametrize("reduction", ["batchmean", "sum", "none"])
-def test_distill_loss_matches_reference(div, beta, alpha, reduction):
+def test_distill_loss_matches_reference(div, beta, alpha, reduction, device):
     torch.manual_seed(0)
     bt, v, t = 9, 37, 2.0
-    zs = (torch.randn(bt, v) * 3).requires_grad_()
+    zc = torch.randn(bt, v) * 3
     zt = torch.randn(bt, v) * 3
     labels = torch.randint(0, v, (bt,))
     labels[[1, 4]] = -100
-    out = distill_loss(zs, zt, labels, divergence=div, beta=beta, alpha=alpha, temperature=t,
-                       reduction=reduction)
-    zd = zs.detach().double().requires_grad_()
+    zs = zc.to(device).requires_grad_()
+    out = distill_loss(zs, zt.to(device), labels.to(device), divergence=div, beta=beta,
+                       alpha=alpha, temperature=t, reduction=reduction)
+    zd = zc.detach().double().requires_grad_()
     rows = (ref_rows(zd, zt, div, beta, alpha, t) + 0 * zd.sum(-1)) * (labels != -100)
     ref = {"batchmean": rows.sum() / 7, "sum": rows.sum(), "none": rows}[reduction]
-    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=1e-4, atol=1e-6)
     w = torch.randn(bt) if reduction == "none" else torch.tensor(1.7)
-    (out * w).sum().backward()
+    (out * w.to(device)).sum().backward()
     (ref * w.double()).sum().backward()
-    torch.testing.assert_close(zs.grad.double(), zd.grad, rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(zs.grad.double().cpu(), zd.grad, rtol=1e-3, atol=1e-6)
 
 
 def test_distill_all_ignored_and_module():

@@ -109,6 +109,8 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
            out)
     be.distill(dev, _lib.DistillParams(), 4, 6, m, m, _lib.Labels(None, _lib.I64),
                loss.data_ptr(), None, out)
+    be.distill_logits(dev, _lib.DistillLogitsParams(), 4, 6, m, m, _lib.Labels(None, _lib.I64),
+                      loss.data_ptr(), None, out)
     fo = _lib.FldOut(loss.data_ptr(), None, None, out, _lib.Mat(None, 0, 0), None, None, None,
                      None)
     be.fused_linear_distill(dev, _lib.FldParams(), 4, 6, 6, 6, m, m, None, m, m, None,
@@ -121,6 +123,7 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
     assert calls == ["kdloss_cuda_context_create", "kdloss_cuda_kl_div_workspace_size",
                      "kdloss_cuda_kl_div", "kdloss_cuda_jsd_workspace_size", "kdloss_cuda_jsd",
                      "kdloss_cuda_distill_workspace_size", "kdloss_cuda_distill",
+                     "kdloss_cuda_distill_logits_workspace_size", "kdloss_cuda_distill_logits",
                      "kdloss_cuda_fused_linear_distill_workspace_size",
                      "kdloss_cuda_fused_linear_distill",
                      "kdloss_cuda_topk_distill_logits_workspace_size",

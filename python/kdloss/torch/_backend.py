@@ -270,6 +270,12 @@ class CudaBackend:
         self._run(device, "distill", (bt, v),
                   (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
 
+    def distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
+                       grad):
+        """params: DistillLogitsParams (kdloss_cuda_distill_logits: the loss on logits)."""
+        self._run(device, "distill_logits", (bt, v),
+                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
+
     def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
                              labels, out, student_dtype, want_grad):
         p = ctypes.byref(params)
@@ -481,8 +487,9 @@ _BACKENDS = {}  # device type -> backend object; register_backend() adds more
 
 def register_backend(device_type, backend):
     """Route tensors on `device_type` (e.g. "cuda", "xpu") to `backend`, an object with the
-    kl_div / jsd / distill / fused_linear_distill methods of CpuBackend (and topk_distill_logits /
-    fused_linear_topk_distill for the sparse-teacher losses). Overrides the built-in choice."""
+    kl_div / jsd / distill / fused_linear_distill methods of CpuBackend (and distill_logits for
+    one call on logits, topk_distill_logits / fused_linear_topk_distill for the sparse-teacher
+    losses). Overrides the built-in choice."""
     _BACKENDS[device_type] = backend
 
 

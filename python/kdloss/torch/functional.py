@@ -408,8 +408,9 @@ def _reduced(loss, rows, reduction, zs):
 
 def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad):
     """Returns (loss, dz or None): dz = dloss/dzs for upstream 1 ("none": per row, unscaled).
-    Backends with distill_logits (the CPU's) make one pass over the logits that writes dz in the
-    student's dtype; others get log-probs from torch, kdloss_distill and the chain rule here."""
+    Backends with distill_logits (the CPU's and the CUDA one's) make one call on the logits that
+    writes dz in the student's dtype; others (a backend registered without it) get log-probs from
+    torch, kdloss_distill and the chain rule here."""
     device = same_device([("student_logits", zs), ("teacher_logits", zt)])
     keep, zs_v, bt, v, lview, gscale = _logits_frame(zs, labels, ignore_index, reduction, device,
                                                      "distill_loss")

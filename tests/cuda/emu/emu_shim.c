@@ -73,6 +73,17 @@ static kdloss_labels clean_labels(kdloss_labels l, int64_t bt, int64_t v, int64_
     return c;
 }
 
+/* The GPU's outputs for out-of-range labels (kdloss.h): NaN loss, NaN row loss of those rows. */
+static void emu_bad_rows(kdloss_labels l, int64_t bt, int64_t v, int64_t ignore, int bad,
+                         float *loss, float *row) {
+    if (!bad) return;
+    if (loss) *loss = NAN;
+    for (int64_t r = 0; row && r < bt; r++) {
+        int64_t y = label_at(l, r);
+        if (y != ignore && (y < 0 || y >= v)) row[r] = NAN;
+    }
+}
+
 typedef kdloss_status (*kl_fn)(kdloss_cuda_context *, void *, const kdloss_kl_params *, int64_t,
                                int64_t, kdloss_cmat, kdloss_cmat, float *, float *, kdloss_mat,
                                kdloss_mat, void *, size_t);
@@ -100,13 +111,7 @@ kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *st, const kdloss_j
     int bad;
     kdloss_labels c = clean_labels(l, bt, v, p->ignore_index, &bad);
     s = kdloss_jsd(p, bt, v, x, t, c, loss, row, g);
-    if (bad) {
-        if (loss) *loss = NAN;
-        for (int64_t r = 0; row && r < bt; r++) {
-            int64_t y = label_at(l, r);
-            if (y != p->ignore_index && (y < 0 || y >= v)) row[r] = NAN;
-        }
-    }
+    emu_bad_rows(l, bt, v, p->ignore_index, bad, loss, row);
     if (c.data != l.data) free((void *)c.data);
     *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
     return s;
@@ -151,13 +156,28 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *st, const kdlo
     int bad;
     kdloss_labels c = clean_labels(l, bt, v, p->ignore_index, &bad);
     s = kdloss_distill(p, bt, v, x, t, c, loss, row, g);
-    if (bad) {
-        if (loss) *loss = NAN;
-        for (int64_t r = 0; row && r < bt; r++) {
-            int64_t y = label_at(l, r);
-            if (y != p->ignore_index && (y < 0 || y >= v)) row[r] = NAN;
-        }
-    }
+    emu_bad_rows(l, bt, v, p->ignore_index, bad, loss, row);
+    if (c.data != l.data) free((void *)c.data);
+    *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
+    return s;
+}
+
+typedef kdloss_status (*dl_fn)(kdloss_cuda_context *, void *,
+                              const kdloss_distill_logits_params *, int64_t, int64_t, kdloss_cmat,
+                              kdloss_cmat, kdloss_labels, float *, float *, kdloss_mat, void *,
+                              size_t);
+kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *st,
+                                         const kdloss_distill_logits_params *p, int64_t bt,
+                                         int64_t v, kdloss_cmat x, kdloss_cmat t, kdloss_labels l,
+                                         float *loss, float *row, kdloss_mat g, void *ws,
+                                         size_t wsb) {
+    kdloss_status s = ((dl_fn)real_fn("kdloss_cuda_distill_logits"))(ctx, st, p, bt, v, x, t, l,
+                                                                      loss, row, g, ws, wsb);
+    if (s != KDLOSS_ERR_CUDA) return s;
+    int bad;
+    kdloss_labels c = clean_labels(l, bt, v, p->ignore_index, &bad);
+    s = kdloss_distill_logits(p, bt, v, x, t, c, loss, row, g);
+    emu_bad_rows(l, bt, v, p->ignore_index, bad, loss, row);
     if (c.data != l.data) free((void *)c.data);
     *(int32_t *)ws = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)s;
     return s;
