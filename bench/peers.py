@@ -29,6 +29,11 @@ Protocol (bench/README.md's reference workloads, adapted to a CPU):
 Providers:
   kl_div:           torch = nn.KLDivLoss(reduction="batchmean"), liger = LigerKLDIVLoss (Triton:
                     expected to fail on a CPU; the error is recorded), kdloss = kdloss.torch.KLDivLoss
+  distill_logits:   forward KL(P||Q) on logits (P = softmax(teacher), Q = softmax(student), T 1,
+                    batchmean; randn(BT,V) logits, the student's a leaf requiring grad): torch =
+                    log_softmax both + F.kl_div(log_target=True), liger = the same log_softmaxes +
+                    LigerKLDIVLoss (Triton: expected to fail on a CPU), kdloss =
+                    kdloss.torch.DistillLoss (one kdloss_distill_logits call)
   distill_jsd_loss: torch = full fp32 logits + CE + JSD written from docs/MATH.md section 4,
                     liger = chunked LigerFusedLinearJSDLoss (plain torch, compiled=True by default),
                     kdloss = kdloss.torch.FusedLinearJSDLoss (module defaults)
@@ -215,6 +220,10 @@ def make_inputs(wl, p, seed=0):
         leaf = torch.randn(bt, v, dtype=dtype, requires_grad=True)
         return {"leaf": leaf, "x": leaf.log_softmax(-1),
                 "t": torch.randn(bt, v, dtype=dtype).softmax(-1), "leaves": [leaf], "retain": True}
+    if wl == "distill_logits":
+        bt, v = p["tokens"], p["vocab"]
+        zs = torch.randn(bt, v, dtype=dtype, requires_grad=True)
+        return {"zs": zs, "zt": torch.randn(bt, v, dtype=dtype), "leaves": [zs], "retain": False}
     if wl == "topk_distill":
         bt, hs, v, k = p["tokens"], p["hidden"], p["vocab"], p["topk"]
         xs = torch.rand(bt, hs, dtype=dtype, requires_grad=True)
@@ -248,6 +257,8 @@ def make_provider(wl, prov, inp, liger_compiled=True):
         return (lambda: fn(x, t)), {"module": impl, "options": {"reduction": "batchmean"}}
     if wl == "topk_distill":
         return make_topk_provider(prov, inp)
+    if wl == "distill_logits":
+        return make_logits_provider(prov, inp)
     xs, ws, xt, wt, labels = (inp[k] for k in ("xs", "ws", "xt", "wt", "labels"))
     opts = {"weight_hard_loss": 0.5, "weight_soft_loss": 0.5, "beta": 0.5, "temperature": 1.0}
     if prov == "torch":
@@ -269,6 +280,28 @@ def make_provider(wl, prov, inp, liger_compiled=True):
         opts["chunk_size"] = m.chunk_size
         impl = "kdloss.torch.FusedLinearJSDLoss"
     return (lambda: m(xs, ws, xt, wt, labels)), {"module": impl, "options": opts}
+
+
+def make_logits_provider(prov, inp):
+    """Forward KL(P||Q) on logits, batchmean: P = softmax(teacher), Q = softmax(student)."""
+    import torch
+    zs, zt = inp["zs"], inp["zt"]
+    opts = {"divergence": "forward_kl", "temperature": 1.0, "reduction": "batchmean"}
+    if prov == "torch":
+        def fwd():
+            return torch.nn.functional.kl_div(zs.log_softmax(-1), zt.log_softmax(-1),
+                                              reduction="batchmean", log_target=True)
+        return fwd, {"module": "eager torch: log_softmax both, F.kl_div(log_target=True)",
+                     "options": opts}
+    if prov == "liger":
+        from liger_kernel.transformers import LigerKLDIVLoss
+        m = LigerKLDIVLoss(reduction="batchmean", log_target=True)
+        return (lambda: m(zs.log_softmax(-1), zt.log_softmax(-1))), {
+            "module": "torch log_softmax both + liger_kernel.transformers.LigerKLDIVLoss",
+            "options": opts}
+    import kdloss.torch
+    m = kdloss.torch.DistillLoss(divergence="forward_kl")
+    return (lambda: m(zs, zt)), {"module": "kdloss.torch.DistillLoss", "options": opts}
 
 
 def make_topk_provider(prov, inp):
@@ -568,7 +601,7 @@ THP = False  # --thp: torch's CPU allocator asks for transparent huge pages (eve
 
 
 def point_slug(wl, p):
-    if wl == "kl_div":
+    if wl in ("kl_div", "distill_logits"):
         return f"tokens{p['tokens']}-vocab{p['vocab']}-{p['dtype']}"
     if wl == "topk_distill":  # kdloss bench's id order: in-id keys sorted, then the dtype
         return f"hidden{p['hidden']}-tokens{p['tokens']}-topk{p['topk']}-vocab{p['vocab']}-{p['dtype']}"
@@ -583,6 +616,10 @@ def workload_obj(wl, p):
                     input="randn(BT,V).log_softmax(-1) of a leaf requiring grad",
                     target="randn(BT,V).softmax(-1)")
         title = "KL-divergence loss"
+    elif wl == "distill_logits":
+        spec.update(divergence="forward_kl", temperature=1.0, reduction="batchmean",
+                    student_logits="randn(BT,V), a leaf requiring grad", teacher_logits="randn(BT,V)")
+        title = "Distillation loss on logits (forward KL)"
     elif wl == "topk_distill":
         spec.update(student_input="rand(BT,H)", weights="nn.Linear default init, no bias",
                     teacher="per row the top-k ids of log_softmax(5 randn(V)) and their log-probs"
@@ -680,6 +717,7 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
         spec["error"] = res.get("error", f"mode {mode} not run")
     spec["sourceNative"] = native
     titles = {"kl_div": "KL-divergence loss", "distill_jsd_loss": "Chunked distillation JSD loss",
+              "distill_logits": "Distillation loss on logits (forward KL)",
               "topk_distill": "Fused-linear distillation loss, sparse top-k teacher"}
     run = {"kind": "BenchmarkRun", "spec": spec,
            "metadata": {"name": slug(f"kdloss-peers-{wl}-{mode}-{prov}-{cpu['slug']}-{ps}-{stamp}")[:100],
@@ -732,6 +770,10 @@ def plan(args):
                                               "hidden_teacher": args.ht, "vocab": args.vocab,
                                               "dtype": args.dtype}, modes,
                          min(args.min_reps, args.distill_min_reps)))
+    if "distill_logits" in args.workloads:
+        for bt, v in args.logits_points:
+            jobs.append(("distill_logits", {"tokens": bt, "vocab": v, "dtype": "fp32"}, ["full"],
+                         args.min_reps))
     if "topk_distill" in args.workloads:
         for bt in args.topk_bt:
             jobs.append(("topk_distill", {"tokens": bt, "hidden": args.topk_hs, "vocab": args.vocab,
@@ -946,7 +988,9 @@ def parse(argv):
     ap.add_argument("--quick", action="store_true",
                     help="seed KL point and distillation BT 256 only, full mode, 3 timed runs")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
-    ap.add_argument("--workloads", default="kl_div,distill_jsd_loss,topk_distill")
+    ap.add_argument("--workloads", default="kl_div,distill_logits,distill_jsd_loss,topk_distill")
+    ap.add_argument("--logits-points", default="4096x32768",
+                    help="BTxV list of the divergence family on logits (forward KL)")
     ap.add_argument("--providers", default="torch,liger,kdloss,torch_gemms",
                     help="torch_gemms: the distillation loss's four bare GEMMs in torch (its floor)")
     ap.add_argument("--kl-points", default="16384x4096,4096x4096,4096x8192,4096x16384,4096x32768",
@@ -989,11 +1033,13 @@ def parse(argv):
     a.workloads = a.workloads.split(",")
     a.providers = a.providers.split(",")
     a.kl_points = [tuple(int(x) for x in s.split("x")) for s in a.kl_points.split(",") if s]
+    a.logits_points = [tuple(int(x) for x in s.split("x")) for s in a.logits_points.split(",") if s]
     a.distill_bt = [int(x) for x in a.distill_bt.split(",") if x]
     a.topk_bt = [int(x) for x in a.topk_bt.split(",") if x]
     a.kl_all_modes = [tuple(int(x) for x in s.split("x")) for s in a.kl_all_modes.split(",") if s]
     if a.quick:
         a.kl_points = [(16384, 4096)]
+        a.logits_points = [(1024, 32768)]
         a.distill_bt = [256]
         a.topk_bt = [256]
         a.topk_rss_bt = 0
@@ -1095,6 +1141,7 @@ def workload_providers(wl):
     """Who can run a workload: the GEMM floor only for the fused-linear losses; no Liger
     equivalent of the sparse top-k teacher loss."""
     return {"kl_div": ("torch", "liger", "kdloss"),
+            "distill_logits": ("torch", "liger", "kdloss"),
             "distill_jsd_loss": ("torch", "liger", "kdloss", "torch_gemms"),
             "topk_distill": ("torch", "kdloss", "torch_gemms")}[wl]
 
@@ -1109,7 +1156,8 @@ def expected_failure(wl, prov, res):
     not counted as a failure. Its chunked distillation loss is plain torch and must run. A
     provider this build does not have (kdloss's top-k module before its binding exists) is
     recorded as unavailable, not as a failure."""
-    return (prov == "liger" and wl == "kl_div") or "ProviderUnavailable" in res.get("error", "")
+    return (prov == "liger" and wl in ("kl_div", "distill_logits")) or \
+        "ProviderUnavailable" in res.get("error", "")
 
 
 def failed_word(res):
@@ -1121,7 +1169,8 @@ def combined_rows(results):
     implementation column names the provider (torch, liger, kdloss-py: the PyTorch module);
     RSS_MiB is the peak above the child's baseline (see the protocol), GB/s and stream are not
     measured here."""
-    names = {"kl_div": "kl_div", "distill_jsd_loss": "distill_jsd", "topk_distill": "topk_distill"}
+    names = {"kl_div": "kl_div", "distill_jsd_loss": "distill_jsd", "topk_distill": "topk_distill",
+             "distill_logits": "dist_logits"}
     impl = {"torch": "torch", "liger": "liger", "kdloss": "kdloss-py", "torch_gemms": "torch-gemm"}
     out = [f"{'kernel':<12} {'mode':<8} {'BT':>8} {'V':>7} {'dtype':<5} {'isa':<9} "
            f"{'median_ms':>10} {'p20_ms':>10} {'p80_ms':>10} {'GB/s':>8} {'stream':>6} "
