@@ -64,7 +64,7 @@ else
       ls src/cuda/*.cu | xargs -P $JOBS -I{} sh -c '$NV -c {} -o $B/obj/\$(basename {} .cu)_cu.o'
       # src/common (shared checks, names, defaults) and the fused loss's plan (its defaults and
       # minimum budgets are public functions the test calls): no GEMM provider, no OpenMP
-      for c in src/cuda/*.c src/common/*.c src/cpu/fljsd_plan.c; do
+      for c in src/cuda/*.c src/common/*.c src/cpu/fld_plan.c; do
         gcc -std=c11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Wno-unused-parameter -Werror \
             -Iinclude -Isrc -Isrc/common -Isrc/cpu -c \$c -o $B/obj/\$(basename \$c .c)_c.o
       done

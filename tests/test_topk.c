@@ -39,7 +39,7 @@
  *  | fused rows / losses      | the row bound + sens dz + (hard: 2 dz + 8 u  | dz = Hs u sum_h |xs_h| |ws_jh| + u |bs_j| bounds the
  *  |                          | (1 + |lse| + |z_y|)); lse: dz + 8 u (1+|lse|)| fp32 GEMM's logit error (gamma_Hs); sens = sum_j
  *  |                          |                                              | dz_mag_j >= sum_j |dD/dz_j| carries it to first order
- *  | fused dxs, dws, dbs      | |.| of (1e-4 dz_mag + dz_cond) through the   | test_fljsd's bound: GEMMs of V (<= 300) or BT terms
+ *  | fused dxs, dws, dbs      | |.| of (1e-4 dz_mag + dz_cond) through the   | test_fld's bound: GEMMs of V (<= 300) or BT terms
  *  |                          | linear layer (+ 2^-8 |want| for bf16)        | (gamma_300 = 1.8e-5) on dz's own fp32 error and the
  *  |                          |                                              | logits' error (~1e-6 relative)
  *  | sparse vs full path      | the sum of both bounds                       | both within their bound of the reference
@@ -53,7 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_fljsd.h"
+#include "ref_fld.h"
 #include "ref_topk.h"
 #include "reference.h"
 #include "testutil.h"
@@ -597,7 +597,7 @@ static void check_finite_differences(kt_rng *rng) {
 /* ------------------------------------------------------------------------------------------ */
 
 typedef struct fz_setup {
-    kt_fljsd_problem p; /* xs, ws, bs, labels (its teacher hidden layer is not used)           */
+    kt_fld_problem p;   /* xs, ws, bs, labels (its teacher hidden layer is not used)           */
     teacher te;
     double *zs;         /* float64 logits xs ws^T + bs (bt x v)                                 */
     double *dzl;        /* [bt] bound on the fp32 logits' error in row r (see the table above) */
@@ -609,7 +609,7 @@ typedef struct fz_setup {
 static void fz_make(fz_setup *f, kt_rng *rng, int64_t bt, int64_t hs, int64_t v, int64_t k,
                     kdloss_dtype dt, int bias, double t, kdloss_dtype idt, kdloss_dtype ldt,
                     int ignore_every) {
-    kt_fljsd_problem_make(&f->p, rng, bt, hs, 2, v, dt, KDLOSS_F32, bias, 2.5, ignore_every, IGN, 3);
+    kt_fld_problem_make(&f->p, rng, bt, hs, 2, v, dt, KDLOSS_F32, bias, 2.5, ignore_every, IGN, 3);
     f->zs = DALLOC(bt * v);
     kt_ref_logits(bt, hs, v, f->p.xs, f->p.ws, f->p.bias_s, f->zs);
     double *zt = DALLOC(bt * v), *full = DALLOC(bt * v);
@@ -625,7 +625,7 @@ static void fz_make(fz_setup *f, kt_rng *rng, int64_t bt, int64_t hs, int64_t v,
 }
 
 static void fz_free(fz_setup *f) {
-    kt_fljsd_problem_free(&f->p);
+    kt_fld_problem_free(&f->p);
     teacher_free(&f->te);
     free(f->zs), free(f->dzl);
 }
@@ -657,7 +657,7 @@ static void *poisoned(int64_t n, kdloss_dtype dt) {
 
 static fz_out fz_run(const fz_setup *f, const kdloss_fused_linear_topk_distill_params *prm,
                      int flags) {
-    const kt_fljsd_problem *p = &f->p;
+    const kt_fld_problem *p = &f->p;
     fz_out o;
     memset(&o, 0, sizeof o);
     kt_poison(&o.loss, 1, KDLOSS_F32);
@@ -749,7 +749,7 @@ typedef struct fz_ref {
 
 static fz_ref fz_reference(const fz_setup *f, const kdloss_fused_linear_topk_distill_params *prm,
                            int flags) {
-    const kt_fljsd_problem *p = &f->p;
+    const kt_fld_problem *p = &f->p;
     int64_t bt = p->bt, v = p->v, hs = p->hs;
     ref_topk_cfg c = {prm->div, prm->tail, prm->temperature, prm->weight_hard_loss,
                       prm->weight_soft_loss, prm->grad_scale, prm->t2_scale, prm->ignore_index};
@@ -767,8 +767,8 @@ static fz_ref fz_reference(const fz_setup *f, const kdloss_fused_linear_topk_dis
     for (int64_t i = 0; i < bt * v; i++) dm[i] = 1e-4 * dm[i] + dc[i];
     w.dxs = DALLOC(bt * hs), w.dws = DALLOC(v * hs), w.dbs = DALLOC(v);
     w.txs = DALLOC(bt * hs), w.tws = DALLOC(v * hs), w.tbs = DALLOC(v);
-    kt_ref_fljsd_grads(bt, hs, v, dz, p->xs, p->ws, 0, 1, w.dxs, w.dws, w.dbs);
-    kt_ref_fljsd_grads(bt, hs, v, dm, p->xs, p->ws, 1, 1, w.txs, w.tws, w.tbs);
+    kt_ref_fld_grads(bt, hs, v, dz, p->xs, p->ws, 0, 1, w.dxs, w.dws, w.dbs);
+    kt_ref_fld_grads(bt, hs, v, dm, p->xs, p->ws, 1, 1, w.txs, w.tws, w.tbs);
     free(dz), free(dm), free(dc);
     return w;
 }
@@ -806,7 +806,7 @@ static void cmp_mat(const char *ctx, const char *name, const void *got, kdloss_d
  * reference: then pass them through `alt` (NULL: the reference). */
 static void fz_check(const char *ctx, const fz_setup *f, const fz_ref *w, const fz_out *o, int flags,
                      const fz_out *alt) {
-    const kt_fljsd_problem *p = &f->p;
+    const kt_fld_problem *p = &f->p;
     if (!KT_CHECK(o->st == KDLOSS_OK, "%s: %s", ctx, kdloss_status_string(o->st))) return;
     double ts = alt ? 2.0 : 1.0;
     CLOSE(W_FUSED_LOSS, o->loss, alt ? alt->loss : w->o.loss, ts * w->tol_loss, "%s loss", ctx);

@@ -101,7 +101,7 @@ class JsdParams(ctypes.Structure):
                 ("grad_scale", ctypes.c_double)]
 
 
-class FljsdParams(ctypes.Structure):
+class FldJsdParams(ctypes.Structure):
     _fields_ = [("beta", ctypes.c_double), ("temperature", ctypes.c_double),
                 ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
                 ("ignore_index", ctypes.c_int64), ("chunk_size", ctypes.c_int64),
@@ -162,7 +162,7 @@ class FltdParams(ctypes.Structure):
                 ("grad_scale", ctypes.c_double)]
 
 
-class FljsdOut(ctypes.Structure):
+class FldJsdOut(ctypes.Structure):
     _fields_ = [("loss", ctypes.c_void_p), ("soft_loss", ctypes.c_void_p),
                 ("hard_loss", ctypes.c_void_p), ("dxs", Mat), ("dws", Mat), ("dbs", ctypes.c_void_p)]
 
@@ -224,15 +224,15 @@ _PROTOTYPES = {
     "kdloss_kl_div": (_ST, [ctypes.POINTER(KlParams), _I64, _I64, CMat, CMat, _P, _P, Mat, Mat]),
     "kdloss_jsd_params_default": (None, [ctypes.POINTER(JsdParams)]),
     "kdloss_jsd": (_ST, [ctypes.POINTER(JsdParams), _I64, _I64, CMat, CMat, Labels, _P, _P, Mat]),
-    "kdloss_fljsd_params_default": (None, [ctypes.POINTER(FljsdParams)]),
-    "kdloss_fljsd_workspace_size": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64,
+    "kdloss_fljsd_params_default": (None, [ctypes.POINTER(FldJsdParams)]),
+    "kdloss_fljsd_workspace_size": (_ST, [ctypes.POINTER(FldJsdParams), _I64, _I64, _I64, _I64,
                                           ctypes.c_int, ctypes.c_int,
                                           ctypes.POINTER(ctypes.c_size_t)]),
-    "kdloss_fljsd_min_budget": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64,
+    "kdloss_fljsd_min_budget": (_ST, [ctypes.POINTER(FldJsdParams), _I64, _I64, _I64, _I64,
                                       ctypes.c_int, ctypes.c_int,
                                       ctypes.POINTER(ctypes.c_size_t)]),
-    "kdloss_fused_linear_jsd": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64, CMat,
-                                      CMat, _P, CMat, CMat, _P, Labels, ctypes.POINTER(FljsdOut),
+    "kdloss_fused_linear_jsd": (_ST, [ctypes.POINTER(FldJsdParams), _I64, _I64, _I64, _I64, CMat,
+                                      CMat, _P, CMat, CMat, _P, Labels, ctypes.POINTER(FldJsdOut),
                                       _P, ctypes.c_size_t]),
     "kdloss_divergence_from_name": (_ST, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]),
     "kdloss_divergence_name": (ctypes.c_char_p, [ctypes.c_int]),
@@ -319,12 +319,12 @@ _PROTOTYPES = {
     "kdloss_cuda_jsd_workspace_size": (_ST, [_I64, _I64, ctypes.POINTER(ctypes.c_size_t)]),
     "kdloss_cuda_jsd": (_ST, [_P, _P, ctypes.POINTER(JsdParams), _I64, _I64, CMat, CMat, Labels,
                               _P, _P, Mat, _P, ctypes.c_size_t]),
-    "kdloss_cuda_fljsd_workspace_size": (_ST, [ctypes.POINTER(FljsdParams), _I64, _I64, _I64, _I64,
+    "kdloss_cuda_fljsd_workspace_size": (_ST, [ctypes.POINTER(FldJsdParams), _I64, _I64, _I64, _I64,
                                                ctypes.c_int, ctypes.c_int,
                                                ctypes.POINTER(ctypes.c_size_t)]),
-    "kdloss_cuda_fused_linear_jsd": (_ST, [_P, _P, ctypes.POINTER(FljsdParams), _I64, _I64, _I64,
+    "kdloss_cuda_fused_linear_jsd": (_ST, [_P, _P, ctypes.POINTER(FldJsdParams), _I64, _I64, _I64,
                                            _I64, CMat, CMat, _P, CMat, CMat, _P, Labels,
-                                           ctypes.POINTER(FljsdOut), _P, ctypes.c_size_t]),
+                                           ctypes.POINTER(FldJsdOut), _P, ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()
@@ -418,9 +418,9 @@ def jsd_params(beta, ignore_index, grad_scale=1.0):
     return p
 
 
-def fljsd_params(beta, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
-                 chunk_size=0, memory_budget=0, grad_scale=1.0):
-    p = FljsdParams()
+def fld_jsd_params(beta, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
+                   chunk_size=0, memory_budget=0, grad_scale=1.0):
+    p = FldJsdParams()
     fn("kdloss_fljsd_params_default")(ctypes.byref(p))
     p.beta, p.temperature = beta, temperature
     p.weight_hard_loss, p.weight_soft_loss = weight_hard_loss, weight_soft_loss

@@ -114,7 +114,7 @@ kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
     return KDLOSS_OK;
 }
 
-kdloss_fused_linear_distill_params kd_fld_from_fljsd(const kdloss_fljsd_params *p) {
+kdloss_fused_linear_distill_params kd_fld_from_jsd(const kdloss_fljsd_params *p) {
     kdloss_fused_linear_distill_params d;
     kdloss_fused_linear_distill_params_default(&d);
     d.div.divergence = KDLOSS_DIV_JSD;
@@ -130,13 +130,13 @@ kdloss_fused_linear_distill_params kd_fld_from_fljsd(const kdloss_fljsd_params *
     return d;
 }
 
-kdloss_fused_linear_distill_out kd_fld_out_from_fljsd(const kdloss_fljsd_out *o) {
+kdloss_fused_linear_distill_out kd_fld_out_from_jsd(const kdloss_fljsd_out *o) {
     kdloss_fused_linear_distill_out d = {o->loss, o->soft_loss, o->hard_loss, o->dxs, o->dws,
                                          o->dbs, NULL, NULL, NULL};
     return d;
 }
 
-kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
+kdloss_status kd_fld_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
     if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
     /* GEMM dimensions are CBLAS ints */
     if (hs > INT32_MAX || ht > INT32_MAX || v > INT32_MAX) return KDLOSS_ERR_UNSUPPORTED;

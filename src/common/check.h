@@ -85,9 +85,9 @@ kdloss_distill_params kd_distill_from_jsd(const kdloss_jsd_params *p);
 /* Fused-linear parameters (p not NULL) and sizes, shared by the CPU and CUDA backends. */
 kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p);
 /* kdloss_fljsd_params / _out as the fused_linear_distill ones (divergence JSD, no T^2). */
-kdloss_fused_linear_distill_params kd_fld_from_fljsd(const kdloss_fljsd_params *p);
-kdloss_fused_linear_distill_out kd_fld_out_from_fljsd(const kdloss_fljsd_out *o);
-kdloss_status kd_fljsd_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
+kdloss_fused_linear_distill_params kd_fld_from_jsd(const kdloss_fljsd_params *p);
+kdloss_fused_linear_distill_out kd_fld_out_from_jsd(const kdloss_fljsd_out *o);
+kdloss_status kd_fld_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
 
 /* The sparse top-k teacher (src/common/topk.c). The divergence, and the tail mode it may be
  * used with (renorm_teacher: forward KL only). */

@@ -1,5 +1,5 @@
 /* The host-side rules of the vocabulary-parallel fused losses (kdloss.h, docs/MATH.md section 9),
- * shared by the CPU entry points (src/cpu/fljsd_vp.c) and the CUDA ones (src/cuda/vp.cu): which
+ * shared by the CPU entry points (src/cpu/fld_vp.c) and the CUDA ones (src/cuda/vp.cu): which
  * communicator a rank can take part with, what a shard must satisfy before the collective, and
  * the agreement collective itself, whose all-reduce each backend performs its own way (the CPU on
  * the host buffer, CUDA staged through device memory). */

@@ -1,6 +1,6 @@
 /* kdloss_distill_logits on the CPU: the divergence family on logits in one pass per row.
  *
- * Each row goes through the fused-linear loss's row kernel (fljsd_rows_impl.h / _scalar.c: row
+ * Each row goes through the fused-linear loss's row kernel (fld_rows_impl.h / _scalar.c: row
  * maxima, tempered log-sum-exps, the divergence of div_elem.h, dzs = gs (g - q sum g)) with the
  * cross-entropy off, so every formula has one definition. The kernel works on fp32 rows that it
  * may overwrite (dzs over zs, g over zt); per row:
@@ -22,7 +22,7 @@
 
 #include "dispatch.h"
 #include "ew_common.h"
-#include "fljsd_rows.h"
+#include "fld_rows.h"
 #include "half.h"
 #include "logits_rows.h"
 #include "topk.h"
@@ -31,8 +31,8 @@
  * and what the row kernel needs besides. */
 typedef struct dl_job {
     kd_ew_job ew;
-    kd_fljsd_rows tmpl; /* n = 1; zs, zt, tk, row0, row_soft/row_hard set per row */
-    void (*rows)(const kd_fljsd_rows *);
+    kd_fld_rows tmpl;   /* n = 1; zs, zt, tk, row0, row_soft/row_hard set per row */
+    void (*rows)(const kd_fld_rows *);
     double (*lrow)(const kd_lrow *); /* the dense logits kernel, or NULL (scalar path, top-k) */
     kd_lrow ltmpl;      /* its per-call fields; the row pointers set per row */
     kdloss_topk_teacher topk; /* a sparse teacher (k > 0), its lds effective; k = 0: dense */
@@ -121,7 +121,7 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
         widen_row(xs, ew->xdt, v, bs);
         zs = bs;
     }
-    kd_fljsd_rows a = j->tmpl;
+    kd_fld_rows a = j->tmpl;
     double st[64];
     a.st_max = st;
     a.st_sum = st + 2;
@@ -157,11 +157,11 @@ static double (*logits_kernel(void))(const kd_lrow *) {
     }
 }
 
-static void (*row_kernel(void))(const kd_fljsd_rows *) {
+static void (*row_kernel(void))(const kd_fld_rows *) {
     switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_fljsd_rows_avx512;
-    case KDLOSS_ISA_AVX2: return kd_fljsd_rows_avx2;
-    default: return kd_fljsd_rows_scalar;
+    case KDLOSS_ISA_AVX512: return kd_fld_rows_avx512;
+    case KDLOSS_ISA_AVX2: return kd_fld_rows_avx2;
+    default: return kd_fld_rows_scalar;
     }
 }
 
@@ -174,7 +174,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     /* per-thread row buffers, rounded to whole cache lines */
     job->nthreads = omp_get_max_threads() > 0 ? omp_get_max_threads() : 1;
     int64_t second = job->topk.k ? (int64_t)((kd_topk_row_scratch(job->topk.k) +
-                                              kd_fljsd_n_stats(job->topk.k) * sizeof(double)) /
+                                              kd_fld_n_stats(job->topk.k) * sizeof(double)) /
                                              sizeof(float))
                                  : v;
     job->lrow = job->topk.k ? NULL : logits_kernel();
@@ -188,7 +188,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     if (!job->bufs) return KDLOSS_ERR_OUT_OF_MEMORY;
 
     double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
-    kd_fljsd_rows *a = &job->tmpl;
+    kd_fld_rows *a = &job->tmpl;
     a->n = 1;
     a->v = v;
     a->bs = a->bt = NULL;
@@ -207,7 +207,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     a->topk = job->topk.k ? &job->topk : NULL;
     a->tail = tail;
     a->v_lo = 0;
-    a->n_sum = kd_fljsd_n_sum(job->topk.k);
+    a->n_sum = kd_fld_n_sum(job->topk.k);
     job->rows = row_kernel();
     job->ltmpl.v = v;
     job->ltmpl.coef = a->coef;

@@ -1,5 +1,5 @@
 /* The dense-teacher row kernel of kdloss_distill_logits on vectors (AVX2, AVX-512; the scalar
- * path runs the fused loss's row phases, fljsd_row_phases.h). Per row, on fp32 logits held in
+ * path runs the fused loss's row phases, fld_row_phases.h). Per row, on fp32 logits held in
  * cache between passes (docs/MATH.md section 7):
  *   1. the row maxima ms, mt;
  *   2. es = exp((zs - ms) / T) and et = exp((zt - mt) / T), stored, and their sums Ss, St;
@@ -8,7 +8,7 @@
  *      again), g stored over et, and sum g;
  *   4. dz = gs (g - Q sum g).
  * Two exps an element where the log-prob form of the same passes takes four (forward KL) to
- * five (JSD). Sums run in fp32 over tiles of KD_FLJSD_TILE columns, then in double, so their
+ * five (JSD). Sums run in fp32 over tiles of KD_FLD_TILE columns, then in double, so their
  * order depends on V alone. */
 #ifndef KDLOSS_LOGITS_ROWS_H
 #define KDLOSS_LOGITS_ROWS_H

@@ -4,7 +4,7 @@
  * (vf_load_n / vf_store_n) and masks the lanes past the end out of every sum. */
 #include <math.h>
 
-#include "fljsd_rows.h" /* KD_FLJSD_TILE */
+#include "fld_rows.h" /* KD_FLD_TILE */
 #include "logits_rows.h"
 
 /* max of z[0..v): four accumulators, since one max's latency a vector would bound the pass. */
@@ -30,8 +30,8 @@ static double KD_SFX(lr_exps)(const float *z, float *e, int64_t v, float m, floa
                               const char *pf, int64_t pf_es) {
     vf vm_ = vf_set1(m), vit = vf_set1(it);
     double sum = 0.0;
-    for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
-        int64_t t1 = v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : v, c = t0;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLD_TILE) {
+        int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v, c = t0;
         vf acc = vf_zero();
         for (; c + VL <= t1; c += VL) {
             if (pf) _mm_prefetch(pf + c * pf_es, _MM_HINT_T1);
@@ -78,8 +78,8 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
     const float *zs = a->zs, *zt = a->zt, *es = a->es;
     float *et = a->et;
     double loss = 0.0, gsum = 0.0;
-    for (int64_t t0 = 0; t0 < a->v; t0 += KD_FLJSD_TILE) {
-        int64_t t1 = a->v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : a->v, c = t0;
+    for (int64_t t0 = 0; t0 < a->v; t0 += KD_FLD_TILE) {
+        int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
         vf lacc = vf_zero(), gacc = vf_zero(), g;
         for (; c + VL <= t1; c += VL) {
             lacc = vf_add(lacc, KD_SFX(lr_elem)(k, op, r, vf_load(zs + c), vf_load(zt + c),

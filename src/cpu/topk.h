@@ -1,6 +1,6 @@
 /* Internals of the CPU sparse top-k teacher loss (kdloss.h, docs/MATH.md section 8): the ids'
  * value check and the sparse renorm_both path. The row math is src/common/topk_row.h; the
- * full-vocabulary row pass is the fused loss's row kernel (fljsd_rows.h, kd_fljsd_rows.topk). */
+ * full-vocabulary row pass is the fused loss's row kernel (fld_rows.h, kd_fld_rows.topk). */
 #ifndef KDLOSS_CPU_TOPK_H
 #define KDLOSS_CPU_TOPK_H
 
@@ -8,7 +8,7 @@
 
 #include "div_coef.h"
 #include "half.h"
-#include "fljsd.h"
+#include "fld.h"
 
 /* Every row's ids (teacher.ids with its effective ld): each is -1 or in [0, v), and no used id
  * repeats within a row; else KDLOSS_ERR_INVALID_ID. OUT_OF_MEMORY if its scratch (a bitmap of
@@ -74,9 +74,9 @@ void kd_topk_sparse_scatter_avx512(const kd_topk_sparse *a);
 
 /* Whether a checked fused call takes the sparse path: renorm_both, and nothing that needs the
  * full logits (no cross-entropy weight or output, no row_lse). */
-int kd_topk_sparse_eligible(const kd_fljsd_call *k);
+int kd_topk_sparse_eligible(const kd_fld_call *k);
 /* Runs such a call; workspace: NULL (allocated here, at most the call's plan bytes) or the
  * caller's (at least plan->bytes, which bounds what the sparse path uses). */
-kdloss_status kd_topk_sparse_run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, void *workspace);
+kdloss_status kd_topk_sparse_run(const kd_fld_call *k, const kd_fld_plan *pl, void *workspace);
 
 #endif /* KDLOSS_CPU_TOPK_H */

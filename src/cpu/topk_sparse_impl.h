@@ -11,7 +11,7 @@
 
 /* Hidden columns per OpenMP block of the scatter. */
 #define TS_HBLOCK 128
-/* Below this many multiply-adds a chunk runs on the calling thread (as KD_FLJSD_PAR_MIN). */
+/* Below this many multiply-adds a chunk runs on the calling thread (as KD_FLD_PAR_MIN). */
 #define TS_PAR_MIN (1 << 16)
 
 static inline float TS(dot)(const float *x, const char *w, int bf16, int64_t n) {

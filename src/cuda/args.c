@@ -1,5 +1,5 @@
 /* Host-side argument checks of the CUDA entry points (see args.h). The order of the checks is
- * the CPU functions' (src/cpu/kl_div.c, jsd.c, distill_logits.c, fljsd_check.c), so that a call
+ * the CPU functions' (src/cpu/kl_div.c, jsd.c, distill_logits.c, fld_check.c), so that a call
  * with several faults gets the same code from both backends; the CUDA-only faults (context,
  * workspace alignment, a NULL workspace) come where the CPU checks its own workspace, or last.
  * Label values are device memory and are checked on the device (kdloss.h). */
@@ -129,7 +129,7 @@ kdloss_status kd_args_fl_params(const kdloss_fused_linear_distill_params *p) {
 }
 
 kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
-    return kd_fljsd_check_sizes(bt, hs, ht, v);
+    return kd_fld_check_sizes(bt, hs, ht, v);
 }
 
 /* A student or teacher operand pair: F32 or BF16, both the same. */
@@ -212,7 +212,7 @@ kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt
     if ((st = fl_mat(bt, ht, xt.data, xt.dtype, xt.ld, &g->ld_xt, &s_xt)) != KDLOSS_OK) return st;
     if ((st = fl_mat(v, ht, wt.data, wt.dtype, wt.ld, &g->ld_wt, &s_wt)) != KDLOSS_OK) return st;
     /* biases and scalar / per-row outputs aligned to their element size, as the CPU's
-     * kd_fljsd_check (tests/cuda/test_cuda.c "fldistill row_soft misaligned") */
+     * kd_fld_check (tests/cuda/test_cuda.c "fldistill row_soft misaligned") */
     if (!kd_aligned(bs, kdloss_dtype_size(xs.dtype)) ||
         !kd_aligned(bt_bias, kdloss_dtype_size(xt.dtype)))
         return KDLOSS_ERR_MISALIGNED;
@@ -360,7 +360,7 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
                            kdloss_topk_teacher teacher, kdloss_labels labels,
                            const kdloss_fused_linear_distill_out *out, kd_topk_geom *g,
                            kd_spanset *spans) {
-    /* the CPU's order (src/cpu/fljsd_check.c) */
+    /* the CPU's order (src/cpu/fld_check.c) */
     if (!p || !out) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_topk_check_fused_params(p); /* src/common/topk.c, shared */
     if (st == KDLOSS_OK) st = kd_args_fl_sizes(bt, hs, hs, v);

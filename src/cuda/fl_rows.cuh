@@ -1,6 +1,6 @@
 /* The chunked fused-linear loss on the GPU, the parts its drivers share: the single-process one
  * (fused_linear_jsd.cu), the sparse teacher's dense path (topk.cu) and the vocabulary-parallel
- * ones (fljsd_vp.cu, topk_vp.cu): the workspace plan, the row kernel's arguments and its
+ * ones (fld_vp.cu, topk_vp.cu): the workspace plan, the row kernel's arguments and its
  * per-element device functions (one definition of dzs), and the per-chunk GEMM steps. */
 #ifndef KDLOSS_FL_ROWS_CUH
 #define KDLOSS_FL_ROWS_CUH

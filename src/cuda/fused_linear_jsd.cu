@@ -413,7 +413,7 @@ kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params
                                                kdloss_dtype student_dtype, int want_grad,
                                                size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    const kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    const kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     return kdloss_cuda_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, student_dtype,
                                                            want_grad, bytes);
 }
@@ -426,8 +426,8 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
                                            kdloss_labels labels, kdloss_fljsd_out *out,
                                            void *workspace, size_t workspace_bytes) {
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
-    const kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
-    kdloss_fused_linear_distill_out o = kd_fld_out_from_fljsd(out);
+    const kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
+    kdloss_fused_linear_distill_out o = kd_fld_out_from_jsd(out);
     return kdloss_cuda_fused_linear_distill(ctx, stream, &p, bt, hs, ht, v, xs, ws, bs, xt, wt,
                                             bt_bias, labels, &o, workspace, workspace_bytes);
 }

@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_sums_kernel(tkvp_args a) 
 
 /* Thread 0 of phase 3+4: the slots of every rank (this rank's local columns, -1 for the others'),
  * R, the untempered lse, kd_topk_row, the row's outputs and the gradient's state. The CPU's
- * topk_div (src/cpu/fljsd_row_phases.h) on the same reduced numbers. */
+ * topk_div (src/cpu/fld_row_phases.h) on the same reduced numbers. */
 __device__ void tkvp_row_math(const tkvp_args &a, int64_t r, int64_t gr, tk_slots s,
                               tk_row_state *rs) {
     const tk_row_args &b = a.r;

@@ -1,5 +1,5 @@
 /* Host steps of the vocabulary-parallel fused losses on the GPU (vp_cuda.h), shared by the
- * dense teacher (fljsd_vp.cu) and the sparse one (topk_vp.cu). Nothing here has run on a GPU. */
+ * dense teacher (fld_vp.cu) and the sparse one (topk_vp.cu). Nothing here has run on a GPU. */
 #include "vp_cuda.h"
 
 kdloss_status kd_cuda_vp_enter(const kdloss_cuda_context *ctx, const kdloss_vocab_shard *sh) {

@@ -718,7 +718,7 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
     snprintf(tag, sizeof tag,
              "%s %s alpha=%g t2=%d bt=%lld hs=%lld ht=%lld v=%lld s=%s t=%s beta=%g T=%g wh=%g "
              "ws=%g bias=%d chunk=%lld budget=%zu pad=%lld bad=%d fwd=%d",
-             k->distill ? "fldistill" : "fljsd",
+             k->distill ? "fldistill" : "fld_jsd",
              kdloss_divergence_name(k->distill ? k->div : KDLOSS_DIV_JSD), k->alpha, k->t2,
              (long long)k->bt, (long long)k->hs, (long long)k->ht, (long long)k->v,
              kt_dtype_name(k->ds), kt_dtype_name(k->dt), k->beta, k->temperature, k->w_hard,
@@ -3048,35 +3048,35 @@ static void test_errors_fl(void) {
     b.dx_off = AR_G;
     size_t need = 0;
     KT_CHECK(kdloss_cuda_fljsd_workspace_size(&b.p, 4, 8, 8, 16, KDLOSS_BF16, 1, &need) == KDLOSS_OK,
-             "fljsd ws size");
-    KT_CHECK(need <= AR_BYTES - AR_WS, "fljsd ws fits the arena");
+             "fld_jsd ws size");
+    KT_CHECK(need <= AR_BYTES - AR_WS, "fld_jsd ws fits the arena");
     b.ws_bytes = need;
     KT_CHECK(kdloss_cuda_fljsd_workspace_size(&b.p, 4, 8, 8, 16, KDLOSS_F16, 1, &need) ==
-                 KDLOSS_ERR_INVALID_DTYPE, "fljsd ws size f16");
+                 KDLOSS_ERR_INVALID_DTYPE, "fld_jsd ws size f16");
     KT_CHECK(kdloss_cuda_fljsd_workspace_size(NULL, 4, 8, 8, 16, KDLOSS_BF16, 1, &need) ==
-                 KDLOSS_ERR_NULL_POINTER, "fljsd ws size NULL params");
+                 KDLOSS_ERR_NULL_POINTER, "fld_jsd ws size NULL params");
     fl_call c;
-    c = b; c.null_params = 1; fl_err("fljsd NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
-    c = b; c.null_out = 1; fl_err("fljsd NULL out", &c, KDLOSS_ERR_NULL_POINTER, 1);
-    c = b; c.null_ctx = 1; fl_err("fljsd NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
-    c = b; c.p.temperature = 0; fl_err("fljsd T = 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
-    c = b; c.p.beta = -0.1; fl_err("fljsd beta < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
-    c = b; c.p.weight_hard_loss = -1; fl_err("fljsd weight < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
-    c = b; c.p.chunk_size = -2; fl_err("fljsd chunk < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
-    c = b; c.ht = 0; fl_err("fljsd ht 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
-    c = b; c.dxs = c.dws = c.ddxs = KDLOSS_F16; fl_err("fljsd f16 student", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
-    c = b; c.dwt = KDLOSS_F32; fl_err("fljsd xt/wt dtypes differ", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
-    c = b; c.labels = 0; fl_err("fljsd no labels", &c, KDLOSS_ERR_NULL_POINTER, 1);
-    c = b; c.dl = KDLOSS_BF16; fl_err("fljsd float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
-    c = b; c.loss = c.dx = 0; fl_err("fljsd no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
-    c = b; c.want_dbs = 1; fl_err("fljsd dbs without bias", &c, KDLOSS_ERR_SHAPE_MISMATCH, 1);
-    c = b; c.ddxs = KDLOSS_F32; fl_err("fljsd dxs dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
-    c = b; c.dx_off = AR_T; fl_err("fljsd dxs on xt", &c, KDLOSS_ERR_ALIASING, 1);
-    c = b; c.dx_off = AR_LOSS - 32; fl_err("fljsd dxs overlaps loss", &c, KDLOSS_ERR_ALIASING, 1);
-    c = b; c.ws_bytes -= 256; fl_err("fljsd workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.null_params = 1; fl_err("fld_jsd NULL params", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_out = 1; fl_err("fld_jsd NULL out", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.null_ctx = 1; fl_err("fld_jsd NULL ctx", &c, KDLOSS_ERR_NULL_POINTER, 0);
+    c = b; c.p.temperature = 0; fl_err("fld_jsd T = 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.beta = -0.1; fl_err("fld_jsd beta < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.weight_hard_loss = -1; fl_err("fld_jsd weight < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.p.chunk_size = -2; fl_err("fld_jsd chunk < 0", &c, KDLOSS_ERR_INVALID_PARAM, 1);
+    c = b; c.ht = 0; fl_err("fld_jsd ht 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
+    c = b; c.dxs = c.dws = c.ddxs = KDLOSS_F16; fl_err("fld_jsd f16 student", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dwt = KDLOSS_F32; fl_err("fld_jsd xt/wt dtypes differ", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.labels = 0; fl_err("fld_jsd no labels", &c, KDLOSS_ERR_NULL_POINTER, 1);
+    c = b; c.dl = KDLOSS_BF16; fl_err("fld_jsd float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.loss = c.dx = 0; fl_err("fld_jsd no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
+    c = b; c.want_dbs = 1; fl_err("fld_jsd dbs without bias", &c, KDLOSS_ERR_SHAPE_MISMATCH, 1);
+    c = b; c.ddxs = KDLOSS_F32; fl_err("fld_jsd dxs dtype", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    c = b; c.dx_off = AR_T; fl_err("fld_jsd dxs on xt", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.dx_off = AR_LOSS - 32; fl_err("fld_jsd dxs overlaps loss", &c, KDLOSS_ERR_ALIASING, 1);
+    c = b; c.ws_bytes -= 256; fl_err("fld_jsd workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
     c = b; c.ws_bytes -= 256; c.dx_off = AR_T;
-    fl_err("fljsd workspace small and dxs on xt", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
-    c = b; c.dxs = KDLOSS_F16; c.labels = 0; fl_err("fljsd f16 xs and no labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    fl_err("fld_jsd workspace small and dxs on xt", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.dxs = KDLOSS_F16; c.labels = 0; fl_err("fld_jsd f16 xs and no labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
 }
 
 /* The divergence-family entry points: the shared checks (tests/test_errors.c has the CPU side). */
@@ -3441,7 +3441,7 @@ int main(void) {
         }
         CK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
     }
-    printf("CPU functions linked: kl %s, jsd %s, fljsd %s\n", kdloss_kl_div ? "yes" : "no",
+    printf("CPU functions linked: kl %s, jsd %s, fld_jsd %s\n", kdloss_kl_div ? "yes" : "no",
            kdloss_jsd ? "yes" : "no", kdloss_fused_linear_jsd ? "yes" : "no");
     test_errors();
     if (!g_gpu) {

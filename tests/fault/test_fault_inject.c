@@ -39,7 +39,7 @@
 
 #include "kdloss.h"
 #include "malloc_shim.h"
-#include "ref_fljsd.h"
+#include "ref_fld.h"
 #include "testutil.h"
 
 #ifndef KDFI_SHIM
@@ -47,7 +47,7 @@
 #endif
 
 #define TIMEOUT_S 30
-/* 0: an OUT_OF_MEMORY that leaves gradient rows written fails the test (src/cpu/fljsd.c reserves
+/* 0: an OUT_OF_MEMORY that leaves gradient rows written fails the test (src/cpu/fld.c reserves
  * the GEMMs' fallback scratch with kd_gemm_prepare before anything is written); 1 accepted it,
  * before that. */
 #ifndef KDFI_ALLOW_GRADS_WRITTEN
@@ -72,7 +72,7 @@ typedef struct outs {
     void *dxs, *dws, *dbs;
 } outs;
 
-static kt_fljsd_problem prob;
+static kt_fld_problem prob;
 static void *work;
 static size_t work_bytes;
 
@@ -299,7 +299,7 @@ int main(int argc, char **argv) {
     int warm_bad = 0, cold_bad = 0, warm_points = 0, cold_points = 0;
     for (int k = 0; k < 2; k++) {
         const scen *s = &sc[k];
-        kt_fljsd_problem_make(&prob, &rng, BT, HS, HT, V, s->dt, s->dt, 1, 3.0, 5, -100, 0);
+        kt_fld_problem_make(&prob, &rng, BT, HS, HT, V, s->dt, s->dt, 1, 3.0, 5, -100, 0);
         kdloss_fljsd_params prm;
         kdloss_fljsd_params_default(&prm);
         prm.chunk_size = 24;
@@ -311,7 +311,7 @@ int main(int argc, char **argv) {
         cold_bad += inject_all(s, 0, &pts);
         cold_points += pts;
         free(work);
-        kt_fljsd_problem_free(&prob);
+        kt_fld_problem_free(&prob);
     }
     printf("summary: warm calls: %d allocation points, %d ended in exit/signal/hang/wrong result; "
            "cold calls (information only): %d points, %d exit/signal/hang/wrong\n",

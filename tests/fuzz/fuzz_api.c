@@ -23,7 +23,7 @@
 
 #include "kdloss.h"
 #include "reference.h"
-#include "ref_fljsd.h"
+#include "ref_fld.h"
 #include "ref_topk.h"
 #include "testutil.h"
 
@@ -318,7 +318,7 @@ static void write_labels(rd *r, int64_t bt, int64_t v, int64_t ignore_index, kdl
     }
 }
 
-static void fuzz_fljsd(rd *r, int query) {
+static void fuzz_fld(rd *r, int query) {
     kdloss_fljsd_params p;
     kdloss_fljsd_params_default(&p);
     if (pick(r, 2)) p.beta = pick(r, 2) ? param(r, 0, 1) : pick(r, 3) * 0.5;
@@ -422,9 +422,9 @@ static void fuzz_fljsd(rd *r, int query) {
     if (ok) {
         kt_ref_logits(bt, ht, v, x2, w2, b2, zt);
         for (int64_t i = 0; i < bt * v; i++) zmax = fmax(zmax, fmax(fabs(zs[i]), fabs(zt[i])));
-        kt_fljsd_cfg cf = {p.beta, p.temperature, p.weight_hard_loss, p.weight_soft_loss, p.grad_scale, p.ignore_index};
+        kt_fld_cfg cf = {p.beta, p.temperature, p.weight_hard_loss, p.weight_soft_loss, p.grad_scale, p.ignore_index};
         double L, S, H;
-        kt_ref_fljsd_dz(&cf, bt, v, zs, zt, l64, &L, &S, &H, NULL, NULL);
+        kt_ref_fld_dz(&cf, bt, v, zs, zt, l64, &L, &S, &H, NULL, NULL);
         /* fp32 logits carry ~H u |x||w| error, amplified by 1/T in the soft part */
         double tol = 1e-5 * (1 + zmax) * (1 + 1 / p.temperature) * (p.weight_hard_loss + p.weight_soft_loss + 1) + 1e-5 * fabs(L);
         if (isfinite(L) && !loss_ok(*o.loss, L, tol))
@@ -768,8 +768,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     switch (pick(&r, 9)) {
     case 0: fuzz_kl(&r); break;
     case 1: fuzz_jsd(&r); break;
-    case 2: case 3: fuzz_fljsd(&r, 0); break;
-    case 4: fuzz_fljsd(&r, 1); break;
+    case 2: case 3: fuzz_fld(&r, 0); break;
+    case 4: fuzz_fld(&r, 1); break;
     case 5: case 6: fuzz_topk_logits(&r); break;
     case 7: fuzz_topk_fused(&r, 0); break;
     default: fuzz_topk_fused(&r, 1); break;

@@ -248,8 +248,8 @@ def _fused_results(outputs, xs, bs):
     return loss[0].to(dt), soft[0].to(dt), hard[0].to(dt), dxs, dws, dbs
 
 
-def _fljsd_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-                   ignore_index, chunk_size, t2_scale, vp, want):
+def _fld_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
+                 ignore_index, chunk_size, t2_scale, vp, want):
     """One kdloss_fused_linear_distill call (div: a _lib.DivParams; vp: a VocabParallel or
     None). `want` = (dxs, dws, dbs). Returns (loss, soft, hard, dxs, dws, dbs) with the
     gradients shaped like their inputs."""
@@ -303,11 +303,11 @@ def _fused_apply(xs, ws, bs, compute):
     return compute(want)[:3]
 
 
-def _fljsd(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
-           chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None):
+def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
+         chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None):
     div = _lib.div_params(divergence, beta, alpha)
     return _fused_apply(xs, ws, bs, functools.partial(
-        _fljsd_compute, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
+        _fld_compute, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
         ignore_index, chunk_size, t2_scale, vp))
 
 
@@ -317,8 +317,8 @@ def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weigh
     log_softmax(student_input @ student_weight.T / T) and the teacher's, averaged over the rows
     whose shift_labels != ignore_index, without ever forming the full logits.
     Gradients for student_input and student_weight."""
-    return _fljsd(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
-                  None, None, jsd_beta, temperature, 0.0, 1.0, ignore_index, 0)[0]
+    return _fld(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
+                None, None, jsd_beta, temperature, 0.0, 1.0, ignore_index, 0)[0]
 
 
 # the vocabulary-parallel entry points (process_group) of the fused losses
@@ -347,10 +347,10 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
         _require_labels(true_labels, weight_hard_loss)
-        loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
-                                  true_labels, student_bias, teacher_bias, beta, temperature,
-                                  weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
-                                  vp=vp)
+        loss, soft, hard = _fld(student_input, student_weight, teacher_input, teacher_weight,
+                                true_labels, student_bias, teacher_bias, beta, temperature,
+                                weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
+                                vp=vp)
     return (loss, soft, hard) if return_soft_hard_loss else loss
 
 
@@ -367,10 +367,10 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     process_group: vocabulary-parallel LM heads (see the module docstring)."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         _require_labels(true_labels, weight_hard_loss)
-        loss, soft, hard = _fljsd(student_input, student_weight, teacher_input, teacher_weight,
-                                  true_labels, student_bias, teacher_bias, beta, temperature,
-                                  weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
-                                  divergence, alpha, t2_scale, vp)
+        loss, soft, hard = _fld(student_input, student_weight, teacher_input, teacher_weight,
+                                true_labels, student_bias, teacher_bias, beta, temperature,
+                                weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
+                                divergence, alpha, t2_scale, vp)
     return (loss, soft, hard) if return_soft_hard_loss else loss
 
 
@@ -531,7 +531,7 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
 
 def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
                   ignore_index, chunk_size, t2_scale, want_hard, vp, want):
-    """One kdloss_fused_linear_topk_distill call; returns what _fljsd_compute does. labels None
+    """One kdloss_fused_linear_topk_distill call; returns what _fld_compute does. labels None
     passes no labels (every row kept; the C call then needs w_hard 0 and no hard-loss output)."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_ids", ids),
                           ("teacher_logprobs", lps), ("student_bias", bs)])

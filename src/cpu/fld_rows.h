@@ -1,5 +1,5 @@
 /* The row work of one chunk of the fused-linear distillation loss (docs/MATH.md section 4),
- * shared by the scalar, AVX2 and AVX-512 row kernels and the driver (fljsd.c).
+ * shared by the scalar, AVX2 and AVX-512 row kernels and the driver (fld.c).
  *
  * The driver has put the chunk's fp32 logits (straight from the GEMM, bias not yet added) in
  * zs and zt; one call does everything that needs whole rows, one row at a time, in a fixed
@@ -10,10 +10,10 @@
  *      the element gradients g = dJSD/dX (stored over zt) with sum(g);
  *   4. dzs = gh (softmax(zs) - onehot(y)) + gs (g - softmax(zs/T) sum(g)), written over zs.
  * With a sparse teacher (topk set, zt unused) passes 2-4 run on the columns outside the teacher's
- * ids and kd_topk_row on the ids themselves (fljsd_topk_impl.h).
+ * ids and kd_topk_row on the ids themselves (fld_row_phases.h).
  * Ignored rows get zero loss terms and, when gradients are wanted, a zero dzs row. */
-#ifndef KDLOSS_FLJSD_ROWS_H
-#define KDLOSS_FLJSD_ROWS_H
+#ifndef KDLOSS_FLD_ROWS_H
+#define KDLOSS_FLD_ROWS_H
 
 #include <stdint.h>
 
@@ -23,13 +23,13 @@
 /* Row reductions run in fp32 vectors over tiles of this many columns, then in double: the
  * fp32 rounding error of a sum stays that of a 1024-term sum whatever V is. A multiple of 16,
  * so only the last tile of a row has a partial vector. */
-#define KD_FLJSD_TILE 1024
+#define KD_FLD_TILE 1024
 
 /* A chunk with fewer elements than this runs its rows on the calling thread: waking an OpenMP
  * team (and, on a busy machine, waiting for it) costs more than the row work itself. */
-#define KD_FLJSD_PAR_MIN (1 << 16)
+#define KD_FLD_PAR_MIN (1 << 16)
 
-typedef struct kd_fljsd_rows {
+typedef struct kd_fld_rows {
     int64_t n, v;          /* rows in this chunk, vocabulary size */
     int64_t row0;          /* batch index of the chunk's first row (to read labels) */
     float *zs;             /* (n x v), ld v: student logits in; dzs out when grad */
@@ -49,31 +49,31 @@ typedef struct kd_fljsd_rows {
     double *row_soft;      /* [n] out: each row's JSD (0 for ignored rows) */
     double *row_hard;      /* [n] out: each row's cross-entropy (0 for ignored rows) */
     float *row_lse;        /* [n] out or NULL: each row's student log-sum-exp (0 when ignored) */
-    /* a sparse teacher instead of zt (docs/MATH.md section 8; fljsd_topk_impl.h) */
+    /* a sparse teacher instead of zt (docs/MATH.md section 8; fld_row_phases.h) */
     const kdloss_topk_teacher *topk; /* ids and log-probs with effective lds, or NULL (dense) */
     int tail;              /* KD_TAIL_* of topk_row.h */
     char *tk;              /* n x kd_topk_row_scratch(K) bytes of per-row scratch */
-    /* the phases' statistics (fljsd_row_phases.h) and the vocabulary-parallel column offset */
+    /* the phases' statistics (fld_row_phases.h) and the vocabulary-parallel column offset */
     int64_t v_lo;          /* global id of local column 0 (0 unless vocabulary-parallel) */
     double *st_max;        /* [2 n] */
     double *st_sum;        /* [n_sum n] */
     double *st_div;        /* [2 n] */
-    int64_t n_sum;         /* kd_fljsd_n_sum(): 4, + K with a sparse teacher */
-} kd_fljsd_rows;
+    int64_t n_sum;         /* kd_fld_n_sum(): 4, + K with a sparse teacher */
+} kd_fld_rows;
 
-/* Doubles per row of the phases' statistics: st_max 2, st_sum kd_fljsd_n_sum(K), st_div 2. */
-static inline int64_t kd_fljsd_n_sum(int64_t topk_k) { return 4 + topk_k; }
-static inline int64_t kd_fljsd_n_stats(int64_t topk_k) { return 4 + kd_fljsd_n_sum(topk_k); }
+/* Doubles per row of the phases' statistics: st_max 2, st_sum kd_fld_n_sum(K), st_div 2. */
+static inline int64_t kd_fld_n_sum(int64_t topk_k) { return 4 + topk_k; }
+static inline int64_t kd_fld_n_stats(int64_t topk_k) { return 4 + kd_fld_n_sum(topk_k); }
 
-/* One phase (1..4, fljsd_row_phases.h) over every row of the chunk, OpenMP over rows: the
+/* One phase (1..4, fld_row_phases.h) over every row of the chunk, OpenMP over rows: the
  * vocabulary-parallel driver reduces the statistics between phases. */
-void kd_fljsd_rows_phase_scalar(const kd_fljsd_rows *a, int phase);
-void kd_fljsd_rows_phase_avx2(const kd_fljsd_rows *a, int phase);
-void kd_fljsd_rows_phase_avx512(const kd_fljsd_rows *a, int phase);
+void kd_fld_rows_phase_scalar(const kd_fld_rows *a, int phase);
+void kd_fld_rows_phase_avx2(const kd_fld_rows *a, int phase);
+void kd_fld_rows_phase_avx512(const kd_fld_rows *a, int phase);
 
 /* Run the row work of one chunk, OpenMP over rows. Never calls BLAS. */
-void kd_fljsd_rows_scalar(const kd_fljsd_rows *a);
-void kd_fljsd_rows_avx2(const kd_fljsd_rows *a);
-void kd_fljsd_rows_avx512(const kd_fljsd_rows *a);
+void kd_fld_rows_scalar(const kd_fld_rows *a);
+void kd_fld_rows_avx2(const kd_fld_rows *a);
+void kd_fld_rows_avx512(const kd_fld_rows *a);
 
-#endif /* KDLOSS_FLJSD_ROWS_H */
+#endif /* KDLOSS_FLD_ROWS_H */

@@ -1,5 +1,5 @@
-/* Generic vector row kernel of the fused-linear distillation loss (see fljsd_rows.h for the
- * four passes). Included by fljsd_rows_avx2.c and fljsd_rows_avx512.c after they define
+/* Generic vector row kernel of the fused-linear distillation loss (see fld_rows.h for the
+ * four passes). Included by fld_rows_avx2.c and fld_rows_avx512.c after they define
  * KD_ISA_* and include simd.h and div_simd.h; KD_SFX names the entry point per ISA.
  *
  * A row of V fp32 logits (128 KiB at V = 32768) stays in L2 between passes, so each pass is
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "fljsd_rows.h"
+#include "fld_rows.h"
 
 /* Adds the bias (when given) to z[0..v) in place and returns the row max. */
 static float KD_SFX(fold_max)(float *z, const float *b, int64_t v) {
@@ -43,8 +43,8 @@ static float KD_SFX(fold_max)(float *z, const float *b, int64_t v) {
 static double KD_SFX(sum_exp)(const float *z, int64_t v, float m, float s) {
     vf vmax = vf_set1(m), vs = vf_set1(s);
     double sum = 0.0;
-    for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
-        int64_t t1 = v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : v;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLD_TILE) {
+        int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v;
         vf acc = vf_zero();
         int64_t c = t0;
         for (; c + VL <= t1; c += VL)
@@ -84,8 +84,8 @@ KD_INLINE double KD_SFX(div_pass)(const kd_vdiv *k, int op, const KD_SFX(rowc) *
                                   const float *zs, float *zt, int64_t v, int store_g,
                                   double *sum_g) {
     double loss = 0.0, gsum = 0.0;
-    for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
-        int64_t t1 = v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : v;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLD_TILE) {
+        int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v;
         vf lacc = vf_zero(), gacc = vf_zero(), g;
         int64_t c = t0;
         for (; c + VL <= t1; c += VL) {
@@ -113,7 +113,7 @@ KD_INLINE double KD_SFX(div_pass)(const kd_vdiv *k, int op, const KD_SFX(rowc) *
 }
 
 /* One vector of dzs: gs (g - q sum_g) + gh p with q = softmax(zs/T), p = softmax(zs). */
-KD_INLINE vf KD_SFX(dz_at)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, vf z, vf g, vf sg,
+KD_INLINE vf KD_SFX(dz_at)(const kd_fld_rows *a, const KD_SFX(rowc) *r, vf z, vf g, vf sg,
                            vf gs, vf gh, vf lsh, int share) {
     vf d = vf_zero(), q = vf_zero();
     if (a->gs != 0.0f) {
@@ -128,7 +128,7 @@ KD_INLINE vf KD_SFX(dz_at)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, vf z, 
 }
 
 /* Pass 4: dzs over zs. share: softmax(zs) equals softmax(zs/T) (T = 1, q computed). */
-static void KD_SFX(grad_pass)(const kd_fljsd_rows *a, const KD_SFX(rowc) *r, float *zs,
+static void KD_SFX(grad_pass)(const kd_fld_rows *a, const KD_SFX(rowc) *r, float *zs,
                               const float *zt, double sum_g, float lsh, int share) {
     vf sg = vf_set1((float)sum_g), gs = vf_set1(a->gs), gh = vf_set1(a->gh);
     vf vlsh = vf_set1(lsh), g = vf_zero();
@@ -168,7 +168,7 @@ static void KD_SFX(rest_grad)(float *z, int64_t v, float c1, float m1, float s1,
 }
 
 /* Pass 3 of a dense row for the call's operation (one specialised loop per operation). */
-static double KD_SFX(div_any)(const kd_fljsd_rows *a, const kd_vdiv *k, const float *zs, float *zt,
+static double KD_SFX(div_any)(const kd_fld_rows *a, const kd_vdiv *k, const float *zs, float *zt,
                               float ms, float mt, float lss, float lst, int store_g,
                               double *sum_g) {
     KD_SFX(rowc) r;
@@ -188,7 +188,7 @@ static double KD_SFX(div_any)(const kd_fljsd_rows *a, const kd_vdiv *k, const fl
 }
 
 /* Pass 4 of a dense row (see grad_pass). */
-static void KD_SFX(grad_any)(const kd_fljsd_rows *a, float *zs, const float *zt, float ms,
+static void KD_SFX(grad_any)(const kd_fld_rows *a, float *zs, const float *zt, float ms,
                              float lss, double sum_g, float lsh, int share) {
     KD_SFX(rowc) r;
     r.ms = vf_set1(ms);
@@ -204,9 +204,9 @@ static void KD_SFX(grad_any)(const kd_fljsd_rows *a, float *zs, const float *zt,
 #define PH_DIV KD_SFX(div_any)
 #define PH_GRAD KD_SFX(grad_any)
 #define PH_REST_GRAD KD_SFX(rest_grad)
-#include "fljsd_row_phases.h"
+#include "fld_row_phases.h"
 
-void KD_SFX(kd_fljsd_rows)(const kd_fljsd_rows *a) {
+void KD_SFX(kd_fld_rows)(const kd_fld_rows *a) {
     kd_vdiv k = kd_vdiv_make(a->coef);
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
     if (ph_parallel(a)) {
@@ -219,7 +219,7 @@ void KD_SFX(kd_fljsd_rows)(const kd_fljsd_rows *a) {
     }
 }
 
-void KD_SFX(kd_fljsd_rows_phase)(const kd_fljsd_rows *a, int ph) {
+void KD_SFX(kd_fld_rows_phase)(const kd_fld_rows *a, int ph) {
     kd_vdiv k = kd_vdiv_make(a->coef);
     if (ph_parallel(a)) {
 #pragma omp parallel for schedule(static)

@@ -1,10 +1,10 @@
 /* Parameters, chunk choice and workspace layout of the CPU fused-linear distillation loss
- * (the layout itself is documented in fljsd.h). */
+ * (the layout itself is documented in fld.h). */
 #include <math.h>
 #include <stdint.h>
 
-#include "fljsd.h"
-#include "fljsd_rows.h"
+#include "fld.h"
+#include "fld_rows.h"
 #include "topk.h"
 
 #define KD_DEFAULT_BUDGET ((size_t)256 << 20)
@@ -35,7 +35,7 @@ static size_t mul3(size_t a, size_t b, size_t c) {
 
 /* Appends a region of `bytes` at the next aligned offset; sets *ok = 0 on overflow. */
 static size_t take(size_t *end, size_t bytes, int *ok) {
-    size_t off = (*end + KD_FLJSD_ALIGN - 1) & ~(size_t)(KD_FLJSD_ALIGN - 1);
+    size_t off = (*end + KD_FLD_ALIGN - 1) & ~(size_t)(KD_FLD_ALIGN - 1);
     if (off < *end || __builtin_add_overflow(off, bytes, end)) *ok = 0;
     return off;
 }
@@ -54,9 +54,9 @@ static int64_t auto_chunk(int64_t bt, size_t avail, size_t per_row) {
     return c < ubt ? (int64_t)c : bt;
 }
 
-kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
-                                 int64_t v, int64_t topk_k, kdloss_dtype student_dtype,
-                                 int want_grad, kd_fljsd_plan *plan) {
+kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
+                               int64_t v, int64_t topk_k, kdloss_dtype student_dtype,
+                               int want_grad, kd_fld_plan *plan) {
     const size_t f4 = sizeof(float);
     int sb = student_dtype == KDLOSS_BF16;
     int64_t h = hs > ht ? hs : ht;
@@ -72,7 +72,7 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, in
     plan->xconv_cols = want_grad ? h : ht;
     size_t per_row = mul3((size_t)v + zt_cols, 1, f4) + mul3((size_t)plan->xconv_cols, 1, f4) +
                      (sb ? mul3((size_t)hs, 1, f4) : 0) + 2 * sizeof(double) + tk_row +
-                     mul3((size_t)kd_fljsd_n_stats(topk_k), sizeof(double), 1);
+                     mul3((size_t)kd_fld_n_stats(topk_k), sizeof(double), 1);
     /* bytes that do not scale with the chunk besides the weights' panel or copies (the dWs
      * accumulator is output-sized state, so it is not counted against the budget) */
     size_t base = mul3((size_t)v, want_grad ? 3 : 2, f4);
@@ -125,11 +125,11 @@ kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, in
     plan->off_rows = take(&end, mul3(c, 2, sizeof(double)), &ok);
     plan->off_dws = take(&end, sb && want_grad ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
     plan->off_tk = take(&end, mul3(c, tk_row, 1), &ok);
-    plan->off_st = take(&end, mul3(c, (size_t)kd_fljsd_n_stats(topk_k), sizeof(double)), &ok);
+    plan->off_st = take(&end, mul3(c, (size_t)kd_fld_n_stats(topk_k), sizeof(double)), &ok);
     if (topk_k > 0 && !mul3(c, tk_row, 1)) ok = 0;
     /* a zero from mul3 where a region must be non-empty means overflow */
     if (!mul3(c, (size_t)v, f4) || (sb && want_grad && !mul3((size_t)v, (size_t)hs, f4))) ok = 0;
-    if (!ok || __builtin_add_overflow(end, (size_t)KD_FLJSD_ALIGN - 1, &plan->bytes))
+    if (!ok || __builtin_add_overflow(end, (size_t)KD_FLD_ALIGN - 1, &plan->bytes))
         return KDLOSS_ERR_INVALID_SIZE;
     return KDLOSS_OK;
 }
@@ -151,21 +151,21 @@ void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_para
 /* Shared checks of the size queries. */
 static kdloss_status query_plan(const kdloss_fused_linear_distill_params *params, int64_t bt,
                                 int64_t hs, int64_t ht, int64_t v, kdloss_dtype student_dtype,
-                                int want_grad, size_t *bytes, kd_fljsd_plan *plan) {
+                                int want_grad, size_t *bytes, kd_fld_plan *plan) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_fld_check_params(params);
     if (st != KDLOSS_OK) return st;
-    st = kd_fljsd_check_sizes(bt, hs, ht, v);
+    st = kd_fld_check_sizes(bt, hs, ht, v);
     if (st != KDLOSS_OK) return st;
     if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
         return KDLOSS_ERR_INVALID_DTYPE;
-    return kd_fljsd_plan_make(params, bt, hs, ht, v, 0, student_dtype, want_grad != 0, plan);
+    return kd_fld_plan_make(params, bt, hs, ht, v, 0, student_dtype, want_grad != 0, plan);
 }
 
 kdloss_status kdloss_fused_linear_distill_min_budget(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
-    kd_fljsd_plan plan;
+    kd_fld_plan plan;
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_distill_params p = *params;
     p.memory_budget = 0; /* the caller's budget is what is being sized */
@@ -178,7 +178,7 @@ kdloss_status kdloss_fused_linear_distill_min_budget(
 kdloss_status kdloss_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
-    kd_fljsd_plan plan;
+    kd_fld_plan plan;
     kdloss_status st = query_plan(params, bt, hs, ht, v, student_dtype, want_grad, bytes, &plan);
     if (st != KDLOSS_OK) return st;
     *bytes = plan.bytes;
@@ -190,7 +190,7 @@ kdloss_status kdloss_fljsd_min_budget(const kdloss_fljsd_params *params, int64_t
                                       int64_t ht, int64_t v, kdloss_dtype student_dtype,
                                       int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     return kdloss_fused_linear_distill_min_budget(&p, bt, hs, ht, v, student_dtype, want_grad,
                                                   bytes);
 }
@@ -200,7 +200,7 @@ kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int
                                           kdloss_dtype student_dtype, int want_grad,
                                           size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
+    kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     return kdloss_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, student_dtype,
                                                       want_grad, bytes);
 }
@@ -209,23 +209,23 @@ kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int
 static kdloss_status topk_query_plan(const kdloss_fused_linear_topk_distill_params *params,
                                      int64_t bt, int64_t hs, int64_t v, int64_t k,
                                      kdloss_dtype student_dtype, int want_grad, size_t *bytes,
-                                     kd_fljsd_plan *plan) {
+                                     kd_fld_plan *plan) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_topk_check_fused_params(params);
     if (st != KDLOSS_OK) return st;
-    st = kd_fljsd_check_sizes(bt, hs, hs, v);
+    st = kd_fld_check_sizes(bt, hs, hs, v);
     if (st != KDLOSS_OK) return st;
     if (k <= 0) return KDLOSS_ERR_INVALID_SIZE;
     if (student_dtype != KDLOSS_F32 && student_dtype != KDLOSS_BF16)
         return KDLOSS_ERR_INVALID_DTYPE;
     kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
-    return kd_fljsd_plan_make(&p, bt, hs, 0, v, k, student_dtype, want_grad != 0, plan);
+    return kd_fld_plan_make(&p, bt, hs, 0, v, k, student_dtype, want_grad != 0, plan);
 }
 
 kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
-    kd_fljsd_plan plan;
+    kd_fld_plan plan;
     kdloss_status st =
         topk_query_plan(params, bt, hs, v, k, student_dtype, want_grad, bytes, &plan);
     if (st == KDLOSS_OK) *bytes = plan.bytes;
@@ -235,7 +235,7 @@ kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
 kdloss_status kdloss_fused_linear_topk_distill_min_budget(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
-    kd_fljsd_plan plan;
+    kd_fld_plan plan;
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_topk_distill_params p = *params;
     p.memory_budget = 0; /* the caller's budget is what is being sized */

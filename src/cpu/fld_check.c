@@ -2,7 +2,7 @@
  * the driver writes a single byte the caller owns. */
 #include "check.h"
 #include "ew_common.h" /* kd_ew_check_overlap */
-#include "fljsd.h"
+#include "fld.h"
 #include "topk.h"
 
 /* A student or teacher operand pair: F32 or BF16, both the same. */
@@ -23,7 +23,7 @@ static kdloss_status check_gemm_mat(int64_t rows, int64_t cols, const void *data
 /* The teacher's operands into spans in[3..5] (dense: xt, wt, bt; sparse: ids, log-probs) and the
  * call; a sparse teacher's ids are checked by value. */
 static kdloss_status check_teacher(const kd_fl_teacher *t, int64_t bt, int64_t v,
-                                   int64_t v_ids, kd_span in[3], kd_fljsd_call *call) {
+                                   int64_t v_ids, kd_span in[3], kd_fld_call *call) {
     kdloss_status st;
     call->xt = t->xt;
     call->wt = t->wt;
@@ -97,15 +97,15 @@ static kdloss_status check_outputs(kdloss_fused_linear_distill_out *o, int64_t b
     return KDLOSS_OK;
 }
 
-kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
-                             int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
-                             const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
-                             const kdloss_fused_linear_distill_out *out, const void *workspace,
-                             size_t workspace_bytes, kd_fljsd_call *call, kd_fljsd_plan *plan) {
+kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                           int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
+                           const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
+                           const kdloss_fused_linear_distill_out *out, const void *workspace,
+                           size_t workspace_bytes, kd_fld_call *call, kd_fld_plan *plan) {
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
     int sparse = t->topk != NULL;
     kdloss_status st = kd_fld_check_params(params);
-    if (st == KDLOSS_OK) st = kd_fljsd_check_sizes(bt, hs, sparse ? hs : t->ht, v);
+    if (st == KDLOSS_OK) st = kd_fld_check_sizes(bt, hs, sparse ? hs : t->ht, v);
     if (st == KDLOSS_OK) st = check_pair_dtype(xs.dtype, ws.dtype);
     if (st != KDLOSS_OK) return st;
 
@@ -127,8 +127,8 @@ kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, i
     st = check_outputs(&o, bt, hs, v, xs, ws, bs, os);
     if (st != KDLOSS_OK) return st;
     int grad = o.dxs.data || o.dws.data || o.dbs;
-    st = kd_fljsd_plan_make(params, bt, hs, sparse ? 0 : t->ht, v, sparse ? t->topk->k : 0,
-                            xs.dtype, grad, plan);
+    st = kd_fld_plan_make(params, bt, hs, sparse ? 0 : t->ht, v, sparse ? t->topk->k : 0,
+                          xs.dtype, grad, plan);
     if (st != KDLOSS_OK) return st;
     if (workspace && workspace_bytes < plan->bytes) return KDLOSS_ERR_WORKSPACE_TOO_SMALL;
     in[7] = kd_vec_span(workspace, workspace ? (int64_t)plan->bytes : 0, 1);

@@ -1,7 +1,7 @@
 /* The vocabulary-parallel fused-linear distillation loss on the GPU (kdloss.h,
  * kdloss_cuda_fused_linear_distill_vp; docs/MATH.md section 9): fused_linear_jsd.cu's chunk loop
  * on this rank's V_r rows of the heads, its row kernel split into four phase kernels with the
- * statistics all-reduced in between (the CPU's phases, src/cpu/fljsd_row_phases.h, and the same
+ * statistics all-reduced in between (the CPU's phases, src/cpu/fld_row_phases.h, and the same
  * collectives), on the caller's stream:
  *   zs = xs[chunk] ws_r^T, zt = xt[chunk] wt_r^T           (fl_chunk_logits)
  *   1. max   the row maxima of zs and zt                    -> MAX 2 doubles a row  (st_max)

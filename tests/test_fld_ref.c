@@ -1,5 +1,5 @@
-/* Checks of the double-precision fused-linear JSD reference itself (tests/support/ref_fljsd.c),
- * so the oracle of test_fljsd.c is known to be right:
+/* Checks of the double-precision fused-linear JSD reference itself (tests/support/ref_fld.c),
+ * so the oracle of test_fld.c is known to be right:
  *  - its gradients (dxs, dws, dbs) against central differences of its own loss, on a tiny shape,
  *    over beta, T, the weights, grad_scale and ignored rows;
  *  - its losses against closed forms on a 2-token vocabulary;
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_fljsd.h"
+#include "ref_fld.h"
 #include "testutil.h"
 
 enum { BT = 6, HS = 3, HT = 4, V = 7 };
@@ -22,16 +22,16 @@ typedef struct tiny {
     int64_t labels[BT];
 } tiny;
 
-static double loss_of(const tiny *t, const kt_fljsd_cfg *c) {
+static double loss_of(const tiny *t, const kt_fld_cfg *c) {
     double zs[BT * V], zt[BT * V], loss, soft, hard;
     kt_ref_logits(BT, HS, V, t->xs, t->ws, t->bs, zs);
     kt_ref_logits(BT, HT, V, t->xt, t->wt, t->bt, zt);
-    kt_ref_fljsd_dz(c, BT, V, zs, zt, t->labels, &loss, &soft, &hard, NULL, NULL);
+    kt_ref_fld_dz(c, BT, V, zs, zt, t->labels, &loss, &soft, &hard, NULL, NULL);
     return loss;
 }
 
 /* d loss / d x[i] by central differences, x being one of t's arrays. */
-static double fd(tiny *t, const kt_fljsd_cfg *c, double *x, int64_t i) {
+static double fd(tiny *t, const kt_fld_cfg *c, double *x, int64_t i) {
     const double h = 1e-5;
     double x0 = x[i];
     x[i] = x0 + h;
@@ -42,7 +42,7 @@ static double fd(tiny *t, const kt_fljsd_cfg *c, double *x, int64_t i) {
     return (lp - lm) / (2.0 * h);
 }
 
-static void fd_check(kt_rng *rng, const kt_fljsd_cfg *c) {
+static void fd_check(kt_rng *rng, const kt_fld_cfg *c) {
     tiny t;
     for (int i = 0; i < BT * HS; i++) t.xs[i] = kt_normal(rng);
     for (int i = 0; i < V * HS; i++) t.ws[i] = 1.5 * kt_normal(rng);
@@ -58,8 +58,8 @@ static void fd_check(kt_rng *rng, const kt_fljsd_cfg *c) {
     double dxs[BT * HS], dws[V * HS], dbs[V];
     kt_ref_logits(BT, HS, V, t.xs, t.ws, t.bs, zs);
     kt_ref_logits(BT, HT, V, t.xt, t.wt, t.bt, zt);
-    kt_ref_fljsd_dz(c, BT, V, zs, zt, t.labels, &loss, &soft, &hard, dz, NULL);
-    kt_ref_fljsd_grads(BT, HS, V, dz, t.xs, t.ws, 0, 1, dxs, dws, dbs);
+    kt_ref_fld_dz(c, BT, V, zs, zt, t.labels, &loss, &soft, &hard, dz, NULL);
+    kt_ref_fld_grads(BT, HS, V, dz, t.xs, t.ws, 0, 1, dxs, dws, dbs);
     kt_close(loss, c->w_hard * hard + c->w_soft * soft, 0, 1e-15, "loss = weighted parts");
 
     char what[160];
@@ -90,16 +90,16 @@ static void closed_forms(void) {
               0.5 * (q[0] * log(q[0] / m[0]) + q[1] * log(q[1] / m[1]));
     double betas[3] = {0.0, 0.5, 1.0};
     for (int i = 0; i < 3; i++) {
-        kt_fljsd_cfg c = {betas[i], 1.0, 0.25, 0.75, 1.0, -100};
-        kt_ref_fljsd_dz(&c, 1, 2, zs, zt, label, &loss, &soft, &hard, NULL, NULL);
+        kt_fld_cfg c = {betas[i], 1.0, 0.25, 0.75, 1.0, -100};
+        kt_ref_fld_dz(&c, 1, 2, zs, zt, label, &loss, &soft, &hard, NULL, NULL);
         kt_close(soft, want[i], 0, 1e-14, "closed form JSD beta %g", betas[i]);
         kt_close(hard, log(2.0), 0, 1e-14, "closed form CE beta %g", betas[i]);
         kt_close(loss, 0.25 * log(2.0) + 0.75 * want[i], 0, 1e-14, "closed form loss");
     }
     /* temperature 2 on the same logits: Q stays uniform, P becomes softmax(0, log(3)/2) */
     double p2 = 1.0 / (1.0 + sqrt(3.0)), p2b = 1.0 - p2;
-    kt_fljsd_cfg c = {0.0, 2.0, 0.0, 1.0, 1.0, -100};
-    kt_ref_fljsd_dz(&c, 1, 2, zs, zt, label, &loss, &soft, &hard, NULL, NULL);
+    kt_fld_cfg c = {0.0, 2.0, 0.0, 1.0, 1.0, -100};
+    kt_ref_fld_dz(&c, 1, 2, zs, zt, label, &loss, &soft, &hard, NULL, NULL);
     kt_close(soft, p2 * log(p2 / 0.5) + p2b * log(p2b / 0.5), 0, 1e-14, "closed form T = 2");
 }
 
@@ -112,9 +112,9 @@ static void symmetry(kt_rng *rng) {
         a[i] = 3.0 * kt_normal(rng);
         b[i] = 3.0 * kt_normal(rng);
     }
-    kt_fljsd_cfg c = {0.5, 1.7, 0.0, 1.0, 1.0, -100};
-    kt_ref_fljsd_dz(&c, R, C, a, b, labels, &l1, &s1, &h1, NULL, NULL);
-    kt_ref_fljsd_dz(&c, R, C, b, a, labels, &l2, &s2, &h2, NULL, NULL);
+    kt_fld_cfg c = {0.5, 1.7, 0.0, 1.0, 1.0, -100};
+    kt_ref_fld_dz(&c, R, C, a, b, labels, &l1, &s1, &h1, NULL, NULL);
+    kt_ref_fld_dz(&c, R, C, b, a, labels, &l2, &s2, &h2, NULL, NULL);
     kt_close(s1, s2, 0, 1e-13, "JSD(0.5) symmetry");
 }
 
@@ -128,11 +128,11 @@ int main(void) {
     for (int ib = 0; ib < 4; ib++)
         for (int it = 0; it < 3; it++)
             for (int iw = 0; iw < 3; iw++) {
-                kt_fljsd_cfg c = {betas[ib], temps[it], wpairs[iw][0], wpairs[iw][1],
-                                  iw == 2 ? 1.3 : 1.0, iw == 1 ? 4 : -100};
+                kt_fld_cfg c = {betas[ib], temps[it], wpairs[iw][0], wpairs[iw][1],
+                                iw == 2 ? 1.3 : 1.0, iw == 1 ? 4 : -100};
                 fd_check(&rng, &c);
             }
     closed_forms();
     symmetry(&rng);
-    return kt_finish("test_fljsd_ref");
+    return kt_finish("test_fld_ref");
 }

@@ -2,8 +2,8 @@
  * its own arguments, every rank learns in one collective whether all of them agree (blocks
  * contiguous in rank order and covering the vocabulary, the same BT / Hs / teacher shape) and
  * which chunk size they share, and only then does any rank write. The chunk loop is the
- * single-process one (fljsd.c) with the phases' statistics and dxs all-reduced per chunk. */
-#include "fljsd.h"
+ * single-process one (fld.c) with the phases' statistics and dxs all-reduced per chunk. */
+#include "fld.h"
 #include "vp.h"
 
 /* The agreement's all-reduce on the CPU: the callback on the host buffer itself. */
@@ -26,20 +26,20 @@ static kdloss_status fused_vp(const kdloss_fused_linear_distill_params *p,
                               size_t workspace_bytes) {
     kdloss_status st = kd_vp_check_comm(sh);
     if (st != KDLOSS_OK) return st;
-    kd_fljsd_call call;
-    kd_fljsd_plan plan;
+    kd_fld_call call;
+    kd_fld_plan plan;
     plan.chunk = 1;
     st = kd_vp_check_shard(sh, v);
     if (st == KDLOSS_OK)
-        st = kd_fljsd_check(p, bt, hs, v, sh->v_total, xs, ws, bs, t, labels, out, workspace,
-                            workspace_bytes, &call, &plan);
+        st = kd_fld_check(p, bt, hs, v, sh->v_total, xs, ws, bs, t, labels, out, workspace,
+                          workspace_bytes, &call, &plan);
     int64_t chunk = plan.chunk;
     st = agree(sh, v, st, bt, hs, shape, &chunk);
     if (st != KDLOSS_OK) return st;
     plan.chunk = chunk; /* <= this rank's: its workspace regions still hold it */
     call.comm = sh->comm;
     call.v_lo = sh->v_begin;
-    return kd_fljsd_execute(&call, &plan, workspace);
+    return kd_fld_execute(&call, &plan, workspace);
 }
 
 kdloss_status kdloss_fused_linear_distill_vp(

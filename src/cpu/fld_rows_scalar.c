@@ -1,5 +1,5 @@
 /* Portable scalar row kernel of the fused-linear distillation loss: the same four passes as
- * fljsd_rows_impl.h in the same order of operations, one element at a time, with libm and the
+ * fld_rows_impl.h in the same order of operations, one element at a time, with libm and the
  * per-element JSD of div_math.h. It is the path every machine has, and the one the vector
  * paths are compared against in the tests. */
 #include <math.h>
@@ -7,7 +7,7 @@
 
 #include "check.h"
 #include "div_math.h"
-#include "fljsd_rows.h"
+#include "fld_rows.h"
 
 /* Adds the bias (when given) to z[0..v) in place and returns the row max. */
 static float fold_max(float *z, const float *b, int64_t v) {
@@ -22,8 +22,8 @@ static float fold_max(float *z, const float *b, int64_t v) {
 /* sum over the row of exp((z - m) s): fp32 within a tile, double across tiles. */
 static double sum_exp(const float *z, int64_t v, float m, float s) {
     double sum = 0.0;
-    for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
-        int64_t t1 = v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : v;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLD_TILE) {
+        int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v;
         float acc = 0.0f;
         for (int64_t c = t0; c < t1; c++) acc += expf((z[c] - m) * s);
         sum += (double)acc;
@@ -36,8 +36,8 @@ static double sum_exp(const float *z, int64_t v, float m, float s) {
 static double div_pass(const kd_div_coef *k, const float *zs, float *zt, int64_t v, float ms, float mt,
                        float it, float lss, float lst, int store_g, double *sum_g) {
     double loss = 0.0, gsum = 0.0;
-    for (int64_t t0 = 0; t0 < v; t0 += KD_FLJSD_TILE) {
-        int64_t t1 = v - t0 > KD_FLJSD_TILE ? t0 + KD_FLJSD_TILE : v;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLD_TILE) {
+        int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v;
         float lacc = 0.0f, gacc = 0.0f;
         for (int64_t c = t0; c < t1; c++) {
             float g, x = (zs[c] - ms) * it - lss, y = (zt[c] - mt) * it - lst;
@@ -55,7 +55,7 @@ static double div_pass(const kd_div_coef *k, const float *zs, float *zt, int64_t
 }
 
 /* Pass 4 of a dense row: dzs = gs (g - q sum_g) + gh p, q = softmax(zs/T), p = softmax(zs). */
-static void grad_pass(const kd_fljsd_rows *a, float *zs, const float *zt, float ms, float lss,
+static void grad_pass(const kd_fld_rows *a, float *zs, const float *zt, float ms, float lss,
                       double sum_g, float lsh, int share) {
     float sg = (float)sum_g, it = a->inv_t;
     for (int64_t c = 0; c < a->v; c++) {
@@ -88,9 +88,9 @@ static void rest_grad(float *z, int64_t v, float c1, float m1, float s1, float l
     div_pass(k, zs, zt, (a)->v, ms, mt, (a)->inv_t, lss, lst, store_g, sum_g)
 #define PH_GRAD grad_pass
 #define PH_REST_GRAD rest_grad
-#include "fljsd_row_phases.h"
+#include "fld_row_phases.h"
 
-void kd_fljsd_rows_scalar(const kd_fljsd_rows *a) {
+void kd_fld_rows_scalar(const kd_fld_rows *a) {
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
     if (ph_parallel(a)) {
 #pragma omp parallel for schedule(static)
@@ -102,7 +102,7 @@ void kd_fljsd_rows_scalar(const kd_fljsd_rows *a) {
     }
 }
 
-void kd_fljsd_rows_phase_scalar(const kd_fljsd_rows *a, int ph) {
+void kd_fld_rows_phase_scalar(const kd_fld_rows *a, int ph) {
     if (ph_parallel(a)) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < a->n; i++) ph_phase(a, &a->coef, ph, i);

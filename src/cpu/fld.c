@@ -4,7 +4,7 @@
  *   zt = xt wt^T, zs = xs ws^T         two sgemm into the workspace, fp32 straight from the
  *                                      accumulator (bf16 operands are widened first, never the
  *                                      logits narrowed)
- *   row pass (fljsd_rows_*)            bias, softmaxes, JSD, CE, per-row losses, dzs over zs
+ *   row pass (fld_rows_*)              bias, softmaxes, JSD, CE, per-row losses, dzs over zs
  *   dbs += column sums of dzs          row order, so it does not depend on the thread count
  *   dWs += dzs^T xs                    sgemm, fp32 across chunks (the caller's fp32 dws, or the
  *                                      workspace accumulator cast once at the end for bf16)
@@ -26,8 +26,8 @@
 
 #include "bf16_rows.h"
 #include "dispatch.h"
-#include "fljsd.h"
-#include "fljsd_rows.h"
+#include "fld.h"
+#include "fld_rows.h"
 #include "gemm.h"
 #include "half.h"
 #include "topk.h"
@@ -120,7 +120,7 @@ static void col_block(const float *dz, int64_t n, int64_t v, float *acc, int fir
 
 static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int first) {
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
-    if (n * v >= KD_FLJSD_PAR_MIN) {
+    if (n * v >= KD_FLD_PAR_MIN) {
 #pragma omp parallel for schedule(static)
         for (int64_t c0 = 0; c0 < v; c0 += 512) col_block(dz, n, v, acc, first, c0);
     } else {
@@ -148,7 +148,7 @@ static void write_losses(const kdloss_fused_linear_distill_out *o, float loss, f
 }
 
 /* Every row ignored, or nothing weighted or asked for: loss 0 and zero gradients. */
-static void write_zero(const kd_fljsd_call *k) {
+static void write_zero(const kd_fld_call *k) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     write_losses(o, 0.0f, 0.0f, 0.0f);
     float *rows[3] = {o->row_soft, o->row_hard, o->row_lse};
@@ -166,27 +166,27 @@ static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *b
     return buf;
 }
 
-static void (*row_kernel(void))(const kd_fljsd_rows *) {
+static void (*row_kernel(void))(const kd_fld_rows *) {
     switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_fljsd_rows_avx512;
-    case KDLOSS_ISA_AVX2: return kd_fljsd_rows_avx2;
-    default: return kd_fljsd_rows_scalar;
+    case KDLOSS_ISA_AVX512: return kd_fld_rows_avx512;
+    case KDLOSS_ISA_AVX2: return kd_fld_rows_avx2;
+    default: return kd_fld_rows_scalar;
     }
 }
 
-static void (*phase_kernel(void))(const kd_fljsd_rows *, int) {
+static void (*phase_kernel(void))(const kd_fld_rows *, int) {
     switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_fljsd_rows_phase_avx512;
-    case KDLOSS_ISA_AVX2: return kd_fljsd_rows_phase_avx2;
-    default: return kd_fljsd_rows_phase_scalar;
+    case KDLOSS_ISA_AVX512: return kd_fld_rows_phase_avx512;
+    case KDLOSS_ISA_AVX2: return kd_fld_rows_phase_avx2;
+    default: return kd_fld_rows_phase_scalar;
     }
 }
 
 /* The row work of a vocabulary-parallel chunk: each phase over every row, the statistics
- * all-reduced in between (fljsd_row_phases.h): MAX of 2 doubles a row, SUM of n_sum, and for
+ * all-reduced in between (fld_row_phases.h): MAX of 2 doubles a row, SUM of n_sum, and for
  * the dense teacher SUM of 2. */
-static kdloss_status rows_vp(const kdloss_comm *c, const kd_fljsd_rows *r) {
-    void (*phase)(const kd_fljsd_rows *, int) = phase_kernel();
+static kdloss_status rows_vp(const kdloss_comm *c, const kd_fld_rows *r) {
+    void (*phase)(const kd_fld_rows *, int) = phase_kernel();
     phase(r, 1);
     if (c->allreduce(c->ctx, r->st_max, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_MAX))
         return KDLOSS_ERR_COMM;
@@ -202,7 +202,7 @@ static kdloss_status rows_vp(const kdloss_comm *c, const kd_fljsd_rows *r) {
 
 /* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole); the
  * teacher's only when its logits are computed and not multiplied natively in bf16. */
-static void widen_whole(const kd_fljsd_plan *pl, char *base, int soft, int native, wsrc *w_s,
+static void widen_whole(const kd_fld_plan *pl, char *base, int soft, int native, wsrc *w_s,
                         wsrc *w_t) {
     if (!pl->whole) return;
     if (w_s->dt == KDLOSS_BF16) {
@@ -232,7 +232,7 @@ static kdloss_status chunk_logits(kdloss_cmat x, int64_t r0, int64_t n, const ws
 
 /* The gradients of chunk rows [r0, r0 + n) from its dzs (n x V, over zs): dbs += column sums,
  * dWs (+)= dzs^T xs (as: the chunk's fp32 xs rows, stride lda), dxs rows = dzs ws. */
-static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base,
+static kdloss_status chunk_grads(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
                                  const wsrc *w_s, const float *dz, const float *as, int64_t lda,
                                  int64_t r0, int64_t n) {
     const kdloss_fused_linear_distill_out *o = &k->out;
@@ -268,8 +268,8 @@ static kdloss_status chunk_grads(const kd_fljsd_call *k, const kd_fljsd_plan *pl
 }
 
 /* The row-pass parameters that stay the same for every chunk. */
-static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base, int soft,
-                       int hard, kd_fljsd_rows *r) {
+static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, int soft,
+                       int hard, kd_fld_rows *r) {
     const kdloss_fused_linear_distill_params *p = &k->p;
     double nv = (double)k->n_valid;
     /* the soft part's factor in the loss: T^2 with t2_scale; in the gradient it meets the 1/T
@@ -285,7 +285,7 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
     r->tail = k->tail;
     r->tk = base + pl->off_tk;
     r->v_lo = k->v_lo;
-    r->n_sum = kd_fljsd_n_sum(k->topk.k);
+    r->n_sum = kd_fld_n_sum(k->topk.k);
     r->st_max = (double *)(base + pl->off_st);
     r->st_sum = r->st_max + 2 * pl->chunk;
     r->st_div = r->st_sum + r->n_sum * pl->chunk;
@@ -305,7 +305,7 @@ static void rows_setup(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *ba
 
 /* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
  * it with that status (outputs may then be partly written; kdloss.h says so). */
-static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
+static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
     const kdloss_fused_linear_distill_params *p = &k->p;
     const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t bt = k->bt, hs = k->hs, v = k->v;
@@ -330,9 +330,9 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
     wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp};
     wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp};
     widen_whole(pl, base, dense_t, native_t, &w_s, &w_t);
-    kd_fljsd_rows r;
+    kd_fld_rows r;
     rows_setup(k, pl, base, soft, hard, &r);
-    void (*rows)(const kd_fljsd_rows *) = row_kernel();
+    void (*rows)(const kd_fld_rows *) = row_kernel();
 
     double soft_sum = 0.0, hard_sum = 0.0;
     kdloss_status st = KDLOSS_OK;
@@ -380,7 +380,7 @@ static kdloss_status run(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *
 
 /* ---- The sparse renorm_both path (topk.h): no GEMM, no V-wide row ---- */
 
-int kd_topk_sparse_eligible(const kd_fljsd_call *k) {
+int kd_topk_sparse_eligible(const kd_fld_call *k) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     return k->topk.k > 0 && k->tail == KDLOSS_TAIL_RENORM_BOTH && !(k->p.weight_hard_loss > 0.0) &&
            !o->hard_loss && !o->row_hard && !o->row_lse;
@@ -397,7 +397,7 @@ static void (*sparse_kernels(void (**scatter)(const kd_topk_sparse *)))(const kd
 /* The sparse path's workspace, carved from `base` with the chunk of the full plan: every region
  * is at most its counterpart in the full plan (tk, xs32, xconv, rows, dbs, dws, bias), so the
  * full plan's bytes bound it. Returns the bytes used. */
-static size_t sparse_layout(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base,
+static size_t sparse_layout(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
                             kd_topk_sparse *a) {
     int sb = k->xs.dtype == KDLOSS_BF16;
     size_t c = (size_t)pl->chunk, hs = (size_t)k->hs, v = (size_t)k->v, end = 0;
@@ -408,9 +408,9 @@ static size_t sparse_layout(const kd_fljsd_call *k, const kd_fljsd_plan *pl, cha
     char *r[7];
     for (int i = 0; i < 7; i++) {
         r[i] = base ? base + end : NULL;
-        end += (sz[i] + KD_FLJSD_ALIGN - 1) / KD_FLJSD_ALIGN * KD_FLJSD_ALIGN;
+        end += (sz[i] + KD_FLD_ALIGN - 1) / KD_FLD_ALIGN * KD_FLD_ALIGN;
     }
-    if (!base) return end + KD_FLJSD_ALIGN - 1;
+    if (!base) return end + KD_FLD_ALIGN - 1;
     a->tk = r[0];
     a->x32 = sb ? (float *)r[1] : NULL;
     a->d32 = (float *)r[2];
@@ -422,7 +422,7 @@ static size_t sparse_layout(const kd_fljsd_call *k, const kd_fljsd_plan *pl, cha
     return end;
 }
 
-static kdloss_status run_sparse(const kd_fljsd_call *k, const kd_fljsd_plan *pl, char *base) {
+static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
     const kdloss_fused_linear_distill_params *p = &k->p;
     const kdloss_fused_linear_distill_out *o = &k->out;
     int sb = k->xs.dtype == KDLOSS_BF16;
@@ -469,8 +469,8 @@ static kdloss_status run_sparse(const kd_fljsd_call *k, const kd_fljsd_plan *pl,
     return KDLOSS_OK;
 }
 
-kdloss_status kd_fljsd_execute(const kd_fljsd_call *call, const kd_fljsd_plan *plan,
-                               void *workspace) {
+kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
+                             void *workspace) {
     int sparse = !call->comm && kd_topk_sparse_eligible(call);
     void *mem = NULL;
     if (!workspace) {
@@ -478,7 +478,7 @@ kdloss_status kd_fljsd_execute(const kd_fljsd_call *call, const kd_fljsd_plan *p
         if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
         workspace = mem;
     }
-    uintptr_t a = ((uintptr_t)workspace + KD_FLJSD_ALIGN - 1) & ~(uintptr_t)(KD_FLJSD_ALIGN - 1);
+    uintptr_t a = ((uintptr_t)workspace + KD_FLD_ALIGN - 1) & ~(uintptr_t)(KD_FLD_ALIGN - 1);
     kdloss_status st = sparse ? run_sparse(call, plan, (char *)a) : run(call, plan, (char *)a);
     free(mem);
     return st;
@@ -490,12 +490,12 @@ static kdloss_status fused(const kdloss_fused_linear_distill_params *params, int
                            const kd_fl_teacher *t, kdloss_labels labels,
                            kdloss_fused_linear_distill_out *out, void *workspace,
                            size_t workspace_bytes) {
-    kd_fljsd_call call;
-    kd_fljsd_plan plan;
-    kdloss_status st = kd_fljsd_check(params, bt, hs, v, v, xs, ws, bs, t, labels, out, workspace,
-                                      workspace_bytes, &call, &plan);
+    kd_fld_call call;
+    kd_fld_plan plan;
+    kdloss_status st = kd_fld_check(params, bt, hs, v, v, xs, ws, bs, t, labels, out, workspace,
+                                    workspace_bytes, &call, &plan);
     if (st != KDLOSS_OK) return st;
-    return kd_fljsd_execute(&call, &plan, workspace);
+    return kd_fld_execute(&call, &plan, workspace);
 }
 
 kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_params *params,
@@ -531,8 +531,8 @@ kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t
                                       kdloss_fljsd_out *out, void *workspace,
                                       size_t workspace_bytes) {
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_fused_linear_distill_params p = kd_fld_from_fljsd(params);
-    kdloss_fused_linear_distill_out o = kd_fld_out_from_fljsd(out);
+    kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
+    kdloss_fused_linear_distill_out o = kd_fld_out_from_jsd(out);
     return kdloss_fused_linear_distill(&p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, &o,
                                        workspace, workspace_bytes);
 }

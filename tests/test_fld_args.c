@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ref_fljsd.h"
+#include "ref_fld.h"
 #include "testutil.h"
 
 enum { BT = 9, HS = 5, HT = 6, V = 11 };
@@ -33,7 +33,7 @@ static float o_loss[3];
 static float o_dxs[BT * HS], o_dws[V * HS], o_dbs[V];
 static unsigned char o_work[1 << 16];
 
-static kt_fljsd_problem prob;
+static kt_fld_problem prob;
 
 static void poison_outputs(void) {
     kt_poison(o_loss, 3, KDLOSS_F32);
@@ -369,12 +369,12 @@ static void defaults(void) {
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
-    kt_fljsd_problem_make(&prob, &rng, BT, HS, HT, V, KDLOSS_F32, KDLOSS_F32, 1, 3.0, 4, -100, 0);
+    kt_fld_problem_make(&prob, &rng, BT, HS, HT, V, KDLOSS_F32, KDLOSS_F32, 1, 3.0, 4, -100, 0);
     bad_calls();
     out_of_memory();
     workspace_size_args();
     issue12();
     defaults();
-    kt_fljsd_problem_free(&prob);
-    return kt_finish("test_fljsd_args");
+    kt_fld_problem_free(&prob);
+    return kt_finish("test_fld_args");
 }

@@ -1,7 +1,7 @@
 /* Internals of the CPU fused-linear distillation loss: the checked form of a call and the
- * workspace plan (fljsd_check.c), used by the driver (fljsd.c). */
-#ifndef KDLOSS_FLJSD_H
-#define KDLOSS_FLJSD_H
+ * workspace plan (fld_check.c), used by the driver (fld.c). */
+#ifndef KDLOSS_FLD_H
+#define KDLOSS_FLD_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -10,7 +10,7 @@
 #include "kdloss.h"
 
 /* Alignment of every workspace region (a cache line, and an AVX-512 vector). */
-#define KD_FLJSD_ALIGN 64
+#define KD_FLD_ALIGN 64
 
 /*
  * Workspace layout, region by region, each starting on a 64-byte boundary of the (aligned)
@@ -28,7 +28,7 @@
  *   rows   2 x chunk   f64   per-row soft and hard loss terms of the chunk
  *   dws    V x Hs      fp32  dWs accumulator across chunks (sb and gradients only)
  *   tk     chunk x kd_topk_row_scratch(K) bytes: a sparse teacher's per-row scratch
- *   st     chunk x kd_fljsd_n_stats(K) f64: the row phases' statistics (fljsd_rows.h)
+ *   st     chunk x kd_fld_n_stats(K) f64: the row phases' statistics (fld_rows.h)
  * A sparse teacher (K slots) has no zt, no teacher rows and no teacher weights (Ht = 0).
  * The teacher's dtype is not an argument of kdloss_fljsd_workspace_size(), so the layout
  * reserves the teacher's conversion space (xconv, panel, wt32) whatever that dtype is.
@@ -37,23 +37,23 @@
  * set), so the copies never shrink the chunk; otherwise bf16 weights are converted panel by
  * panel (at most 16 MiB and 1/8 of the budget each), once per GEMM that reads them.
  */
-typedef struct kd_fljsd_plan {
+typedef struct kd_fld_plan {
     int64_t chunk;   /* rows per chunk, 1..BT */
     int64_t vp;      /* weight rows per converted panel (V when whole) */
     int whole;       /* bf16 weights converted once into ws32 / wt32 */
     int64_t xconv_cols;
     size_t off_zs, off_zt, off_xconv, off_xs32, off_panel, off_ws32, off_wt32, off_bias, off_dbs,
         off_rows, off_dws, off_tk, off_st;
-    size_t bytes;    /* total, including KD_FLJSD_ALIGN - 1 bytes to align the caller's pointer */
+    size_t bytes;    /* total, including KD_FLD_ALIGN - 1 bytes to align the caller's pointer */
     size_t min_budget; /* smallest memory_budget that holds a one-row chunk */
-} kd_fljsd_plan;
+} kd_fld_plan;
 
 /* Lays the workspace out for these arguments (see above). Errors: KDLOSS_ERR_INVALID_SIZE
  * when the byte counts overflow, KDLOSS_ERR_BUDGET_TOO_SMALL when a non-zero memory_budget
  * cannot hold a one-row chunk. */
-kdloss_status kd_fljsd_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
-                                 int64_t v, int64_t topk_k, kdloss_dtype student_dtype,
-                                 int want_grad, kd_fljsd_plan *plan);
+kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
+                               int64_t v, int64_t topk_k, kdloss_dtype student_dtype,
+                               int want_grad, kd_fld_plan *plan);
 
 /* The teacher of a fused call: dense (hidden states and LM head) or sparse (top-k ids and
  * log-probs, docs/MATH.md section 8). */
@@ -67,7 +67,7 @@ typedef struct kd_fl_teacher {
 
 
 /* A call whose every argument has been checked: matrix views carry their effective ld. */
-typedef struct kd_fljsd_call {
+typedef struct kd_fld_call {
     kdloss_fused_linear_distill_params p;
     int64_t bt, hs, ht, v;
     kdloss_cmat xs, ws, xt, wt;
@@ -80,21 +80,21 @@ typedef struct kd_fljsd_call {
     int grad;        /* some gradient output is wanted */
     const kdloss_comm *comm; /* vocabulary-parallel: the ranks' communicator; NULL otherwise */
     int64_t v_lo;    /* vocabulary-parallel: the global id of this rank's first row */
-} kd_fljsd_call;
+} kd_fld_call;
 
 /* Checks every argument (params, sizes, dtypes, strides, labels, aliasing, workspace size, a
  * sparse teacher's ids) and fills *call and *plan. Writes nothing the caller owns. Labels are
  * optional with a sparse teacher only (then nothing may need them: no cross-entropy). */
-kdloss_status kd_fljsd_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
-                             int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
-                             const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
-                             const kdloss_fused_linear_distill_out *out, const void *workspace,
-                             size_t workspace_bytes, kd_fljsd_call *call, kd_fljsd_plan *plan);
+kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                           int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
+                           const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
+                           const kdloss_fused_linear_distill_out *out, const void *workspace,
+                           size_t workspace_bytes, kd_fld_call *call, kd_fld_plan *plan);
 
 /* Runs a checked call: the caller's workspace or one allocated here, the sparse renorm_both path
  * or the chunked one. v_ids (above) is the range of labels and teacher ids: V, or the whole
  * vocabulary of a vocabulary-parallel call (whose call->comm and v_lo the caller sets). */
-kdloss_status kd_fljsd_execute(const kd_fljsd_call *call, const kd_fljsd_plan *plan,
-                               void *workspace);
+kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
+                             void *workspace);
 
-#endif /* KDLOSS_FLJSD_H */
+#endif /* KDLOSS_FLD_H */

@@ -1,5 +1,5 @@
 /* The fused loss's row work in four phases, written once for the scalar kernel
- * (fljsd_rows_scalar.c) and the vector ones (fljsd_rows_impl.h), for the dense teacher and the
+ * (fld_rows_scalar.c) and the vector ones (fld_rows_impl.h), for the dense teacher and the
  * sparse top-k one (docs/MATH.md sections 4, 8 and 9).
  *
  * The phases end where a vocabulary-parallel rank needs statistics of the other ranks' columns:
@@ -9,9 +9,9 @@
  *   3. div      log-normalizers, cross-entropy, the divergence  -> all-reduce SUM of st_div
  *               (dense: the row's terms and sum g over the local columns)      (dense only)
  *   4. grad     dzs over zs, and the row's soft loss into row_soft
- * One process runs the four back to back on each row while it is in cache (kd_fljsd_rows_*);
+ * One process runs the four back to back on each row while it is in cache (kd_fld_rows_*);
  * the vocabulary-parallel driver runs each over all rows of a chunk and reduces in between
- * (kd_fljsd_rows_phase_*). A process holding the whole vocabulary is the case v_lo = 0 with
+ * (kd_fld_rows_phase_*). A process holding the whole vocabulary is the case v_lo = 0 with
  * nothing to reduce, so both run the same code.
  *
  * The includer defines PH(name) (the functions' names), PH_CTX (the divergence constants' type
@@ -42,19 +42,19 @@
 #include "topk_row.h"
 
 /* The row's label as a local column, -1 when another rank holds it or there are no labels. */
-static inline int64_t ph_label_col(const kd_fljsd_rows *a, int64_t i) {
+static inline int64_t ph_label_col(const kd_fld_rows *a, int64_t i) {
     if (!a->labels.data) return -1;
     int64_t y = kd_label_at(a->labels, a->row0 + i) - a->v_lo;
     return y >= 0 && y < a->v ? y : -1;
 }
 
-static inline int ph_ignored(const kd_fljsd_rows *a, int64_t i) {
+static inline int ph_ignored(const kd_fld_rows *a, int64_t i) {
     return a->labels.data && kd_label_at(a->labels, a->row0 + i) == a->ignore_index;
 }
 
 /* ---- dense teacher ---- */
 
-static void PH(dense_max)(const kd_fljsd_rows *a, int64_t i) {
+static void PH(dense_max)(const kd_fld_rows *a, int64_t i) {
     double *mx = a->st_max + 2 * i;
     mx[0] = mx[1] = -INFINITY;
     if (ph_ignored(a, i)) return;
@@ -62,7 +62,7 @@ static void PH(dense_max)(const kd_fljsd_rows *a, int64_t i) {
     if (a->soft) mx[1] = PH_FOLD_MAX(a->zt + i * a->v, a->bt, a->v);
 }
 
-static void PH(dense_sums)(const kd_fljsd_rows *a, int64_t i) {
+static void PH(dense_sums)(const kd_fld_rows *a, int64_t i) {
     double *sm = a->st_sum + a->n_sum * i;
     const float *zs = a->zs + i * a->v;
     float ms = (float)a->st_max[2 * i], mt = (float)a->st_max[2 * i + 1], it = a->inv_t;
@@ -78,7 +78,7 @@ static void PH(dense_sums)(const kd_fljsd_rows *a, int64_t i) {
 }
 
 /* The normalizers from the reduced sums: lss, lst, and lsh (= lss when T = 1). */
-static inline void ph_dense_logs(const kd_fljsd_rows *a, const double *sm, double *lss,
+static inline void ph_dense_logs(const kd_fld_rows *a, const double *sm, double *lss,
                                  double *lst, double *lsh) {
     int share = a->soft && a->inv_t == 1.0f;
     *lss = a->soft ? log(sm[0]) : 0.0;
@@ -86,7 +86,7 @@ static inline void ph_dense_logs(const kd_fljsd_rows *a, const double *sm, doubl
     *lsh = !a->hard ? 0.0 : share ? *lss : log(sm[2]);
 }
 
-static void PH(dense_div)(const kd_fljsd_rows *a, const PH_CTX *k, int64_t i) {
+static void PH(dense_div)(const kd_fld_rows *a, const PH_CTX *k, int64_t i) {
     const double *sm = a->st_sum + a->n_sum * i;
     double *dv = a->st_div + 2 * i, lss, lst, lsh;
     float ms = (float)a->st_max[2 * i], mt = (float)a->st_max[2 * i + 1];
@@ -102,7 +102,7 @@ static void PH(dense_div)(const kd_fljsd_rows *a, const PH_CTX *k, int64_t i) {
                        (float)lst, a->grad && a->gs != 0.0f, &dv[1]);
 }
 
-static void PH(dense_grad)(const kd_fljsd_rows *a, int64_t i) {
+static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
     const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
     float *zs = a->zs + i * a->v;
     double lss, lst, lsh;
@@ -124,13 +124,13 @@ static void PH(dense_grad)(const kd_fljsd_rows *a, int64_t i) {
 
 /* Row i's slot scratch (topk.h): col[K] local columns (-1: another rank's id), then the count
  * n = |S| in col[K], zk, lp, gk. */
-static inline int64_t *ph_tk(const kd_fljsd_rows *a, int64_t i) {
+static inline int64_t *ph_tk(const kd_fld_rows *a, int64_t i) {
     return (int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(a->topk->k));
 }
 
 /* Gathers row i's used slots in slot order: the teacher's log-probs, and for the ids this rank
  * holds their logits with the bias (as PH_FOLD_MAX adds it), then masks those to -inf. */
-static void ph_gather(const kd_fljsd_rows *a, int64_t i, float *z) {
+static void ph_gather(const kd_fld_rows *a, int64_t i, float *z) {
     const kdloss_topk_teacher *t = a->topk;
     int64_t kk = t->k, r = a->row0 + i, n = 0, *col = ph_tk(a, i);
     float *zk = (float *)(col + kk + 1), *lp = zk + kk;
@@ -148,7 +148,7 @@ static void ph_gather(const kd_fljsd_rows *a, int64_t i, float *z) {
     col[kk] = n;
 }
 
-static void PH(topk_max)(const kd_fljsd_rows *a, int64_t i) {
+static void PH(topk_max)(const kd_fld_rows *a, int64_t i) {
     double *mx = a->st_max + 2 * i, *sm = a->st_sum + a->n_sum * i;
     float *z = a->zs + i * a->v;
     mx[0] = mx[1] = -INFINITY;
@@ -166,7 +166,7 @@ static void PH(topk_max)(const kd_fljsd_rows *a, int64_t i) {
     mx[1] = m;
 }
 
-static void PH(topk_sums)(const kd_fljsd_rows *a, int64_t i) {
+static void PH(topk_sums)(const kd_fld_rows *a, int64_t i) {
     double *sm = a->st_sum + a->n_sum * i;
     const float *z = a->zs + i * a->v;
     float mr = (float)a->st_max[2 * i], it = a->inv_t;
@@ -182,7 +182,7 @@ static void PH(topk_sums)(const kd_fljsd_rows *a, int64_t i) {
     for (int64_t k = 0; k < col[kk]; k++) sm[4 + k] = zk[k];
 }
 
-static void PH(topk_div)(const kd_fljsd_rows *a, int64_t i) {
+static void PH(topk_div)(const kd_fld_rows *a, int64_t i) {
     const double *sm = a->st_sum + a->n_sum * i;
     double *dv = a->st_div + 2 * i;
     int64_t kk = a->topk->k, *col = ph_tk(a, i), n = col[kk];
@@ -206,7 +206,7 @@ static void PH(topk_div)(const kd_fljsd_rows *a, int64_t i) {
     dv[1] = lse1;
 }
 
-static void PH(topk_grad)(const kd_fljsd_rows *a, int64_t i) {
+static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
     const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
     float *z = a->zs + i * a->v;
     if (!a->grad) return;
@@ -234,7 +234,7 @@ static void PH(topk_grad)(const kd_fljsd_rows *a, int64_t i) {
 /* ---- entry points ---- */
 
 /* Phase `ph` (1..4) of row i. */
-static inline void PH(phase)(const kd_fljsd_rows *a, const PH_CTX *k, int ph, int64_t i) {
+static inline void PH(phase)(const kd_fld_rows *a, const PH_CTX *k, int ph, int64_t i) {
     if (a->topk) {
         switch (ph) {
         case 1: PH(topk_max)(a, i); break;
@@ -252,7 +252,7 @@ static inline void PH(phase)(const kd_fljsd_rows *a, const PH_CTX *k, int ph, in
     }
 }
 
-/* Whether the chunk is worth an OpenMP team (see KD_FLJSD_PAR_MIN). */
-static inline int ph_parallel(const kd_fljsd_rows *a) {
-    return a->n > 1 && a->n * a->v >= KD_FLJSD_PAR_MIN;
+/* Whether the chunk is worth an OpenMP team (see KD_FLD_PAR_MIN). */
+static inline int ph_parallel(const kd_fld_rows *a) {
+    return a->n > 1 && a->n * a->v >= KD_FLD_PAR_MIN;
 }

@@ -1,4 +1,4 @@
-/* kdloss_fused_linear_jsd against the double-precision reference (tests/support/ref_fljsd.c),
+/* kdloss_fused_linear_jsd against the double-precision reference (tests/support/ref_fld.c),
  * on every CPU path this machine runs, plus chunk-size invariance, run-to-run and thread-count
  * bit identity, caller workspace and the bf16 panel path.
  *
@@ -12,7 +12,7 @@
  *                        |                                     | too, so the same bound holds.
  *  dxs, dws, dbs (fp32)  | 1e-4 mag                            | elementwise; mag = the same product computed
  *                        |                                     | on the sizes of dz's terms and |ws|, |xs|
- *                        |                                     | (kt_ref_fljsd_dz's dz_mag): dz = g - q sum(g)
+ *                        |                                     | (kt_ref_fld_dz's dz_mag): dz = g - q sum(g)
  *                        |                                     | cancels to nearly 0 on peaked rows, so only
  *                        |                                     | the terms' size bounds the fp32 error, which is
  *                        |                                     | ~2^-24 per term plus the logits' error.
@@ -26,7 +26,7 @@
 #include <omp.h>
 #include <time.h>
 
-#include "fljsd_common.h"
+#include "fld_common.h"
 
 #define TOL_LOSS_REL 1e-4
 #define TOL_LOSS_ABS 1e-6
@@ -43,7 +43,7 @@ typedef struct ref_res {
 static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
 
 /* The reference for problem p (its logits zs, zt already formed) under cfg. */
-static ref_res ref_run(const kt_fljsd_problem *p, const kt_fljsd_cfg *cfg, const double *zs,
+static ref_res ref_run(const kt_fld_problem *p, const kt_fld_cfg *cfg, const double *zs,
                        const double *zt, int64_t stride) {
     ref_res r;
     r.stride = stride;
@@ -54,9 +54,9 @@ static ref_res ref_run(const kt_fljsd_problem *p, const kt_fljsd_cfg *cfg, const
     r.mxs = dalloc(p->bt * p->hs);
     r.mws = dalloc(p->v * p->hs);
     r.mbs = dalloc(p->v);
-    kt_ref_fljsd_dz(cfg, p->bt, p->v, zs, zt, p->labels, &r.loss, &r.soft, &r.hard, dz, dz_mag);
-    kt_ref_fljsd_grads(p->bt, p->hs, p->v, dz, p->xs, p->ws, 0, stride, r.dxs, r.dws, r.dbs);
-    kt_ref_fljsd_grads(p->bt, p->hs, p->v, dz_mag, p->xs, p->ws, 1, stride, r.mxs, r.mws, r.mbs);
+    kt_ref_fld_dz(cfg, p->bt, p->v, zs, zt, p->labels, &r.loss, &r.soft, &r.hard, dz, dz_mag);
+    kt_ref_fld_grads(p->bt, p->hs, p->v, dz, p->xs, p->ws, 0, stride, r.dxs, r.dws, r.dbs);
+    kt_ref_fld_grads(p->bt, p->hs, p->v, dz_mag, p->xs, p->ws, 1, stride, r.mxs, r.mws, r.mbs);
     free(dz);
     free(dz_mag);
     return r;
@@ -67,7 +67,7 @@ static void ref_free(ref_res *r) {
     for (int i = 0; i < 6; i++) free(all[i]);
 }
 
-static void check_vs_ref(const char *ctx, const kt_fljsd_problem *p, const fl_res *g,
+static void check_vs_ref(const char *ctx, const kt_fld_problem *p, const fl_res *g,
                          const ref_res *w) {
     if (!KT_CHECK(g->st == KDLOSS_OK, "%s: status %d (%s)", ctx, g->st,
                   kdloss_status_string(g->st)))
@@ -85,7 +85,7 @@ static void check_vs_ref(const char *ctx, const kt_fljsd_problem *p, const fl_re
 }
 
 /* Results of two chunk sizes agree within rounding. */
-static void check_chunks(const char *ctx, const kt_fljsd_problem *p, const fl_res *a,
+static void check_chunks(const char *ctx, const kt_fld_problem *p, const fl_res *a,
                          const fl_res *b) {
     if (a->st != KDLOSS_OK || b->st != KDLOSS_OK) return;
     kt_close(a->loss, b->loss, 1e-7, TOL_CHUNK, "%s chunk invariance loss", ctx);
@@ -99,7 +99,7 @@ static void check_chunks(const char *ctx, const kt_fljsd_problem *p, const fl_re
 static const kdloss_cpu_isa all_isas[] = {KDLOSS_ISA_SCALAR, KDLOSS_ISA_AVX2, KDLOSS_ISA_AVX512};
 
 /* Grid over beta, T, weights, chunk sizes and CPU paths on one problem. */
-static void grid(const char *name, const kt_fljsd_problem *p, const double *betas, int nb,
+static void grid(const char *name, const kt_fld_problem *p, const double *betas, int nb,
                  const double *temps, int nt, int full_chunks) {
     static const double wpairs[3][2] = {{1.0, 0.0}, {0.0, 1.0}, {0.5, 0.5}}; /* hard, soft */
     double *zs = malloc(sizeof(double) * (size_t)(p->bt * p->v));
@@ -112,9 +112,9 @@ static void grid(const char *name, const kt_fljsd_problem *p, const double *beta
     for (int ib = 0; ib < nb; ib++)
         for (int it = 0; it < nt; it++)
             for (int iw = 0; iw < 3; iw++) {
-                kt_fljsd_cfg cfg = {betas[ib], temps[it], wpairs[iw][0], wpairs[iw][1],
-                                    (counter % 3 == 1) ? 0.75 : (counter % 3 == 2) ? 2.5 : 1.0,
-                                    p->ignore_index};
+                kt_fld_cfg cfg = {betas[ib], temps[it], wpairs[iw][0], wpairs[iw][1],
+                                  (counter % 3 == 1) ? 0.75 : (counter % 3 == 2) ? 2.5 : 1.0,
+                                  p->ignore_index};
                 counter++;
                 ref_res w = ref_run(p, &cfg, zs, zt, 1);
                 kdloss_fljsd_params prm;
@@ -172,29 +172,29 @@ static void small_shapes(kt_rng *rng) {
     for (int ip = 0; ip < 4; ip++)
         for (int bias = 0; bias <= 1; bias++) {
             if (ip >= 2 && !bias) continue; /* mixed dtypes: one problem each */
-            kt_fljsd_problem p;
+            kt_fld_problem p;
             /* padding on the biased problems; ignore_index 5 (a real class id) on one */
-            kt_fljsd_problem_make(&p, rng, 141, 15, 31, 123, pairs[ip][0], pairs[ip][1], bias,
-                                  3.0, 5, ip == 1 && bias ? 5 : -100, bias ? 3 : 0);
+            kt_fld_problem_make(&p, rng, 141, 15, 31, 123, pairs[ip][0], pairs[ip][1], bias,
+                                3.0, 5, ip == 1 && bias ? 5 : -100, bias ? 3 : 0);
             int full = !quick && ip < 2;
             grid("small", &p, betas, full ? 5 : 2, temps, full ? 3 : 2, !quick || ip == 0);
-            kt_fljsd_problem_free(&p);
+            kt_fld_problem_free(&p);
         }
 }
 
 /* Peaked logits (spread 25, up to 200 after T = 0.5): softmaxes near one-hot, exps underflowing. */
 static void peaked(kt_rng *rng) {
     static const double betas[] = {0.0, 0.5, 1.0}, temps[] = {0.5, 2.0};
-    kt_fljsd_problem p;
-    kt_fljsd_problem_make(&p, rng, 37, 16, 24, 257, KDLOSS_F32, KDLOSS_F32, 1, 25.0, 4, -100, 0);
+    kt_fld_problem p;
+    kt_fld_problem_make(&p, rng, 37, 16, 24, 257, KDLOSS_F32, KDLOSS_F32, 1, 25.0, 4, -100, 0);
     grid("peaked", &p, betas, 3, temps, 2, 0);
-    kt_fljsd_problem_free(&p);
+    kt_fld_problem_free(&p);
 }
 
 /* All rows ignored: loss 0, exactly zero gradients. */
 static void all_ignored(kt_rng *rng) {
-    kt_fljsd_problem p;
-    kt_fljsd_problem_make(&p, rng, 20, 8, 12, 50, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 1, -100, 2);
+    kt_fld_problem p;
+    kt_fld_problem_make(&p, rng, 20, 8, 12, 50, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 1, -100, 2);
     kdloss_fljsd_params prm;
     kdloss_fljsd_params_default(&prm);
     prm.chunk_size = 7;
@@ -213,14 +213,14 @@ static void all_ignored(kt_rng *rng) {
                  fl_padding_intact(r.dws, p.ds, p.v, p.hs, r.ld_dws),
              "all ignored: padding written");
     fl_res_free(&r);
-    kt_fljsd_problem_free(&p);
+    kt_fld_problem_free(&p);
 }
 
 /* Bitwise: the same call twice, one thread vs all, caller workspace (misaligned on purpose)
  * vs the library's own. */
 static void determinism(kt_rng *rng) {
-    kt_fljsd_problem p;
-    kt_fljsd_problem_make(&p, rng, 150, 40, 56, 517, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 6, -100, 1);
+    kt_fld_problem p;
+    kt_fld_problem_make(&p, rng, 150, 40, 56, 517, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 6, -100, 1);
     kdloss_fljsd_params prm;
     kdloss_fljsd_params_default(&prm);
     prm.beta = 0.3;
@@ -253,7 +253,7 @@ static void determinism(kt_rng *rng) {
         fl_res_free(&d);
     }
     kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
-    kt_fljsd_problem_free(&p);
+    kt_fld_problem_free(&p);
 }
 
 /* The bf16 logits multiplied natively (oneDNN matmul, fp32 accumulation) instead of widened:
@@ -265,13 +265,13 @@ static void bf16_native(kt_rng *rng) {
         return;
     }
     static const double betas[] = {0.0, 0.5, 1.0}, temps[] = {0.7, 1.0};
-    kt_fljsd_problem p;
-    kt_fljsd_problem_make(&p, rng, 133, 48, 72, 650, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 5, -100, 2);
+    kt_fld_problem p;
+    kt_fld_problem_make(&p, rng, 133, 48, 72, 650, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 5, -100, 2);
     grid("bf16-native", &p, betas, 3, temps, 2, !kt_quick());
-    kt_fljsd_problem_free(&p);
-    kt_fljsd_problem_make(&p, rng, 64, 40, 56, 300, KDLOSS_BF16, KDLOSS_F32, 0, 3.0, 0, -100, 0);
+    kt_fld_problem_free(&p);
+    kt_fld_problem_make(&p, rng, 64, 40, 56, 300, KDLOSS_BF16, KDLOSS_F32, 0, 3.0, 0, -100, 0);
     grid("bf16-native mixed", &p, betas, 2, temps, 1, 0);
-    kt_fljsd_problem_free(&p);
+    kt_fld_problem_free(&p);
     kdloss_gemm_set_bf16(KDLOSS_BF16_GEMM_AUTO);
 }
 
@@ -282,9 +282,9 @@ static void thread_counts(kt_rng *rng) {
     static const kdloss_dtype dts[2] = {KDLOSS_F32, KDLOSS_BF16};
     int save = omp_get_max_threads();
     for (int id = 0; id < 2; id++) {
-        kt_fljsd_problem p;
-        kt_fljsd_problem_make(&p, rng, 320, 192, 256, kt_quick() ? 1500 : 3001, dts[id], dts[id],
-                              1, 3.0, 7, -100, 1);
+        kt_fld_problem p;
+        kt_fld_problem_make(&p, rng, 320, 192, 256, kt_quick() ? 1500 : 3001, dts[id], dts[id],
+                            1, 3.0, 7, -100, 1);
         kdloss_fljsd_params prm;
         kdloss_fljsd_params_default(&prm);
         prm.chunk_size = 128;
@@ -305,7 +305,7 @@ static void thread_counts(kt_rng *rng) {
             for (int t = 0; t < 3; t++) fl_res_free(&r[t]);
         }
         kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
-        kt_fljsd_problem_free(&p);
+        kt_fld_problem_free(&p);
     }
 }
 
@@ -337,13 +337,13 @@ static void large_shape(kt_rng *rng) {
     for (int prob = 0; prob < 2; prob++) {
         kdloss_dtype dt = prob ? KDLOSS_BF16 : KDLOSS_F32;
         const lcase *cases = prob ? bf16_cases : f32_cases;
-        kt_fljsd_problem p;
-        kt_fljsd_problem_make(&p, rng, bt, hs, ht, v, dt, dt, !prob, 3.0, 7, -100, prob ? 4 : 0);
+        kt_fld_problem p;
+        kt_fld_problem_make(&p, rng, bt, hs, ht, v, dt, dt, !prob, 3.0, 7, -100, prob ? 4 : 0);
         kt_ref_logits(bt, hs, v, p.xs, p.ws, p.bias_s, zs);
         kt_ref_logits(bt, ht, v, p.xt, p.wt, p.bias_t, zt);
         for (int i = 0; i < (quick ? 1 : 2); i++) {
             const lcase *c = &cases[i];
-            kt_fljsd_cfg cfg = {c->beta, c->temp, c->wh, c->wsoft, c->gs, -100};
+            kt_fld_cfg cfg = {c->beta, c->temp, c->wh, c->wsoft, c->gs, -100};
             ref_res w = ref_run(&p, &cfg, zs, zt, stride);
             kdloss_fljsd_params prm;
             kdloss_fljsd_params_default(&prm);
@@ -372,7 +372,7 @@ static void large_shape(kt_rng *rng) {
             kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
             ref_free(&w);
         }
-        kt_fljsd_problem_free(&p);
+        kt_fld_problem_free(&p);
     }
     free(zs);
     free(zt);
@@ -402,5 +402,5 @@ int main(void) {
     TIMED(bf16_native(&rng));
     TIMED(large_shape(&rng));
     printf("largest gradient error: %.3g of its bound\n", fl_worst_seen);
-    return kt_finish("test_fljsd");
+    return kt_finish("test_fld");
 }

@@ -1,8 +1,8 @@
-/* Shared by the fused-linear JSD tests: run the library on a kt_fljsd_problem with fresh,
+/* Shared by the fused-linear JSD tests: run the library on a kt_fld_problem with fresh,
  * poisoned, padded outputs, compare outputs with the reference or with each other.
  * Header-only (static functions) because every tests/test_*.c is its own program. */
-#ifndef KDLOSS_FLJSD_COMMON_H
-#define KDLOSS_FLJSD_COMMON_H
+#ifndef KDLOSS_FLD_COMMON_H
+#define KDLOSS_FLD_COMMON_H
 
 #include <math.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "kdloss.h"
-#include "ref_fljsd.h"
+#include "ref_fld.h"
 #include "testutil.h"
 
 /* What one library call produced. Gradient buffers carry padding (ld > cols) that must keep
@@ -41,7 +41,7 @@ static void *fl_poisoned(int64_t n, kdloss_dtype dt) {
 
 /* Calls kdloss_fused_linear_jsd on p with every output (grad = 0: the three losses only;
  * dbs only when p has a bias). */
-static fl_res fl_run(const kt_fljsd_problem *p, const kdloss_fljsd_params *prm, int grad,
+static fl_res fl_run(const kt_fld_problem *p, const kdloss_fljsd_params *prm, int grad,
                      int label32, void *workspace, size_t workspace_bytes) {
     fl_res r;
     memset(&r, 0, sizeof(r));
@@ -92,7 +92,7 @@ static double fl_worst_seen = 0.0;
 
 /* got (rows x cols, ld, dtype dt) against want (contiguous double), elementwise:
  * |got - want| <= tol * mag + rtol * |want| + FL_ATOL, mag the element's error scale from the
- * reference (kt_ref_fljsd_grads with absolute = 1), on rows r % stride == 0. One check
+ * reference (kt_ref_fld_grads with absolute = 1), on rows r % stride == 0. One check
  * per matrix; the worst element is reported. */
 static void fl_cmp_mat(const char *ctx, const char *name, const void *got, kdloss_dtype dt,
                        int64_t ld, const double *want, const double *mag, int64_t rows,
@@ -140,7 +140,7 @@ static double fl_rel_diff(const void *a, const void *b, kdloss_dtype dt, int64_t
 }
 
 /* Bitwise equality of two results of the same problem. */
-static int fl_same_bits(const kt_fljsd_problem *p, const fl_res *a, const fl_res *b) {
+static int fl_same_bits(const kt_fld_problem *p, const fl_res *a, const fl_res *b) {
     if (memcmp(&a->loss, &b->loss, 4) || memcmp(&a->soft, &b->soft, 4) ||
         memcmp(&a->hard, &b->hard, 4))
         return 0;

@@ -1,4 +1,4 @@
-#include "ref_fljsd.h"
+#include "ref_fld.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -8,7 +8,7 @@
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);
     if (!p) {
-        fprintf(stderr, "ref_fljsd: out of memory\n");
+        fprintf(stderr, "ref_fld: out of memory\n");
         exit(2);
     }
     return p;
@@ -67,9 +67,9 @@ static double jsd_elem(double beta, double x, double y, double *g) {
     return ta + tb;
 }
 
-void kt_ref_fljsd_dz(const kt_fljsd_cfg *cf, int64_t bt, int64_t v, const double *zs,
-                     const double *zt, const int64_t *labels, double *loss, double *soft,
-                     double *hard, double *dz, double *dz_mag) {
+void kt_ref_fld_dz(const kt_fld_cfg *cf, int64_t bt, int64_t v, const double *zs,
+                   const double *zt, const int64_t *labels, double *loss, double *soft,
+                   double *hard, double *dz, double *dz_mag) {
     double *x = xcalloc((size_t)v, sizeof(double)), *y = xcalloc((size_t)v, sizeof(double));
     double *g = xcalloc((size_t)v, sizeof(double)), *lp = xcalloc((size_t)v, sizeof(double));
     int64_t n_valid = 0;
@@ -114,9 +114,9 @@ void kt_ref_fljsd_dz(const kt_fljsd_cfg *cf, int64_t bt, int64_t v, const double
     free(lp);
 }
 
-void kt_ref_fljsd_grads(int64_t bt, int64_t hs, int64_t v, const double *dz, const double *xs,
-                        const double *ws, int absolute, int64_t stride, double *dxs, double *dws,
-                        double *dbs) {
+void kt_ref_fld_grads(int64_t bt, int64_t hs, int64_t v, const double *dz, const double *xs,
+                      const double *ws, int absolute, int64_t stride, double *dxs, double *dws,
+                      double *dbs) {
     double *ax = NULL, *aw = NULL;
     if (absolute) {
         ax = xcalloc((size_t)(bt * hs), sizeof(double));
@@ -165,9 +165,9 @@ static double *normal_vec(kt_rng *rng, int64_t n, double sd, kdloss_dtype dt) {
     return x;
 }
 
-void kt_fljsd_problem_make(kt_fljsd_problem *p, kt_rng *rng, int64_t bt, int64_t hs, int64_t ht,
-                           int64_t v, kdloss_dtype ds, kdloss_dtype dt, int bias, double scale,
-                           int ignore_every, int64_t ignore_index, int64_t pad) {
+void kt_fld_problem_make(kt_fld_problem *p, kt_rng *rng, int64_t bt, int64_t hs, int64_t ht,
+                         int64_t v, kdloss_dtype ds, kdloss_dtype dt, int bias, double scale,
+                         int ignore_every, int64_t ignore_index, int64_t pad) {
     memset(p, 0, sizeof(*p));
     p->bt = bt;
     p->hs = hs;
@@ -206,7 +206,7 @@ void kt_fljsd_problem_make(kt_fljsd_problem *p, kt_rng *rng, int64_t bt, int64_t
     }
 }
 
-void kt_fljsd_problem_free(kt_fljsd_problem *p) {
+void kt_fld_problem_free(kt_fld_problem *p) {
     void *all[] = {p->xs, p->ws, p->bias_s, p->xt, p->wt, p->bias_t, p->labels, p->labels32,
                    p->pxs, p->pws, p->pbias_s, p->pxt, p->pwt, p->pbias_t};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) free(all[i]);

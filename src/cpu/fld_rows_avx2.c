@@ -2,4 +2,4 @@
 #define KD_ISA_AVX2 1
 #include "simd.h"
 #include "div_simd.h"
-#include "fljsd_rows_impl.h"
+#include "fld_rows_impl.h"
