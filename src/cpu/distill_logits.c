@@ -64,7 +64,8 @@ static void narrow_row(const float *src, int64_t v, kdloss_dtype dt, void *dst) 
 }
 
 /* The per-thread buffer of a dense row on the vector paths: es, et, then the widened student
- * and teacher rows when they are not fp32 (4 rows of v floats, each on a cache line). */
+ * and teacher rows when they are not fp32 (4 rows of v floats, each on a cache line), then
+ * 4 doubles a tile of KD_FLD_TILE columns. */
 static double logits_row_dense(const dl_job *j, int64_t r, char *g, float *buf) {
     const kd_ew_job *ew = &j->ew;
     int64_t v = ew->v, vp = (v + 15) / 16 * 16;
@@ -74,6 +75,8 @@ static double logits_row_dense(const dl_job *j, int64_t r, char *g, float *buf) 
     kd_lrow a = j->ltmpl;
     a.es = buf;
     a.et = buf + vp;
+    a.ntiles = (v + KD_FLD_TILE - 1) / KD_FLD_TILE;
+    a.tiles = (double *)(buf + 4 * vp); /* 64-byte aligned: vp is a multiple of 16 */
     a.zs = (const float *)xs;
     a.zt = (const float *)xt;
     if (ew->xdt != KDLOSS_F32) widen_row(xs, ew->xdt, v, buf + 2 * vp), a.zs = buf + 2 * vp;
@@ -179,7 +182,8 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
                                  : v;
     job->lrow = job->topk.k ? NULL : logits_kernel();
     job->bt = bt;
-    job->buf_stride = job->lrow ? 4 * ((v + 15) / 16 * 16)
+    job->buf_stride = job->lrow ? 4 * ((v + 15) / 16 * 16) +
+                                      (8 * ((v + KD_FLD_TILE - 1) / KD_FLD_TILE) + 15) / 16 * 16
                                 : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;

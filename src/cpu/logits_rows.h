@@ -1,9 +1,10 @@
 /* The dense-teacher row kernel of kdloss_distill_logits on vectors (AVX2, AVX-512; the scalar
  * path runs the fused loss's row phases, fld_row_phases.h). Per row, on fp32 logits held in
  * cache between passes (docs/MATH.md section 7):
- *   1. the row maxima ms, mt;
- *   2. es = exp((zs - ms) / T) and et = exp((zt - mt) / T), stored, and their sums Ss, St;
- *   3. X = (zs - ms) / T - log Ss, Y = (zt - mt) / T - log St, Q = es / Ss, P = et / St, the
+ *   1-2. one read of each row: per tile of KD_FLD_TILE columns its max, its exps at that max
+ *      (stored: es, et) and their sum; then the row maxima ms, mt, the sums Ss, St and a scale
+ *      per tile, so that es times its tile's scale is exp((zs - ms) / T) / Ss;
+ *   3. X = (zs - ms) / T - log Ss, Y = (zt - mt) / T - log St, Q and P from es and et, the
  *      divergence's terms and g = dD/dX (div_elem.h's KDE_PQ form: P and Q are not exp'd
  *      again), g stored over et, and sum g;
  *   4. dz = gs (g - Q sum g).
@@ -27,8 +28,11 @@ typedef struct kd_lrow {
     float gs;             /* grad_scale / (T n_valid) */
     int nt;               /* write dz with streaming stores (fp32 output, 64-byte aligned) */
     const char *next_s, *next_t; /* the next row's student and teacher (any dtype), prefetched
-                                    into L2 by pass 2; NULL for none */
+                                    into L2 by pass 3; NULL for none */
     int64_t next_es, next_et;    /* their bytes per column */
+    double *tiles;        /* [4 ntiles] scratch: per tile of KD_FLD_TILE columns, the student's
+                             max and scale, then the teacher's */
+    int64_t ntiles;       /* ceil(v / KD_FLD_TILE) */
 } kd_lrow;
 
 /* One row: returns its divergence; writes dz when a->dz. */

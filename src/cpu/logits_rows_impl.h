@@ -22,34 +22,56 @@ static float KD_SFX(lr_max)(const float *z, int64_t v) {
     return vf_hmax(vf_max(vf_max(m0, m1), vf_max(m2, m3)));
 }
 
-/* e = exp((z - m) it) over the row, stored; returns sum e (fp32 per tile, double across).
- * (z - m) it <= 0 (or NaN), so the one-clamp exp serves. pf: the next row's bytes (pf_es a
- * column), fetched into L2 while this compute-bound pass runs, so that pass 1 of the next row
- * does not wait for memory with nothing to overlap; NULL for none. */
-static double KD_SFX(lr_exps)(const float *z, float *e, int64_t v, float m, float it,
-                              const char *pf, int64_t pf_es) {
-    vf vm_ = vf_set1(m), vit = vf_set1(it);
-    double sum = 0.0;
-    for (int64_t t0 = 0; t0 < v; t0 += KD_FLD_TILE) {
+/* Pass 1, the row's only read from memory: per tile of KD_FLD_TILE columns, the tile's max m_t,
+ * e = exp((z - m_t) it) stored and s_t = sum e (fp32 in the tile, then double) into tmax[t],
+ * tsum[t]; returns the row max. Taking the exps at the tile's own max lets one pass both read
+ * the row and do its exps (the reads overlap the arithmetic), where a max pass first would
+ * wait on memory with nothing to overlap; lr_norm rescales the tiles. A tile of -inf logits
+ * has e = 0 (its max taken as 0). */
+static float KD_SFX(lr_exps)(const float *z, float *e, int64_t v, float it, double *tmax,
+                             double *tsum, const char *pf, int64_t pf_es) {
+    vf vit = vf_set1(it);
+    float m = -INFINITY;
+    for (int64_t t0 = 0, t = 0; t0 < v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v, c = t0;
-        vf acc = vf_zero();
+        float mt = KD_SFX(lr_max)(z + t0, t1 - t0);
+        vf base = vf_set1(mt == -INFINITY ? 0.0f : mt), acc = vf_zero();
         for (; c + VL <= t1; c += VL) {
             if (pf) _mm_prefetch(pf + c * pf_es, _MM_HINT_T1);
-            vf x = vf_exp_nonpos(vf_mul(vf_sub(vf_load(z + c), vm_), vit));
+            vf x = vf_exp_nonpos(vf_mul(vf_sub(vf_load(z + c), base), vit));
             vf_store(e + c, x);
             acc = vf_add(acc, x);
         }
         if (c < t1) {
-            vf x = vf_exp_nonpos(vf_mul(vf_sub(vf_load_n(z + c, t1 - c), vm_), vit));
+            vf x = vf_exp_nonpos(vf_mul(vf_sub(vf_load_n(z + c, t1 - c), base), vit));
             vf_store_n(e + c, x, t1 - c);
             acc = vf_add(acc, vf_keep(vm_first_n(t1 - c), x));
         }
-        sum += (double)vf_hsum(acc);
+        tmax[t] = mt;
+        tsum[t] = (double)vf_hsum(acc);
+        m = mt > m ? mt : m;
     }
-    return sum;
+    return m;
 }
 
-/* The row's constants: X = (zs - ms) it - lss, Y = (zt - mt) it - lst, Q = es rs, P = et rt. */
+/* The row's normalizer from its tiles: S = sum_t s_t e^((m_t - m) it); each tile's scale
+ * e^((m_t - m) it) / S replaces tsum[t] (0 for a tile of -inf logits), so a probability is
+ * its stored e times its tile's scale. Returns log S. */
+static double KD_SFX(lr_norm)(const double *tmax, double *tsum, int64_t ntiles, float m,
+                              float it) {
+    double sum = 0.0;
+    for (int64_t t = 0; t < ntiles; t++) {
+        double f = tmax[t] == -INFINITY ? 0.0 : exp(((double)tmax[t] - m) * it);
+        tsum[t] *= f;
+        sum += tsum[t];
+        tsum[t] = f;
+    }
+    for (int64_t t = 0; t < ntiles; t++) tsum[t] /= sum;
+    return log(sum);
+}
+
+/* The row's constants: X = (zs - ms) it - lss, Y = (zt - mt) it - lst; and the current tile's
+ * Q = es rs, P = et rt. */
 typedef struct KD_SFX(lr_c) {
     vf ms, mt, it, lss, lst, rs, rt;
 } KD_SFX(lr_c);
@@ -69,18 +91,22 @@ KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r, vf
     return vf_zero();
 }
 
-/* Pass 3 for one operation: returns the row's divergence; g over et and its sum into *sum_g.
+/* Pass 3 for one operation: returns the row's divergence; g over et and its sum into *sum_g;
+ * the next row's logits are fetched into L2 meanwhile (the arithmetic covers the wait).
  * g is stored also when no gradient is wanted: one instantiation per operation, so the losses
  * of a call with and without the gradient are the same bits (the compiler may contract a
  * multiply and an add into an FMA differently in two specialisations). */
-KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
+KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0,
                                 const kd_lrow *a, double *sum_g) {
     const float *zs = a->zs, *zt = a->zt, *es = a->es;
     float *et = a->et;
     double loss = 0.0, gsum = 0.0;
-    for (int64_t t0 = 0; t0 < a->v; t0 += KD_FLD_TILE) {
+    KD_SFX(lr_c) rr = *r0, *r = &rr;
+    for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
         vf lacc = vf_zero(), gacc = vf_zero(), g;
+        rr.rs = vf_set1((float)a->tiles[1 * a->ntiles + t]);
+        rr.rt = vf_set1((float)a->tiles[3 * a->ntiles + t]);
         for (; c + VL <= t1; c += VL) {
             lacc = vf_add(lacc, KD_SFX(lr_elem)(k, op, r, vf_load(zs + c), vf_load(zt + c),
                                                 vf_load(es + c), vf_load(et + c), &g));
@@ -103,40 +129,45 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
     return loss;
 }
 
-/* Pass 4: dz = gs (g - Q sum_g), Q = es rs, g in et. */
-static void KD_SFX(lr_grad)(const kd_lrow *a, vf rs, double sum_g) {
+/* Pass 4: dz = gs (g - Q sum_g), Q = es times its tile's scale, g in et. */
+static void KD_SFX(lr_grad)(const kd_lrow *a, double sum_g) {
     vf gs = vf_set1(a->gs), sg = vf_set1((float)sum_g);
     const float *es = a->es, *g = a->et;
     float *dz = a->dz;
-    int64_t c = 0;
-    for (; c + VL <= a->v; c += VL) {
-        vf d = vf_mul(gs, vf_sub(vf_load(g + c), vf_mul(vf_mul(vf_load(es + c), rs), sg)));
-        if (a->gs == 0.0f) d = vf_zero(); /* grad_scale 0: zeros, also where a logit is NaN */
-        if (a->nt) vf_stream(dz + c, d);
-        else vf_store(dz + c, d);
-    }
-    if (c < a->v) {
-        int64_t n = a->v - c;
-        vf d = vf_mul(gs, vf_sub(vf_load_n(g + c, n), vf_mul(vf_mul(vf_load_n(es + c, n), rs), sg)));
-        if (a->gs == 0.0f) d = vf_zero();
-        vf_store_n(dz + c, d, n);
+    for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
+        int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
+        vf rs = vf_set1((float)a->tiles[1 * a->ntiles + t]);
+        for (; c + VL <= t1; c += VL) {
+            vf d = vf_mul(gs, vf_sub(vf_load(g + c), vf_mul(vf_mul(vf_load(es + c), rs), sg)));
+            if (a->gs == 0.0f) d = vf_zero(); /* grad_scale 0: zeros, also where a logit is NaN */
+            if (a->nt) vf_stream(dz + c, d);
+            else vf_store(dz + c, d);
+        }
+        if (c < t1) {
+            int64_t n = t1 - c;
+            vf d = vf_mul(gs, vf_sub(vf_load_n(g + c, n),
+                                     vf_mul(vf_mul(vf_load_n(es + c, n), rs), sg)));
+            if (a->gs == 0.0f) d = vf_zero();
+            vf_store_n(dz + c, d, n);
+        }
     }
     if (a->nt) _mm_sfence(); /* order the streamed stores before the caller reads them */
 }
 
 double KD_SFX(kd_logits_row)(const kd_lrow *a) {
     kd_vdiv k = kd_vdiv_make(a->coef);
-    float ms = KD_SFX(lr_max)(a->zs, a->v), mt = KD_SFX(lr_max)(a->zt, a->v);
-    double ss = KD_SFX(lr_exps)(a->zs, a->es, a->v, ms, a->inv_t, a->next_s, a->next_es);
-    double st = KD_SFX(lr_exps)(a->zt, a->et, a->v, mt, a->inv_t, a->next_t, a->next_et);
+    int64_t n = a->ntiles;
+    double *tw = a->tiles; /* per tile: max and scale of the student, then of the teacher */
+    float ms = KD_SFX(lr_exps)(a->zs, a->es, a->v, a->inv_t, tw, tw + n, a->next_s, a->next_es);
+    float mt = KD_SFX(lr_exps)(a->zt, a->et, a->v, a->inv_t, tw + 2 * n, tw + 3 * n, a->next_t,
+                               a->next_et);
     KD_SFX(lr_c) r;
     r.ms = vf_set1(ms);
     r.mt = vf_set1(mt);
     r.it = vf_set1(a->inv_t);
-    r.lss = vf_set1((float)log(ss));
-    r.lst = vf_set1((float)log(st));
-    r.rs = vf_set1((float)(1.0 / ss));
-    r.rt = vf_set1((float)(1.0 / st));
+    r.lss = vf_set1((float)KD_SFX(lr_norm)(tw, tw + n, n, ms, a->inv_t));
+    r.lst = vf_set1((float)KD_SFX(lr_norm)(tw + 2 * n, tw + 3 * n, n, mt, a->inv_t));
+    r.rs = r.rt = vf_zero(); /* per tile, in the passes */
     double sum_g = 0.0, loss = 0.0;
     switch (k.op) {
 #define KD_PASS(E, nm)                                                                         \
@@ -145,6 +176,6 @@ double KD_SFX(kd_logits_row)(const kd_lrow *a) {
 #undef KD_PASS
     default: break;
     }
-    if (a->dz) KD_SFX(lr_grad)(a, r.rs, sum_g);
+    if (a->dz) KD_SFX(lr_grad)(a, sum_g);
     return loss;
 }
