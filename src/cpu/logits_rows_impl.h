@@ -154,6 +154,45 @@ static void KD_SFX(lr_grad)(const kd_lrow *a, double sum_g) {
     if (a->nt) _mm_sfence(); /* order the streamed stores before the caller reads them */
 }
 
+/* Forward KL, whose sum g = -sum P is -1 by construction (docs/MATH.md 7.4): passes 3 and 4 in
+ * one, dz = gs (Q - P) = gs (g + Q). Returns the row's divergence. dz goes to a->dz, or to es
+ * when no gradient is wanted, so that the loss has one instantiation (lr_div says why). */
+static double KD_SFX(lr_fwd)(const kd_vdiv *k, const KD_SFX(lr_c) *r0, const kd_lrow *a) {
+    const float *zs = a->zs, *zt = a->zt, *es = a->es, *et = a->et;
+    float *dz = a->dz ? a->dz : a->es;
+    int nt = a->dz && a->nt;
+    vf gs = vf_set1(a->gs);
+    double loss = 0.0;
+    KD_SFX(lr_c) rr = *r0;
+    for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
+        int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
+        vf lacc = vf_zero(), g, q;
+        rr.rs = vf_set1((float)a->tiles[1 * a->ntiles + t]);
+        rr.rt = vf_set1((float)a->tiles[3 * a->ntiles + t]);
+        for (; c + VL <= t1; c += VL) {
+            vf e = vf_load(es + c);
+            q = vf_mul(e, rr.rs);
+            lacc = vf_add(lacc, KD_SFX(lr_elem)(k, KD_OP_FWD, &rr, vf_load(zs + c),
+                                                vf_load(zt + c), e, vf_load(et + c), &g));
+            vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, q));
+            if (nt) vf_stream(dz + c, d);
+            else vf_store(dz + c, d);
+        }
+        if (c < t1) {
+            int64_t n = t1 - c;
+            vf e = vf_load_n(es + c, n);
+            q = vf_mul(e, rr.rs);
+            vf l = KD_SFX(lr_elem)(k, KD_OP_FWD, &rr, vf_load_n(zs + c, n), vf_load_n(zt + c, n),
+                                   e, vf_load_n(et + c, n), &g);
+            lacc = vf_add(lacc, vf_keep(vm_first_n(n), l));
+            vf_store_n(dz + c, a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, q)), n);
+        }
+        loss += (double)vf_hsum(lacc);
+    }
+    if (nt) _mm_sfence();
+    return loss;
+}
+
 double KD_SFX(kd_logits_row)(const kd_lrow *a) {
     kd_vdiv k = kd_vdiv_make(a->coef);
     int64_t n = a->ntiles;
@@ -169,6 +208,7 @@ double KD_SFX(kd_logits_row)(const kd_lrow *a) {
     r.lst = vf_set1((float)KD_SFX(lr_norm)(tw + 2 * n, tw + 3 * n, n, mt, a->inv_t));
     r.rs = r.rt = vf_zero(); /* per tile, in the passes */
     double sum_g = 0.0, loss = 0.0;
+    if (k.op == KD_OP_FWD) return KD_SFX(lr_fwd)(&k, &r, a);
     switch (k.op) {
 #define KD_PASS(E, nm)                                                                         \
     case KD_OP_##E: loss = KD_SFX(lr_div)(&k, KD_OP_##E, &r, a, &sum_g); break;
