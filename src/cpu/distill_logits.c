@@ -66,16 +66,14 @@ static void narrow_row(const float *src, int64_t v, kdloss_dtype dt, void *dst) 
 /* The per-thread buffer of a dense row on the vector paths: es, et, then the widened student
  * and teacher rows when they are not fp32 (4 rows of v floats, each on a cache line), then
  * 4 doubles a tile of KD_FLD_TILE columns. */
-static double logits_row_dense(const dl_job *j, int64_t r, char *g, float *buf) {
+static double logits_row_dense(const dl_job *j, int64_t r, const char *xs, const char *xt,
+                               char *g, float *buf) {
     const kd_ew_job *ew = &j->ew;
     int64_t v = ew->v, vp = (v + 15) / 16 * 16;
-    size_t es = kdloss_dtype_size(ew->xdt);
-    const char *xs = ew->x + (size_t)(r * ew->ldx) * es;
-    const char *xt = ew->t + (size_t)(r * ew->ldt) * kdloss_dtype_size(ew->tdt);
+    size_t xes = kdloss_dtype_size(ew->xdt), tes = kdloss_dtype_size(ew->tdt);
     kd_lrow a = j->ltmpl;
     a.es = buf;
     a.et = buf + vp;
-    a.ntiles = (v + KD_FLD_TILE - 1) / KD_FLD_TILE;
     a.tiles = (double *)(buf + 4 * vp); /* 64-byte aligned: vp is a multiple of 16 */
     a.zs = (const float *)xs;
     a.zt = (const float *)xt;
@@ -86,10 +84,10 @@ static double logits_row_dense(const dl_job *j, int64_t r, char *g, float *buf) 
     a.dz = !g ? NULL : ew->xdt == KDLOSS_F32 ? (float *)g : a.es;
     a.nt = g && ew->stream_grad && ew->xdt == KDLOSS_F32 && (uintptr_t)g % 64 == 0;
     if (r + 1 < j->bt) { /* with a static schedule, usually this thread's next row */
-        a.next_s = xs + (size_t)ew->ldx * es;
-        a.next_t = xt + (size_t)ew->ldt * kdloss_dtype_size(ew->tdt);
-        a.next_es = (int64_t)es;
-        a.next_et = (int64_t)kdloss_dtype_size(ew->tdt);
+        a.next_s = xs + (size_t)ew->ldx * xes;
+        a.next_t = xt + (size_t)ew->ldt * tes;
+        a.next_es = (int64_t)xes;
+        a.next_et = (int64_t)tes;
     }
     double soft = j->lrow(&a);
     if (g && ew->xdt != KDLOSS_F32) narrow_row(a.es, v, ew->xdt, g);
@@ -109,7 +107,8 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     }
     int tid = omp_get_thread_num();
     if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
-    if (j->lrow) return logits_row_dense(j, r, g, j->bufs + (size_t)tid * (size_t)j->buf_stride);
+    if (j->lrow)
+        return logits_row_dense(j, r, xs, xt, g, j->bufs + (size_t)tid * (size_t)j->buf_stride);
     /* the second part starts on a cache line: its top-k scratch holds int64 and double */
     float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + (v + 15) / 16 * 16;
     float *zs, *zt;
@@ -182,8 +181,8 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
                                  : v;
     job->lrow = job->topk.k ? NULL : logits_kernel();
     job->bt = bt;
-    job->buf_stride = job->lrow ? 4 * ((v + 15) / 16 * 16) +
-                                      (8 * ((v + KD_FLD_TILE - 1) / KD_FLD_TILE) + 15) / 16 * 16
+    job->ltmpl.ntiles = (v + KD_FLD_TILE - 1) / KD_FLD_TILE;
+    job->buf_stride = job->lrow ? 4 * ((v + 15) / 16 * 16) + (8 * job->ltmpl.ntiles + 15) / 16 * 16
                                 : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;

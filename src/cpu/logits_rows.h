@@ -28,7 +28,7 @@ typedef struct kd_lrow {
     float gs;             /* grad_scale / (T n_valid) */
     int nt;               /* write dz with streaming stores (fp32 output, 64-byte aligned) */
     const char *next_s, *next_t; /* the next row's student and teacher (any dtype), prefetched
-                                    into L2 by pass 3; NULL for none */
+                                    into L2 by pass 1; NULL for none */
     int64_t next_es, next_et;    /* their bytes per column */
     double *tiles;        /* [4 ntiles] scratch: per tile of KD_FLD_TILE columns, the student's
                              max and scale, then the teacher's */

@@ -27,7 +27,8 @@ static float KD_SFX(lr_max)(const float *z, int64_t v) {
  * tsum[t]; returns the row max. Taking the exps at the tile's own max lets one pass both read
  * the row and do its exps (the reads overlap the arithmetic), where a max pass first would
  * wait on memory with nothing to overlap; lr_norm rescales the tiles. A tile of -inf logits
- * has e = 0 (its max taken as 0). */
+ * has e = 0 (its max taken as 0). pf: the next row's bytes (pf_es a column), fetched into L2
+ * meanwhile so that its own pass 1 finds them there; NULL for none. */
 static float KD_SFX(lr_exps)(const float *z, float *e, int64_t v, float it, double *tmax,
                              double *tsum, const char *pf, int64_t pf_es) {
     vf vit = vf_set1(it);
@@ -76,6 +77,11 @@ typedef struct KD_SFX(lr_c) {
     vf ms, mt, it, lss, lst, rs, rt;
 } KD_SFX(lr_c);
 
+/* Tile t's scale of the student's (who 0) or the teacher's (who 1) exps: es times it is Q. */
+KD_INLINE vf KD_SFX(lr_scale)(const kd_lrow *a, int who, int64_t t) {
+    return vf_set1((float)a->tiles[(2 * who + 1) * a->ntiles + t]);
+}
+
 /* One vector of pass 3 at element operation `op` (a constant once inlined). */
 KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r, vf zs, vf zt,
                              vf es, vf et, vf *g) {
@@ -91,8 +97,7 @@ KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r, vf
     return vf_zero();
 }
 
-/* Pass 3 for one operation: returns the row's divergence; g over et and its sum into *sum_g;
- * the next row's logits are fetched into L2 meanwhile (the arithmetic covers the wait).
+/* Pass 3 for one operation: returns the row's divergence; g over et and its sum into *sum_g.
  * g is stored also when no gradient is wanted: one instantiation per operation, so the losses
  * of a call with and without the gradient are the same bits (the compiler may contract a
  * multiply and an add into an FMA differently in two specialisations). */
@@ -105,8 +110,8 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
         vf lacc = vf_zero(), gacc = vf_zero(), g;
-        rr.rs = vf_set1((float)a->tiles[1 * a->ntiles + t]);
-        rr.rt = vf_set1((float)a->tiles[3 * a->ntiles + t]);
+        rr.rs = KD_SFX(lr_scale)(a, 0, t);
+        rr.rt = KD_SFX(lr_scale)(a, 1, t);
         for (; c + VL <= t1; c += VL) {
             lacc = vf_add(lacc, KD_SFX(lr_elem)(k, op, r, vf_load(zs + c), vf_load(zt + c),
                                                 vf_load(es + c), vf_load(et + c), &g));
@@ -136,7 +141,7 @@ static void KD_SFX(lr_grad)(const kd_lrow *a, double sum_g) {
     float *dz = a->dz;
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
-        vf rs = vf_set1((float)a->tiles[1 * a->ntiles + t]);
+        vf rs = KD_SFX(lr_scale)(a, 0, t);
         for (; c + VL <= t1; c += VL) {
             vf d = vf_mul(gs, vf_sub(vf_load(g + c), vf_mul(vf_mul(vf_load(es + c), rs), sg)));
             if (a->gs == 0.0f) d = vf_zero(); /* grad_scale 0: zeros, also where a logit is NaN */
@@ -167,8 +172,8 @@ static double KD_SFX(lr_fwd)(const kd_vdiv *k, const KD_SFX(lr_c) *r0, const kd_
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
         vf lacc = vf_zero(), g, q;
-        rr.rs = vf_set1((float)a->tiles[1 * a->ntiles + t]);
-        rr.rt = vf_set1((float)a->tiles[3 * a->ntiles + t]);
+        rr.rs = KD_SFX(lr_scale)(a, 0, t);
+        rr.rt = KD_SFX(lr_scale)(a, 1, t);
         for (; c + VL <= t1; c += VL) {
             vf e = vf_load(es + c);
             q = vf_mul(e, rr.rs);
@@ -208,10 +213,12 @@ double KD_SFX(kd_logits_row)(const kd_lrow *a) {
     r.lst = vf_set1((float)KD_SFX(lr_norm)(tw + 2 * n, tw + 3 * n, n, mt, a->inv_t));
     r.rs = r.rt = vf_zero(); /* per tile, in the passes */
     double sum_g = 0.0, loss = 0.0;
-    if (k.op == KD_OP_FWD) return KD_SFX(lr_fwd)(&k, &r, a);
-    switch (k.op) {
+    switch (k.op) { /* forward KL: its own fused pass (the constant test folds away) */
 #define KD_PASS(E, nm)                                                                         \
-    case KD_OP_##E: loss = KD_SFX(lr_div)(&k, KD_OP_##E, &r, a, &sum_g); break;
+    case KD_OP_##E:                                                                            \
+        if (KD_OP_##E == KD_OP_FWD) return KD_SFX(lr_fwd)(&k, &r, a);                          \
+        loss = KD_SFX(lr_div)(&k, KD_OP_##E, &r, a, &sum_g);                                   \
+        break;
         KD_DIV_OPS(KD_PASS)
 #undef KD_PASS
     default: break;
