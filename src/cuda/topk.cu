@@ -174,18 +174,24 @@ __device__ void tk_pass_lse(const tk_row_args &a, int64_t r, const uint32_t *bit
     *lh = need_h ? kd_block_lse(sH, lred) : 0.0f;
 }
 
-/* Thread 0: compact the used slots (slot order), kd_topk_row, the row's outputs and the
- * gradient factors. lh: the untempered lse of the pass (T != 1). */
-__device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float R, float lh,
-                            tk_row_state *rs) {
+/* Moves the used slots (col >= 0) of k to the front, in slot order; returns their count. */
+__device__ __forceinline__ int64_t tk_compact(tk_slots s, int64_t k) {
     int64_t n = 0;
-    for (int64_t j = 0; j < a.k; j++)
+    for (int64_t j = 0; j < k; j++)
         if (s.col[j] >= 0) {
             s.col[n] = s.col[j];
             s.z[n] = s.z[j];
             s.lp[n] = s.lp[j];
             n++;
         }
+    return n;
+}
+
+/* Thread 0: compact the used slots (slot order), kd_topk_row, the row's outputs and the
+ * gradient factors. lh: the untempered lse of the pass (T != 1). */
+__device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float R, float lh,
+                            tk_row_state *rs) {
+    const int64_t n = tk_compact(s, a.k);
     double crest = 0.0;
     const double d = kd_topk_row(&a.coef, a.tail, n, s.z, s.lp, a.inv_t64, (double)R, s.g,
                                  &crest);
@@ -293,14 +299,7 @@ __device__ void tk_sparse_gather(const tk_sparse_args &a, int64_t r, tk_slots s)
 
 /* Thread 0: compact, kd_topk_row (renorm_both: no rest), the row loss; g becomes dz = cb g. */
 __device__ void tk_sparse_math(const tk_sparse_args &a, int64_t r, tk_slots s, int64_t *n_out) {
-    int64_t n = 0;
-    for (int64_t j = 0; j < a.k; j++)
-        if (s.col[j] >= 0) {
-            s.col[n] = s.col[j];
-            s.z[n] = s.z[j];
-            s.lp[n] = s.lp[j];
-            n++;
-        }
+    const int64_t n = tk_compact(s, a.k);
     double crest = 0.0;
     const double d = kd_topk_row(&a.coef, KD_TAIL_RENORM_BOTH, n, s.z, s.lp, a.inv_t64,
                                  -INFINITY, s.g, &crest);
