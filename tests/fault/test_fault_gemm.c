@@ -34,11 +34,7 @@
 #include <unistd.h>
 
 #include "gemm.h"
-#include "malloc_shim.h"
-
-#ifndef KDFI_SHIM
-#error "KDFI_SHIM (path of libkdfault_shim.so) must be defined"
-#endif
+#include "fault_driver.h"
 
 #define TIMEOUT_S 30
 
@@ -148,40 +144,11 @@ static void child(long fail_at) {
     _exit(0);
 }
 
+static void child_fn(void *fail_at) { child(*(long *)fail_at); }
+
 static int run_child(long fail_at, char *buf, size_t n) {
     *child_result = R_NONE;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(buf, n, "fork failed: %s", strerror(errno));
-        return 0;
-    }
-    if (pid == 0) {
-        alarm(TIMEOUT_S + 5);
-        child(fail_at);
-    }
-    int status = 0;
-    struct timespec t0, now, nap = {0, 2000000};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        if (waitpid(pid, &status, WNOHANG) == pid) break;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec - t0.tv_sec > TIMEOUT_S) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            snprintf(buf, n, "HANG (killed after %d s)", TIMEOUT_S);
-            return 0;
-        }
-        nanosleep(&nap, NULL);
-    }
-    if (WIFSIGNALED(status)) {
-        snprintf(buf, n, "SIGNAL %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-        return 0;
-    }
-    if (WEXITSTATUS(status) != 0) {
-        snprintf(buf, n, "EXIT(%d) inside the call", WEXITSTATUS(status));
-        return 0;
-    }
+    if (!kdfi_fork(TIMEOUT_S, child_fn, &fail_at, buf, n)) return 0;
     int r = *child_result;
     snprintf(buf, n, "%s", r_name[r]);
     return r == R_OOM_CLEAN || r == R_OK_SAME || r == R_OK_CLOSE || r == R_NOT_REACHED;
@@ -197,27 +164,7 @@ static void check(int ok, const char *what) {
 int main(int argc, char **argv) {
     (void)argc;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    kdfi_use_fn use = (kdfi_use_fn)dlsym(RTLD_DEFAULT, "kdfi_use");
-    if (!use) {
-        if (getenv("KDFI_REEXEC")) {
-            printf("test_fault_gemm: the shim %s did not load via LD_PRELOAD\n", KDFI_SHIM);
-            return 1;
-        }
-        const char *old = getenv("LD_PRELOAD");
-        char pre[4096];
-        snprintf(pre, sizeof pre, "%s%s%s", KDFI_SHIM, old && *old ? ":" : "", old ? old : "");
-        setenv("LD_PRELOAD", pre, 1);
-        setenv("KDFI_REEXEC", "1", 1);
-        execv("/proc/self/exe", argv);
-        printf("test_fault_gemm: re-exec failed: %s\n", strerror(errno));
-        return 1;
-    }
-    void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (page == MAP_FAILED) return 1;
-    sh = (kdfi_state *)page;
-    child_result = (volatile int *)((char *)page + 2048);
-    sh->fail_at = -1;
-    use(sh);
+    if (kdfi_attach("test_fault_gemm", argv, &sh, &child_result)) return 1;
     if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN) {
         printf("test_fault_gemm: the provider in use is not oneDNN: skipped\n");
         return 0;

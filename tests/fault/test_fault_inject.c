@@ -38,13 +38,10 @@
 #include <unistd.h>
 
 #include "kdloss.h"
-#include "malloc_shim.h"
+#include "fault_driver.h"
 #include "ref_fld.h"
 #include "testutil.h"
 
-#ifndef KDFI_SHIM
-#error "KDFI_SHIM (path of libkdfault_shim.so) must be defined"
-#endif
 
 #define TIMEOUT_S 30
 /* 0: an OUT_OF_MEMORY that leaves gradient rows written fails the test (src/cpu/fld.c reserves
@@ -63,7 +60,6 @@ typedef struct scen {
     int own_workspace; /* 1: caller's workspace; 0: the library allocates it */
 } scen;
 
-static kdfi_use_fn shim_use;
 static kdfi_state *sh; /* MAP_SHARED */
 
 /* One call's outputs. */
@@ -191,42 +187,22 @@ static void child(const scen *s, int warm, long fail_at) {
     _exit(0);
 }
 
+typedef struct child_args {
+    const scen *s;
+    int warm;
+    long fail_at;
+} child_args;
+
+static void child_fn(void *p) {
+    const child_args *c = (const child_args *)p;
+    child(c->s, c->warm, c->fail_at);
+}
+
 /* Forks a child; returns a description of how it ended in buf, and 1 when that is acceptable. */
 static int run_child(const scen *s, int warm, long fail_at, char *buf, size_t n) {
+    child_args c = {s, warm, fail_at};
     *child_result = R_NONE;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(buf, n, "fork failed: %s", strerror(errno));
-        return 0;
-    }
-    if (pid == 0) {
-        alarm(TIMEOUT_S + 5); /* backstop if the parent dies */
-        child(s, warm, fail_at);
-    }
-    int status = 0;
-    struct timespec t0, now, nap = {0, 2000000};
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (;;) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid) break;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec - t0.tv_sec > TIMEOUT_S) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            snprintf(buf, n, "HANG (killed after %d s)", TIMEOUT_S);
-            return 0;
-        }
-        nanosleep(&nap, NULL);
-    }
-    if (WIFSIGNALED(status)) {
-        snprintf(buf, n, "SIGNAL %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
-        return 0;
-    }
-    if (WEXITSTATUS(status) != 0) {
-        snprintf(buf, n, "EXIT(%d) inside the call", WEXITSTATUS(status));
-        return 0;
-    }
+    if (!kdfi_fork(TIMEOUT_S, child_fn, &c, buf, n)) return 0;
     int r = *child_result;
     snprintf(buf, n, "%s", r_name[r]);
     return r == R_OOM_CLEAN || r == R_OK_SAME || r == R_OK_CLOSE || r == R_NOT_REACHED ||
@@ -268,27 +244,7 @@ static int inject_all(const scen *s, int warm, int *points) {
 int main(int argc, char **argv) {
     (void)argc;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    shim_use = (kdfi_use_fn)dlsym(RTLD_DEFAULT, "kdfi_use");
-    if (!shim_use) {
-        if (getenv("KDFI_REEXEC")) {
-            printf("test_fault_inject: the shim %s did not load via LD_PRELOAD\n", KDFI_SHIM);
-            return 1;
-        }
-        const char *old = getenv("LD_PRELOAD");
-        char pre[4096];
-        snprintf(pre, sizeof pre, "%s%s%s", KDFI_SHIM, old && *old ? ":" : "", old ? old : "");
-        setenv("LD_PRELOAD", pre, 1);
-        setenv("KDFI_REEXEC", "1", 1);
-        execv("/proc/self/exe", argv);
-        printf("test_fault_inject: re-exec failed: %s\n", strerror(errno));
-        return 1;
-    }
-    void *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (page == MAP_FAILED) return 1;
-    sh = (kdfi_state *)page;
-    child_result = (volatile int *)((char *)page + 2048);
-    sh->fail_at = -1;
-    shim_use(sh);
+    if (kdfi_attach("test_fault_inject", argv, &sh, &child_result)) return 1;
 
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
