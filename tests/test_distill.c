@@ -19,24 +19,11 @@ typedef kdloss_div_params div_case;
 #define DIVS KT_DIV_CASES
 #define NDIV KT_NDIV_CASES
 
-static kdloss_div_params div_of(const div_case *c) { return *c; }
-
 /* Where -inf log-probs keep the divergence finite: not in the student for forward KL (P > 0
  * needs Q > 0), not in the teacher for reverse KL. */
 static int fwd_like(const div_case *c) {
     return c->divergence == KDLOSS_DIV_FORWARD_KL || (c->divergence == KDLOSS_DIV_JSD && c->beta == 0.0) ||
            (c->divergence == KDLOSS_DIV_SKEW_FORWARD_KL && c->alpha == 0.0);
-}
-static int rev_like(const div_case *c) {
-    return c->divergence == KDLOSS_DIV_REVERSE_KL || (c->divergence == KDLOSS_DIV_JSD && c->beta == 1.0) ||
-           (c->divergence == KDLOSS_DIV_SKEW_REVERSE_KL && c->alpha == 0.0);
-}
-
-/* |log| of the mixture weights (finite ones): they enter every mixture term. */
-static double log_weights(const div_case *c) {
-    double w = c->divergence == KDLOSS_DIV_JSD ? c->beta : c->alpha, s = 0;
-    if (w > 0 && w < 1) s = fabs(log(w)) + fabs(log1p(-w));
-    return s;
 }
 
 static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, int pad,
@@ -45,7 +32,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
     double *xd = malloc(sizeof(double) * bt * v), *td = malloc(sizeof(double) * bt * v);
     int shift = (int)kt_randint(rng, KT_ROW_KINDS);
     kt_gen_logprobs(rng, xd, bt, v, !fwd_like(dc), shift);
-    kt_gen_logprobs(rng, td, bt, v, !rev_like(dc), shift + 2);
+    kt_gen_logprobs(rng, td, bt, v, !kt_div_rev_like(dc), shift + 2);
     kt_round_to(xd, bt * v, xdt);
     kt_round_to(td, bt * v, tdt);
     void *x = kt_pack(xd, bt, v, ldx, xdt), *t = kt_pack(td, bt, v, ldt, tdt);
@@ -57,7 +44,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
     }
     kdloss_distill_params p;
     kdloss_distill_params_default(&p);
-    p.div = div_of(dc);
+    p.div = *dc;
     p.grad_scale = 2.0;
     size_t es = kdloss_dtype_size(xdt);
     void *g = malloc((size_t)(bt * ldx) * es);
@@ -74,10 +61,10 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
     if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
         int64_t nv = 0;
         for (int64_t r = 0; r < bt; r++) nv += !lab || lab[r] != -100;
-        double denom = nv ? (double)nv : 1.0, total = 0, tmag = 0, lw = log_weights(dc);
+        double denom = nv ? (double)nv : 1.0, total = 0, tmag = 0, lw = kt_div_log_weights(dc);
         double geps = xdt == KDLOSS_F32 ? 0 : kt_eps(xdt);
         int bad = 0;
-        kdloss_div_params d = div_of(dc);
+        kdloss_div_params d = *dc;
         for (int64_t r = 0; r < bt; r++) {
             int ign = lab && lab[r] == -100;
             double rs = 0, rmag = 0;
@@ -119,7 +106,7 @@ static void check_far_below(void) {
     for (int i = 0; i < NDIV; i++) {
         kdloss_distill_params p;
         kdloss_distill_params_default(&p);
-        p.div = div_of(&DIVS[i]);
+        p.div = DIVS[i];
         kdloss_labels nol = {NULL, KDLOSS_I64};
         kdloss_status st = kdloss_distill(&p, 2, V, (kdloss_cmat){x, KDLOSS_F32, 0},
                                           (kdloss_cmat){t, KDLOSS_F32, 0}, nol, &loss, rows,
@@ -139,7 +126,7 @@ static void check_finite_differences(kt_rng *rng) {
     enum { BT = 3, V = 7 };
     for (int i = 0; i < NDIV; i++) {
         const div_case *dc = &DIVS[i];
-        kdloss_div_params d = div_of(dc);
+        kdloss_div_params d = *dc;
         double xd[BT * V], td[BT * V];
         kt_gen_logprobs(rng, xd, BT, V, 0, 0);
         kt_gen_logprobs(rng, td, BT, V, 0, 3);

@@ -10,35 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "div_cases.h"
 #include "reference.h"
 #include "testutil.h"
 
 #define U 0x1p-24
 
-typedef struct {
-    kdloss_divergence d;
-    double beta, alpha;
-} div_case;
-
-static const div_case DIVS[] = {
-    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.5, 0.1},
-    {KDLOSS_DIV_JSD, 1.0, 0.1},             {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_TVD, 0.5, 0.1},
-};
+typedef kdloss_div_params div_case;
+static const div_case DIVS[] = KT_DIV_CASES_LOGITS_INIT;
 #define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
-
-static kdloss_div_params div_of(const div_case *c) {
-    kdloss_div_params d = {c->d, c->beta, c->alpha};
-    return d;
-}
-
-static double log_weights(const div_case *c) {
-    double w = c->d == KDLOSS_DIV_JSD ? c->beta : c->alpha, s = 0;
-    if (w > 0 && w < 1) s = fabs(log(w)) + fabs(log1p(-w));
-    return s;
-}
 
 /* log_softmax(z / T) of one row in double. */
 static void ref_log_softmax(const double *z, int64_t v, double t, double *out) {
@@ -109,7 +89,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
     }
     kdloss_distill_logits_params p;
     kdloss_distill_logits_params_default(&p);
-    p.div = div_of(dc);
+    p.div = *dc;
     p.temperature = t;
     p.ignore_index = -7;
     p.grad_scale = 2.0;
@@ -123,15 +103,15 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
                                              (kdloss_mat){g, xdt, ldx});
     char tag[200];
     snprintf(tag, sizeof tag, "logits %s %s beta=%g alpha=%g T=%g x=%s t=%s labels=%d v=%lld",
-             isa, kdloss_divergence_name(dc->d), dc->beta, dc->alpha, t, kt_dtype_name(xdt),
+             isa, kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, t, kt_dtype_name(xdt),
              kt_dtype_name(tdt), label_mode, (long long)v);
     if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
         int64_t nv = 0;
         for (int64_t r = 0; r < bt; r++) nv += !lab || lab[r] != -7;
-        double denom = nv ? (double)nv : 1.0, total = 0, tmag = 0, lw = log_weights(dc);
+        double denom = nv ? (double)nv : 1.0, total = 0, tmag = 0, lw = kt_div_log_weights(dc);
         double geps = xdt == KDLOSS_F32 ? 0 : kt_eps(xdt), sc = p.grad_scale / denom;
         double *dz = malloc(sizeof(double) * v), *gm = malloc(sizeof(double) * v);
-        kdloss_div_params d = div_of(dc);
+        kdloss_div_params d = *dc;
         int bad = 0;
         for (int64_t r = 0; r < bt; r++) {
             int ign = lab && lab[r] == -7;
@@ -144,7 +124,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
                 double want = ign ? 0.0 : dz[k] * sc;
                 double gtol = ign ? 0.0 : 64 * U * gm[k] * sc + geps * fabs(want) + kt_tiny(xdt);
                 /* TVD: where P and Q agree to fp32 rounding, the subgradient's sign may differ */
-                if (!ign && dc->d == KDLOSS_DIV_TVD) gtol += 2 * (exp(xr[k]) + exp(yr[k])) * sc / t;
+                if (!ign && dc->divergence == KDLOSS_DIV_TVD) gtol += 2 * (exp(xr[k]) + exp(yr[k])) * sc / t;
                 if (bad < 3 && !kt_close(kt_get(g, xdt, ldx, r, k), want, gtol, 0,
                                          "%s grad[%lld,%lld]", tag, (long long)r, (long long)k))
                     bad++;
@@ -185,7 +165,7 @@ static void check_finite_differences(kt_rng *rng) {
     const double ts[] = {1.0, 2.5, 0.5};
     for (int i = 0; i < NDIV; i++) {
         const div_case *dc = &DIVS[i];
-        kdloss_div_params d = div_of(dc);
+        kdloss_div_params d = *dc;
         double t = ts[i % 3];
         double zd[BT * V], td[BT * V], dz[V], gm[V], dd[V], mag;
         kt_gen_logprobs(rng, zd, BT, V, 0, 0);
@@ -211,11 +191,11 @@ static void check_finite_differences(kt_rng *rng) {
                 zd[k] = keep - h;
                 double fm = ref_row(&d, zd + r * V, td + r * V, V, t, dd, gm, &mag, 0);
                 zd[k] = keep;
-                if (dc->d != KDLOSS_DIV_TVD)
+                if (dc->divergence != KDLOSS_DIV_TVD)
                     kt_close(dz[c], (fp - fm) / (2 * h), 1e-8, 1e-5,
                              "reference FD %s beta=%g alpha=%g T=%g [%d]",
-                             kdloss_divergence_name(dc->d), dc->beta, dc->alpha, t, k);
-                if (dc->d == KDLOSS_DIV_TVD) continue; /* kinks within h */
+                             kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, t, k);
+                if (dc->divergence == KDLOSS_DIV_TVD) continue; /* kinks within h */
                 float hf = 1e-2f, kf = z[k];
                 z[k] = kf + hf;
                 kdloss_distill_logits(&p, BT, V, a, b, nol, &lp, NULL, nomat);
@@ -225,9 +205,9 @@ static void check_finite_differences(kt_rng *rng) {
                 double lfd = ((double)lp - lm) / (2.0 * hf);
                 kt_close(g[k], lfd, 2e-3 * (1 + fabs(l0)), 2e-2,
                          "library FD %s beta=%g alpha=%g T=%g [%d]",
-                         kdloss_divergence_name(dc->d), dc->beta, dc->alpha, t, k);
+                         kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, t, k);
                 kt_close(g[k], dz[c] / BT, 1e-5, 1e-3, "library vs reference %s [%d]",
-                         kdloss_divergence_name(dc->d), k);
+                         kdloss_divergence_name(dc->divergence), k);
             }
         }
     }
@@ -328,7 +308,7 @@ static void check_streamed(kt_rng *rng) {
     p.temperature = 2.0;
     kdloss_labels nol = {NULL, KDLOSS_I64};
     for (int i = 0; i < NDIV; i += 3) {
-        p.div = div_of(&DIVS[i]);
+        p.div = DIVS[i];
         p.grad_scale = 1.0;
         kdloss_status st = kdloss_distill_logits(&p, bt, v, (kdloss_cmat){x, KDLOSS_F32, 0},
                                                  (kdloss_cmat){t, KDLOSS_F32, 0}, nol, NULL, r1,
@@ -342,7 +322,7 @@ static void check_streamed(kt_rng *rng) {
         for (int64_t e = 0; e < bt * v; e++) diff += fabsf(g1[e] - g2[e]) > 1e-6f * fabsf(g1[e]);
         KT_CHECK(st == KDLOSS_OK && diff == 0 && !memcmp(r1, r2, sizeof(float) * bt),
                  "logits %s: streamed gradient differs in %lld elements (or the row losses)",
-                 kdloss_divergence_name(DIVS[i].d), (long long)diff);
+                 kdloss_divergence_name(DIVS[i].divergence), (long long)diff);
     }
     free(x), free(t), free(g1), free(g2), free(r1), free(r2);
 }

@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "div_cases.h"
 #include "ref_fld.h"
 #include "ref_topk.h"
 #include "reference.h"
@@ -65,34 +66,12 @@
 /* cases                                                                                       */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct {
-    kdloss_divergence d;
-    double beta, alpha;
-} div_case;
-
-static const div_case DIVS[] = {
-    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.5, 0.1},
-    {KDLOSS_DIV_JSD, 1.0, 0.1},             {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_TVD, 0.5, 0.1},
-};
+typedef kdloss_div_params div_case;
+static const div_case DIVS[] = KT_DIV_CASES_LOGITS_INIT;
 #define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
 
-static kdloss_div_params div_of(const div_case *c) {
-    kdloss_div_params d = {c->d, c->beta, c->alpha};
-    return d;
-}
-
 /* Tail modes a divergence runs with: bucket and renorm_both; renorm_teacher for forward KL. */
-static int n_tails(const div_case *c) { return c->d == KDLOSS_DIV_FORWARD_KL ? 3 : 2; }
-
-/* Divergences whose loss is infinite for a teacher log-prob of -inf where Q > 0 (reverse KL and
- * its aliases): the tests give them finite teachers only. */
-static int reverse_like(const div_case *c) {
-    return c->d == KDLOSS_DIV_REVERSE_KL || (c->d == KDLOSS_DIV_JSD && c->beta == 1.0) ||
-           (c->d == KDLOSS_DIV_SKEW_REVERSE_KL && c->alpha == 0.0);
-}
+static int n_tails(const div_case *c) { return c->divergence == KDLOSS_DIV_FORWARD_KL ? 3 : 2; }
 
 static const char *tail_name(int tail) { return kdloss_topk_tail_name((kdloss_topk_tail)tail); }
 
@@ -274,7 +253,7 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
     gen_logits(rng, zs, bt, v, shift, 1.0 + kt_uniform(rng));
     kt_round_to(zs, bt * v, xdt);
     void *x = kt_pack(zs, bt, v, ldx, xdt);
-    int allow_ninf = !lc->random_ids && !reverse_like(dc);
+    int allow_ninf = !lc->random_ids && !kt_div_rev_like(dc);
     kt_gen_logprobs(rng, full, bt, v, allow_ninf, shift + 2);
     teacher te;
     teacher_make(&te, rng, full, bt, v, k, lc->random_ids, lc->unused_mode ? 0.25 : 0.0,
@@ -293,7 +272,7 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
 
     kdloss_topk_distill_params p;
     kdloss_topk_distill_params_default(&p);
-    p.div = div_of(dc);
+    p.div = *dc;
     p.tail = (kdloss_topk_tail)lc->tail;
     p.temperature = lc->t;
     p.ignore_index = IGN;
@@ -317,7 +296,7 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
     snprintf(tag, sizeof tag,
              "logits %s %s beta=%g alpha=%g tail=%s T=%g gs=%g x=%s lp=%s ids=%s labels=%d "
              "v=%lld k=%lld bt=%lld %s unused=%d pad=%d",
-             isa, kdloss_divergence_name(dc->d), dc->beta, dc->alpha, tail_name(lc->tail), lc->t,
+             isa, kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, tail_name(lc->tail), lc->t,
              lc->grad_scale, kt_dtype_name(xdt), kt_dtype_name(lc->ldt), kt_dtype_name(lc->idt),
              lc->label_mode, (long long)v, (long long)k, (long long)bt,
              lc->random_ids ? "random-ids" : "top-ids", lc->unused_mode, lc->pad);
@@ -327,7 +306,7 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
         double denom = nv ? (double)nv : 1.0, total = 0.0, ttol = 0.0;
         double geps = xdt == KDLOSS_F32 ? 0.0 : kt_eps(xdt), sc = p.grad_scale / denom;
         double *dz = DALLOC(v), *dm = DALLOC(v), *dcn = DALLOC(v);
-        kdloss_div_params d = div_of(dc);
+        kdloss_div_params d = *dc;
         int bad = 0;
         for (int64_t r = 0; r < bt; r++) {
             int ign = lc->label_mode && lab64[r] == IGN;
@@ -453,11 +432,11 @@ static void check_dense(kt_rng *rng) {
             kdloss_labels nol = {NULL, KDLOSS_I64};
             kdloss_topk_distill_params p;
             kdloss_topk_distill_params_default(&p);
-            p.div = div_of(dc);
+            p.div = *dc;
             p.temperature = t;
             kdloss_distill_logits_params pd;
             kdloss_distill_logits_params_default(&pd);
-            pd.div = div_of(dc);
+            pd.div = *dc;
             pd.temperature = t;
             kdloss_status s1 = kdloss_topk_distill_logits(&p, bt, v, (kdloss_cmat){z32, KDLOSS_F32, 0},
                                                           teacher_view(&te), nol, &l1, r1,
@@ -467,9 +446,9 @@ static void check_dense(kt_rng *rng) {
                                                      r2, (kdloss_mat){g2, KDLOSS_F32, 0});
             char tag[160];
             snprintf(tag, sizeof tag, "K=V bucket vs dense %s beta=%g alpha=%g v=%lld T=%g",
-                     kdloss_divergence_name(dc->d), dc->beta, dc->alpha, (long long)v, t);
+                     kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, (long long)v, t);
             if (KT_CHECK(s1 == KDLOSS_OK && s2 == KDLOSS_OK, "%s: status %d %d", tag, s1, s2)) {
-                kdloss_div_params d = div_of(dc);
+                kdloss_div_params d = *dc;
                 double *dz = DALLOC(v), *dm = DALLOC(v), *dcn = DALLOC(v), ltol = 0.0;
                 int bad = 0;
                 for (int64_t r = 0; r < bt; r++) {
@@ -514,9 +493,9 @@ static void check_finite_differences(kt_rng *rng) {
         for (int tail = 0; tail < n_tails(&DIVS[i]); tail++)
             for (int vv = 0; vv < 2; vv++, n++) {
                 const div_case *dc = &DIVS[i];
-                if (dc->d == KDLOSS_DIV_TVD) continue;
+                if (dc->divergence == KDLOSS_DIV_TVD) continue;
                 int64_t v = vv ? K : VMAX;
-                kdloss_div_params d = div_of(dc);
+                kdloss_div_params d = *dc;
                 double t = ts[n % 3];
                 double zd[BT * VMAX], full[BT * VMAX], dz[VMAX], dd[VMAX];
                 kt_gen_logprobs(rng, zd, BT, v, 0, n);
@@ -555,7 +534,7 @@ static void check_finite_differences(kt_rng *rng) {
                                                               (kdloss_mat){g, KDLOSS_F32, 0});
                 char tag[160];
                 snprintf(tag, sizeof tag, "%s beta=%g alpha=%g tail=%s T=%g v=%lld",
-                         kdloss_divergence_name(dc->d), dc->beta, dc->alpha, tail_name(tail), t,
+                         kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, tail_name(tail), t,
                          (long long)v);
                 KT_CHECK(st == KDLOSS_OK, "FD %s: %s", tag, kdloss_status_string(st));
                 for (int r = 0; r < BT; r++) {
@@ -890,7 +869,7 @@ static void grid_fused(kt_rng *rng) {
                 if (n % 6 == 5) flags |= FZ_WORKSPACE;
                 kdloss_fused_linear_topk_distill_params prm;
                 kdloss_fused_linear_topk_distill_params_default(&prm);
-                prm.div = div_of(dc);
+                prm.div = *dc;
                 prm.tail = (kdloss_topk_tail)tail;
                 prm.temperature = t;
                 prm.weight_hard_loss = flags & FZ_NOLABELS ? 0.0 : WH[n % 3];
@@ -910,7 +889,7 @@ static void grid_fused(kt_rng *rng) {
                 snprintf(ctx, sizeof ctx,
                          "fused %s %s beta=%g alpha=%g tail=%s %s bias=%d v=%lld k=%lld T=%g "
                          "w=%g/%g t2=%d gs=%g chunk=%lld budget=%zu labels=%s lp=%s ws=%d",
-                         kdloss_cpu_isa_name(isas[n % nisa]), kdloss_divergence_name(dc->d),
+                         kdloss_cpu_isa_name(isas[n % nisa]), kdloss_divergence_name(dc->divergence),
                          dc->beta, dc->alpha, tail_name(tail), kt_dtype_name(dt), bias,
                          (long long)v, (long long)k, t, prm.weight_hard_loss,
                          prm.weight_soft_loss, prm.t2_scale, prm.grad_scale,
@@ -1096,11 +1075,11 @@ static void check_errors_logits(void) {
         EXPECT(KDLOSS_ERR_INVALID_PARAM, call_la(a), "logits: unknown tail");
     }
     for (int i = 1; i < NDIV; i++) {
-        if (DIVS[i].d == KDLOSS_DIV_FORWARD_KL) continue;
-        a = a0, a.p.tail = KDLOSS_TAIL_RENORM_TEACHER, a.p.div = div_of(&DIVS[i]);
+        if (DIVS[i].divergence == KDLOSS_DIV_FORWARD_KL) continue;
+        a = a0, a.p.tail = KDLOSS_TAIL_RENORM_TEACHER, a.p.div = DIVS[i];
         char w[96];
         snprintf(w, sizeof w, "logits: renorm_teacher with %s beta=%g alpha=%g",
-                 kdloss_divergence_name(DIVS[i].d), DIVS[i].beta, DIVS[i].alpha);
+                 kdloss_divergence_name(DIVS[i].divergence), DIVS[i].beta, DIVS[i].alpha);
         EXPECT(KDLOSS_ERR_INVALID_PARAM, call_la(a), w);
     }
     a = a0, a.p.tail = KDLOSS_TAIL_RENORM_TEACHER;
@@ -1347,7 +1326,7 @@ static void check_threads(kt_rng *rng) {
                 kdloss_topk_distill_params p;
                 kdloss_topk_distill_params_default(&p);
                 p.tail = (kdloss_topk_tail)tail;
-                p.div = div_of(&DIVS[tail == 2 ? 0 : di ? 3 : 7]);
+                p.div = DIVS[tail == 2 ? 0 : di ? 3 : 7];
                 p.temperature = 0.7;
                 float l[2], *rows[2], *g[2];
                 for (int th = 0; th < 2; th++) {
@@ -1377,7 +1356,7 @@ static void check_threads(kt_rng *rng) {
                     KDLOSS_F32, 5);
             kdloss_fused_linear_topk_distill_params prm;
             kdloss_fused_linear_topk_distill_params_default(&prm);
-            prm.div = div_of(&DIVS[3]);
+            prm.div = DIVS[3];
             prm.tail = mode ? KDLOSS_TAIL_RENORM_BOTH : KDLOSS_TAIL_BUCKET;
             prm.temperature = 1.5;
             prm.weight_hard_loss = mode ? 0.0 : 0.5;
