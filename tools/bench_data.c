@@ -56,6 +56,16 @@ void kb_fill_uniform(void *dst, kdloss_dtype dt, size_t n, float lo, float hi, u
 }
 
 /* A fresh generator for row r: rows are independent of the thread that draws them. */
+/* One thread's row of v floats for the generators (exits when out of memory, as kb_alloc). */
+static float *row_buffer(int64_t v) {
+    float *z = malloc((size_t)v * sizeof *z);
+    if (!z) {
+        fprintf(stderr, "kdloss bench: out of memory (row buffer)\n");
+        exit(1);
+    }
+    return z;
+}
+
 static void row_rng(kt_rng *g, uint64_t seed, int64_t r) {
     kt_rng_seed(g, seed * 0x9e3779b97f4a7c15ull ^ (uint64_t)r * 0xd1b54a32d192ed03ull);
 }
@@ -98,11 +108,7 @@ static void fill_rows(void *dst, kdloss_dtype dt, int64_t bt, int64_t v, uint64_
                       int as_probs) {
 #pragma omp parallel
     {
-        float *z = malloc((size_t)v * sizeof *z);
-        if (!z) {
-            fprintf(stderr, "kdloss bench: out of memory (row buffer)\n");
-            exit(1);
-        }
+        float *z = row_buffer(v);
         kt_rng g;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < bt; r++) {
@@ -154,11 +160,7 @@ void kb_fill_topk_teacher(int32_t *ids, float *logprobs, int64_t bt, int64_t v, 
                           double scale, uint64_t seed) {
 #pragma omp parallel
     {
-        float *z = malloc((size_t)v * sizeof *z);
-        if (!z) {
-            fprintf(stderr, "kdloss bench: out of memory (row buffer)\n");
-            exit(1);
-        }
+        float *z = row_buffer(v);
         kt_rng g;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < bt; r++) {
