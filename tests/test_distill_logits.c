@@ -4,11 +4,14 @@
  * student dtype x teacher dtype x labels (none, some ignored, all ignored) x V x temperature x
  * row stride x CPU path, on rows of every kind (normal, peaked, far below exp's range, flat)
  * shifted by large offsets (logits near -1e4); finite differences of the reference and of the
- * library; in place; no-gradient calls; argument checks (nothing written on error). */
+ * library; in place; no-gradient calls; the same bits on 1, 2 and 3 threads; argument checks
+ * (nothing written on error). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <omp.h>
 
 #include "div_cases.h"
 #include "reference.h"
@@ -327,6 +330,59 @@ static void check_streamed(kt_rng *rng) {
     free(x), free(t), free(g1), free(g2), free(r1), free(r2);
 }
 
+/* fp32 rows run pipelined, each thread through its own span of rows (a row finishes while the
+ * next starts): 1, 2 and 3 threads must give the same bits (the loss, every row, the gradient),
+ * with ignored rows at the spans' ends and in between, on every path, and the losses without
+ * the gradient the same bits again. V = 2500: two whole tiles and a tail with a partial vector. */
+static void check_threads(kt_rng *rng) {
+    enum { BT = 31, V = 2500 };
+    float *x = malloc(sizeof(float) * BT * V), *t = malloc(sizeof(float) * BT * V);
+    float *g[3], rows[3][BT], loss[3];
+    for (int i = 0; i < 3; i++) g[i] = malloc(sizeof(float) * BT * V);
+    for (int64_t i = 0; i < BT * V; i++)
+        x[i] = (float)(12 * kt_uniform(rng) - 6), t[i] = (float)(9 * kt_uniform(rng));
+    int64_t lab[BT];
+    for (int r = 0; r < BT; r++) lab[r] = r; /* ignored: the first and last rows, 10, 15, 16, 20 */
+    lab[0] = lab[10] = lab[15] = lab[16] = lab[20] = lab[BT - 1] = -100;
+    kdloss_labels labels = {lab, KDLOSS_I64};
+    kdloss_cmat a = {x, KDLOSS_F32, 0}, b = {t, KDLOSS_F32, 0};
+    int nt = omp_get_max_threads();
+    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
+        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) continue;
+        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
+        for (int i = 0; i < NDIV; i++) {
+            kdloss_distill_logits_params p;
+            kdloss_distill_logits_params_default(&p);
+            p.div = DIVS[i];
+            p.temperature = i % 2 ? 1.5 : 1.0;
+            kdloss_status st = KDLOSS_OK;
+            for (int k = 0; k < 3; k++) {
+                omp_set_num_threads(k + 1);
+                kt_poison(g[k], BT * V, KDLOSS_F32);
+                st |= kdloss_distill_logits(&p, BT, V, a, b, labels, &loss[k], rows[k],
+                                            (kdloss_mat){g[k], KDLOSS_F32, 0});
+            }
+            float l4 = NAN, rows4[BT];
+            st |= kdloss_distill_logits(&p, BT, V, a, b, labels, &l4, rows4,
+                                        (kdloss_mat){NULL, KDLOSS_F32, 0});
+            omp_set_num_threads(nt);
+            int same = st == KDLOSS_OK && !memcmp(&l4, &loss[0], 4) &&
+                       !memcmp(rows4, rows[0], sizeof rows4);
+            for (int k = 1; k < 3; k++)
+                same = same && !memcmp(&loss[k], &loss[0], 4) &&
+                       !memcmp(rows[k], rows[0], sizeof rows[0]) &&
+                       !memcmp(g[k], g[0], sizeof(float) * BT * V);
+            KT_CHECK(same && isfinite(loss[0]) && loss[0] >= 0,
+                     "logits %s %s: 1, 2, 3 threads or no gradient give different bits",
+                     kdloss_cpu_isa_name((kdloss_cpu_isa)isa),
+                     kdloss_divergence_name(DIVS[i].divergence));
+        }
+    }
+    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+    free(x), free(t);
+    for (int i = 0; i < 3; i++) free(g[i]);
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
@@ -355,6 +411,7 @@ int main(void) {
     }
     kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
     check_finite_differences(&rng);
+    check_threads(&rng);
     if (!kt_quick()) check_streamed(&rng);
     check_api();
     return kt_finish("test_distill_logits");

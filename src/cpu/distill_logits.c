@@ -11,8 +11,9 @@
  *   - teacher: the teacher row itself when it is fp32 and no gradient is wanted (the kernel only
  *     reads it then), else a copy in a per-thread buffer.
  * A dense teacher on the AVX2 / AVX-512 paths takes the logits row kernel instead
- * (logits_rows.h: two exps an element, the divergence in div_elem.h's KDE_PQ form), reading
- * fp32 rows in place and widening narrower ones into per-thread buffers.
+ * (logits_rows.h: two exps an element, the divergence in div_elem.h's KDE_PQ form): fp32 rows
+ * in place, each thread pipelining its span of rows (one row's last pass interleaved with the
+ * next row's first); narrower ones widened into per-thread buffers, one row at a time.
  * Rows run on OpenMP threads through kd_rows_sum, whose summation order depends on BT alone. */
 #include <math.h>
 #include <stdlib.h>
@@ -27,13 +28,17 @@
 #include "logits_rows.h"
 #include "topk.h"
 
+/* How far, in columns, pass 1 of a pipelined row fetches ahead of its reads (into L1). */
+#define KD_LR_AHEAD 2048
+
 /* One call: the elementwise job (first member: kd_rows_sum hands it back to the row function)
  * and what the row kernel needs besides. */
 typedef struct dl_job {
     kd_ew_job ew;
     kd_fld_rows tmpl;   /* n = 1; zs, zt, tk, row0, row_soft/row_hard set per row */
     void (*rows)(const kd_fld_rows *);
-    double (*lrow)(const kd_lrow *); /* the dense logits kernel, or NULL (scalar path, top-k) */
+    double (*lstep)(kd_lrow *, kd_lrow *); /* the dense logits kernel, or NULL (scalar path,
+                                              top-k) */
     kd_lrow ltmpl;      /* its per-call fields; the row pointers set per row */
     kdloss_topk_teacher topk; /* a sparse teacher (k > 0), its lds effective; k = 0: dense */
     float *bufs;        /* per thread: v floats for the student, then v floats for a dense
@@ -63,35 +68,94 @@ static void narrow_row(const float *src, int64_t v, kdloss_dtype dt, void *dst) 
         for (int64_t c = 0; c < v; c++) d[c] = kd_f32_to_f16(src[c]);
 }
 
-/* The per-thread buffer of a dense row on the vector paths: es, et, then the widened student
- * and teacher rows when they are not fp32 (4 rows of v floats, each on a cache line), then
- * 4 doubles a tile of KD_FLD_TILE columns. */
-static double logits_row_dense(const dl_job *j, int64_t r, const char *xs, const char *xt,
-                               char *g, float *buf) {
+/* The per-thread buffer of the dense logits kernel: two slots of es, et (v floats each, on
+ * cache lines), then two of tiles (4 doubles a tile of KD_FLD_TILE columns). A row alone uses
+ * slot 0 and widens narrower logits into slot 1's es, et; the pipelined rows alternate. */
+static float *slot_e(const dl_job *j, float *buf, int i) {
+    return buf + 2 * i * ((j->ew.v + 15) / 16 * 16);
+}
+static double *slot_tiles(const dl_job *j, float *buf, int i) {
+    int64_t vp = (j->ew.v + 15) / 16 * 16, tf = (8 * j->ltmpl.ntiles + 15) / 16 * 16;
+    return (double *)(buf + 4 * vp + i * tf); /* 64-byte aligned: vp, tf multiples of 16 */
+}
+
+/* Row r's kernel arguments: in slot i of buf, dz = g (fp32) and streamed when the call asked
+ * for it and the row is aligned, the next row (r + 1 < end) fetched ahead. */
+static kd_lrow dense_args(const dl_job *j, int64_t r, int64_t end, const char *xs, const char *xt,
+                          char *g, float *buf, int i) {
     const kd_ew_job *ew = &j->ew;
-    int64_t v = ew->v, vp = (v + 15) / 16 * 16;
     size_t xes = kdloss_dtype_size(ew->xdt), tes = kdloss_dtype_size(ew->tdt);
+    int64_t vp = (ew->v + 15) / 16 * 16;
     kd_lrow a = j->ltmpl;
-    a.es = buf;
-    a.et = buf + vp;
-    a.tiles = (double *)(buf + 4 * vp); /* 64-byte aligned: vp is a multiple of 16 */
+    a.es = slot_e(j, buf, i);
+    a.et = a.es + vp;
+    a.tiles = slot_tiles(j, buf, i);
     a.zs = (const float *)xs;
     a.zt = (const float *)xt;
-    if (ew->xdt != KDLOSS_F32) widen_row(xs, ew->xdt, v, buf + 2 * vp), a.zs = buf + 2 * vp;
-    if (ew->tdt != KDLOSS_F32) widen_row(xt, ew->tdt, v, buf + 3 * vp), a.zt = buf + 3 * vp;
-    /* fp32 gradient: written in place (streamed when the call asked for it and the row is
-     * aligned); narrower: over es (pass 4 reads es[c] before it writes dz[c]), then narrowed */
-    a.dz = !g ? NULL : ew->xdt == KDLOSS_F32 ? (float *)g : a.es;
+    a.dz = (float *)g;
     a.nt = g && ew->stream_grad && ew->xdt == KDLOSS_F32 && (uintptr_t)g % 64 == 0;
-    if (r + 1 < j->bt) { /* with a static schedule, usually this thread's next row */
+    a.pf_off = KD_LR_AHEAD < ew->v ? KD_LR_AHEAD : ew->v;
+    if (r + 1 < end) {
         a.next_s = xs + (size_t)ew->ldx * xes;
         a.next_t = xt + (size_t)ew->ldt * tes;
         a.next_es = (int64_t)xes;
         a.next_et = (int64_t)tes;
     }
-    double soft = j->lrow(&a);
+    return a;
+}
+
+/* A dense row alone on the vector paths (logits narrower than fp32, widened into slot 1): pass
+ * 1 fetches the whole next row meanwhile, so that its widening finds it in cache. The gradient,
+ * when narrower, goes over es (the last pass reads es[c] before it writes dz[c]), then is
+ * narrowed. */
+static double logits_row_dense(const dl_job *j, int64_t r, const char *xs, const char *xt,
+                               char *g, float *buf) {
+    const kd_ew_job *ew = &j->ew;
+    int64_t v = ew->v;
+    kd_lrow a = dense_args(j, r, j->bt, xs, xt, g, buf, 0);
+    float *ws = slot_e(j, buf, 1), *wt = ws + (v + 15) / 16 * 16; /* slot 1's es, et */
+    a.pf_off = v;
+    if (ew->xdt != KDLOSS_F32) widen_row(xs, ew->xdt, v, ws), a.zs = ws;
+    if (ew->tdt != KDLOSS_F32) widen_row(xt, ew->tdt, v, wt), a.zt = wt;
+    if (g && ew->xdt != KDLOSS_F32) a.dz = a.es;
+    j->lstep(NULL, &a);
+    double soft = j->lstep(&a, NULL);
     if (g && ew->xdt != KDLOSS_F32) narrow_row(a.es, v, ew->xdt, g);
     return soft;
+}
+
+/* fp32 logits on the vector paths: each thread runs a contiguous span of rows, every step
+ * finishing one row while it starts the next (kd_logits_step), the two rows' scratch in
+ * alternate slots. Row values into rl[bt], summed as kd_rows_sum would. */
+static double run_pipelined(const dl_job *j, double *rl, float *row_loss) {
+    const kd_ew_job *ew = &j->ew;
+    int64_t bt = j->bt, v = ew->v;
+#pragma omp parallel if (kd_rows_parallel(bt, v))
+    {
+        int nt = omp_get_num_threads(), tid = omp_get_thread_num();
+        int64_t lo = bt * tid / nt, hi = bt * (tid + 1) / nt;
+        float *buf = j->bufs + (size_t)(tid < j->nthreads ? tid : 0) * (size_t)j->buf_stride;
+        kd_lrow rows[2], *prev = NULL;
+        int64_t prev_r = 0;
+        for (int64_t r = lo; r < hi; r++) {
+            const char *xs = ew->x + (size_t)(r * ew->ldx) * sizeof(float);
+            const char *xt = ew->t + (size_t)(r * ew->ldt) * sizeof(float);
+            char *g = ew->g ? ew->g + (size_t)(r * ew->ldg) * sizeof(float) : NULL;
+            if (kd_row_ignored(ew, r)) {
+                if (g) memset(g, 0, (size_t)v * sizeof(float));
+                rl[r] = 0.0;
+                continue;
+            }
+            int i = prev == rows ? 1 : 0;
+            rows[i] = dense_args(j, r, hi, xs, xt, g, buf, i);
+            double l = j->lstep(prev, &rows[i]);
+            if (prev) rl[prev_r] = l;
+            prev = &rows[i];
+            prev_r = r;
+        }
+        if (prev) rl[prev_r] = j->lstep(prev, NULL);
+    }
+    return kd_rows_total(bt, rl, row_loss);
 }
 
 static double logits_row(const kd_ew_job *ew, int64_t r) {
@@ -107,7 +171,7 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     }
     int tid = omp_get_thread_num();
     if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
-    if (j->lrow)
+    if (j->lstep)
         return logits_row_dense(j, r, xs, xt, g, j->bufs + (size_t)tid * (size_t)j->buf_stride);
     /* the second part starts on a cache line: its top-k scratch holds int64 and double */
     float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + (v + 15) / 16 * 16;
@@ -151,10 +215,10 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     return soft;
 }
 
-static double (*logits_kernel(void))(const kd_lrow *) {
+static double (*logits_kernel(void))(kd_lrow *, kd_lrow *) {
     switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_logits_row_avx512;
-    case KDLOSS_ISA_AVX2: return kd_logits_row_avx2;
+    case KDLOSS_ISA_AVX512: return kd_logits_step_avx512;
+    case KDLOSS_ISA_AVX2: return kd_logits_step_avx2;
     default: return NULL;
     }
 }
@@ -179,16 +243,24 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
                                               kd_fld_n_stats(job->topk.k) * sizeof(double)) /
                                              sizeof(float))
                                  : v;
-    job->lrow = job->topk.k ? NULL : logits_kernel();
+    job->lstep = job->topk.k ? NULL : logits_kernel();
     job->bt = bt;
     job->ltmpl.ntiles = (v + KD_FLD_TILE - 1) / KD_FLD_TILE;
-    job->buf_stride = job->lrow ? 4 * ((v + 15) / 16 * 16) + (8 * job->ltmpl.ntiles + 15) / 16 * 16
-                                : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
+    job->buf_stride = job->lstep
+                          ? 4 * ((v + 15) / 16 * 16) + 2 * ((8 * job->ltmpl.ntiles + 15) / 16 * 16)
+                          : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
+    /* fp32 logits on the vector paths run pipelined, their row values kept in double */
+    int pipelined = job->lstep && job->ew.xdt == KDLOSS_F32 && job->ew.tdt == KDLOSS_F32;
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;
+    double *rl = NULL;
+    if (pipelined && !(rl = malloc((size_t)bt * sizeof *rl))) return KDLOSS_ERR_OUT_OF_MEMORY;
     size_t bytes = (size_t)job->nthreads * (size_t)job->buf_stride * sizeof(float);
     job->bufs = aligned_alloc(64, bytes);
-    if (!job->bufs) return KDLOSS_ERR_OUT_OF_MEMORY;
+    if (!job->bufs) {
+        free(rl);
+        return KDLOSS_ERR_OUT_OF_MEMORY;
+    }
 
     double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
     kd_fld_rows *a = &job->tmpl;
@@ -219,7 +291,9 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     job->ew.stream_grad =
         grad.data && bt * v * (int64_t)kdloss_dtype_size(job->ew.xdt) > KD_STREAM_BYTES;
     job->ew.want_loss = 1;
-    double total = kd_rows_sum(bt, logits_row, &job->ew, row_loss);
+    double total = pipelined ? run_pipelined(job, rl, row_loss)
+                             : kd_rows_sum(bt, logits_row, &job->ew, row_loss);
+    free(rl);
     free(job->bufs);
     if (loss) *loss = (float)(total / denom);
     return KDLOSS_OK;

@@ -51,6 +51,13 @@ double kd_div_row_avx512(const kd_ew_job *job, int64_t row);
  * row_loss, if not NULL, receives each row's value as fp32. */
 double kd_rows_sum(int64_t bt, kd_row_fn fn, const kd_ew_job *job, float *row_loss);
 
+/* The same sum for row values already computed (rl[bt], in double), for a caller that runs its
+ * rows its own way: the same bits as kd_rows_sum with those values. */
+double kd_rows_total(int64_t bt, const double *rl, float *row_loss);
+
+/* 1 if a call of bt rows of v columns is worth running on OpenMP threads (kd_rows_sum's test). */
+int kd_rows_parallel(int64_t bt, int64_t v);
+
 /* 1 if row r is skipped because its label is ignore_index. */
 static inline int kd_row_ignored(const kd_ew_job *j, int64_t r) {
     if (!j->labels.data) return 0;

@@ -7,10 +7,13 @@
  *   3. X = (zs - ms) / T - log Ss, Y = (zt - mt) / T - log St, Q and P from es and et, the
  *      divergence's terms and g = dD/dX (div_elem.h's KDE_PQ form: P and Q are not exp'd
  *      again), g stored over et, and sum g;
- *   4. dz = gs (g - Q sum g).
+ *   4. dz = gs (g - Q sum g) (forward KL: passes 3 and 4 in one, its sum g being -1).
  * Two exps an element where the log-prob form of the same passes takes four (forward KL) to
  * five (JSD). Sums run in fp32 over tiles of KD_FLD_TILE columns, then in double, so their
- * order depends on V alone. */
+ * order depends on V alone.
+ * A thread runs its rows as a pipeline of steps: pass 3 of one row, then its pass 4 and pass 1
+ * of the next row interleaved column by column, so that the gradient's writes and the next
+ * rows' reads share the memory system; a row's result does not depend on its neighbours. */
 #ifndef KDLOSS_LOGITS_ROWS_H
 #define KDLOSS_LOGITS_ROWS_H
 
@@ -27,16 +30,22 @@ typedef struct kd_lrow {
     float inv_t;          /* 1 / T, rounded to fp32 */
     float gs;             /* grad_scale / (T n_valid) */
     int nt;               /* write dz with streaming stores (fp32 output, 64-byte aligned) */
-    const char *next_s, *next_t; /* the next row's student and teacher (any dtype), prefetched
-                                    into L2 by pass 1; NULL for none */
+    int64_t pf_off;       /* pass 1 prefetches this many columns ahead of its reads: into the
+                             row itself, then into the next row (v: the next row only) */
+    const char *next_s, *next_t; /* the next row's student and teacher (any dtype), or NULL */
     int64_t next_es, next_et;    /* their bytes per column */
     double *tiles;        /* [4 ntiles] scratch: per tile of KD_FLD_TILE columns, the student's
                              max and scale, then the teacher's */
     int64_t ntiles;       /* ceil(v / KD_FLD_TILE) */
+    float ms, mt;         /* set by pass 1: the row maxima of zs and zt */
+    float lss, lst;       /* set by pass 1: log Ss, log St */
 } kd_lrow;
 
-/* One row: returns its divergence; writes dz when a->dz. */
-double kd_logits_row_avx2(const kd_lrow *a);
-double kd_logits_row_avx512(const kd_lrow *a);
+/* One step of a thread's run of rows: the last passes of row d (returns its divergence; writes
+ * d->dz when set) interleaved with pass 1 of row nx (fills its tiles and norms); either may be
+ * NULL. One row alone is step(NULL, a) then step(a, NULL); a run of rows r0, r1, ... is
+ * step(NULL, r0), step(r0, r1), ..., step(rn, NULL). d and nx use separate scratch. */
+double kd_logits_step_avx2(kd_lrow *d, kd_lrow *nx);
+double kd_logits_step_avx512(kd_lrow *d, kd_lrow *nx);
 
 #endif

@@ -3,6 +3,7 @@
  * Every pass runs a row's last partial vector through the same arithmetic as its body
  * (vf_load_n / vf_store_n) and masks the lanes past the end out of every sum. */
 #include <math.h>
+#include <string.h>
 
 #include "fld_rows.h" /* KD_FLD_TILE */
 #include "logits_rows.h"
@@ -22,37 +23,32 @@ static float KD_SFX(lr_max)(const float *z, int64_t v) {
     return vf_hmax(vf_max(vf_max(m0, m1), vf_max(m2, m3)));
 }
 
-/* Pass 1, the row's only read from memory: per tile of KD_FLD_TILE columns, the tile's max m_t,
- * e = exp((z - m_t) it) stored and s_t = sum e (fp32 in the tile, then double) into tmax[t],
- * tsum[t]; returns the row max. Taking the exps at the tile's own max lets one pass both read
- * the row and do its exps (the reads overlap the arithmetic), where a max pass first would
- * wait on memory with nothing to overlap; lr_norm rescales the tiles. A tile of -inf logits
- * has e = 0 (its max taken as 0). pf: the next row's bytes (pf_es a column), fetched into L2
- * meanwhile so that its own pass 1 finds them there; NULL for none. */
-static float KD_SFX(lr_exps)(const float *z, float *e, int64_t v, float it, double *tmax,
-                             double *tsum, const char *pf, int64_t pf_es) {
-    vf vit = vf_set1(it);
-    float m = -INFINITY;
-    for (int64_t t0 = 0, t = 0; t0 < v; t0 += KD_FLD_TILE, t++) {
-        int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v, c = t0;
-        float mt = KD_SFX(lr_max)(z + t0, t1 - t0);
-        vf base = vf_set1(mt == -INFINITY ? 0.0f : mt), acc = vf_zero();
-        for (; c + VL <= t1; c += VL) {
-            if (pf) _mm_prefetch(pf + c * pf_es, _MM_HINT_T1);
-            vf x = vf_exp_nonpos(vf_mul(vf_sub(vf_load(z + c), base), vit));
-            vf_store(e + c, x);
-            acc = vf_add(acc, x);
-        }
-        if (c < t1) {
-            vf x = vf_exp_nonpos(vf_mul(vf_sub(vf_load_n(z + c, t1 - c), base), vit));
-            vf_store_n(e + c, x, t1 - c);
-            acc = vf_add(acc, vf_keep(vm_first_n(t1 - c), x));
-        }
-        tmax[t] = mt;
-        tsum[t] = (double)vf_hsum(acc);
-        m = mt > m ? mt : m;
+/* Pass 1, one vector at column c of a tile whose max is base: e = exp((z - base) it) stored,
+ * returned with the lanes past the row's end (n live; full: n = VL) as 0. */
+KD_INLINE vf KD_SFX(lr_e)(const float *z, float *e, int64_t c, int64_t n, int full, vf base,
+                          vf it) {
+    vf x = vf_exp_nonpos(vf_mul(vf_sub(full ? vf_load(z + c) : vf_load_n(z + c, n), base), it));
+    if (full) {
+        vf_store(e + c, x);
+        return x;
     }
-    return m;
+    vf_store_n(e + c, x, n);
+    return vf_keep(vm_first_n(n), x);
+}
+
+/* Fetches what pass 1 reads pf_off columns after column c of row a: its own student and
+ * teacher while that lies inside the row, the next row's (any dtype: next_es, next_et bytes a
+ * column) past its end. pf_off = v fetches the whole next row during a pass 1 (for a widened
+ * next row); a shorter one runs ahead of the reads of a pipelined row. */
+KD_INLINE void KD_SFX(lr_prefetch)(const kd_lrow *a, int64_t c) {
+    int64_t f = c + a->pf_off;
+    if (f < a->v) {
+        _mm_prefetch((const char *)(a->zs + f), _MM_HINT_T0);
+        _mm_prefetch((const char *)(a->zt + f), _MM_HINT_T0);
+    } else if (a->next_s) {
+        _mm_prefetch(a->next_s + (f - a->v) * a->next_es, _MM_HINT_T0);
+        _mm_prefetch(a->next_t + (f - a->v) * a->next_et, _MM_HINT_T0);
+    }
 }
 
 /* The row's normalizer from its tiles: S = sum_t s_t e^((m_t - m) it); each tile's scale
@@ -134,95 +130,145 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0
     return loss;
 }
 
-/* Pass 4: dz = gs (g - Q sum_g), Q = es times its tile's scale, g in et. */
-static void KD_SFX(lr_grad)(const kd_lrow *a, double sum_g) {
-    vf gs = vf_set1(a->gs), sg = vf_set1((float)sum_g);
-    const float *es = a->es, *g = a->et;
-    float *dz = a->dz;
-    for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
-        int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
-        vf rs = KD_SFX(lr_scale)(a, 0, t);
-        for (; c + VL <= t1; c += VL) {
-            vf d = vf_mul(gs, vf_sub(vf_load(g + c), vf_mul(vf_mul(vf_load(es + c), rs), sg)));
-            if (a->gs == 0.0f) d = vf_zero(); /* grad_scale 0: zeros, also where a logit is NaN */
-            if (a->nt) vf_stream(dz + c, d);
-            else vf_store(dz + c, d);
-        }
-        if (c < t1) {
-            int64_t n = t1 - c;
-            vf d = vf_mul(gs, vf_sub(vf_load_n(g + c, n),
-                                     vf_mul(vf_mul(vf_load_n(es + c, n), rs), sg)));
-            if (a->gs == 0.0f) d = vf_zero();
-            vf_store_n(dz + c, d, n);
-        }
-    }
-    if (a->nt) _mm_sfence(); /* order the streamed stores before the caller reads them */
-}
-
-/* Forward KL, whose sum g = -sum P is -1 by construction (docs/MATH.md 7.4): passes 3 and 4 in
- * one, dz = gs (Q - P) = gs (g + Q). Returns the row's divergence. dz goes to a->dz, or to es
- * when no gradient is wanted, so that the loss has one instantiation (lr_div says why). */
-static double KD_SFX(lr_fwd)(const kd_vdiv *k, const KD_SFX(lr_c) *r0, const kd_lrow *a) {
-    const float *zs = a->zs, *zt = a->zt, *es = a->es, *et = a->et;
+/* Forward KL's last pass, whose S = sum g = -sum P is -1 by construction (docs/MATH.md 7.4),
+ * one vector at column c (n live lanes; full: n = VL): passes 3 and 4 in one, dz = gs (g - Q S)
+ * (sg = -1: gs (g + Q), the same bits). Returns the terms (0 past the row's end). dz goes to
+ * a->dz or, when no gradient is wanted, over es, so that the loss has one instantiation (lr_div
+ * says why). */
+KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
+                                  const kd_lrow *a, vf gs, vf sg, int64_t c, int64_t n, int full) {
     float *dz = a->dz ? a->dz : a->es;
-    int nt = a->dz && a->nt;
-    vf gs = vf_set1(a->gs);
-    double loss = 0.0;
-    KD_SFX(lr_c) rr = *r0;
-    for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
-        int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
-        vf lacc = vf_zero(), g, q;
-        rr.rs = KD_SFX(lr_scale)(a, 0, t);
-        rr.rt = KD_SFX(lr_scale)(a, 1, t);
-        for (; c + VL <= t1; c += VL) {
-            vf e = vf_load(es + c);
-            q = vf_mul(e, rr.rs);
-            lacc = vf_add(lacc, KD_SFX(lr_elem)(k, KD_OP_FWD, &rr, vf_load(zs + c),
-                                                vf_load(zt + c), e, vf_load(et + c), &g));
-            vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, q));
-            if (nt) vf_stream(dz + c, d);
-            else vf_store(dz + c, d);
-        }
-        if (c < t1) {
-            int64_t n = t1 - c;
-            vf e = vf_load_n(es + c, n);
-            q = vf_mul(e, rr.rs);
-            vf l = KD_SFX(lr_elem)(k, KD_OP_FWD, &rr, vf_load_n(zs + c, n), vf_load_n(zt + c, n),
-                                   e, vf_load_n(et + c, n), &g);
-            lacc = vf_add(lacc, vf_keep(vm_first_n(n), l));
-            vf_store_n(dz + c, a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, q)), n);
-        }
-        loss += (double)vf_hsum(lacc);
+    vf e = full ? vf_load(a->es + c) : vf_load_n(a->es + c, n), g;
+    vf zs = full ? vf_load(a->zs + c) : vf_load_n(a->zs + c, n);
+    vf zt = full ? vf_load(a->zt + c) : vf_load_n(a->zt + c, n);
+    vf et = full ? vf_load(a->et + c) : vf_load_n(a->et + c, n);
+    vf l = KD_SFX(lr_elem)(k, op, r, zs, zt, e, et, &g);
+    vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_sub(g, vf_mul(vf_mul(e, r->rs), sg)));
+    if (!full) {
+        vf_store_n(dz + c, d, n);
+        return vf_keep(vm_first_n(n), l);
     }
-    if (nt) _mm_sfence();
+    if (a->dz && a->nt) vf_stream(dz + c, d);
+    else vf_store(dz + c, d);
+    return l;
+}
+
+/* Pass 4 of the other operations, one vector at column c: dz = gs (g - Q S), g in et (pass
+ * 3's), S = sg. gs 0 writes zeros, also where a logit is NaN. */
+KD_INLINE void KD_SFX(lr_grad_vec)(const kd_lrow *a, vf rs, vf gs, vf sg, int64_t c, int64_t n,
+                                   int full) {
+    vf g = full ? vf_load(a->et + c) : vf_load_n(a->et + c, n);
+    vf e = full ? vf_load(a->es + c) : vf_load_n(a->es + c, n);
+    vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_sub(g, vf_mul(vf_mul(e, rs), sg)));
+    if (!full) vf_store_n(a->dz + c, d, n);
+    else if (a->nt) vf_stream(a->dz + c, d);
+    else vf_store(a->dz + c, d);
+}
+
+/* One column vector of a step's tile (lr_tile): pass 1 of row nx and the last pass of row d. */
+typedef struct KD_SFX(lr_acc) {
+    vf as, at, lacc; /* nx's exp sums; d's terms */
+} KD_SFX(lr_acc);
+
+KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int fused, const kd_lrow *d,
+                              const KD_SFX(lr_c) *rc, vf gs, vf sg, const kd_lrow *nx, vf bs,
+                              vf bt, vf it, int64_t c, int64_t n, int full, KD_SFX(lr_acc) *s) {
+    if (nx) {
+        KD_SFX(lr_prefetch)(nx, c);
+        s->as = vf_add(s->as, KD_SFX(lr_e)(nx->zs, nx->es, c, n, full, bs, it));
+        s->at = vf_add(s->at, KD_SFX(lr_e)(nx->zt, nx->et, c, n, full, bt, it));
+    }
+    if (fused) s->lacc = vf_add(s->lacc, KD_SFX(lr_fused_vec)(k, op, rc, d, gs, sg, c, n, full));
+    else if (d && d->dz) KD_SFX(lr_grad_vec)(d, rc->rs, gs, sg, c, n, full);
+}
+
+/* Tile t = [t0, t1) of one step at operation op (a constant once inlined): pass 1 of row nx
+ * (may be NULL) interleaved with the last pass of row d (may be NULL; rc its constants, sg its
+ * S), so that one row's gradient writes and the next row's reads share the memory system, as in
+ * a STREAM add, where one row after the other would leave it idle in turns. Stores nx's exps and
+ * the tile's max and sum (at the max). Returns d's terms of the tile for forward KL (pass 3 gave
+ * the others'). */
+KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, const kd_lrow *d, KD_SFX(lr_c) *rc,
+                                 double sg, kd_lrow *nx, int64_t t, int64_t t0, int64_t t1) {
+    int fused = d && op == KD_OP_FWD;
+    vf it = vf_set1((nx ? nx : d)->inv_t), bs = vf_zero(), bt = vf_zero();
+    vf gs = vf_set1(d ? d->gs : 0.0f), vsg = vf_set1((float)sg);
+    KD_SFX(lr_acc) acc = {vf_zero(), vf_zero(), vf_zero()};
+    float ms = 0.0f, mt = 0.0f;
+    if (nx) {
+        ms = KD_SFX(lr_max)(nx->zs + t0, t1 - t0);
+        mt = KD_SFX(lr_max)(nx->zt + t0, t1 - t0);
+        bs = vf_set1(ms == -INFINITY ? 0.0f : ms); /* a tile of -inf logits: e = 0 */
+        bt = vf_set1(mt == -INFINITY ? 0.0f : mt);
+    }
+    if (d) {
+        rc->rs = KD_SFX(lr_scale)(d, 0, t);
+        rc->rt = KD_SFX(lr_scale)(d, 1, t);
+    }
+    int64_t c = t0;
+    for (; c + VL <= t1; c += VL)
+        KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, nx, bs, bt, it, c, VL, 1, &acc);
+    if (c < t1) KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, nx, bs, bt, it, c, t1 - c, 0, &acc);
+    if (nx) {
+        int64_t nt = nx->ntiles;
+        nx->tiles[t] = ms;
+        nx->tiles[nt + t] = (double)vf_hsum(acc.as);
+        nx->tiles[2 * nt + t] = mt;
+        nx->tiles[3 * nt + t] = (double)vf_hsum(acc.at);
+        nx->ms = ms > nx->ms ? ms : nx->ms;
+        nx->mt = mt > nx->mt ? mt : nx->mt;
+    }
+    return fused ? (double)vf_hsum(acc.lacc) : 0.0;
+}
+
+/* Row a's constants from its pass 1 (a->ms, mt, lss, lst; the tile scales per tile). */
+static KD_SFX(lr_c) KD_SFX(lr_consts)(const kd_lrow *a) {
+    KD_SFX(lr_c) r;
+    r.ms = vf_set1(a->ms);
+    r.mt = vf_set1(a->mt);
+    r.it = vf_set1(a->inv_t);
+    r.lss = vf_set1(a->lss);
+    r.lst = vf_set1(a->lst);
+    r.rs = r.rt = vf_zero(); /* per tile, in the passes */
+    return r;
+}
+
+/* One step at operation op (a constant once inlined): d's pass 3 (but for forward KL), then the
+ * tiles, then nx's norms. */
+KD_INLINE double KD_SFX(lr_step)(const kd_vdiv *k, int op, kd_lrow *d, kd_lrow *nx) {
+    const kd_lrow *a = d ? d : nx;
+    KD_SFX(lr_c) rc;
+    memset(&rc, 0, sizeof rc);
+    double loss = 0.0, sg = 0.0;
+    if (d) {
+        rc = KD_SFX(lr_consts)(d);
+        if (op == KD_OP_FWD) sg = -1.0; /* forward KL's S, known before (docs/MATH.md 7.4) */
+        else loss = KD_SFX(lr_div)(k, op, &rc, d, &sg);
+    }
+    if (nx) nx->ms = nx->mt = -INFINITY;
+    for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
+        int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v;
+        loss += KD_SFX(lr_tile)(k, op, d, &rc, sg, nx, t, t0, t1);
+    }
+    if (d && d->dz && d->nt) _mm_sfence(); /* order the streamed stores before the caller reads */
+    if (nx) {
+        int64_t n = nx->ntiles;
+        nx->lss = (float)KD_SFX(lr_norm)(nx->tiles, nx->tiles + n, n, nx->ms, nx->inv_t);
+        nx->lst = (float)KD_SFX(lr_norm)(nx->tiles + 2 * n, nx->tiles + 3 * n, n, nx->mt,
+                                         nx->inv_t);
+    }
     return loss;
 }
 
-double KD_SFX(kd_logits_row)(const kd_lrow *a) {
+double KD_SFX(kd_logits_step)(kd_lrow *d, kd_lrow *nx) {
+    const kd_lrow *a = d ? d : nx;
+    if (!a) return 0.0;
     kd_vdiv k = kd_vdiv_make(a->coef);
-    int64_t n = a->ntiles;
-    double *tw = a->tiles; /* per tile: max and scale of the student, then of the teacher */
-    float ms = KD_SFX(lr_exps)(a->zs, a->es, a->v, a->inv_t, tw, tw + n, a->next_s, a->next_es);
-    float mt = KD_SFX(lr_exps)(a->zt, a->et, a->v, a->inv_t, tw + 2 * n, tw + 3 * n, a->next_t,
-                               a->next_et);
-    KD_SFX(lr_c) r;
-    r.ms = vf_set1(ms);
-    r.mt = vf_set1(mt);
-    r.it = vf_set1(a->inv_t);
-    r.lss = vf_set1((float)KD_SFX(lr_norm)(tw, tw + n, n, ms, a->inv_t));
-    r.lst = vf_set1((float)KD_SFX(lr_norm)(tw + 2 * n, tw + 3 * n, n, mt, a->inv_t));
-    r.rs = r.rt = vf_zero(); /* per tile, in the passes */
-    double sum_g = 0.0, loss = 0.0;
-    switch (k.op) { /* forward KL: its own fused pass (the constant test folds away) */
-#define KD_PASS(E, nm)                                                                         \
-    case KD_OP_##E:                                                                            \
-        if (KD_OP_##E == KD_OP_FWD) return KD_SFX(lr_fwd)(&k, &r, a);                          \
-        loss = KD_SFX(lr_div)(&k, KD_OP_##E, &r, a, &sum_g);                                   \
-        break;
-        KD_DIV_OPS(KD_PASS)
-#undef KD_PASS
-    default: break;
+    switch (k.op) {
+#define KD_STEP(E, nm)                                                                         \
+    case KD_OP_##E: return KD_SFX(lr_step)(&k, KD_OP_##E, d, nx);
+        KD_DIV_OPS(KD_STEP)
+#undef KD_STEP
+    default: return 0.0;
     }
-    if (a->dz) KD_SFX(lr_grad)(a, sum_g);
-    return loss;
 }
