@@ -330,57 +330,68 @@ static void check_streamed(kt_rng *rng) {
     free(x), free(t), free(g1), free(g2), free(r1), free(r2);
 }
 
-/* fp32 rows run pipelined, each thread through its own span of rows (a row finishes while the
- * next starts): 1, 2 and 3 threads must give the same bits (the loss, every row, the gradient),
- * with ignored rows at the spans' ends and in between, on every path, and the losses without
- * the gradient the same bits again. V = 2500: two whole tiles and a tail with a partial vector. */
+/* Rows run pipelined on the vector paths, each thread through its own span of rows (a row
+ * finishes while the next starts; narrower logits widened on the way): 1, 2 and 3 threads must
+ * give the same bits (the loss, every row, the gradient), with ignored rows at the spans' ends
+ * and in between, on every path and for fp32, bf16 / fp16 and mixed logits, and the losses
+ * without the gradient the same bits again. V = 2500: two whole tiles and a tail with a partial
+ * vector. */
 static void check_threads(kt_rng *rng) {
     enum { BT = 31, V = 2500 };
-    float *x = malloc(sizeof(float) * BT * V), *t = malloc(sizeof(float) * BT * V);
-    float *g[3], rows[3][BT], loss[3];
-    for (int i = 0; i < 3; i++) g[i] = malloc(sizeof(float) * BT * V);
+    static const kdloss_dtype XT[][2] = {{KDLOSS_F32, KDLOSS_F32},
+                                          {KDLOSS_BF16, KDLOSS_F16},
+                                          {KDLOSS_F16, KDLOSS_F32}};
+    double *xd = malloc(sizeof(double) * BT * V), *td = malloc(sizeof(double) * BT * V);
     for (int64_t i = 0; i < BT * V; i++)
-        x[i] = (float)(12 * kt_uniform(rng) - 6), t[i] = (float)(9 * kt_uniform(rng));
+        xd[i] = 12 * kt_uniform(rng) - 6, td[i] = 9 * kt_uniform(rng);
     int64_t lab[BT];
     for (int r = 0; r < BT; r++) lab[r] = r; /* ignored: the first and last rows, 10, 15, 16, 20 */
     lab[0] = lab[10] = lab[15] = lab[16] = lab[20] = lab[BT - 1] = -100;
     kdloss_labels labels = {lab, KDLOSS_I64};
-    kdloss_cmat a = {x, KDLOSS_F32, 0}, b = {t, KDLOSS_F32, 0};
     int nt = omp_get_max_threads();
-    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
-        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) continue;
-        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
-        for (int i = 0; i < NDIV; i++) {
-            kdloss_distill_logits_params p;
-            kdloss_distill_logits_params_default(&p);
-            p.div = DIVS[i];
-            p.temperature = i % 2 ? 1.5 : 1.0;
-            kdloss_status st = KDLOSS_OK;
-            for (int k = 0; k < 3; k++) {
-                omp_set_num_threads(k + 1);
-                kt_poison(g[k], BT * V, KDLOSS_F32);
-                st |= kdloss_distill_logits(&p, BT, V, a, b, labels, &loss[k], rows[k],
-                                            (kdloss_mat){g[k], KDLOSS_F32, 0});
+    for (int di = 0; di < 3; di++) {
+        kdloss_dtype xdt = XT[di][0], tdt = XT[di][1];
+        size_t gb = kdloss_dtype_size(xdt) * BT * V;
+        void *x = kt_pack(xd, BT, V, V, xdt), *t = kt_pack(td, BT, V, V, tdt), *g[3];
+        for (int k = 0; k < 3; k++) g[k] = malloc(gb);
+        kdloss_cmat a = {x, xdt, 0}, b = {t, tdt, 0};
+        for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
+            if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) continue;
+            kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
+            for (int i = 0; i < NDIV; i++) {
+                kdloss_distill_logits_params p;
+                kdloss_distill_logits_params_default(&p);
+                p.div = DIVS[i];
+                p.temperature = i % 2 ? 1.5 : 1.0;
+                float rows[3][BT], loss[3], l4 = NAN, rows4[BT];
+                kdloss_status st = KDLOSS_OK;
+                for (int k = 0; k < 3; k++) {
+                    omp_set_num_threads(k + 1);
+                    kt_poison(g[k], BT * V, xdt);
+                    st |= kdloss_distill_logits(&p, BT, V, a, b, labels, &loss[k], rows[k],
+                                                (kdloss_mat){g[k], xdt, 0});
+                }
+                st |= kdloss_distill_logits(&p, BT, V, a, b, labels, &l4, rows4,
+                                            (kdloss_mat){NULL, xdt, 0});
+                omp_set_num_threads(nt);
+                int same = st == KDLOSS_OK && !memcmp(&l4, &loss[0], 4) &&
+                           !memcmp(rows4, rows[0], sizeof rows4);
+                for (int k = 1; k < 3; k++)
+                    same = same && !memcmp(&loss[k], &loss[0], 4) &&
+                           !memcmp(rows[k], rows[0], sizeof rows[0]) && !memcmp(g[k], g[0], gb);
+                KT_CHECK(same && isfinite(loss[0]) && loss[0] >= 0,
+                         "logits %s %s x=%s t=%s: 1, 2, 3 threads or no gradient give different "
+                         "bits",
+                         kdloss_cpu_isa_name((kdloss_cpu_isa)isa),
+                         kdloss_divergence_name(DIVS[i].divergence), kt_dtype_name(xdt),
+                         kt_dtype_name(tdt));
             }
-            float l4 = NAN, rows4[BT];
-            st |= kdloss_distill_logits(&p, BT, V, a, b, labels, &l4, rows4,
-                                        (kdloss_mat){NULL, KDLOSS_F32, 0});
-            omp_set_num_threads(nt);
-            int same = st == KDLOSS_OK && !memcmp(&l4, &loss[0], 4) &&
-                       !memcmp(rows4, rows[0], sizeof rows4);
-            for (int k = 1; k < 3; k++)
-                same = same && !memcmp(&loss[k], &loss[0], 4) &&
-                       !memcmp(rows[k], rows[0], sizeof rows[0]) &&
-                       !memcmp(g[k], g[0], sizeof(float) * BT * V);
-            KT_CHECK(same && isfinite(loss[0]) && loss[0] >= 0,
-                     "logits %s %s: 1, 2, 3 threads or no gradient give different bits",
-                     kdloss_cpu_isa_name((kdloss_cpu_isa)isa),
-                     kdloss_divergence_name(DIVS[i].divergence));
         }
+        kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+        free(x), free(t);
+        for (int k = 0; k < 3; k++) free(g[k]);
     }
-    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
-    free(x), free(t);
-    for (int i = 0; i < 3; i++) free(g[i]);
+    free(xd), free(td);
 }
 
 int main(void) {

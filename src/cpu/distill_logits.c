@@ -68,63 +68,47 @@ static void narrow_row(const float *src, int64_t v, kdloss_dtype dt, void *dst) 
         for (int64_t c = 0; c < v; c++) d[c] = kd_f32_to_f16(src[c]);
 }
 
-/* The per-thread buffer of the dense logits kernel: two slots of es, et (v floats each, on
- * cache lines), then two of tiles (4 doubles a tile of KD_FLD_TILE columns). A row alone uses
- * slot 0 and widens narrower logits into slot 1's es, et; the pipelined rows alternate. */
-static float *slot_e(const dl_job *j, float *buf, int i) {
-    return buf + 2 * i * ((j->ew.v + 15) / 16 * 16);
+/* The per-thread buffer of the dense logits kernel: 2 slots, each of es, et and, when the
+ * logits are narrower than fp32, their widened rows ws, wt (v floats each, on cache lines),
+ * then 2 of tiles (4 doubles a tile of KD_FLD_TILE columns). Pipelined rows alternate. */
+static int64_t slot_rows(const dl_job *j) {
+    return j->ew.xdt == KDLOSS_F32 && j->ew.tdt == KDLOSS_F32 ? 2 : 4;
 }
-static double *slot_tiles(const dl_job *j, float *buf, int i) {
+static int64_t buf_floats(const dl_job *j) {
     int64_t vp = (j->ew.v + 15) / 16 * 16, tf = (8 * j->ltmpl.ntiles + 15) / 16 * 16;
-    return (double *)(buf + 4 * vp + i * tf); /* 64-byte aligned: vp, tf multiples of 16 */
+    return 2 * (slot_rows(j) * vp + tf);
 }
 
-/* Row r's kernel arguments: in slot i of buf, dz = g (fp32) and streamed when the call asked
- * for it and the row is aligned, the next row (r + 1 < end) fetched ahead. */
-static kd_lrow dense_args(const dl_job *j, int64_t r, int64_t end, const char *xs, const char *xt,
-                          char *g, float *buf, int i) {
+/* Row r's kernel arguments in slot i of buf: dz = g, fp32 streamed when the call asked for it
+ * and the row is aligned; the next row (r + 1 < end) fetched ahead. */
+static kd_lrow dense_args(const dl_job *j, int64_t r, int64_t end, float *buf, int i) {
     const kd_ew_job *ew = &j->ew;
     size_t xes = kdloss_dtype_size(ew->xdt), tes = kdloss_dtype_size(ew->tdt);
-    int64_t vp = (ew->v + 15) / 16 * 16;
+    int64_t vp = (ew->v + 15) / 16 * 16, tf = (8 * j->ltmpl.ntiles + 15) / 16 * 16;
+    float *slot = buf + i * slot_rows(j) * vp;
     kd_lrow a = j->ltmpl;
-    a.es = slot_e(j, buf, i);
-    a.et = a.es + vp;
-    a.tiles = slot_tiles(j, buf, i);
-    a.zs = (const float *)xs;
-    a.zt = (const float *)xt;
-    a.dz = (float *)g;
-    a.nt = g && ew->stream_grad && ew->xdt == KDLOSS_F32 && (uintptr_t)g % 64 == 0;
+    a.xs = ew->x + (size_t)(r * ew->ldx) * xes;
+    a.xt = ew->t + (size_t)(r * ew->ldt) * tes;
+    a.xdt = ew->xdt;
+    a.tdt = ew->tdt;
+    a.xes = (int64_t)xes;
+    a.tes = (int64_t)tes;
+    a.es = slot;
+    a.et = slot + vp;
+    a.zs = ew->xdt == KDLOSS_F32 ? (const float *)a.xs : slot + 2 * vp;
+    a.zt = ew->tdt == KDLOSS_F32 ? (const float *)a.xt : slot + 3 * vp;
+    a.tiles = (double *)(buf + 2 * slot_rows(j) * vp + i * tf); /* 64-byte aligned */
+    a.dz = ew->g ? ew->g + (size_t)(r * ew->ldg) * xes : NULL;
+    a.nt = a.dz && ew->stream_grad && ew->xdt == KDLOSS_F32 && (uintptr_t)a.dz % 64 == 0;
     a.pf_off = KD_LR_AHEAD < ew->v ? KD_LR_AHEAD : ew->v;
     if (r + 1 < end) {
-        a.next_s = xs + (size_t)ew->ldx * xes;
-        a.next_t = xt + (size_t)ew->ldt * tes;
-        a.next_es = (int64_t)xes;
-        a.next_et = (int64_t)tes;
+        a.next_s = a.xs + (size_t)ew->ldx * xes;
+        a.next_t = a.xt + (size_t)ew->ldt * tes;
     }
     return a;
 }
 
-/* A dense row alone on the vector paths (logits narrower than fp32, widened into slot 1): pass
- * 1 fetches the whole next row meanwhile, so that its widening finds it in cache. The gradient,
- * when narrower, goes over es (the last pass reads es[c] before it writes dz[c]), then is
- * narrowed. */
-static double logits_row_dense(const dl_job *j, int64_t r, const char *xs, const char *xt,
-                               char *g, float *buf) {
-    const kd_ew_job *ew = &j->ew;
-    int64_t v = ew->v;
-    kd_lrow a = dense_args(j, r, j->bt, xs, xt, g, buf, 0);
-    float *ws = slot_e(j, buf, 1), *wt = ws + (v + 15) / 16 * 16; /* slot 1's es, et */
-    a.pf_off = v;
-    if (ew->xdt != KDLOSS_F32) widen_row(xs, ew->xdt, v, ws), a.zs = ws;
-    if (ew->tdt != KDLOSS_F32) widen_row(xt, ew->tdt, v, wt), a.zt = wt;
-    if (g && ew->xdt != KDLOSS_F32) a.dz = a.es;
-    j->lstep(NULL, &a);
-    double soft = j->lstep(&a, NULL);
-    if (g && ew->xdt != KDLOSS_F32) narrow_row(a.es, v, ew->xdt, g);
-    return soft;
-}
-
-/* fp32 logits on the vector paths: each thread runs a contiguous span of rows, every step
+/* The dense teacher on the vector paths: each thread runs a contiguous span of rows, every step
  * finishing one row while it starts the next (kd_logits_step), the two rows' scratch in
  * alternate slots. Row values into rl[bt], summed as kd_rows_sum would. */
 static double run_pipelined(const dl_job *j, double *rl, float *row_loss) {
@@ -138,16 +122,14 @@ static double run_pipelined(const dl_job *j, double *rl, float *row_loss) {
         kd_lrow rows[2], *prev = NULL;
         int64_t prev_r = 0;
         for (int64_t r = lo; r < hi; r++) {
-            const char *xs = ew->x + (size_t)(r * ew->ldx) * sizeof(float);
-            const char *xt = ew->t + (size_t)(r * ew->ldt) * sizeof(float);
-            char *g = ew->g ? ew->g + (size_t)(r * ew->ldg) * sizeof(float) : NULL;
             if (kd_row_ignored(ew, r)) {
-                if (g) memset(g, 0, (size_t)v * sizeof(float));
+                size_t es = kdloss_dtype_size(ew->xdt);
+                if (ew->g) memset(ew->g + (size_t)(r * ew->ldg) * es, 0, (size_t)v * es);
                 rl[r] = 0.0;
                 continue;
             }
             int i = prev == rows ? 1 : 0;
-            rows[i] = dense_args(j, r, hi, xs, xt, g, buf, i);
+            rows[i] = dense_args(j, r, hi, buf, i);
             double l = j->lstep(prev, &rows[i]);
             if (prev) rl[prev_r] = l;
             prev = &rows[i];
@@ -171,8 +153,6 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     }
     int tid = omp_get_thread_num();
     if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
-    if (j->lstep)
-        return logits_row_dense(j, r, xs, xt, g, j->bufs + (size_t)tid * (size_t)j->buf_stride);
     /* the second part starts on a cache line: its top-k scratch holds int64 and double */
     float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + (v + 15) / 16 * 16;
     float *zs, *zt;
@@ -246,11 +226,8 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     job->lstep = job->topk.k ? NULL : logits_kernel();
     job->bt = bt;
     job->ltmpl.ntiles = (v + KD_FLD_TILE - 1) / KD_FLD_TILE;
-    job->buf_stride = job->lstep
-                          ? 4 * ((v + 15) / 16 * 16) + 2 * ((8 * job->ltmpl.ntiles + 15) / 16 * 16)
-                          : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
-    /* fp32 logits on the vector paths run pipelined, their row values kept in double */
-    int pipelined = job->lstep && job->ew.xdt == KDLOSS_F32 && job->ew.tdt == KDLOSS_F32;
+    job->buf_stride = job->lstep ? buf_floats(job) : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
+    int pipelined = job->lstep != NULL; /* its row values kept in double */
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;
     double *rl = NULL;

@@ -10,7 +10,8 @@
  *   4. dz = gs (g - Q sum g) (forward KL: passes 3 and 4 in one, its sum g being -1).
  * Two exps an element where the log-prob form of the same passes takes four (forward KL) to
  * five (JSD). Sums run in fp32 over tiles of KD_FLD_TILE columns, then in double, so their
- * order depends on V alone.
+ * order depends on V alone. Logits narrower than fp32 are widened by pass 1 into scratch rows
+ * (the rest reads those); a narrower gradient is written in its dtype.
  * A thread runs its rows as a pipeline of steps: pass 3 of one row, then its pass 4 and pass 1
  * of the next row interleaved column by column, so that the gradient's writes and the next
  * rows' reads share the memory system; a row's result does not depend on its neighbours. */
@@ -22,18 +23,21 @@
 #include "div_coef.h"
 
 typedef struct kd_lrow {
-    const float *zs, *zt; /* [v] the row's fp32 logits (widened by the caller when narrower) */
+    const char *xs, *xt;  /* [v] the row's student and teacher logits as given */
+    kdloss_dtype xdt, tdt; /* their dtypes (the gradient's is xdt) */
+    int64_t xes, tes;     /* their bytes per column */
+    const float *zs, *zt; /* [v] their fp32 view: xs, xt themselves when fp32, else scratch
+                             rows (64-byte aligned) that pass 1 widens them into */
     float *es, *et;       /* [v] scratch each, 64-byte aligned: exps, then g over et */
-    float *dz;            /* [v] out, or NULL (no gradient); may be zs or es (same index order) */
+    void *dz;             /* [v] out (dtype xdt), or NULL (no gradient); may be xs */
     int64_t v;
     kd_div_coef coef;     /* the divergence's element operation and constants */
     float inv_t;          /* 1 / T, rounded to fp32 */
     float gs;             /* grad_scale / (T n_valid) */
     int nt;               /* write dz with streaming stores (fp32 output, 64-byte aligned) */
     int64_t pf_off;       /* pass 1 prefetches this many columns ahead of its reads: into the
-                             row itself, then into the next row (v: the next row only) */
-    const char *next_s, *next_t; /* the next row's student and teacher (any dtype), or NULL */
-    int64_t next_es, next_et;    /* their bytes per column */
+                             row itself, then into the next row */
+    const char *next_s, *next_t; /* the next row's student and teacher, or NULL */
     double *tiles;        /* [4 ntiles] scratch: per tile of KD_FLD_TILE columns, the student's
                              max and scale, then the teacher's */
     int64_t ntiles;       /* ceil(v / KD_FLD_TILE) */

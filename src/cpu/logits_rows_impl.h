@@ -23,6 +23,44 @@ static float KD_SFX(lr_max)(const float *z, int64_t v) {
     return vf_hmax(vf_max(vf_max(m0, m1), vf_max(m2, m3)));
 }
 
+/* n < VL bf16 / fp16 values (dt) as fp32, the rest 0. */
+KD_INLINE vf KD_SFX(lr_load_h_n)(const uint16_t *h, kdloss_dtype dt, int64_t n) {
+    uint16_t b[VL] = {0};
+    memcpy(b, h, (size_t)n * sizeof *b);
+    return dt == KDLOSS_BF16 ? vf_load_bf16(b) : vf_load_f16(b);
+}
+
+/* The same max of v bf16 / fp16 values (dt), which it widens into w[0..v) meanwhile, so that
+ * the rest of pass 1 and pass 3 read fp32 (the widened tile is in L1 for pass 1). */
+static float KD_SFX(lr_widen_max)(const uint16_t *h, kdloss_dtype dt, float *w, int64_t v) {
+    vf m0 = vf_set1(-INFINITY), m1 = m0;
+    int64_t c = 0;
+    for (; c + 2 * VL <= v; c += 2 * VL) {
+        vf x0 = dt == KDLOSS_BF16 ? vf_load_bf16(h + c) : vf_load_f16(h + c);
+        vf x1 = dt == KDLOSS_BF16 ? vf_load_bf16(h + c + VL) : vf_load_f16(h + c + VL);
+        vf_store(w + c, x0);
+        vf_store(w + c + VL, x1);
+        m0 = vf_max(m0, x0);
+        m1 = vf_max(m1, x1);
+    }
+    for (; c < v; c += VL) {
+        int64_t n = v - c < VL ? v - c : VL;
+        vf x = n == VL ? (dt == KDLOSS_BF16 ? vf_load_bf16(h + c) : vf_load_f16(h + c))
+                       : KD_SFX(lr_load_h_n)(h + c, dt, n);
+        vf_store_n(w + c, x, n);
+        m1 = vf_max(m1, vf_select(vm_first_n(n), x, m1));
+    }
+    return vf_hmax(vf_max(m0, m1));
+}
+
+/* Pass 1's max of tile [t0, t1) of row x (dtype dt): fp32 read in place, narrower widened into
+ * w (the row's fp32 view) on the way. */
+KD_INLINE float KD_SFX(lr_tile_max)(const char *x, kdloss_dtype dt, float *w, int64_t t0,
+                                    int64_t t1) {
+    if (dt == KDLOSS_F32) return KD_SFX(lr_max)((const float *)x + t0, t1 - t0);
+    return KD_SFX(lr_widen_max)((const uint16_t *)x + t0, dt, w + t0, t1 - t0);
+}
+
 /* Pass 1, one vector at column c of a tile whose max is base: e = exp((z - base) it) stored,
  * returned with the lanes past the row's end (n live; full: n = VL) as 0. */
 KD_INLINE vf KD_SFX(lr_e)(const float *z, float *e, int64_t c, int64_t n, int full, vf base,
@@ -37,18 +75,32 @@ KD_INLINE vf KD_SFX(lr_e)(const float *z, float *e, int64_t c, int64_t n, int fu
 }
 
 /* Fetches what pass 1 reads pf_off columns after column c of row a: its own student and
- * teacher while that lies inside the row, the next row's (any dtype: next_es, next_et bytes a
- * column) past its end. pf_off = v fetches the whole next row during a pass 1 (for a widened
- * next row); a shorter one runs ahead of the reads of a pipelined row. */
+ * teacher while that lies inside the row, the next row's past its end. */
 KD_INLINE void KD_SFX(lr_prefetch)(const kd_lrow *a, int64_t c) {
     int64_t f = c + a->pf_off;
     if (f < a->v) {
-        _mm_prefetch((const char *)(a->zs + f), _MM_HINT_T0);
-        _mm_prefetch((const char *)(a->zt + f), _MM_HINT_T0);
+        _mm_prefetch(a->xs + f * a->xes, _MM_HINT_T0);
+        _mm_prefetch(a->xt + f * a->tes, _MM_HINT_T0);
     } else if (a->next_s) {
-        _mm_prefetch(a->next_s + (f - a->v) * a->next_es, _MM_HINT_T0);
-        _mm_prefetch(a->next_t + (f - a->v) * a->next_et, _MM_HINT_T0);
+        _mm_prefetch(a->next_s + (f - a->v) * a->xes, _MM_HINT_T0);
+        _mm_prefetch(a->next_t + (f - a->v) * a->tes, _MM_HINT_T0);
     }
+}
+
+/* Writes d, a vector of the gradient at column c (n live; full: n = VL), in the gradient's
+ * dtype (fp32 streamed when a->nt); over es when no gradient is wanted (lr_fused_vec). */
+KD_INLINE void KD_SFX(lr_put)(const kd_lrow *a, vf d, int64_t c, int64_t n, int full) {
+    if (!a->dz || a->xdt == KDLOSS_F32) {
+        float *p = a->dz ? (float *)a->dz + c : a->es + c;
+        if (!full) vf_store_n(p, d, n);
+        else if (a->dz && a->nt) vf_stream(p, d);
+        else vf_store(p, d);
+        return;
+    }
+    uint16_t *h = (uint16_t *)a->dz + c, b[VL];
+    if (a->xdt == KDLOSS_BF16) vf_store_bf16(full ? h : b, d);
+    else vf_store_f16(full ? h : b, d);
+    if (!full) memcpy(h, b, (size_t)n * sizeof *b);
 }
 
 /* The row's normalizer from its tiles: S = sum_t s_t e^((m_t - m) it); each tile's scale
@@ -137,20 +189,14 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0
  * says why). */
 KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
                                   const kd_lrow *a, vf gs, vf sg, int64_t c, int64_t n, int full) {
-    float *dz = a->dz ? a->dz : a->es;
     vf e = full ? vf_load(a->es + c) : vf_load_n(a->es + c, n), g;
     vf zs = full ? vf_load(a->zs + c) : vf_load_n(a->zs + c, n);
     vf zt = full ? vf_load(a->zt + c) : vf_load_n(a->zt + c, n);
     vf et = full ? vf_load(a->et + c) : vf_load_n(a->et + c, n);
     vf l = KD_SFX(lr_elem)(k, op, r, zs, zt, e, et, &g);
     vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_sub(g, vf_mul(vf_mul(e, r->rs), sg)));
-    if (!full) {
-        vf_store_n(dz + c, d, n);
-        return vf_keep(vm_first_n(n), l);
-    }
-    if (a->dz && a->nt) vf_stream(dz + c, d);
-    else vf_store(dz + c, d);
-    return l;
+    KD_SFX(lr_put)(a, d, c, n, full);
+    return full ? l : vf_keep(vm_first_n(n), l);
 }
 
 /* Pass 4 of the other operations, one vector at column c: dz = gs (g - Q S), g in et (pass
@@ -159,10 +205,9 @@ KD_INLINE void KD_SFX(lr_grad_vec)(const kd_lrow *a, vf rs, vf gs, vf sg, int64_
                                    int full) {
     vf g = full ? vf_load(a->et + c) : vf_load_n(a->et + c, n);
     vf e = full ? vf_load(a->es + c) : vf_load_n(a->es + c, n);
-    vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_sub(g, vf_mul(vf_mul(e, rs), sg)));
-    if (!full) vf_store_n(a->dz + c, d, n);
-    else if (a->nt) vf_stream(a->dz + c, d);
-    else vf_store(a->dz + c, d);
+    KD_SFX(lr_put)(a, a->gs == 0.0f ? vf_zero()
+                                    : vf_mul(gs, vf_sub(g, vf_mul(vf_mul(e, rs), sg))),
+                   c, n, full);
 }
 
 /* One column vector of a step's tile (lr_tile): pass 1 of row nx and the last pass of row d. */
@@ -196,8 +241,8 @@ KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, const kd_lrow *d, KD_
     KD_SFX(lr_acc) acc = {vf_zero(), vf_zero(), vf_zero()};
     float ms = 0.0f, mt = 0.0f;
     if (nx) {
-        ms = KD_SFX(lr_max)(nx->zs + t0, t1 - t0);
-        mt = KD_SFX(lr_max)(nx->zt + t0, t1 - t0);
+        ms = KD_SFX(lr_tile_max)(nx->xs, nx->xdt, (float *)nx->zs, t0, t1);
+        mt = KD_SFX(lr_tile_max)(nx->xt, nx->tdt, (float *)nx->zt, t0, t1);
         bs = vf_set1(ms == -INFINITY ? 0.0f : ms); /* a tile of -inf logits: e = 0 */
         bt = vf_set1(mt == -INFINITY ? 0.0f : mt);
     }
