@@ -220,26 +220,16 @@ int main(void) {
     static const int64_t BTS[] = {11, 13, 7, 3};
     const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
     int nv = kt_quick() ? 3 : 4;
-    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
-        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) {
-            printf("path %s: not supported by this CPU, skipped\n",
-                   kdloss_cpu_isa_name((kdloss_cpu_isa)isa));
-            continue;
-        }
-        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
-        const char *name = kdloss_cpu_isa_name((kdloss_cpu_isa)isa);
-        int before = kt_checks;
+    KT_FOR_EACH_ISA(path, "") {
         for (int i = 0; i < NDIV; i++)
             for (int vi = 0; vi < nv; vi++)
                 for (int xi = 0; xi < 3; xi++) {
                     kdloss_dtype tdt = (i + vi) % 2 ? dts[xi] : KDLOSS_F32;
                     check_one(&DIVS[i], &rng, BTS[vi], VS[vi], (i + vi) % 2, dts[xi], tdt,
-                              (i + vi + xi) % 3, name);
+                              (i + vi + xi) % 3, path.name);
                 }
         check_far_below();
-        printf("path %s: %d checks\n", name, kt_checks - before);
     }
-    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
     check_finite_differences(&rng);
     check_api(&rng);
     return kt_finish("test_distill");

@@ -355,9 +355,7 @@ static void check_threads(kt_rng *rng) {
         void *x = kt_pack(xd, BT, V, V, xdt), *t = kt_pack(td, BT, V, V, tdt), *g[3];
         for (int k = 0; k < 3; k++) g[k] = malloc(gb);
         kdloss_cmat a = {x, xdt, 0}, b = {t, tdt, 0};
-        for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
-            if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) continue;
-            kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
+        KT_FOR_EACH_ISA(path, NULL) {
             for (int i = 0; i < NDIV; i++) {
                 kdloss_distill_logits_params p;
                 kdloss_distill_logits_params_default(&p);
@@ -382,12 +380,10 @@ static void check_threads(kt_rng *rng) {
                 KT_CHECK(same && isfinite(loss[0]) && loss[0] >= 0,
                          "logits %s %s x=%s t=%s: 1, 2, 3 threads or no gradient give different "
                          "bits",
-                         kdloss_cpu_isa_name((kdloss_cpu_isa)isa),
-                         kdloss_divergence_name(DIVS[i].divergence), kt_dtype_name(xdt),
+                         path.name, kdloss_divergence_name(DIVS[i].divergence), kt_dtype_name(xdt),
                          kt_dtype_name(tdt));
             }
         }
-        kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
         free(x), free(t);
         for (int k = 0; k < 3; k++) free(g[k]);
     }
@@ -402,25 +398,16 @@ int main(void) {
     static const double TS[] = {1.0, 2.0, 0.7};
     const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
     int nv = kt_quick() ? 3 : 4;
-    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
-        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) {
-            printf("path %s: not supported by this CPU, skipped\n",
-                   kdloss_cpu_isa_name((kdloss_cpu_isa)isa));
-            continue;
-        }
-        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
-        const char *name = kdloss_cpu_isa_name((kdloss_cpu_isa)isa);
-        int before = kt_checks;
+    KT_FOR_EACH_ISA(path, "") {
         for (int i = 0; i < NDIV; i++)
             for (int vi = 0; vi < nv; vi++)
                 for (int xi = 0; xi < 3; xi++) {
                     kdloss_dtype tdt = (i + vi) % 2 ? dts[xi] : KDLOSS_F32;
                     check_one(&DIVS[i], &rng, BTS[vi], VS[vi], (i + vi) % 2,
-                              TS[(i + vi + xi) % 3], dts[xi], tdt, (i + 2 * vi + xi) % 3, name);
+                              TS[(i + vi + xi) % 3], dts[xi], tdt, (i + 2 * vi + xi) % 3,
+                              path.name);
                 }
-        printf("path %s: %d checks\n", name, kt_checks - before);
     }
-    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
     check_finite_differences(&rng);
     check_threads(&rng);
     if (!kt_quick()) check_streamed(&rng);

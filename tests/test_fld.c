@@ -96,8 +96,6 @@ static void check_chunks(const char *ctx, const kt_fld_problem *p, const fl_res 
              "%s chunk invariance dws", ctx);
 }
 
-static const kdloss_cpu_isa all_isas[] = {KDLOSS_ISA_SCALAR, KDLOSS_ISA_AVX2, KDLOSS_ISA_AVX512};
-
 /* Grid over beta, T, weights, chunk sizes and CPU paths on one problem. */
 static void grid(const char *name, const kt_fld_problem *p, const double *betas, int nb,
                  const double *temps, int nt, int full_chunks) {
@@ -125,9 +123,7 @@ static void grid(const char *name, const kt_fld_problem *p, const double *betas,
                 prm.weight_soft_loss = cfg.w_soft;
                 prm.grad_scale = cfg.grad_scale;
                 prm.ignore_index = cfg.ignore_index;
-                for (size_t ii = 0; ii < sizeof(all_isas) / sizeof(all_isas[0]); ii++) {
-                    if (!kdloss_cpu_isa_supported(all_isas[ii])) continue;
-                    kdloss_cpu_set_isa(all_isas[ii]);
+                KT_FOR_EACH_ISA(path, NULL) {
                     fl_res res[4];
                     for (int ic = 0; ic < n_chunks; ic++) {
                         char ctx[256];
@@ -136,8 +132,8 @@ static void grid(const char *name, const kt_fld_problem *p, const double *betas,
                                  "%s %s/%s bias %d beta %g T %g w %g/%g gs %g chunk %lld %s %s",
                                  name, kt_dtype_name(p->ds), kt_dtype_name(p->dt), p->bias_s != NULL,
                                  cfg.beta, cfg.temperature, cfg.w_hard, cfg.w_soft,
-                                 cfg.grad_scale, (long long)chunks[ic],
-                                 kdloss_cpu_isa_name(all_isas[ii]), l32 ? "i32" : "i64");
+                                 cfg.grad_scale, (long long)chunks[ic], path.name,
+                                 l32 ? "i32" : "i64");
                         prm.chunk_size = chunks[ic];
                         res[ic] = fl_run(p, &prm, 1, l32, NULL, 0);
                         check_vs_ref(ctx, p, &res[ic], &w);
@@ -150,13 +146,12 @@ static void grid(const char *name, const kt_fld_problem *p, const double *betas,
                                  !memcmp(&fw.soft, &res[0].soft, 4) &&
                                  !memcmp(&fw.hard, &res[0].hard, 4),
                              "%s beta %g T %g %s: forward-only losses differ from the full call",
-                             name, cfg.beta, cfg.temperature, kdloss_cpu_isa_name(all_isas[ii]));
+                             name, cfg.beta, cfg.temperature, path.name);
                     fl_res_free(&fw);
                     for (int ic = 0; ic < n_chunks; ic++) fl_res_free(&res[ic]);
                 }
                 ref_free(&w);
             }
-    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
     free(zs);
     free(zt);
 }
@@ -226,33 +221,29 @@ static void determinism(kt_rng *rng) {
     prm.beta = 0.3;
     prm.temperature = 1.5;
     prm.chunk_size = 64;
-    for (size_t ii = 0; ii < sizeof(all_isas) / sizeof(all_isas[0]); ii++) {
-        if (!kdloss_cpu_isa_supported(all_isas[ii])) continue;
-        kdloss_cpu_set_isa(all_isas[ii]);
-        const char *isa = kdloss_cpu_isa_name(all_isas[ii]);
+    KT_FOR_EACH_ISA(path, NULL) {
         fl_res a = fl_run(&p, &prm, 1, 0, NULL, 0), b = fl_run(&p, &prm, 1, 1, NULL, 0);
         KT_CHECK(a.st == KDLOSS_OK && b.st == KDLOSS_OK && fl_same_bits(&p, &a, &b),
-                 "%s: two identical calls differ", isa);
+                 "%s: two identical calls differ", path.name);
         int nthreads = omp_get_max_threads();
         omp_set_num_threads(1);
         fl_res c = fl_run(&p, &prm, 1, 0, NULL, 0);
         omp_set_num_threads(nthreads);
         KT_CHECK(c.st == KDLOSS_OK && fl_same_bits(&p, &a, &c),
-                 "%s: 1 thread differs from %d threads", isa, nthreads);
+                 "%s: 1 thread differs from %d threads", path.name, nthreads);
         size_t need = 0;
         KT_CHECK(kdloss_fljsd_workspace_size(&prm, p.bt, p.hs, p.ht, p.v, p.ds, 1, &need) ==
                      KDLOSS_OK, "workspace size");
         char *buf = malloc(need + 8);
         fl_res d = fl_run(&p, &prm, 1, 0, buf + 4, need);
         KT_CHECK(d.st == KDLOSS_OK && fl_same_bits(&p, &a, &d),
-                 "%s: caller workspace (%zu bytes, misaligned) differs", isa, need);
+                 "%s: caller workspace (%zu bytes, misaligned) differs", path.name, need);
         free(buf);
         fl_res_free(&a);
         fl_res_free(&b);
         fl_res_free(&c);
         fl_res_free(&d);
     }
-    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
     kt_fld_problem_free(&p);
 }
 
@@ -288,9 +279,7 @@ static void thread_counts(kt_rng *rng) {
         kdloss_fljsd_params prm;
         kdloss_fljsd_params_default(&prm);
         prm.chunk_size = 128;
-        for (size_t ii = 0; ii < sizeof(all_isas) / sizeof(all_isas[0]); ii++) {
-            if (!kdloss_cpu_isa_supported(all_isas[ii])) continue;
-            kdloss_cpu_set_isa(all_isas[ii]);
+        KT_FOR_EACH_ISA(path, NULL) {
             fl_res r[3];
             for (int t = 0; t < 3; t++) {
                 omp_set_num_threads(t + 1);
@@ -301,10 +290,9 @@ static void thread_counts(kt_rng *rng) {
                 KT_CHECK(r[0].st == KDLOSS_OK && r[t].st == KDLOSS_OK &&
                              fl_same_bits(&p, &r[0], &r[t]),
                          "%s %s: %d threads differ from 1 thread", kt_dtype_name(dts[id]),
-                         kdloss_cpu_isa_name(all_isas[ii]), t + 1);
+                         path.name, t + 1);
             for (int t = 0; t < 3; t++) fl_res_free(&r[t]);
         }
-        kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
         kt_fld_problem_free(&p);
     }
 }

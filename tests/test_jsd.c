@@ -248,14 +248,7 @@ int main(void) {
     static const int64_t BTS[] = {37, 29, 23, 33, 3};
     int nv = kt_quick() ? 3 : 5;
     const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
-    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
-        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) {
-            printf("path %s: not supported by this CPU, skipped\n", kdloss_cpu_isa_name((kdloss_cpu_isa)isa));
-            continue;
-        }
-        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
-        const char *name = kdloss_cpu_isa_name((kdloss_cpu_isa)isa);
-        int before = kt_checks;
+    KT_FOR_EACH_ISA(path, "") {
         for (int vi = 0; vi < nv; vi++)
             for (int xi = 0; xi < 3; xi++)
                 for (int same = 0; same < 2; same++)
@@ -265,13 +258,11 @@ int main(void) {
                         int lm = (vi + xi + bi) % 3;
                         jsd_case c;
                         make_case(&c, &rng, BTS[vi], VS[vi], (vi + bi) % 2, dts[xi], tdt, BETAS[bi], lm);
-                        check_case(&c, BETAS[bi], bi == 2 ? 3.0 : 1.0, name);
-                        if (vi == 2) check_variants(&c, BETAS[bi], name);
+                        check_case(&c, BETAS[bi], bi == 2 ? 3.0 : 1.0, path.name);
+                        if (vi == 2) check_variants(&c, BETAS[bi], path.name);
                         free_case(&c);
                     }
-        printf("path %s: %d checks\n", name, kt_checks - before);
     }
-    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
     check_symmetry(&rng);
     check_determinism(&rng);
     check_finite_differences(&rng);

@@ -1408,19 +1408,7 @@ static void check_names(void) {
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
-    for (int isa = KDLOSS_ISA_SCALAR; isa <= KDLOSS_ISA_AVX512; isa++) {
-        if (!kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) {
-            printf("path %s: not supported by this CPU, skipped\n",
-                   kdloss_cpu_isa_name((kdloss_cpu_isa)isa));
-            continue;
-        }
-        kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
-        const char *name = kdloss_cpu_isa_name((kdloss_cpu_isa)isa);
-        int before = kt_checks;
-        grid_logits(&rng, name);
-        printf("logits, path %s: %d checks\n", name, kt_checks - before);
-    }
-    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+    KT_FOR_EACH_ISA(path, "logits, ") grid_logits(&rng, path.name);
     int before = kt_checks;
     check_dense(&rng);
     printf("K = V bucket vs dense: %d checks\n", kt_checks - before);

@@ -217,3 +217,28 @@ int kt_finish(const char *suite) {
     printf("%d passed, %d failed\n", kt_checks - kt_failures, kt_failures);
     return kt_failures ? 1 : 0;
 }
+
+kt_isa_iter kt_isa_begin(const char *report) {
+    kt_isa_iter it = {KDLOSS_ISA_SCALAR, report, NULL, 0};
+    return it;
+}
+
+int kt_isa_next(kt_isa_iter *it) {
+    if (it->name && it->report)
+        printf("%spath %s: %d checks\n", it->report, it->name, kt_checks - it->before);
+    it->name = NULL;
+    while (it->next <= KDLOSS_ISA_AVX512) {
+        kdloss_cpu_isa isa = (kdloss_cpu_isa)it->next++;
+        if (!kdloss_cpu_isa_supported(isa)) {
+            if (it->report)
+                printf("path %s: not supported by this CPU, skipped\n", kdloss_cpu_isa_name(isa));
+            continue;
+        }
+        kdloss_cpu_set_isa(isa);
+        it->name = kdloss_cpu_isa_name(isa);
+        it->before = kt_checks;
+        return 1;
+    }
+    kdloss_cpu_set_isa(KDLOSS_ISA_AUTO);
+    return 0;
+}

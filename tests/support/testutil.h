@@ -64,4 +64,23 @@ int kt_check_(int cond, const char *file, int line, const char *fmt, ...);
 /* Prints "N passed, N failed" and returns the process exit code. */
 int kt_finish(const char *suite);
 
+/* ---- CPU paths ---- */
+/* KT_FOR_EACH_ISA(it, report) { body } runs body once per CPU path (scalar, avx2, avx512), that
+ * path forced with kdloss_cpu_set_isa and named by it.name, then sets KDLOSS_ISA_AUTO again, so
+ * each test states only what it checks on one path. Paths this CPU lacks are skipped. report
+ * NULL prints nothing; otherwise each skip prints "path NAME: not supported by this CPU, skipped"
+ * and each path run "<report>path NAME: N checks" (report "" for no prefix). The body may
+ * `continue` but not `break` or `return`: the forced path would outlive the loop. */
+typedef struct kt_isa_iter {
+    int next;           /* the next kdloss_cpu_isa to try */
+    const char *report; /* NULL: silent; else the prefix of the per-path count line */
+    const char *name;   /* the path the body runs on; NULL before the first and after the last */
+    int before;         /* kt_checks when that path started */
+} kt_isa_iter;
+kt_isa_iter kt_isa_begin(const char *report);
+/* Ends the current path (its count line), forces the next supported one and returns 1; after the
+ * last, restores KDLOSS_ISA_AUTO and returns 0. */
+int kt_isa_next(kt_isa_iter *it);
+#define KT_FOR_EACH_ISA(it, report) for (kt_isa_iter it = kt_isa_begin(report); kt_isa_next(&it);)
+
 #endif
