@@ -132,10 +132,6 @@ static void fill_inputs(uint64_t seed) {
     }
 }
 
-static int arenas_same(void) {
-    return !memcmp(in_arena, in_snap, ARENA) && !memcmp(out_arena, out_snap, ARENA);
-}
-
 /* An fp32 loss or gradient element against its double reference: within tol (+ one rounding), equal (infinities
  * included), or the reference beyond fp32's range and the loss the infinity of its sign. */
 static int loss_ok(float got, double want, double tol) {
@@ -150,6 +146,27 @@ static int loss_ok(float got, double want, double tol) {
         fputc('\n', stderr);                                                                    \
         abort();                                                                                \
     } while (0)
+
+/* Every API call is bracketed by these two. call_begin snapshots both arenas: an accepted call's
+ * reference reads its inputs from the snapshot, a rejected one is held to it. call_rejected
+ * counts the call and returns 1 when it was rejected, after aborting if it wrote anywhere in
+ * either arena: an error must leave the caller's memory as it was, outputs included. */
+static void call_begin(void) {
+    memcpy(in_snap, in_arena, ARENA);
+    memcpy(out_snap, out_arena, ARENA);
+    n_calls++;
+}
+
+static int call_rejected(kdloss_status st, const char *name) {
+    if (st == KDLOSS_OK) {
+        n_valid++;
+        return 0;
+    }
+    if (memcmp(in_arena, in_snap, ARENA) != 0 || memcmp(out_arena, out_snap, ARENA) != 0)
+        FAIL("%s returned %d but wrote memory", name, st);
+    n_rejected++;
+    return 1;
+}
 
 static void fuzz_kl(rd *r) {
     kdloss_kl_params p;
@@ -173,16 +190,9 @@ static void fuzz_kl(rd *r) {
         !fits(row, (unsigned char *)row >= in_arena && (unsigned char *)row < in_arena + ARENA ? in_arena : out_arena, 1, bt, 0, KDLOSS_F32) ||
         !fits(loss, out_arena, 1, 1, 0, KDLOSS_F32))
         return;
-    memcpy(in_snap, in_arena, ARENA);
-    memcpy(out_snap, out_arena, ARENA);
-    n_calls++;
+    call_begin();
     kdloss_status st = kdloss_kl_div(&p, bt, v, x, t, loss, row, el, g);
-    if (st != KDLOSS_OK) {
-        if (!arenas_same()) FAIL("kl_div returned %d but wrote memory", st);
-        n_rejected++;
-        return;
-    }
-    n_valid++;
+    if (call_rejected(st, "kl_div")) return;
     /* reference: loss and fp32 gradient */
     double sum = 0, mag = 0, scale = p.reduction == KDLOSS_REDUCTION_MEAN ? 1.0 / ((double)bt * v)
                                     : p.reduction == KDLOSS_REDUCTION_BATCHMEAN ? 1.0 / bt : 1.0;
@@ -245,16 +255,9 @@ static void fuzz_jsd(rd *r) {
         !fits(g.data, (unsigned char *)g.data >= in_arena && (unsigned char *)g.data < in_arena + ARENA ? in_arena : out_arena, bt, v, g.ld, g.dtype) ||
         !fits(row, out_arena, 1, bt, 0, KDLOSS_F32) || !fits(loss, out_arena, 1, 1, 0, KDLOSS_F32))
         return;
-    memcpy(in_snap, in_arena, ARENA);
-    memcpy(out_snap, out_arena, ARENA);
-    n_calls++;
+    call_begin();
     kdloss_status st = kdloss_jsd(&p, bt, v, x, t, lab, loss, row, g);
-    if (st != KDLOSS_OK) {
-        if (!arenas_same()) FAIL("jsd returned %d but wrote memory", st);
-        n_rejected++;
-        return;
-    }
-    n_valid++;
+    if (call_rejected(st, "jsd")) return;
     int64_t ldx = x.ld ? x.ld : v, ldt = t.ld ? t.ld : v, ldg = g.ld ? g.ld : v, nv = 0;
     for (int64_t i = 0; i < bt; i++) {
         if (lab.data) {
@@ -377,16 +380,9 @@ static void fuzz_fld(rd *r, int query) {
         (o.hard_loss && (unsigned char *)o.hard_loss >= in_arena && (unsigned char *)o.hard_loss < in_arena + ARENA && 0))
         return;
     if (o.dxs.data && (unsigned char *)o.dxs.data + 1 > oa + ARENA - 512) return; /* keep off the labels */
-    memcpy(in_snap, in_arena, ARENA);
-    memcpy(out_snap, out_arena, ARENA);
-    n_calls++;
+    call_begin();
     kdloss_status st = kdloss_fused_linear_jsd(&p, bt, hs, ht, v, xs, ws, bs, xt, wt, btb, lab, &o, work, work_bytes);
-    if (st != KDLOSS_OK) {
-        if (!arenas_same()) FAIL("fused_linear_jsd returned %d but wrote memory", st);
-        n_rejected++;
-        return;
-    }
-    n_valid++;
+    if (call_rejected(st, "fused_linear_jsd")) return;
     if (!o.loss || xs.dtype != KDLOSS_F32 || xt.dtype != KDLOSS_F32 || work) return;
     /* double reference of the loss */
     double *x1 = calloc((size_t)(bt * hs), 8), *w1 = calloc((size_t)(v * hs), 8), *b1 = bs ? calloc((size_t)v, 8) : NULL;
@@ -555,16 +551,9 @@ static void fuzz_topk_logits(rd *r) {
         !fits(row, ra, 1, bt, 0, KDLOSS_F32) || !fits(loss, out_arena, 1, 1, 0, KDLOSS_F32))
         return;
     if (g.data && ga == out_arena && (unsigned char *)g.data + 1 > out_arena + ARENA - 512) return; /* keep off the labels */
-    memcpy(in_snap, in_arena, ARENA);
-    memcpy(out_snap, out_arena, ARENA);
-    n_calls++;
+    call_begin();
     kdloss_status st = kdloss_topk_distill_logits(&p, bt, v, x, t, lab, loss, row, g);
-    if (st != KDLOSS_OK) {
-        if (!arenas_same()) FAIL("topk_distill_logits returned %d but wrote memory", st);
-        n_rejected++;
-        return;
-    }
-    n_valid++;
+    if (call_rejected(st, "topk_distill_logits")) return;
     n_topk_valid[0]++;
     if (ga == out_arena && ra == out_arena && memcmp(in_arena, in_snap, ARENA) != 0)
         FAIL("topk_distill_logits wrote into its inputs (no output lies there)");
@@ -682,9 +671,7 @@ static void fuzz_topk_fused(rd *r, int query) {
         !fits(o.dbs, oa, 1, v, 0, ds) || (work && (size_t)((unsigned char *)work - (work >= (void *)oa ? oa : in_arena)) + work_bytes > ARENA))
         return;
     if (o.dxs.data && (unsigned char *)o.dxs.data + 1 > oa + ARENA - 512) return; /* keep off the labels */
-    memcpy(in_snap, in_arena, ARENA);
-    memcpy(out_snap, out_arena, ARENA);
-    n_calls++;
+    call_begin();
     /* a quarter of the calls through the vocabulary-parallel entry with one rank (the whole
      * vocabulary, or a shard that does not tile it), which must give the same results */
     int vp = pick(r, 4) == 0;
@@ -699,12 +686,8 @@ static void fuzz_topk_fused(rd *r, int query) {
     if (vp && st == KDLOSS_OK && (fz_comm_fail || bad_rank || shard.v_total != v || shard.v_begin != 0))
         FAIL("vocab-parallel call accepted a failing comm, rank %d or shard %lld/%lld", comm.rank,
              (long long)shard.v_begin, (long long)shard.v_total);
-    if (st != KDLOSS_OK) {
-        if (!arenas_same()) FAIL("fused_linear_topk_distill%s returned %d but wrote memory", vp ? "_vp" : "", st);
-        n_rejected++;
+    if (call_rejected(st, vp ? "fused_linear_topk_distill_vp" : "fused_linear_topk_distill"))
         return;
-    }
-    n_valid++;
     n_topk_valid[1]++;
     if (!o.loss || xs.dtype != KDLOSS_F32 || work) return;
     /* double reference of the loss and the row outputs */
