@@ -8,6 +8,15 @@
 #include "fld_rows.h" /* KD_FLD_TILE */
 #include "logits_rows.h"
 
+/* 1: a step runs pass 1 and the last pass column by column (the tile's reads and writes mixed
+ * finest, best with AVX-512's 32 registers); 0: per tile, pass 1 stream by stream, then the last
+ * pass (with AVX2's 16 registers the interleaved loop spills; BENCHMARKS.md has both). */
+#ifdef KD_ISA_AVX512
+#define KD_LR_INTERLEAVE 1
+#else
+#define KD_LR_INTERLEAVE 0
+#endif
+
 /* max of z[0..v): four accumulators, since one max's latency a vector would bound the pass. */
 static float KD_SFX(lr_max)(const float *z, int64_t v) {
     vf m0 = vf_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
@@ -74,17 +83,31 @@ KD_INLINE vf KD_SFX(lr_e)(const float *z, float *e, int64_t c, int64_t n, int fu
     return vf_keep(vm_first_n(n), x);
 }
 
-/* Fetches what pass 1 reads pf_off columns after column c of row a: its own student and
- * teacher while that lies inside the row, the next row's past its end. */
-KD_INLINE void KD_SFX(lr_prefetch)(const kd_lrow *a, int64_t c) {
+/* Fetches what pass 1 reads pf_off columns after column c of one of row a's logits (x, es
+ * bytes a column; nxt: the same logits of the next row): in x while that lies inside the row,
+ * in nxt past its end. */
+KD_INLINE void KD_SFX(lr_prefetch)(const kd_lrow *a, const char *x, const char *nxt, int64_t es,
+                                   int64_t c) {
     int64_t f = c + a->pf_off;
-    if (f < a->v) {
-        _mm_prefetch(a->xs + f * a->xes, _MM_HINT_T0);
-        _mm_prefetch(a->xt + f * a->tes, _MM_HINT_T0);
-    } else if (a->next_s) {
-        _mm_prefetch(a->next_s + (f - a->v) * a->xes, _MM_HINT_T0);
-        _mm_prefetch(a->next_t + (f - a->v) * a->tes, _MM_HINT_T0);
+    if (f < a->v) _mm_prefetch(x + f * es, _MM_HINT_T0);
+    else if (nxt) _mm_prefetch(nxt + (f - a->v) * es, _MM_HINT_T0);
+}
+
+/* Pass 1 over tile [t0, t1) of the student's (who 0) or the teacher's (who 1) logits of row a,
+ * its max base: the exps stored, their sum returned (as lanes). */
+KD_INLINE vf KD_SFX(lr_pass1)(const kd_lrow *a, int who, int64_t t0, int64_t t1, vf base,
+                              vf it) {
+    const float *z = who ? a->zt : a->zs;
+    float *e = who ? a->et : a->es;
+    const char *x = who ? a->xt : a->xs, *nxt = who ? a->next_t : a->next_s;
+    int64_t es = who ? a->tes : a->xes, c = t0;
+    vf acc = vf_zero();
+    for (; c + VL <= t1; c += VL) {
+        KD_SFX(lr_prefetch)(a, x, nxt, es, c);
+        acc = vf_add(acc, KD_SFX(lr_e)(z, e, c, VL, 1, base, it));
     }
+    if (c < t1) acc = vf_add(acc, KD_SFX(lr_e)(z, e, c, t1 - c, 0, base, it));
+    return acc;
 }
 
 /* Writes d, a vector of the gradient at column c (n live; full: n = VL), in the gradient's
@@ -219,7 +242,8 @@ KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int fused, const kd_lrow
                               const KD_SFX(lr_c) *rc, vf gs, vf sg, const kd_lrow *nx, vf bs,
                               vf bt, vf it, int64_t c, int64_t n, int full, KD_SFX(lr_acc) *s) {
     if (nx) {
-        KD_SFX(lr_prefetch)(nx, c);
+        KD_SFX(lr_prefetch)(nx, nx->xs, nx->next_s, nx->xes, c);
+        KD_SFX(lr_prefetch)(nx, nx->xt, nx->next_t, nx->tes, c);
         s->as = vf_add(s->as, KD_SFX(lr_e)(nx->zs, nx->es, c, n, full, bs, it));
         s->at = vf_add(s->at, KD_SFX(lr_e)(nx->zt, nx->et, c, n, full, bt, it));
     }
@@ -250,10 +274,15 @@ KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, const kd_lrow *d, KD_
         rc->rs = KD_SFX(lr_scale)(d, 0, t);
         rc->rt = KD_SFX(lr_scale)(d, 1, t);
     }
+    const kd_lrow *cn = KD_LR_INTERLEAVE ? nx : NULL; /* nx's part of the column loop */
+    if (!KD_LR_INTERLEAVE && nx) { /* pass 1 stream by stream, then d's columns */
+        acc.as = KD_SFX(lr_pass1)(nx, 0, t0, t1, bs, it);
+        acc.at = KD_SFX(lr_pass1)(nx, 1, t0, t1, bt, it);
+    }
     int64_t c = t0;
     for (; c + VL <= t1; c += VL)
-        KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, nx, bs, bt, it, c, VL, 1, &acc);
-    if (c < t1) KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, nx, bs, bt, it, c, t1 - c, 0, &acc);
+        KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, cn, bs, bt, it, c, VL, 1, &acc);
+    if (c < t1) KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, cn, bs, bt, it, c, t1 - c, 0, &acc);
     if (nx) {
         int64_t nt = nx->ntiles;
         nx->tiles[t] = ms;
