@@ -207,17 +207,16 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0
 
 /* Forward KL's last pass, whose S = sum g = -sum P is -1 by construction (docs/MATH.md 7.4),
  * one vector at column c (n live lanes; full: n = VL): passes 3 and 4 in one, dz = gs (g - Q S)
- * (sg = -1: gs (g + Q), the same bits). Returns the terms (0 past the row's end). dz goes to
- * a->dz or, when no gradient is wanted, over es, so that the loss has one instantiation (lr_div
- * says why). */
+ * = gs (g + Q). Returns the terms (0 past the row's end). dz goes to a->dz or, when no gradient
+ * is wanted, over es, so that the loss has one instantiation (lr_div says why). */
 KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
-                                  const kd_lrow *a, vf gs, vf sg, int64_t c, int64_t n, int full) {
+                                  const kd_lrow *a, vf gs, int64_t c, int64_t n, int full) {
     vf e = full ? vf_load(a->es + c) : vf_load_n(a->es + c, n), g;
     vf zs = full ? vf_load(a->zs + c) : vf_load_n(a->zs + c, n);
     vf zt = full ? vf_load(a->zt + c) : vf_load_n(a->zt + c, n);
     vf et = full ? vf_load(a->et + c) : vf_load_n(a->et + c, n);
     vf l = KD_SFX(lr_elem)(k, op, r, zs, zt, e, et, &g);
-    vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_sub(g, vf_mul(vf_mul(e, r->rs), sg)));
+    vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, vf_mul(e, r->rs)));
     KD_SFX(lr_put)(a, d, c, n, full);
     return full ? l : vf_keep(vm_first_n(n), l);
 }
@@ -247,7 +246,7 @@ KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int fused, const kd_lrow
         s->as = vf_add(s->as, KD_SFX(lr_e)(nx->zs, nx->es, c, n, full, bs, it));
         s->at = vf_add(s->at, KD_SFX(lr_e)(nx->zt, nx->et, c, n, full, bt, it));
     }
-    if (fused) s->lacc = vf_add(s->lacc, KD_SFX(lr_fused_vec)(k, op, rc, d, gs, sg, c, n, full));
+    if (fused) s->lacc = vf_add(s->lacc, KD_SFX(lr_fused_vec)(k, op, rc, d, gs, c, n, full));
     else if (d && d->dz) KD_SFX(lr_grad_vec)(d, rc->rs, gs, sg, c, n, full);
 }
 
@@ -316,8 +315,7 @@ KD_INLINE double KD_SFX(lr_step)(const kd_vdiv *k, int op, kd_lrow *d, kd_lrow *
     double loss = 0.0, sg = 0.0;
     if (d) {
         rc = KD_SFX(lr_consts)(d);
-        if (op == KD_OP_FWD) sg = -1.0; /* forward KL's S, known before (docs/MATH.md 7.4) */
-        else loss = KD_SFX(lr_div)(k, op, &rc, d, &sg);
+        if (op != KD_OP_FWD) loss = KD_SFX(lr_div)(k, op, &rc, d, &sg); /* forward KL: S = -1 */
     }
     if (nx) nx->ms = nx->mt = -INFINITY;
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
