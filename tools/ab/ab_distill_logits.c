@@ -129,7 +129,8 @@ int main(int argc, char **argv) {
         qsort(x, (size_t)rounds, sizeof *x, cmp_double);
         qsort(ratio, (size_t)rounds, sizeof *ratio, cmp_double);
         double med = x[rounds / 2];
-        printf("%-40s min %7.1f p20 %7.1f med %7.1f p80 %7.1f ms  ratio %.3f  loss %.7g  %.1f GB/s\n",
+        printf("%-40s min %7.1f p20 %7.1f med %7.1f p80 %7.1f ms  ratio %.3f  loss %.7g  "
+               "%.1f GB/s\n",
                argv[a + i], x[0], x[rounds / 5], med, x[rounds * 4 / 5], ratio[rounds / 2],
                loss[i], 3.0 * (double)(n * es) / med / 1e6);
     }
