@@ -60,13 +60,18 @@ if "$kd" bench --list | awk '{print $1}' | grep -qx distill; then
 fi
 
 # The same on logits (kdloss_distill_logits, what DistillLoss calls) at an LLM-like shape, BT
-# 4096, V 32768: TARGET 0.6 of the streaming bandwidth for the KL class, the others reported.
+# 4096, V 32768: TARGET 0.6 of the streaming bandwidth for the KL class in fp32, the others
+# (and forward KL on bf16 logits) reported.
 if "$kd" bench --list | awk '{print $1}' | grep -qx distill_logits; then
     for d in forward_kl reverse_kl jsd skew_forward_kl skew_reverse_kl tvd; do
         run "distill_logits-$d" "$kd" bench distill_logits --divergence "$d" --mode full \
             --bt 4096 --vocab 32768 --dtype fp32 --reps 7 \
             --json "$out/distill_logits-$d-full-$stamp.json"
     done
+    # bf16 logits (what a bf16 model hands the loss): half the bytes, reported without a target
+    run "distill_logits-forward_kl-bf16" "$kd" bench distill_logits --divergence forward_kl \
+        --mode full --bt 4096 --vocab 32768 --dtype bf16 --reps 7 \
+        --json "$out/distill_logits-forward_kl-bf16-full-$stamp.json"
 fi
 
 if "$kd" bench --list | awk '{print $1}' | grep -qx distill_jsd; then

@@ -132,9 +132,11 @@ static int distill_run(const kb_options *o, const void *kopts, kb_result *res) {
     /* reads of X and Y, plus the gradient's write whenever it is wanted */
     res->bytes = (want_grad ? 3.0 : 2.0) * (double)tb;
     res->working_set = (want_grad ? 3 : 2) * tb;
-    /* on logits the target is the KL class's (two exps an element); the mixtures report */
-    res->no_target = k->logits && c.params.div.divergence != KDLOSS_DIV_FORWARD_KL &&
-                     c.params.div.divergence != KDLOSS_DIV_REVERSE_KL;
+    /* on logits the target is the KL class's in fp32 (two exps an element); the mixtures and
+     * narrower logits (half the bytes for the same arithmetic: compute-bound) report */
+    res->no_target = k->logits && ((c.params.div.divergence != KDLOSS_DIV_FORWARD_KL &&
+                                    c.params.div.divergence != KDLOSS_DIV_REVERSE_KL) ||
+                                   o->dtype != KDLOSS_F32);
     if (k->jsd) snprintf(res->note, sizeof res->note, "beta %g", k->beta);
     else snprintf(res->note, sizeof res->note, "%s beta %g alpha %g%s",
                   kdloss_divergence_name(c.params.div.divergence), k->beta, k->alpha,
