@@ -11,10 +11,11 @@
  *   - teacher: the teacher row itself when it is fp32 and no gradient is wanted (the kernel only
  *     reads it then), else a copy in a per-thread buffer.
  * A dense teacher on the AVX2 / AVX-512 paths takes the logits row kernel instead
- * (logits_rows.h: two exps an element, the divergence in div_elem.h's KDE_PQ form): fp32 rows
- * in place, each thread pipelining its span of rows (one row's last pass interleaved with the
- * next row's first); narrower ones widened into per-thread buffers, one row at a time.
- * Rows run on OpenMP threads through kd_rows_sum, whose summation order depends on BT alone. */
+ * (logits_rows.h: two exps an element, the divergence in div_elem.h's KDE_PQ form), each thread
+ * pipelining its span of rows (one row's last pass interleaved with the next row's first): fp32
+ * logits read in place, narrower ones widened tile by tile into per-thread rows by pass 1.
+ * Rows run on OpenMP threads (kd_rows_sum; run_pipelined on the vector paths), their values
+ * summed in an order that depends on BT alone. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
