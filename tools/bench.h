@@ -32,7 +32,10 @@
  *     (e.g. "hs2048 ht4096 gemm-floor 0.91x"), free everything and return 0. On a library
  *     error print it with kb_report_status() and return 1. The driver then reads peak RSS,
  *     measures the streaming bandwidth (unless res->stream_gbs was set, or res->bytes is 0),
- *     prints the table row and writes the JSON record if --json was given.
+ *     prints the table row and writes the JSON record if --json was given. For a kernel with a
+ *     stream_target in full mode it also runs a STREAM add after each timed call of its
+ *     kb_time (kb_time_pair_next) and judges the target on the median of the per-call
+ *     fractions (bench/README.md).
  *     Kernel-specific numbers that belong in the record go in res->wl (workload key/values;
  *     in_id = 1 puts them in the external id, e.g. hidden4096) or res->extra (extra
  *     measurements such as a GEMM-floor time, via kb_result_add_measure). A fused-linear
@@ -144,6 +147,10 @@ typedef kdloss_status (*kb_call_fn)(void *ctx);
  * starts with cold caches. Returns KDLOSS_OK, or the first failing status (stats unset). */
 kdloss_status kb_time(kb_call_fn fn, void *ctx, int64_t warmup, int64_t reps,
                       size_t working_set_bytes, kb_stats *out);
+/* Pairing: the next kb_time call (only that one) calls fn(ctx, ns) right after each timed call,
+ * ns its time, so that the driver can measure the machine next to every call. NULL: none. */
+typedef void (*kb_pair_fn)(void *ctx, double ns);
+void kb_time_pair_next(kb_pair_fn fn, void *ctx);
 /* Quantile q in [0,1] of n samples (sorted in place), linear interpolation. */
 double kb_quantile(double *x, int64_t n, double q);
 double kb_now_ns(void); /* CLOCK_MONOTONIC */
@@ -161,6 +168,18 @@ typedef struct kb_stream {
  * OpenMP with the library's thread count, median of `reps` runs each with plain and with
  * non-temporal stores; bandwidth counts 3 x array bytes. Exits 1 if it cannot allocate. */
 void kb_stream_measure(size_t total_bytes, int reps, kb_stream *out);
+
+/* One STREAM add at a time, for measurements paired with a kernel's calls: the arrays (total
+ * max(total_bytes, 256 MB)) stay allocated between runs. kb_stream_once returns one run's GB/s
+ * with non-temporal stores where the CPU has AVX2 (the faster kind here), else plain ones. */
+typedef struct kb_stream_arrays {
+    float *a, *b, *c;
+    size_t n;
+    int nt;
+} kb_stream_arrays;
+void kb_stream_open(size_t total_bytes, kb_stream_arrays *s);
+double kb_stream_once(kb_stream_arrays *s);
+void kb_stream_close(kb_stream_arrays *s);
 
 size_t kb_peak_rss_bytes(void); /* getrusage ru_maxrss of this process, in bytes */
 

@@ -38,8 +38,19 @@ static void flush_caches(unsigned char *buf, size_t n, unsigned pass) {
     for (size_t i = 0; i < n; i += 64) buf[i] = (unsigned char)(i + pass);
 }
 
+static kb_pair_fn pair_fn; /* kb_time_pair_next's hook, taken by the next kb_time */
+static void *pair_ctx;
+
+void kb_time_pair_next(kb_pair_fn fn, void *ctx) {
+    pair_fn = fn;
+    pair_ctx = ctx;
+}
+
 kdloss_status kb_time(kb_call_fn fn, void *ctx, int64_t warmup, int64_t reps,
                       size_t working_set_bytes, kb_stats *out) {
+    kb_pair_fn pf = pair_fn;
+    void *pc = pair_ctx;
+    pair_fn = NULL;
     if (reps < 1 || warmup < 0) return KDLOSS_ERR_INVALID_PARAM; /* no samples, no median */
     unsigned char *flush = NULL;
     if (working_set_bytes < KB_FLUSH_BELOW) flush = kb_alloc(KB_FLUSH_BYTES, "cache flush buffer");
@@ -55,6 +66,7 @@ kdloss_status kb_time(kb_call_fn fn, void *ctx, int64_t warmup, int64_t reps,
         double t0 = kb_now_ns();
         st = fn(ctx);
         ns[k] = kb_now_ns() - t0;
+        if (pf && st == KDLOSS_OK) pf(pc, ns[k]);
     }
     if (st == KDLOSS_OK) {
         out->n = reps;
