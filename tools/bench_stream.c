@@ -38,47 +38,39 @@ static void add_nt(const float *a, const float *b, float *c, size_t n) {
 
 typedef void (*add_fn)(const float *, const float *, float *, size_t);
 
-/* Median GB/s of reps runs, counting 3 x array bytes per run (one warm-up first). */
-static double median_gbs(add_fn fn, const float *a, const float *b, float *c, size_t n, int reps) {
-    double *t = malloc((size_t)reps * sizeof *t);
-    if (!t) return 0;
-    fn(a, b, c, n);
-    for (int k = 0; k < reps; k++) {
-        double t0 = kb_now_ns();
-        fn(a, b, c, n);
-        t[k] = kb_now_ns() - t0;
-    }
-    double med = kb_quantile(t, reps, 0.5);
-    free(t);
-    return 3.0 * (double)n * sizeof(float) / med;
+/* GB/s of one run of fn over the arrays, counting 3 x array bytes. */
+static double run_gbs(add_fn fn, kb_stream_arrays *s) {
+    double t0 = kb_now_ns();
+    fn(s->a, s->b, s->c, s->n);
+    return 3.0 * (double)s->n * sizeof(float) / (kb_now_ns() - t0);
+}
+
+/* Median GB/s of reps runs (one warm-up first). */
+static double median_gbs(add_fn fn, kb_stream_arrays *s, int reps) {
+    double *g = malloc((size_t)reps * sizeof *g);
+    if (!g) return 0;
+    run_gbs(fn, s);
+    for (int k = 0; k < reps; k++) g[k] = run_gbs(fn, s);
+    double med = kb_quantile(g, reps, 0.5);
+    free(g);
+    return med;
 }
 
 void kb_stream_measure(size_t total_bytes, int reps, kb_stream *out) {
-    if (total_bytes < KB_STREAM_MIN_TOTAL) total_bytes = KB_STREAM_MIN_TOTAL;
-    size_t n = total_bytes / 3 / sizeof(float) / 16 * 16; /* whole vectors, 64-byte multiples */
-    float *a = kb_alloc(n * sizeof(float), "stream array a");
-    float *b = kb_alloc(n * sizeof(float), "stream array b");
-    float *c = kb_alloc(n * sizeof(float), "stream array c");
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        a[i] = 1.0f;
-        b[i] = 2.0f;
-    }
-    out->array_bytes = n * sizeof(float);
+    kb_stream_arrays s;
+    kb_stream_open(total_bytes, &s);
+    out->array_bytes = s.n * sizeof(float);
     out->threads = omp_get_max_threads();
-    out->plain_gbs = median_gbs(add_plain, a, b, c, n, reps);
-    __builtin_cpu_init();
-    out->nt_used = __builtin_cpu_supports("avx2");
-    out->nt_gbs = out->nt_used ? median_gbs(add_nt, a, b, c, n, reps) : 0.0;
+    out->plain_gbs = median_gbs(add_plain, &s, reps);
+    out->nt_used = s.nt;
+    out->nt_gbs = s.nt ? median_gbs(add_nt, &s, reps) : 0.0;
     out->gbs = out->nt_gbs > out->plain_gbs ? out->nt_gbs : out->plain_gbs;
-    kb_free(a);
-    kb_free(b);
-    kb_free(c);
+    kb_stream_close(&s);
 }
 
 void kb_stream_open(size_t total_bytes, kb_stream_arrays *s) {
     if (total_bytes < KB_STREAM_MIN_TOTAL) total_bytes = KB_STREAM_MIN_TOTAL;
-    s->n = total_bytes / 3 / sizeof(float) / 16 * 16;
+    s->n = total_bytes / 3 / sizeof(float) / 16 * 16; /* whole vectors, 64-byte multiples */
     s->a = kb_alloc(s->n * sizeof(float), "stream array a");
     s->b = kb_alloc(s->n * sizeof(float), "stream array b");
     s->c = kb_alloc(s->n * sizeof(float), "stream array c");
@@ -92,11 +84,7 @@ void kb_stream_open(size_t total_bytes, kb_stream_arrays *s) {
     s->nt = __builtin_cpu_supports("avx2");
 }
 
-double kb_stream_once(kb_stream_arrays *s) {
-    double t0 = kb_now_ns();
-    (s->nt ? add_nt : add_plain)(s->a, s->b, s->c, s->n);
-    return 3.0 * (double)s->n * sizeof(float) / (kb_now_ns() - t0);
-}
+double kb_stream_once(kb_stream_arrays *s) { return run_gbs(s->nt ? add_nt : add_plain, s); }
 
 void kb_stream_close(kb_stream_arrays *s) {
     kb_free(s->a);
