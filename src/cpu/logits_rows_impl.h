@@ -7,6 +7,7 @@
 
 #include "fld_rows.h" /* KD_FLD_TILE */
 #include "logits_rows.h"
+#include "simd_tile.h"
 
 /* 1: a step runs pass 1 and the last pass column by column (the tile's reads and writes mixed
  * finest, best with AVX-512's 32 registers); 0: per tile, pass 1 stream by stream, then the last
@@ -32,42 +33,12 @@ static float KD_SFX(lr_max)(const float *z, int64_t v) {
     return vf_hmax(vf_max(vf_max(m0, m1), vf_max(m2, m3)));
 }
 
-/* n < VL bf16 / fp16 values (dt) as fp32, the rest 0. */
-KD_INLINE vf KD_SFX(lr_load_h_n)(const uint16_t *h, kdloss_dtype dt, int64_t n) {
-    uint16_t b[VL] = {0};
-    memcpy(b, h, (size_t)n * sizeof *b);
-    return dt == KDLOSS_BF16 ? vf_load_bf16(b) : vf_load_f16(b);
-}
-
-/* The same max of v bf16 / fp16 values (dt), which it widens into w[0..v) meanwhile, so that
- * the rest of pass 1 and pass 3 read fp32 (the widened tile is in L1 for pass 1). */
-static float KD_SFX(lr_widen_max)(const uint16_t *h, kdloss_dtype dt, float *w, int64_t v) {
-    vf m0 = vf_set1(-INFINITY), m1 = m0;
-    int64_t c = 0;
-    for (; c + 2 * VL <= v; c += 2 * VL) {
-        vf x0 = dt == KDLOSS_BF16 ? vf_load_bf16(h + c) : vf_load_f16(h + c);
-        vf x1 = dt == KDLOSS_BF16 ? vf_load_bf16(h + c + VL) : vf_load_f16(h + c + VL);
-        vf_store(w + c, x0);
-        vf_store(w + c + VL, x1);
-        m0 = vf_max(m0, x0);
-        m1 = vf_max(m1, x1);
-    }
-    for (; c < v; c += VL) {
-        int64_t n = v - c < VL ? v - c : VL;
-        vf x = n == VL ? (dt == KDLOSS_BF16 ? vf_load_bf16(h + c) : vf_load_f16(h + c))
-                       : KD_SFX(lr_load_h_n)(h + c, dt, n);
-        vf_store_n(w + c, x, n);
-        m1 = vf_max(m1, vf_select(vm_first_n(n), x, m1));
-    }
-    return vf_hmax(vf_max(m0, m1));
-}
-
-/* Pass 1's max of tile [t0, t1) of row x (dtype dt): fp32 read in place, narrower widened into
- * w (the row's fp32 view) on the way. */
-KD_INLINE float KD_SFX(lr_tile_max)(const char *x, kdloss_dtype dt, float *w, int64_t t0,
-                                    int64_t t1) {
-    if (dt == KDLOSS_F32) return KD_SFX(lr_max)((const float *)x + t0, t1 - t0);
-    return KD_SFX(lr_widen_max)((const uint16_t *)x + t0, dt, w + t0, t1 - t0);
+/* Pass 1's max of tile [t0, t1) of row x (dtype dt, es bytes a column): fp32 read in place,
+ * narrower widened into w (the row's fp32 view) first, so that the rest of pass 1 and pass 3
+ * read fp32 (the widened tile is in L1 for pass 1). */
+KD_INLINE float KD_SFX(lr_tile_max)(const char *x, kdloss_dtype dt, int64_t es, float *w,
+                                    int64_t t0, int64_t t1) {
+    return KD_SFX(lr_max)(load_tile(x + t0 * es, dt, t1 - t0, w + t0), t1 - t0);
 }
 
 /* Pass 1, one vector at column c of a tile whose max is base: e = exp((z - base) it) stored,
@@ -264,8 +235,8 @@ KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, const kd_lrow *d, KD_
     KD_SFX(lr_acc) acc = {vf_zero(), vf_zero(), vf_zero()};
     float ms = 0.0f, mt = 0.0f;
     if (nx) {
-        ms = KD_SFX(lr_tile_max)(nx->xs, nx->xdt, (float *)nx->zs, t0, t1);
-        mt = KD_SFX(lr_tile_max)(nx->xt, nx->tdt, (float *)nx->zt, t0, t1);
+        ms = KD_SFX(lr_tile_max)(nx->xs, nx->xdt, nx->xes, (float *)nx->zs, t0, t1);
+        mt = KD_SFX(lr_tile_max)(nx->xt, nx->tdt, nx->tes, (float *)nx->zt, t0, t1);
         bs = vf_set1(ms == -INFINITY ? 0.0f : ms); /* a tile of -inf logits: e = 0 */
         bt = vf_set1(mt == -INFINITY ? 0.0f : mt);
     }
