@@ -18,6 +18,11 @@
 #define KD_LR_INTERLEAVE 0
 #endif
 
+/* The vector of p at column c: n live lanes (full: n = VL), the rest 0. */
+KD_INLINE vf KD_SFX(lr_ld)(const float *p, int64_t c, int64_t n, int full) {
+    return full ? vf_load(p + c) : vf_load_n(p + c, n);
+}
+
 /* max of z[0..v): four accumulators, since one max's latency a vector would bound the pass. */
 static float KD_SFX(lr_max)(const float *z, int64_t v) {
     vf m0 = vf_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
@@ -45,7 +50,7 @@ KD_INLINE float KD_SFX(lr_tile_max)(const char *x, kdloss_dtype dt, int64_t es, 
  * returned with the lanes past the row's end (n live; full: n = VL) as 0. */
 KD_INLINE vf KD_SFX(lr_e)(const float *z, float *e, int64_t c, int64_t n, int full, vf base,
                           vf it) {
-    vf x = vf_exp_nonpos(vf_mul(vf_sub(full ? vf_load(z + c) : vf_load_n(z + c, n), base), it));
+    vf x = vf_exp_nonpos(vf_mul(vf_sub(KD_SFX(lr_ld)(z, c, n, full), base), it));
     if (full) {
         vf_store(e + c, x);
         return x;
@@ -139,35 +144,43 @@ KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r, vf
     return vf_zero();
 }
 
+/* Pass 3, one vector at column c (n live lanes; full: n = VL): returns the terms and g into *g
+ * (both 0 past the row's end); g stored over et. */
+KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
+                                const kd_lrow *a, int64_t c, int64_t n, int full, vf *g) {
+    vf l = KD_SFX(lr_elem)(k, op, r, KD_SFX(lr_ld)(a->zs, c, n, full),
+                           KD_SFX(lr_ld)(a->zt, c, n, full), KD_SFX(lr_ld)(a->es, c, n, full),
+                           KD_SFX(lr_ld)(a->et, c, n, full), g);
+    if (full) {
+        vf_store(a->et + c, *g);
+        return l;
+    }
+    vf_store_n(a->et + c, *g, n);
+    vm live = vm_first_n(n);
+    *g = vf_keep(live, *g);
+    return vf_keep(live, l);
+}
+
 /* Pass 3 for one operation: returns the row's divergence; g over et and its sum into *sum_g.
  * g is stored also when no gradient is wanted: one instantiation per operation, so the losses
  * of a call with and without the gradient are the same bits (the compiler may contract a
  * multiply and an add into an FMA differently in two specialisations). */
 KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0,
                                 const kd_lrow *a, double *sum_g) {
-    const float *zs = a->zs, *zt = a->zt, *es = a->es;
-    float *et = a->et;
     double loss = 0.0, gsum = 0.0;
-    KD_SFX(lr_c) rr = *r0, *r = &rr;
+    KD_SFX(lr_c) r = *r0;
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
         vf lacc = vf_zero(), gacc = vf_zero(), g;
-        rr.rs = KD_SFX(lr_scale)(a, 0, t);
-        rr.rt = KD_SFX(lr_scale)(a, 1, t);
+        r.rs = KD_SFX(lr_scale)(a, 0, t);
+        r.rt = KD_SFX(lr_scale)(a, 1, t);
         for (; c + VL <= t1; c += VL) {
-            lacc = vf_add(lacc, KD_SFX(lr_elem)(k, op, r, vf_load(zs + c), vf_load(zt + c),
-                                                vf_load(es + c), vf_load(et + c), &g));
-            vf_store(et + c, g);
+            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, &r, a, c, VL, 1, &g));
             gacc = vf_add(gacc, g);
         }
         if (c < t1) {
-            int64_t n = t1 - c;
-            vm live = vm_first_n(n);
-            vf l = KD_SFX(lr_elem)(k, op, r, vf_load_n(zs + c, n), vf_load_n(zt + c, n),
-                                   vf_load_n(es + c, n), vf_load_n(et + c, n), &g);
-            lacc = vf_add(lacc, vf_keep(live, l));
-            vf_store_n(et + c, g, n);
-            gacc = vf_add(gacc, vf_keep(live, g));
+            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, &r, a, c, t1 - c, 0, &g));
+            gacc = vf_add(gacc, g);
         }
         loss += (double)vf_hsum(lacc);
         gsum += (double)vf_hsum(gacc);
@@ -182,11 +195,10 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0
  * is wanted, over es, so that the loss has one instantiation (lr_div says why). */
 KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
                                   const kd_lrow *a, vf gs, int64_t c, int64_t n, int full) {
-    vf e = full ? vf_load(a->es + c) : vf_load_n(a->es + c, n), g;
-    vf zs = full ? vf_load(a->zs + c) : vf_load_n(a->zs + c, n);
-    vf zt = full ? vf_load(a->zt + c) : vf_load_n(a->zt + c, n);
-    vf et = full ? vf_load(a->et + c) : vf_load_n(a->et + c, n);
-    vf l = KD_SFX(lr_elem)(k, op, r, zs, zt, e, et, &g);
+    vf e = KD_SFX(lr_ld)(a->es, c, n, full), g;
+    vf l = KD_SFX(lr_elem)(k, op, r, KD_SFX(lr_ld)(a->zs, c, n, full),
+                           KD_SFX(lr_ld)(a->zt, c, n, full), e, KD_SFX(lr_ld)(a->et, c, n, full),
+                           &g);
     vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, vf_mul(e, r->rs)));
     KD_SFX(lr_put)(a, d, c, n, full);
     return full ? l : vf_keep(vm_first_n(n), l);
@@ -196,8 +208,7 @@ KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *
  * 3's), S = sg. gs 0 writes zeros, also where a logit is NaN. */
 KD_INLINE void KD_SFX(lr_grad_vec)(const kd_lrow *a, vf rs, vf gs, vf sg, int64_t c, int64_t n,
                                    int full) {
-    vf g = full ? vf_load(a->et + c) : vf_load_n(a->et + c, n);
-    vf e = full ? vf_load(a->es + c) : vf_load_n(a->es + c, n);
+    vf g = KD_SFX(lr_ld)(a->et, c, n, full), e = KD_SFX(lr_ld)(a->es, c, n, full);
     KD_SFX(lr_put)(a, a->gs == 0.0f ? vf_zero()
                                     : vf_mul(gs, vf_sub(g, vf_mul(vf_mul(e, rs), sg))),
                    c, n, full);
