@@ -75,9 +75,19 @@ static void narrow_row(const float *src, int64_t v, kdloss_dtype dt, void *dst) 
 static int64_t slot_rows(const dl_job *j) {
     return j->ew.xdt == KDLOSS_F32 && j->ew.tdt == KDLOSS_F32 ? 2 : 4;
 }
+static int64_t row_floats(const dl_job *j) { return (j->ew.v + 15) / 16 * 16; }
+static int64_t tile_floats(const dl_job *j) { return (8 * j->ltmpl.ntiles + 15) / 16 * 16; }
 static int64_t buf_floats(const dl_job *j) {
-    int64_t vp = (j->ew.v + 15) / 16 * 16, tf = (8 * j->ltmpl.ntiles + 15) / 16 * 16;
-    return 2 * (slot_rows(j) * vp + tf);
+    return 2 * (slot_rows(j) * row_floats(j) + tile_floats(j));
+}
+
+/* 1 if row r is ignored (its label is ignore_index), its gradient row then zeroed (+0.0 in
+ * every float dtype). */
+static int skip_ignored(const kd_ew_job *ew, int64_t r) {
+    if (!kd_row_ignored(ew, r)) return 0;
+    size_t es = kdloss_dtype_size(ew->xdt);
+    if (ew->g) memset(ew->g + (size_t)(r * ew->ldg) * es, 0, (size_t)ew->v * es);
+    return 1;
 }
 
 /* Row r's kernel arguments in slot i of buf: dz = g, fp32 streamed when the call asked for it
@@ -85,7 +95,7 @@ static int64_t buf_floats(const dl_job *j) {
 static kd_lrow dense_args(const dl_job *j, int64_t r, int64_t end, float *buf, int i) {
     const kd_ew_job *ew = &j->ew;
     size_t xes = kdloss_dtype_size(ew->xdt), tes = kdloss_dtype_size(ew->tdt);
-    int64_t vp = (ew->v + 15) / 16 * 16, tf = (8 * j->ltmpl.ntiles + 15) / 16 * 16;
+    int64_t vp = row_floats(j);
     float *slot = buf + i * slot_rows(j) * vp;
     kd_lrow a = j->ltmpl;
     a.xs = ew->x + (size_t)(r * ew->ldx) * xes;
@@ -98,7 +108,7 @@ static kd_lrow dense_args(const dl_job *j, int64_t r, int64_t end, float *buf, i
     a.et = slot + vp;
     a.zs = ew->xdt == KDLOSS_F32 ? (const float *)a.xs : slot + 2 * vp;
     a.zt = ew->tdt == KDLOSS_F32 ? (const float *)a.xt : slot + 3 * vp;
-    a.tiles = (double *)(buf + 2 * slot_rows(j) * vp + i * tf); /* 64-byte aligned */
+    a.tiles = (double *)(buf + 2 * slot_rows(j) * vp + i * tile_floats(j)); /* 64-byte aligned */
     a.dz = ew->g ? ew->g + (size_t)(r * ew->ldg) * xes : NULL;
     a.nt = a.dz && ew->stream_grad && ew->xdt == KDLOSS_F32 && (uintptr_t)a.dz % 64 == 0;
     a.pf_off = KD_LR_AHEAD < ew->v ? KD_LR_AHEAD : ew->v;
@@ -123,9 +133,7 @@ static double run_pipelined(const dl_job *j, double *rl, float *row_loss) {
         kd_lrow rows[2], *prev = NULL;
         int64_t prev_r = 0;
         for (int64_t r = lo; r < hi; r++) {
-            if (kd_row_ignored(ew, r)) {
-                size_t es = kdloss_dtype_size(ew->xdt);
-                if (ew->g) memset(ew->g + (size_t)(r * ew->ldg) * es, 0, (size_t)v * es);
+            if (skip_ignored(ew, r)) {
                 rl[r] = 0.0;
                 continue;
             }
@@ -148,14 +156,11 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     const char *xs = ew->x + (size_t)(r * ew->ldx) * es;
     const char *xt = ew->t ? ew->t + (size_t)(r * ew->ldt) * kdloss_dtype_size(ew->tdt) : NULL;
     char *g = ew->g ? ew->g + (size_t)(r * ew->ldg) * es : NULL;
-    if (kd_row_ignored(ew, r)) {
-        if (g) memset(g, 0, (size_t)v * es); /* +0.0 in every float dtype */
-        return 0.0;
-    }
+    if (skip_ignored(ew, r)) return 0.0;
     int tid = omp_get_thread_num();
     if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
     /* the second part starts on a cache line: its top-k scratch holds int64 and double */
-    float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + (v + 15) / 16 * 16;
+    float *bs = j->bufs + (size_t)tid * (size_t)j->buf_stride, *bt = bs + row_floats(j);
     float *zs, *zt;
     if (g && ew->xdt == KDLOSS_F32) {
         zs = (float *)g;
@@ -227,7 +232,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     job->lstep = job->topk.k ? NULL : logits_kernel();
     job->bt = bt;
     job->ltmpl.ntiles = (v + KD_FLD_TILE - 1) / KD_FLD_TILE;
-    job->buf_stride = job->lstep ? buf_floats(job) : (v + 15) / 16 * 16 + (second + 15) / 16 * 16;
+    job->buf_stride = job->lstep ? buf_floats(job) : row_floats(job) + (second + 15) / 16 * 16;
     int pipelined = job->lstep != NULL; /* its row values kept in double */
     if ((uint64_t)job->buf_stride > ((uint64_t)1 << 56) / (uint64_t)job->nthreads)
         return KDLOSS_ERR_OUT_OF_MEMORY;
