@@ -23,15 +23,6 @@ typedef kdloss_div_params div_case;
 static const div_case DIVS[] = KT_DIV_CASES_LOGITS_INIT;
 #define NDIV ((int)(sizeof DIVS / sizeof DIVS[0]))
 
-/* log_softmax(z / T) of one row in double. */
-static void ref_log_softmax(const double *z, int64_t v, double t, double *out) {
-    double m = -INFINITY, s = 0;
-    for (int64_t k = 0; k < v; k++) m = fmax(m, z[k] / t);
-    for (int64_t k = 0; k < v; k++) s += exp(z[k] / t - m);
-    double l = m + log(s);
-    for (int64_t k = 0; k < v; k++) out[k] = z[k] / t - l;
-}
-
 /* The reference row: returns D(P, Q); dz[k] = dD/dzs[k] (unscaled); mag, gmag: magnitudes of
  * the loss terms and of each gradient element's terms (for tolerances). */
 static double ref_row(const kdloss_div_params *d, const double *zs, const double *zt, int64_t v,

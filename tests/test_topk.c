@@ -204,13 +204,7 @@ static kdloss_topk_teacher teacher_view(const teacher *t) {
 
 /* log_softmax of each row of z (bt x v) at temperature t, in double. */
 static void log_softmax_rows(const double *z, int64_t bt, int64_t v, double t, double *out) {
-    for (int64_t r = 0; r < bt; r++) {
-        double m = -INFINITY, s = 0.0;
-        for (int64_t c = 0; c < v; c++) m = fmax(m, z[r * v + c] / t);
-        for (int64_t c = 0; c < v; c++) s += exp(z[r * v + c] / t - m);
-        double l = m + log(s);
-        for (int64_t c = 0; c < v; c++) out[r * v + c] = z[r * v + c] / t - l;
-    }
+    for (int64_t r = 0; r < bt; r++) ref_log_softmax(z + r * v, v, t, out + r * v);
 }
 
 /* The padding columns [cols, ld) of every row still hold kt_poison's pattern. */

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "reference.h"
+
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size);
     if (!p) {
@@ -34,15 +36,6 @@ void kt_ref_logits(int64_t bt, int64_t h, int64_t v, const double *x, const doub
             }
     }
     free(wt);
-}
-
-/* out[c] = log_softmax(z / t)[c] over one row of v. */
-static void log_softmax(const double *z, int64_t v, double t, double *out) {
-    double m = -INFINITY, s = 0.0;
-    for (int64_t c = 0; c < v; c++) m = fmax(m, z[c] / t);
-    for (int64_t c = 0; c < v; c++) s += exp(z[c] / t - m);
-    double lse = m + log(s);
-    for (int64_t c = 0; c < v; c++) out[c] = z[c] / t - lse;
 }
 
 /* One element of JSD(beta) on student log-prob x and teacher log-prob y; *g = d/dx.
@@ -83,9 +76,9 @@ void kt_ref_fld_dz(const kt_fld_cfg *cf, int64_t bt, int64_t v, const double *zs
             if (dz_mag) memset(dz_mag + i * v, 0, (size_t)v * sizeof(double));
             continue;
         }
-        log_softmax(zsi, v, t, x);
-        log_softmax(zti, v, t, y);
-        log_softmax(zsi, v, 1.0, lp); /* untempered, for the cross-entropy */
+        ref_log_softmax(zsi, v, t, x);
+        ref_log_softmax(zti, v, t, y);
+        ref_log_softmax(zsi, v, 1.0, lp); /* untempered, for the cross-entropy */
         double sg = 0.0;
         for (int64_t c = 0; c < v; c++) {
             soft_sum += jsd_elem(cf->beta, x[c], y[c], &g[c]);

@@ -97,3 +97,11 @@ double ref_div_elem(const kdloss_div_params *d, double x, double y, double *grad
     *grad = *mag = NAN;
     return NAN;
 }
+
+void ref_log_softmax(const double *z, int64_t v, double t, double *out) {
+    double m = -INFINITY, s = 0.0;
+    for (int64_t c = 0; c < v; c++) m = fmax(m, z[c] / t);
+    for (int64_t c = 0; c < v; c++) s += exp(z[c] / t - m);
+    double lse = m + log(s);
+    for (int64_t c = 0; c < v; c++) out[c] = z[c] / t - lse;
+}

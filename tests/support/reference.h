@@ -40,6 +40,9 @@ double ref_jsd_elem(double beta, double x, double y, double *grad, double *mag);
  * *grad = d/dx (x a free variable), *mag. Mixtures by a plain logaddexp in double. */
 double ref_div_elem(const kdloss_div_params *d, double x, double y, double *grad, double *mag);
 
+/* out[c] = log_softmax(z / t)[c] over one row of v, in double (max, then the log-sum-exp). */
+void ref_log_softmax(const double *z, int64_t v, double t, double *out);
+
 /* w * s with 0 * inf = 0 (a zero weight bounds nothing). */
 static inline double ref_wmul(double w, double s) { return w == 0.0 ? 0.0 : w * s; }
 
