@@ -23,6 +23,11 @@ KD_INLINE vf KD_SFX(lr_ld)(const float *p, int64_t c, int64_t n, int full) {
     return full ? vf_load(p + c) : vf_load_n(p + c, n);
 }
 
+/* v times 1/T, the multiply left out when unit (T = 1; a constant once inlined): a multiply by 1
+ * is exact, so the specialisation gives the same bits with two to four fewer operations an
+ * element (pass 1's two exponents, the last passes' X and Y). */
+KD_INLINE vf KD_SFX(lr_mul_it)(vf v, vf it, int unit) { return unit ? v : vf_mul(v, it); }
+
 /* max of z[0..v): four accumulators, since one max's latency a vector would bound the pass. */
 static float KD_SFX(lr_max)(const float *z, int64_t v) {
     vf m0 = vf_set1(-INFINITY), m1 = m0, m2 = m0, m3 = m0;
@@ -49,8 +54,8 @@ KD_INLINE float KD_SFX(lr_tile_max)(const char *x, kdloss_dtype dt, int64_t es, 
 /* Pass 1, one vector at column c of a tile whose max is base: e = exp((z - base) it) stored,
  * returned with the lanes past the row's end (n live; full: n = VL) as 0. */
 KD_INLINE vf KD_SFX(lr_e)(const float *z, float *e, int64_t c, int64_t n, int full, vf base,
-                          vf it) {
-    vf x = vf_exp_nonpos(vf_mul(vf_sub(KD_SFX(lr_ld)(z, c, n, full), base), it));
+                          vf it, int unit) {
+    vf x = vf_exp_nonpos(KD_SFX(lr_mul_it)(vf_sub(KD_SFX(lr_ld)(z, c, n, full), base), it, unit));
     if (full) {
         vf_store(e + c, x);
         return x;
@@ -72,7 +77,7 @@ KD_INLINE void KD_SFX(lr_prefetch)(const kd_lrow *a, const char *x, const char *
 /* Pass 1 over tile [t0, t1) of the student's (who 0) or the teacher's (who 1) logits of row a,
  * its max base: the exps stored, their sum returned (as lanes). */
 KD_INLINE vf KD_SFX(lr_pass1)(const kd_lrow *a, int who, int64_t t0, int64_t t1, vf base,
-                              vf it) {
+                              vf it, int unit) {
     const float *z = who ? a->zt : a->zs;
     float *e = who ? a->et : a->es;
     const char *x = who ? a->xt : a->xs, *nxt = who ? a->next_t : a->next_s;
@@ -80,9 +85,9 @@ KD_INLINE vf KD_SFX(lr_pass1)(const kd_lrow *a, int who, int64_t t0, int64_t t1,
     vf acc = vf_zero();
     for (; c + VL <= t1; c += VL) {
         KD_SFX(lr_prefetch)(a, x, nxt, es, c);
-        acc = vf_add(acc, KD_SFX(lr_e)(z, e, c, VL, 1, base, it));
+        acc = vf_add(acc, KD_SFX(lr_e)(z, e, c, VL, 1, base, it, unit));
     }
-    if (c < t1) acc = vf_add(acc, KD_SFX(lr_e)(z, e, c, t1 - c, 0, base, it));
+    if (c < t1) acc = vf_add(acc, KD_SFX(lr_e)(z, e, c, t1 - c, 0, base, it, unit));
     return acc;
 }
 
@@ -129,11 +134,11 @@ KD_INLINE vf KD_SFX(lr_scale)(const kd_lrow *a, int who, int64_t t) {
     return vf_set1((float)a->tiles[(2 * who + 1) * a->ntiles + t]);
 }
 
-/* One vector of pass 3 at element operation `op` (a constant once inlined). */
-KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r, vf zs, vf zt,
-                             vf es, vf et, vf *g) {
-    vf x = vf_sub(vf_mul(vf_sub(zs, r->ms), r->it), r->lss);
-    vf y = vf_sub(vf_mul(vf_sub(zt, r->mt), r->it), r->lst);
+/* One vector of pass 3 at element operation `op` (op and unit: constants once inlined). */
+KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r, vf zs,
+                             vf zt, vf es, vf et, vf *g) {
+    vf x = vf_sub(KD_SFX(lr_mul_it)(vf_sub(zs, r->ms), r->it, unit), r->lss);
+    vf y = vf_sub(KD_SFX(lr_mul_it)(vf_sub(zt, r->mt), r->it, unit), r->lst);
     vf q = vf_mul(es, r->rs), p = vf_mul(et, r->rt);
     switch (op) {
 #define KD_AT(E, nm) case KD_OP_##E: return kd_vpq_##nm(k, x, y, p, q, g);
@@ -146,9 +151,9 @@ KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r, vf
 
 /* Pass 3, one vector at column c (n live lanes; full: n = VL): returns the terms and g into *g
  * (both 0 past the row's end); g stored over et. */
-KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
+KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r,
                                 const kd_lrow *a, int64_t c, int64_t n, int full, vf *g) {
-    vf l = KD_SFX(lr_elem)(k, op, r, KD_SFX(lr_ld)(a->zs, c, n, full),
+    vf l = KD_SFX(lr_elem)(k, op, unit, r, KD_SFX(lr_ld)(a->zs, c, n, full),
                            KD_SFX(lr_ld)(a->zt, c, n, full), KD_SFX(lr_ld)(a->es, c, n, full),
                            KD_SFX(lr_ld)(a->et, c, n, full), g);
     if (full) {
@@ -165,7 +170,7 @@ KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
  * g is stored also when no gradient is wanted: one instantiation per operation, so the losses
  * of a call with and without the gradient are the same bits (the compiler may contract a
  * multiply and an add into an FMA differently in two specialisations). */
-KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0,
+KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r0,
                                 const kd_lrow *a, double *sum_g) {
     double loss = 0.0, gsum = 0.0;
     KD_SFX(lr_c) r = *r0;
@@ -175,11 +180,11 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0
         r.rs = KD_SFX(lr_scale)(a, 0, t);
         r.rt = KD_SFX(lr_scale)(a, 1, t);
         for (; c + VL <= t1; c += VL) {
-            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, &r, a, c, VL, 1, &g));
+            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, unit, &r, a, c, VL, 1, &g));
             gacc = vf_add(gacc, g);
         }
         if (c < t1) {
-            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, &r, a, c, t1 - c, 0, &g));
+            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, unit, &r, a, c, t1 - c, 0, &g));
             gacc = vf_add(gacc, g);
         }
         loss += (double)vf_hsum(lacc);
@@ -193,10 +198,10 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r0
  * one vector at column c (n live lanes; full: n = VL): passes 3 and 4 in one, dz = gs (g - Q S)
  * = gs (g + Q). Returns the terms (0 past the row's end). dz goes to a->dz or, when no gradient
  * is wanted, over es, so that the loss has one instantiation (lr_div says why). */
-KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, const KD_SFX(lr_c) *r,
+KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r,
                                   const kd_lrow *a, vf gs, int64_t c, int64_t n, int full) {
     vf e = KD_SFX(lr_ld)(a->es, c, n, full), g;
-    vf l = KD_SFX(lr_elem)(k, op, r, KD_SFX(lr_ld)(a->zs, c, n, full),
+    vf l = KD_SFX(lr_elem)(k, op, unit, r, KD_SFX(lr_ld)(a->zs, c, n, full),
                            KD_SFX(lr_ld)(a->zt, c, n, full), e, KD_SFX(lr_ld)(a->et, c, n, full),
                            &g);
     vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, vf_mul(e, r->rs)));
@@ -219,16 +224,16 @@ typedef struct KD_SFX(lr_acc) {
     vf as, at, lacc; /* nx's exp sums; d's terms */
 } KD_SFX(lr_acc);
 
-KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int fused, const kd_lrow *d,
+KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int unit, int fused, const kd_lrow *d,
                               const KD_SFX(lr_c) *rc, vf gs, vf sg, const kd_lrow *nx, vf bs,
                               vf bt, vf it, int64_t c, int64_t n, int full, KD_SFX(lr_acc) *s) {
     if (nx) {
         KD_SFX(lr_prefetch)(nx, nx->xs, nx->next_s, nx->xes, c);
         KD_SFX(lr_prefetch)(nx, nx->xt, nx->next_t, nx->tes, c);
-        s->as = vf_add(s->as, KD_SFX(lr_e)(nx->zs, nx->es, c, n, full, bs, it));
-        s->at = vf_add(s->at, KD_SFX(lr_e)(nx->zt, nx->et, c, n, full, bt, it));
+        s->as = vf_add(s->as, KD_SFX(lr_e)(nx->zs, nx->es, c, n, full, bs, it, unit));
+        s->at = vf_add(s->at, KD_SFX(lr_e)(nx->zt, nx->et, c, n, full, bt, it, unit));
     }
-    if (fused) s->lacc = vf_add(s->lacc, KD_SFX(lr_fused_vec)(k, op, rc, d, gs, c, n, full));
+    if (fused) s->lacc = vf_add(s->lacc, KD_SFX(lr_fused_vec)(k, op, unit, rc, d, gs, c, n, full));
     else if (d && d->dz) KD_SFX(lr_grad_vec)(d, rc->rs, gs, sg, c, n, full);
 }
 
@@ -238,8 +243,9 @@ KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int fused, const kd_lrow
  * a STREAM add, where one row after the other would leave it idle in turns. Stores nx's exps and
  * the tile's max and sum (at the max). Returns d's terms of the tile for forward KL (pass 3 gave
  * the others'). */
-KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, const kd_lrow *d, KD_SFX(lr_c) *rc,
-                                 double sg, kd_lrow *nx, int64_t t, int64_t t0, int64_t t1) {
+KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, int unit, const kd_lrow *d,
+                                 KD_SFX(lr_c) *rc, double sg, kd_lrow *nx, int64_t t, int64_t t0,
+                                 int64_t t1) {
     int fused = d && op == KD_OP_FWD;
     vf it = vf_set1((nx ? nx : d)->inv_t), bs = vf_zero(), bt = vf_zero();
     vf gs = vf_set1(d ? d->gs : 0.0f), vsg = vf_set1((float)sg);
@@ -257,13 +263,14 @@ KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, const kd_lrow *d, KD_
     }
     const kd_lrow *cn = KD_LR_INTERLEAVE ? nx : NULL; /* nx's part of the column loop */
     if (!KD_LR_INTERLEAVE && nx) { /* pass 1 stream by stream, then d's columns */
-        acc.as = KD_SFX(lr_pass1)(nx, 0, t0, t1, bs, it);
-        acc.at = KD_SFX(lr_pass1)(nx, 1, t0, t1, bt, it);
+        acc.as = KD_SFX(lr_pass1)(nx, 0, t0, t1, bs, it, unit);
+        acc.at = KD_SFX(lr_pass1)(nx, 1, t0, t1, bt, it, unit);
     }
     int64_t c = t0;
     for (; c + VL <= t1; c += VL)
-        KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, cn, bs, bt, it, c, VL, 1, &acc);
-    if (c < t1) KD_SFX(lr_col)(k, op, fused, d, rc, gs, vsg, cn, bs, bt, it, c, t1 - c, 0, &acc);
+        KD_SFX(lr_col)(k, op, unit, fused, d, rc, gs, vsg, cn, bs, bt, it, c, VL, 1, &acc);
+    if (c < t1)
+        KD_SFX(lr_col)(k, op, unit, fused, d, rc, gs, vsg, cn, bs, bt, it, c, t1 - c, 0, &acc);
     if (nx) {
         int64_t nt = nx->ntiles;
         nx->tiles[t] = ms;
@@ -290,19 +297,19 @@ static KD_SFX(lr_c) KD_SFX(lr_consts)(const kd_lrow *a) {
 
 /* One step at operation op (a constant once inlined): d's pass 3 (but for forward KL), then the
  * tiles, then nx's norms. */
-KD_INLINE double KD_SFX(lr_step)(const kd_vdiv *k, int op, kd_lrow *d, kd_lrow *nx) {
+KD_INLINE double KD_SFX(lr_step)(const kd_vdiv *k, int op, int unit, kd_lrow *d, kd_lrow *nx) {
     const kd_lrow *a = d ? d : nx;
     KD_SFX(lr_c) rc;
     memset(&rc, 0, sizeof rc);
     double loss = 0.0, sg = 0.0;
     if (d) {
         rc = KD_SFX(lr_consts)(d);
-        if (op != KD_OP_FWD) loss = KD_SFX(lr_div)(k, op, &rc, d, &sg); /* forward KL: S = -1 */
+        if (op != KD_OP_FWD) loss = KD_SFX(lr_div)(k, op, unit, &rc, d, &sg); /* fwd KL: S = -1 */
     }
     if (nx) nx->ms = nx->mt = -INFINITY;
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v;
-        loss += KD_SFX(lr_tile)(k, op, d, &rc, sg, nx, t, t0, t1);
+        loss += KD_SFX(lr_tile)(k, op, unit, d, &rc, sg, nx, t, t0, t1);
     }
     if (d && d->dz && d->nt) _mm_sfence(); /* order the streamed stores before the caller reads */
     if (nx) {
@@ -318,9 +325,12 @@ double KD_SFX(kd_logits_step)(kd_lrow *d, kd_lrow *nx) {
     const kd_lrow *a = d ? d : nx;
     if (!a) return 0.0;
     kd_vdiv k = kd_vdiv_make(a->coef);
+    int unit = a->inv_t == 1.0f; /* T = 1: its own instantiation (lr_mul_it) */
     switch (k.op) {
 #define KD_STEP(E, nm)                                                                         \
-    case KD_OP_##E: return KD_SFX(lr_step)(&k, KD_OP_##E, d, nx);
+    case KD_OP_##E:                                                                            \
+        return unit ? KD_SFX(lr_step)(&k, KD_OP_##E, 1, d, nx)                                 \
+                    : KD_SFX(lr_step)(&k, KD_OP_##E, 0, d, nx);
         KD_DIV_OPS(KD_STEP)
 #undef KD_STEP
     default: return 0.0;
