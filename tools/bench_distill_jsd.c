@@ -22,8 +22,10 @@
 #include "bench.h"
 #include "bench_gemm_floor.h"
 
-/* The full-mode target: kdloss within 8% of the fastest provider's four bare GEMMs. */
+/* The full-mode targets: kdloss within 8% of the fastest provider's four bare GEMMs for JSD
+ * (issue 8), within 10% for the other divergences (issue 9: the row pass hides in GEMM time). */
 #define DJ_FLOOR_TARGET 1.08
+#define DJ_DIV_TARGET 1.10
 
 typedef struct dj_opts {
     int64_t hs, ht, chunk, budget_mib;
@@ -151,12 +153,13 @@ static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_re
                  (long long)k->hs, (long long)k->ht);
         return;
     }
+    int jsd = strcmp(k->divergence, "jsd") == 0;
+    double target = jsd ? DJ_FLOOR_TARGET : DJ_DIV_TARGET;
     if (o->mode != KB_MODE_FORWARD)
         printf("TARGET distill_jsd %s%s%s BT %lld V %lld: kdloss / fastest GEMM floor %.3f "
-               "(target <= %.2f): %s\n", strcmp(k->divergence, "jsd") ? k->divergence : "",
-               strcmp(k->divergence, "jsd") ? " " : "", kb_dtype_name(o->dtype), (long long)o->bt,
-               (long long)o->vocab, ratio, DJ_FLOOR_TARGET,
-               ratio <= DJ_FLOOR_TARGET ? "MET" : "NOT MET");
+               "(target <= %.2f): %s\n", jsd ? "" : k->divergence, jsd ? "" : " ",
+               kb_dtype_name(o->dtype), (long long)o->bt, (long long)o->vocab, ratio, target,
+               ratio <= target ? "MET" : "NOT MET");
     snprintf(res->note, sizeof res->note, "hs%lld ht%lld floor(%s) %.2fs %.2fx",
              (long long)k->hs, (long long)k->ht, kb_floor_bench_provider(fb), fl_med * 1e-9,
              ratio);
