@@ -11,7 +11,8 @@
 
 /* 1: a step runs pass 1 and the last pass column by column (the tile's reads and writes mixed
  * finest, best with AVX-512's 32 registers); 0: per tile, pass 1 stream by stream, then the last
- * pass (with AVX2's 16 registers the interleaved loop spills; BENCHMARKS.md has both). */
+ * pass. AVX2 interleaves only at T = 1 (lr_tile): with its 16 registers the interleaved loop
+ * spills once 1/T takes one, and T = 1 frees it (BENCHMARKS.md has both). */
 #ifdef KD_ISA_AVX512
 #define KD_LR_INTERLEAVE 1
 #else
@@ -261,8 +262,9 @@ KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, int unit, const kd_lr
         rc->rs = KD_SFX(lr_scale)(d, 0, t);
         rc->rt = KD_SFX(lr_scale)(d, 1, t);
     }
-    const kd_lrow *cn = KD_LR_INTERLEAVE ? nx : NULL; /* nx's part of the column loop */
-    if (!KD_LR_INTERLEAVE && nx) { /* pass 1 stream by stream, then d's columns */
+    int il = KD_LR_INTERLEAVE || unit; /* a constant once inlined */
+    const kd_lrow *cn = il ? nx : NULL; /* nx's part of the column loop */
+    if (!il && nx) { /* pass 1 stream by stream, then d's columns */
         acc.as = KD_SFX(lr_pass1)(nx, 0, t0, t1, bs, it, unit);
         acc.at = KD_SFX(lr_pass1)(nx, 1, t0, t1, bt, it, unit);
     }

@@ -3,10 +3,11 @@
  * runs (a shared VM) still gives a fair ratio. Each library is dlopen'ed with RTLD_LOCAL, so the
  * builds keep their own symbols (copy each build's libkdloss.so.0 to its own file first).
  *
- *   ab_distill_logits [-d DIV] [-r ROUNDS] [-b BT] [-v V] [-t fp32|bf16] LIB_A LIB_B [LIB...]
+ *   ab_distill_logits [-d DIV] [-r ROUNDS] [-b BT] [-v V] [-t fp32|bf16] [-T TEMP]
+ *                     LIB_A LIB_B [LIB...]
  *
  * DIV is the kdloss_divergence number (0 forward KL ... 5 TVD), default 0; 9 rounds, BT 4096,
- * V 32768, fp32. Inputs: uniform logits in [-10, 10), no labels, with the gradient. Prints per
+ * V 32768, fp32, temperature 1. Inputs: uniform logits in [-10, 10), no labels, with the gradient. Prints per
  * library the min / p20 / median / p80 time, the median of the per-round ratios to the first
  * library, the loss (the builds should agree) and GB/s of compulsory traffic (read both logits,
  * write the gradient). Threads: OMP_NUM_THREADS; code path: KDLOSS_CPU_ISA. */
@@ -58,12 +59,13 @@ static void *make_logits(size_t n, int bf16, unsigned seed) {
 
 static void usage(void) {
     fprintf(stderr, "usage: ab_distill_logits [-d DIV] [-r ROUNDS] [-b BT] [-v V] [-t fp32|bf16] "
-                    "LIB_A LIB_B [LIB...]\n");
+                    "[-T TEMP] LIB_A LIB_B [LIB...]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
     int div = 0, rounds = 9, bf16 = 0, a = 1;
+    double temp = 1.0;
     int64_t bt = 4096, v = 32768;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         const char *o = argv[a], *x = argv[a + 1];
@@ -72,6 +74,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "-b")) bt = atoll(x);
         else if (!strcmp(o, "-v")) v = atoll(x);
         else if (!strcmp(o, "-t")) bf16 = !strcmp(x, "bf16");
+        else if (!strcmp(o, "-T")) temp = atof(x);
         else usage();
     }
     int nl = argc - a;
@@ -104,6 +107,7 @@ int main(int argc, char **argv) {
     kdloss_distill_logits_params p;
     def(&p);
     p.div.divergence = (kdloss_divergence)div;
+    p.temperature = temp;
     kdloss_dtype dt = bf16 ? KDLOSS_BF16 : KDLOSS_F32;
     kdloss_cmat cs = {s, dt, v}, ct = {t, dt, v};
     kdloss_mat mg = {g, dt, v};
@@ -121,8 +125,8 @@ int main(int argc, char **argv) {
                 return 1;
             }
         }
-    printf("divergence %d, BT %lld, V %lld, %s, %d rounds\n", div, (long long)bt, (long long)v,
-           bf16 ? "bf16" : "fp32", rounds);
+    printf("divergence %d, BT %lld, V %lld, %s, T %g, %d rounds\n", div, (long long)bt,
+           (long long)v, bf16 ? "bf16" : "fp32", temp, rounds);
     for (int i = 0; i < nl; i++) {
         double ratio[MAX_ROUNDS], x[MAX_ROUNDS];
         for (int r = 0; r < rounds; r++) ratio[r] = ms[i][r] / ms[0][r], x[r] = ms[i][r];
