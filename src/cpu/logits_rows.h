@@ -13,8 +13,10 @@
  * order depends on V alone. Logits narrower than fp32 are widened by pass 1 into scratch rows
  * (the rest reads those); a narrower gradient is written in its dtype.
  * A thread runs its rows as a pipeline of steps: pass 3 of one row, then its pass 4 and pass 1
- * of the next row interleaved column by column, so that the gradient's writes and the next
- * rows' reads share the memory system; a row's result does not depend on its neighbours. */
+ * of the next row tile by tile (column by column on AVX-512, and on AVX2 at T = 1), so that the
+ * gradient's writes and the next rows' reads share the memory system; a row's result does not
+ * depend on its neighbours. T = 1 has its own instantiation without the multiplies by 1/T (the
+ * same bits). */
 #ifndef KDLOSS_LOGITS_ROWS_H
 #define KDLOSS_LOGITS_ROWS_H
 
