@@ -30,7 +30,6 @@
 #include "fld_rows.h"
 #include "gemm.h"
 #include "half.h"
-#include "mem.h"
 #include "topk.h"
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -475,7 +474,7 @@ kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
     int sparse = !call->comm && kd_topk_sparse_eligible(call);
     void *mem = NULL;
     if (!workspace) {
-        mem = kd_malloc_large(sparse ? sparse_layout(call, plan, NULL, NULL) : plan->bytes);
+        mem = malloc(sparse ? sparse_layout(call, plan, NULL, NULL) : plan->bytes);
         if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
         workspace = mem;
     }

@@ -192,39 +192,3 @@ def test_cuda_vocab_parallel_plumbing(monkeypatch):
     with pytest.raises(NotImplementedError, match="CPU or CUDA tensors"):
         _backend.VocabParallel(object(), "kdloss_fused_linear_distill_vp").bind(
             torch.device("meta"))
-
-
-def _vm_flags(addr):
-    """VmFlags of the mapping of this process that holds addr, or None (no /proc/self/smaps)."""
-    try:
-        with open("/proc/self/smaps") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    inside = False
-    for line in lines:
-        head = line.split()[0] if line else ""
-        if "-" in head and all(c in "0123456789abcdef-" for c in head):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= addr < hi
-        elif inside and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    return None
-
-
-def test_fresh_out_advises_large_cpu_outputs_onto_huge_pages():
-    """fresh_out's large CPU tensors lie in a mapping advised MADV_HUGEPAGE (VmFlags "hg"),
-    small ones are plain torch.empty; both are the shape and dtype asked for and writable."""
-    fresh_out = _backend.fresh_out
-    big = fresh_out(64, 1 << 18, dtype=torch.float32, device="cpu")  # 64 MiB
-    small = fresh_out(3, 5, dtype=torch.bfloat16, device="cpu")
-    assert big.shape == (64, 1 << 18) and big.dtype == torch.float32
-    assert small.shape == (3, 5) and small.dtype == torch.bfloat16
-    big.fill_(2.0)
-    small.fill_(1.0)
-    assert float(big[-1, -1]) == 2.0 and float(small.sum()) == 15.0
-    mid = big.data_ptr() + big.numel() * 2  # the middle: inside the 2 MiB-aligned interior
-    flags = _vm_flags(mid)
-    if flags is None:
-        pytest.skip("no /proc/self/smaps here")
-    assert "hg" in flags, f"VmFlags of the 64 MiB output: {flags}"

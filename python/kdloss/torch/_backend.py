@@ -135,45 +135,6 @@ def scalar_out(device):
     return torch.empty(1, dtype=torch.float32, device=device)
 
 
-# A fresh CPU output of at least this many bytes is advised onto transparent huge pages.
-_HUGE_MIN = 32 << 20
-_HUGE = 1 << 21
-_MADV_HUGEPAGE = 14  # Linux <sys/mman.h>
-_madvise = None
-
-
-def _libc_madvise():
-    """libc's madvise, or False where there is none (not Linux, no libc.so.6)."""
-    global _madvise
-    if _madvise is None:
-        try:
-            f = ctypes.CDLL("libc.so.6", use_errno=True).madvise
-            f.argtypes, f.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-            _madvise = f
-        except (OSError, AttributeError):
-            _madvise = False
-    return _madvise
-
-
-def fresh_out(*shape, dtype, device):
-    """torch.empty(shape) for an output the C call writes whole. A large one on the CPU is first
-    advised onto huge pages: torch takes it from a fresh mmap, whose first touch by the kernel
-    otherwise page-faults 4 KiB at a time (a 512 MiB gradient: 110-150 ms of faults against
-    55-60 ms with 2 MiB pages, BENCHMARKS.md), where THP is in its default "madvise" mode. Only
-    the 2 MiB-aligned interior is advised; a failing madvise changes nothing."""
-    t = torch.empty(*shape, dtype=dtype, device=device)
-    n = t.numel() * t.element_size()
-    if t.device.type != "cpu" or n < _HUGE_MIN:
-        return t
-    f = _libc_madvise()
-    if f:
-        p = t.data_ptr()
-        lo, hi = (p + _HUGE - 1) & ~(_HUGE - 1), (p + n) & ~(_HUGE - 1)
-        if hi > lo:
-            f(lo, hi - lo, _MADV_HUGEPAGE)
-    return t
-
-
 # ---- backends -------------------------------------------------------------------------------------
 
 class CpuBackend:
@@ -198,8 +159,7 @@ class CpuBackend:
         buf = getattr(self._local, "buf", None)
         if buf is None or buf.numel() < size.value:
             self._local.buf = None  # free the old one before the new one is allocated
-            buf = self._local.buf = fresh_out(max(size.value, 1), dtype=torch.uint8,
-                                                 device="cpu")
+            buf = self._local.buf = torch.empty(max(size.value, 1), dtype=torch.uint8)
         return ctypes.c_void_p(buf.data_ptr()), buf.numel()
 
     def _fused(self, name, v, size_args, args):

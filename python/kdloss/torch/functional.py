@@ -32,8 +32,8 @@ import torch
 
 from .. import _lib
 from .._lib import KdlossError
-from ._backend import (as_rows, backend_for, cmat, float_code, fresh_out, labels_view, out_mat,
-                       ptr, same_device, scalar_out, topk_teacher, vocab_parallel)
+from ._backend import (as_rows, backend_for, cmat, float_code, labels_view, out_mat, ptr,
+                       same_device, scalar_out, topk_teacher, vocab_parallel)
 
 __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
            "fused_linear_distill_loss", "topk_distill_loss", "fused_linear_topk_distill_loss"]
@@ -113,10 +113,10 @@ def _kl_compute(y_pred, y_true, reduction, log_target, eps, want_grad):
     params = _lib.kl_params(code, log_target, float(eps))
     loss = elem = None
     if code == _lib.REDUCTIONS["none"]:
-        elem = fresh_out(bt, v, dtype=torch.float32, device=device)
+        elem = torch.empty(bt, v, dtype=torch.float32, device=device)
     else:
         loss = scalar_out(device)
-    grad = fresh_out(bt, v, dtype=y_pred.dtype, device=device) if want_grad else None
+    grad = torch.empty(bt, v, dtype=y_pred.dtype, device=device) if want_grad else None
     backend_for(device).kl_div(device, params, bt, v, cmat(yp, ldp, pc), cmat(yt, ldt, tc),
                                ptr(loss), None, out_mat(elem), out_mat(grad))
     out = loss[0] if elem is None else elem.view(y_pred.shape)
@@ -168,7 +168,7 @@ def _jsd_compute(log_q, log_p, shift_labels, beta, ignore_index, want_grad):
     labels, lview = labels_view(shift_labels, bt, device, "shift_labels")
     params = _lib.jsd_params(float(beta), int(ignore_index))
     loss = scalar_out(device)
-    grad = fresh_out(bt, v, dtype=log_q.dtype, device=device) if want_grad else None
+    grad = torch.empty(bt, v, dtype=log_q.dtype, device=device) if want_grad else None
     backend_for(device).jsd(device, params, bt, v, cmat(q, ldq, qc), cmat(p, ldp, pc), lview,
                             ptr(loss), None, out_mat(grad))
     out = loss[0].to(log_q.dtype)
@@ -229,8 +229,8 @@ def _fused_outputs(want, xs, ws, bs, rows, want_hard=True):
     v, hs = ws.shape
     loss, soft = scalar_out(device), scalar_out(device)
     hard = scalar_out(device) if want_hard else torch.zeros(1, device=device)
-    dxs = fresh_out(rows, hs, dtype=xs.dtype, device=device) if want[0] else None
-    dws = fresh_out(v, hs, dtype=ws.dtype, device=device) if want[1] else None
+    dxs = torch.empty(rows, hs, dtype=xs.dtype, device=device) if want[0] else None
+    dws = torch.empty(v, hs, dtype=ws.dtype, device=device) if want[1] else None
     dbs = torch.empty(v, dtype=ws.dtype, device=device) if want[2] and bs is not None else None
     out = _lib.FldOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr() if want_hard else None,
                       out_mat(dxs), out_mat(dws), ptr(dbs), None, None, None)
@@ -424,7 +424,7 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
     t = float(temperature)
     if hasattr(backend, "distill_logits"):
         params = _lib.distill_logits_params(div, t, int(ignore_index), gscale)
-        g = fresh_out(bt, v, dtype=zs.dtype, device=device) if want_grad else None
+        g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
         backend.distill_logits(device, params, bt, v, zs_v, cmat(zt2, ldt, tc), lview, ptr(loss),
                                ptr(rows), out_mat(g))
         dz = g.view(zs.shape) if g is not None else None
@@ -435,7 +435,7 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
         x = torch.log_softmax(keep[0].float() / t, dim=-1)
         y = torch.log_softmax(zt2.float() / t, dim=-1)
         params = _lib.distill_params(div, int(ignore_index), gscale)
-        g = fresh_out(bt, v, dtype=torch.float32, device=device) if want_grad else None
+        g = torch.empty(bt, v, dtype=torch.float32, device=device) if want_grad else None
         backend.distill(device, params, bt, v, cmat(x, v, _lib.F32), cmat(y, v, _lib.F32), lview,
                         ptr(loss), ptr(rows), out_mat(g))
         dz = None
@@ -500,7 +500,7 @@ def _topk_compute(zs, ids, lps, labels, div, tail, temperature, ignore_index, re
     keep_t, teacher = topk_teacher(ids, lps, zs.shape[:-1])
     params = _lib.topk_distill_params(div, tail, float(temperature), int(ignore_index), gscale)
     loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
-    g = fresh_out(bt, v, dtype=zs.dtype, device=device) if want_grad else None
+    g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
     backend_for(device).topk_distill_logits(device, params, bt, v, zs_v, teacher, lview,
                                             ptr(loss), ptr(rows), out_mat(g))
     return _reduced(loss, rows, reduction, zs), (g.view(zs.shape) if g is not None else None)
