@@ -35,7 +35,7 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* A weight matrix W (rows x cols) as the GEMMs read it: the caller's fp32 in place, a whole
- * fp32 copy, or bf16 widened panel by panel into `panel` (vp x cols). */
+ * fp32 copy, or bf16 widened panel by panel into `panel` (vp x cols; panel_floats in all). */
 typedef struct wsrc {
     const void *data;
     kdloss_dtype dt;
@@ -43,6 +43,7 @@ typedef struct wsrc {
     const float *f32; /* whole fp32 copy, or NULL */
     float *panel;
     int64_t vp;
+    size_t panel_floats;
 } wsrc;
 
 /* Rows [r0, r0 + n) of W as fp32; *ld gets their row stride. */
@@ -62,10 +63,18 @@ static int64_t w_step(const wsrc *w) {
     return w->dt == KDLOSS_F32 || w->f32 ? w->rows : w->vp;
 }
 
-/* z (n x V, ld V) = a (n x H, lda) W^T: a chunk's logits before the bias. */
+/* z (n x V, ld V) = a (n x H, lda) W^T: a chunk's logits before the bias. bf16 W without a
+ * whole copy is widened inside the product's tiles when the GEMM layer can (kd_sgemm_nt_b16:
+ * no widening pass over a panel and no barrier before its multiplies), else panel by panel. */
 static kdloss_status gemm_logits(int64_t n, const float *a, int64_t lda, const wsrc *w, float *z) {
     int64_t step = w_step(w), ldw;
     kdloss_status st = KDLOSS_OK;
+    if (step < w->rows) {
+        st = kd_sgemm_nt_b16(n, w->rows, w->cols, a, lda, (const uint16_t *)w->data, w->ld, z,
+                             w->rows, w->panel, w->panel_floats);
+        if (st != KDLOSS_ERR_UNSUPPORTED) return st;
+        st = KDLOSS_OK;
+    }
     for (int64_t p0 = 0; p0 < w->rows && st == KDLOSS_OK; p0 += step) {
         int64_t np = min64(step, w->rows - p0);
         const float *wp = w_rows(w, p0, np, &ldw);
@@ -327,8 +336,9 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
     int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
     int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
     float *panel = (float *)(base + pl->off_panel);
-    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp};
-    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp};
+    size_t panel_floats = pl->whole ? 0 : (size_t)pl->vp * (size_t)(hs > k->ht ? hs : k->ht);
+    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp, panel_floats};
+    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp, panel_floats};
     widen_whole(pl, base, dense_t, native_t, &w_s, &w_t);
     kd_fld_rows r;
     rows_setup(k, pl, base, soft, hard, &r);

@@ -29,6 +29,7 @@
  * memory". */
 #include "gemm.h"
 
+#include "bf16_rows.h"
 #include "check.h"
 #include "dispatch.h"
 #include "gemm_fb.h"
@@ -325,6 +326,72 @@ static dnnl_status_t sgemm_tile(const void *ctx, int64_t i0, int64_t j0, int64_t
 static kdloss_status onednn_sgemm(const kd_gemm *g) {
     sgemm_ctx x = {g, arena_of_this_thread(), fallback_forced()};
     return from_dnnl(for_tiles(g->m, g->n, g->k, sgemm_tile, &x));
+}
+
+/* ---- fp32 x bf16 widened inside the tiles (gemm.h) -------------------------------------- */
+
+/* A slot of at most this many bytes: two of them stay in a core's L2 with A's packed block. */
+#define KD_B16_SLOT_BYTES ((size_t)4 << 20)
+
+int64_t kd_sgemm_nt_b16_rows(int64_t n, int64_t k, size_t floats) {
+    if (n <= 0 || k <= 0) return 0;
+    int64_t rows = (int64_t)(KD_B16_SLOT_BYTES / sizeof(float) / (size_t)k);
+    int64_t fit = (int64_t)(floats / 2 / (size_t)k); /* two slots at least */
+    if (fit < rows) rows = fit;
+    rows = rows / 16 * 16;
+    return rows >= 16 ? rows : 0;
+}
+
+typedef struct b16_ctx {
+    int64_t m, n, k, lda, ldb, ldc, rows;
+    const float *a;
+    const uint16_t *b;
+    float *c, *scratch;
+    kd_fb_arena *arena;
+    int force;
+} b16_ctx;
+
+/* Column tile t: rows [t rows, ...) of B widened into slot `slot`, then one single-threaded
+ * product over the whole k (sgemm_tile, with its out-of-memory fallback). */
+static dnnl_status_t b16_tile(const b16_ctx *x, int64_t t, int slot) {
+    int64_t j0 = t * x->rows, nj = x->n - j0 < x->rows ? x->n - j0 : x->rows;
+    float *bp = x->scratch + (size_t)slot * (size_t)(x->rows * x->k);
+    kd_bf16_rows_to_f32(x->b + j0 * x->ldb, x->ldb, nj, x->k, bp, 0);
+    kd_gemm g = {0, 1, x->m, nj, x->k, 1.0f, x->a, x->lda, bp, x->k, 0.0f, x->c + j0, x->ldc};
+    sgemm_ctx sx = {&g, x->arena, x->force};
+    return sgemm_tile(&sx, 0, 0, x->m, nj);
+}
+
+kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                              const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
+                              float *scratch, size_t floats) {
+    int64_t rows = kd_sgemm_nt_b16_rows(n, k, floats);
+    if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN || rows == 0)
+        return KDLOSS_ERR_UNSUPPORTED;
+    if (m <= 0 || n <= 0) return KDLOSS_OK;
+    b16_ctx x = {m, n, k, lda, ldb, ldc, rows, a, b, c, scratch, arena_of_this_thread(),
+                 fallback_forced()};
+    int64_t tiles = cdiv(n, rows), slots = (int64_t)(floats / (size_t)(rows * k));
+    int nthr = omp_get_max_threads();
+    if (nthr > slots) nthr = (int)slots;
+    if (nthr > tiles) nthr = (int)tiles;
+    int err = dnnl_success;
+    if (nthr <= 1) { /* no parallel region at all when serial: libgomp mallocs a team for it */
+        int save = omp_get_max_threads();
+        omp_set_num_threads(1);
+        for (int64_t t = 0; t < tiles && err == dnnl_success; t++) err = (int)b16_tile(&x, t, 0);
+        omp_set_num_threads(save);
+        return from_dnnl((dnnl_status_t)err);
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
+    for (int64_t t = 0; t < tiles; t++) {
+        dnnl_status_t s = b16_tile(&x, t, omp_get_thread_num());
+        if (s != dnnl_success) {
+#pragma omp atomic write
+            err = (int)s;
+        }
+    }
+    return from_dnnl((dnnl_status_t)err);
 }
 
 /* ---- bf16 x bf16 -> fp32 (oneDNN matmul primitive) ----------------------------------------
