@@ -19,7 +19,8 @@
  * bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN matmul, fp32 accumulation)
  * where the GEMM layer says it pays (kd_gemm_bf16_native: CPUs with AMX), else widen to fp32.
  * Widened bf16 weights are whole fp32 copies when the memory budget holds them besides a chunk
- * of all rows, else panels per GEMM; the gradient GEMMs always run in fp32 (dz is fp32). A GEMM
+ * of all rows; else the logits GEMMs widen W inside their tiles (kd_sgemm_nt_b16) and dXs widens
+ * it panel by panel; the gradient GEMMs always run in fp32 (dz is fp32). A GEMM
  * failure ends the call with its status (kdloss.h: outputs may then be partly written). */
 #include <stdlib.h>
 #include <string.h>
