@@ -330,7 +330,8 @@ static kdloss_status onednn_sgemm(const kd_gemm *g) {
 
 /* ---- fp32 x bf16 widened inside the tiles (gemm.h) -------------------------------------- */
 
-/* A slot of at most this many bytes: two of them stay in a core's L2 with A's packed block. */
+/* A slot (one tile's rows of B in fp32) of at most this many bytes: at the default shape its
+ * tiles are as wide as the panel loop's were (512 rows at k 2048), so A is packed as often. */
 #define KD_B16_SLOT_BYTES ((size_t)4 << 20)
 
 int64_t kd_sgemm_nt_b16_rows(int64_t n, int64_t k, size_t floats) {
