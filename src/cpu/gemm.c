@@ -185,24 +185,27 @@ static int procs(void) {
     return p;
 }
 
-/* Runs tile(ctx, i0, j0, mi, nj) over the grid of an m x n x k product, each tile on one
- * thread: inside an active parallel region oneDNN runs sequentially, and a single tile runs
- * with this thread's team limited to one. Returns the first failing status seen, if any. */
+/* Runs tile(ctx, i0, j0, mi, nj) over a grid of tiles of at most tm x tn of an m x n C, each
+ * tile on one thread, on at most nthr threads: inside an active parallel region oneDNN runs
+ * sequentially, and a single tile (or a single thread) runs the tiles in order with this
+ * thread's team limited to one. Returns the first failing status seen, if any. */
 typedef dnnl_status_t (*tile_fn)(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj);
 
-static dnnl_status_t for_tiles(int64_t m, int64_t n, int64_t k, tile_fn tile, const void *ctx) {
-    int64_t tm, tn;
-    kd_gemm_grid(m, n, k, procs(), &tm, &tn);
+static dnnl_status_t run_grid(int64_t m, int64_t n, int64_t tm, int64_t tn, int nthr,
+                              tile_fn tile, const void *ctx) {
     int64_t pn = cdiv(n, tn), tiles = cdiv(m, tm) * pn;
-    if (tiles == 1) {
+    int err = dnnl_success;
+    if (tiles == 1 || nthr <= 1) {
         int save = omp_get_max_threads();
         omp_set_num_threads(1);
-        dnnl_status_t s = tile(ctx, 0, 0, m, n);
+        for (int64_t t = 0; t < tiles && err == dnnl_success; t++) {
+            int64_t i0 = t / pn * tm, j0 = t % pn * tn;
+            err = (int)tile(ctx, i0, j0, m - i0 < tm ? m - i0 : tm, n - j0 < tn ? n - j0 : tn);
+        }
         omp_set_num_threads(save);
-        return s;
+        return (dnnl_status_t)err;
     }
-    int err = dnnl_success;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t i0 = t / pn * tm, j0 = t % pn * tn;
         dnnl_status_t s = tile(ctx, i0, j0, m - i0 < tm ? m - i0 : tm, n - j0 < tn ? n - j0 : tn);
@@ -212,6 +215,13 @@ static dnnl_status_t for_tiles(int64_t m, int64_t n, int64_t k, tile_fn tile, co
         }
     }
     return (dnnl_status_t)err;
+}
+
+/* run_grid over kd_gemm_grid's tiles of an m x n x k product, on every thread of the team. */
+static dnnl_status_t for_tiles(int64_t m, int64_t n, int64_t k, tile_fn tile, const void *ctx) {
+    int64_t tm, tn;
+    kd_gemm_grid(m, n, k, procs(), &tm, &tn);
+    return run_grid(m, n, tm, tn, omp_get_max_threads(), tile, ctx);
 }
 
 /* ---- the allocation-free fallback and its reserved scratch ----------------------------- */
@@ -334,8 +344,10 @@ static kdloss_status onednn_sgemm(const kd_gemm *g) {
  * tiles are as wide as the panel loop's were (512 rows at k 2048), so A is packed as often. */
 #define KD_B16_SLOT_BYTES ((size_t)4 << 20)
 
-int64_t kd_sgemm_nt_b16_rows(int64_t n, int64_t k, size_t floats) {
-    if (n <= 0 || k <= 0) return 0;
+/* Rows of B a tile widens: at most KD_B16_SLOT_BYTES of fp32 and at least two slots in
+ * `floats`, a multiple of 16; 0 when the scratch is too small. */
+static int64_t b16_rows(int64_t k, size_t floats) {
+    if (k <= 0) return 0;
     int64_t rows = (int64_t)(KD_B16_SLOT_BYTES / sizeof(float) / (size_t)k);
     int64_t fit = (int64_t)(floats / 2 / (size_t)k); /* two slots at least */
     if (fit < rows) rows = fit;
@@ -344,55 +356,40 @@ int64_t kd_sgemm_nt_b16_rows(int64_t n, int64_t k, size_t floats) {
 }
 
 typedef struct b16_ctx {
-    int64_t m, n, k, lda, ldb, ldc, rows;
+    int64_t k, lda, ldb, ldc;
     const float *a;
     const uint16_t *b;
     float *c, *scratch;
+    size_t slot_floats;
     kd_fb_arena *arena;
     int force;
 } b16_ctx;
 
-/* Column tile t: rows [t rows, ...) of B widened into slot `slot`, then one single-threaded
- * product over the whole k (sgemm_tile, with its out-of-memory fallback). */
-static dnnl_status_t b16_tile(const b16_ctx *x, int64_t t, int slot) {
-    int64_t j0 = t * x->rows, nj = x->n - j0 < x->rows ? x->n - j0 : x->rows;
-    float *bp = x->scratch + (size_t)slot * (size_t)(x->rows * x->k);
+/* Column tile [j0, j0 + nj) of all mi = m rows (run_grid's tile_fn): those rows of B widened
+ * into this thread's slot, then one single-threaded product over the whole k (sgemm_tile, with
+ * its out-of-memory fallback). */
+static dnnl_status_t b16_tile(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
+    const b16_ctx *x = ctx;
+    float *bp = x->scratch + (size_t)omp_get_thread_num() * x->slot_floats; /* < nthr slots */
     kd_bf16_rows_to_f32(x->b + j0 * x->ldb, x->ldb, nj, x->k, bp, 0);
-    kd_gemm g = {0, 1, x->m, nj, x->k, 1.0f, x->a, x->lda, bp, x->k, 0.0f, x->c + j0, x->ldc};
+    kd_gemm g = {0, 1, mi, nj, x->k, 1.0f, x->a, x->lda, bp, x->k, 0.0f, x->c + j0, x->ldc};
     sgemm_ctx sx = {&g, x->arena, x->force};
-    return sgemm_tile(&sx, 0, 0, x->m, nj);
+    return sgemm_tile(&sx, i0, 0, mi, nj);
 }
 
 kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                               const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
                               float *scratch, size_t floats) {
-    int64_t rows = kd_sgemm_nt_b16_rows(n, k, floats);
+    int64_t rows = b16_rows(k, floats);
     if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN || rows == 0)
         return KDLOSS_ERR_UNSUPPORTED;
     if (m <= 0 || n <= 0) return KDLOSS_OK;
-    b16_ctx x = {m, n, k, lda, ldb, ldc, rows, a, b, c, scratch, arena_of_this_thread(),
+    size_t slot = (size_t)(rows * k);
+    b16_ctx x = {k, lda, ldb, ldc, a, b, c, scratch, slot, arena_of_this_thread(),
                  fallback_forced()};
-    int64_t tiles = cdiv(n, rows), slots = (int64_t)(floats / (size_t)(rows * k));
-    int nthr = omp_get_max_threads();
-    if (nthr > slots) nthr = (int)slots;
-    if (nthr > tiles) nthr = (int)tiles;
-    int err = dnnl_success;
-    if (nthr <= 1) { /* no parallel region at all when serial: libgomp mallocs a team for it */
-        int save = omp_get_max_threads();
-        omp_set_num_threads(1);
-        for (int64_t t = 0; t < tiles && err == dnnl_success; t++) err = (int)b16_tile(&x, t, 0);
-        omp_set_num_threads(save);
-        return from_dnnl((dnnl_status_t)err);
-    }
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
-    for (int64_t t = 0; t < tiles; t++) {
-        dnnl_status_t s = b16_tile(&x, t, omp_get_thread_num());
-        if (s != dnnl_success) {
-#pragma omp atomic write
-            err = (int)s;
-        }
-    }
-    return from_dnnl((dnnl_status_t)err);
+    int64_t slots = (int64_t)(floats / slot);
+    int nthr = omp_get_max_threads() < slots ? omp_get_max_threads() : (int)slots;
+    return from_dnnl(run_grid(m, n, m, rows, nthr, b16_tile, &x));
 }
 
 /* ---- bf16 x bf16 -> fp32 (oneDNN matmul primitive) ----------------------------------------

@@ -67,20 +67,18 @@ kdloss_status kd_sgemm(const kd_gemm *g);
 
 /*
  * C (m x n, ldc) = A (m x k, lda) B^T with B bf16 (n x k, ldb; raw bits), widened inside the
- * product: a fixed grid of column tiles (kd_sgemm_nt_b16_rows rows of B each, from n, k and the
- * scratch size alone, never the thread count), each run by one thread that widens its rows of B
- * into a slot of `scratch` and multiplies them there at once, so no pass over B and no barrier
- * comes before the multiplies, and one thread widens while another multiplies. scratch holds
- * `floats` floats; at most floats / (rows k) threads run. With oneDNN only (the fallback of
+ * product: a fixed grid of column tiles (their rows of B at most 4 MiB of fp32 and two slots of
+ * the scratch: from k and the scratch size alone, never the thread count), each run by one
+ * thread that widens its rows of B into its slot of `scratch` and multiplies them there at
+ * once, so no pass over B and no barrier comes before the multiplies, and one thread widens
+ * while another multiplies. scratch holds `floats` floats; at most as many threads run as it
+ * holds slots. With oneDNN only (the fallback of
  * kd_sgemm covers a tile that cannot allocate); KDLOSS_ERR_UNSUPPORTED when another provider is
  * in use or the scratch holds fewer than two slots of 16 rows (the caller widens B itself then).
  */
 kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
                               const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
                               float *scratch, size_t floats);
-/* Rows of B a tile of kd_sgemm_nt_b16 widens: <= 4 MiB of fp32 and two slots in `floats`, a
- * multiple of 16 (0: the scratch is too small). */
-int64_t kd_sgemm_nt_b16_rows(int64_t n, int64_t k, size_t floats);
 
 /* 1 when bf16 x bf16 products should run natively (kd_gemm_bf16_run) rather than be widened to
  * fp32: from the CPU (see gemm.c), or as kdloss_gemm_set_bf16 forced. */
