@@ -337,9 +337,9 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
     int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
     int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
     float *panel = (float *)(base + pl->off_panel);
-    size_t panel_floats = pl->whole ? 0 : (size_t)pl->vp * (size_t)(hs > k->ht ? hs : k->ht);
-    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp, panel_floats};
-    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp, panel_floats};
+    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp, pl->panel_floats};
+    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp,
+                pl->panel_floats};
     widen_whole(pl, base, dense_t, native_t, &w_s, &w_t);
     kd_fld_rows r;
     rows_setup(k, pl, base, soft, hard, &r);

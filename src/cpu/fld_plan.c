@@ -104,7 +104,9 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
     size_t panel_bytes = budget / 8 < KD_PANEL_BYTES ? budget / 8 : KD_PANEL_BYTES;
     int64_t vp = (int64_t)(panel_bytes / ((size_t)h * f4)) / 16 * 16;
     plan->vp = plan->whole ? v : vp < 16 ? (v < 16 ? v : 16) : vp < v ? vp : v;
-    size_t fixed = base + (plan->whole ? copies : mul3((size_t)plan->vp, (size_t)h, f4));
+    /* vp <= V, so the panel's bytes are at most the copies', whose product was checked */
+    plan->panel_floats = plan->whole ? 0 : (size_t)plan->vp * (size_t)h;
+    size_t fixed = base + (plan->whole ? copies : plan->panel_floats * f4);
 
     int64_t chunk = p->chunk_size > 0 ? p->chunk_size
                                       : auto_chunk(bt, budget > fixed ? budget - fixed : 0, per_row);
@@ -117,7 +119,7 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
     plan->off_zt = take(&end, mul3(c, zt_cols, f4), &ok);
     plan->off_xconv = take(&end, mul3(c, (size_t)plan->xconv_cols, f4), &ok);
     plan->off_xs32 = take(&end, sb ? mul3(c, (size_t)hs, f4) : 0, &ok);
-    plan->off_panel = take(&end, plan->whole ? 0 : mul3((size_t)plan->vp, (size_t)h, f4), &ok);
+    plan->off_panel = take(&end, plan->panel_floats * f4, &ok);
     plan->off_ws32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
     plan->off_wt32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)ht, f4) : 0, &ok);
     plan->off_bias = take(&end, mul3((size_t)v, 2, f4), &ok);
