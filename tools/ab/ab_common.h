@@ -8,8 +8,10 @@
 #define KDLOSS_AB_COMMON_H
 
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "kdloss.h"
@@ -26,6 +28,25 @@ static double ab_now_ms(void) {
 static int ab_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* n values uniform in [lo, hi) (rand(), seeded) as fp32 or bf16 (rounded to nearest even), on a
+ * 64-byte boundary; NULL when out of memory. */
+static void *ab_uniform(size_t n, int bf16, float lo, float hi, unsigned seed) {
+    void *p = aligned_alloc(64, (n * (bf16 ? 2 : 4) + 63) / 64 * 64);
+    if (!p) return NULL;
+    srand(seed);
+    for (size_t i = 0; i < n; i++) {
+        float f = lo + (hi - lo) * (float)(rand() % 1000000) / 1e6f;
+        if (bf16) {
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            ((uint16_t *)p)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        } else {
+            ((float *)p)[i] = f;
+        }
+    }
+    return p;
 }
 
 /* Symbol `name` of the library at `path` (opened once per call: dlopen counts references), or

@@ -22,24 +22,6 @@ typedef kdloss_status (*distill_fn)(const kdloss_distill_logits_params *, int64_
                                     kdloss_mat);
 typedef void (*defaults_fn)(kdloss_distill_logits_params *);
 
-/* Uniform logits in [-10, 10) as fp32 or bf16 (the fp32 value's upper half). */
-static void *make_logits(size_t n, int bf16, unsigned seed) {
-    void *p = aligned_alloc(64, (n * (bf16 ? 2 : 4) + 63) / 64 * 64);
-    if (!p) return NULL;
-    srand(seed);
-    for (size_t i = 0; i < n; i++) {
-        float f = (float)(rand() % 20000) / 1000.0f - 10.0f;
-        if (bf16) {
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
-        } else {
-            ((float *)p)[i] = f;
-        }
-    }
-    return p;
-}
-
 static void usage(void) {
     fprintf(stderr, "usage: ab_distill_logits [-d DIV] [-r ROUNDS] [-b BT] [-v V] [-t fp32|bf16] "
                     "[-T TEMP] LIB_A LIB_B [LIB...]\n");
@@ -85,7 +67,7 @@ int main(int argc, char **argv) {
         if (!c.fn[i] || !def) return 1;
     }
     size_t n = (size_t)bt * (size_t)v, es = bf16 ? 2 : 4;
-    void *s = make_logits(n, bf16, 7), *t = make_logits(n, bf16, 8);
+    void *s = ab_uniform(n, bf16, -10.0f, 10.0f, 7), *t = ab_uniform(n, bf16, -10.0f, 10.0f, 8);
     void *g = aligned_alloc(64, (n * es + 63) / 64 * 64);
     static double ms[AB_MAX_LIBS][AB_MAX_ROUNDS];
     float loss[AB_MAX_LIBS];

@@ -27,24 +27,6 @@ typedef kdloss_status (*size_fn)(const kdloss_fused_linear_distill_params *, int
                                  int64_t, int64_t, kdloss_dtype, int, size_t *);
 typedef void (*defaults_fn)(kdloss_fused_linear_distill_params *);
 
-/* n values uniform in [lo, hi) as fp32 or bf16 (rounded to nearest even). */
-static void *make(size_t n, int bf16, float lo, float hi, unsigned seed) {
-    void *p = malloc(n * (bf16 ? 2 : 4));
-    if (!p) return NULL;
-    srand(seed);
-    for (size_t i = 0; i < n; i++) {
-        float f = lo + (hi - lo) * (float)(rand() % 1000000) / 1e6f;
-        if (bf16) {
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            ((uint16_t *)p)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        } else {
-            ((float *)p)[i] = f;
-        }
-    }
-    return p;
-}
-
 static void usage(void) {
     fprintf(stderr, "usage: ab_fused_linear [-d DIV] [-r ROUNDS] [-b BT] [-s HS] [-h HT] [-v V] "
                     "[-t fp32|bf16] [-m BUDGET_MIB] LIB_A LIB_B [LIB...]\n");
@@ -115,10 +97,10 @@ int main(int argc, char **argv) {
     }
     float as = 1.0f / sqrtf((float)hs), at = 1.0f / sqrtf((float)ht);
     size_t es = bf16 ? 2 : 4;
-    void *xs = make((size_t)(bt * hs), bf16, 0.0f, 1.0f, 1);
-    void *xt = make((size_t)(bt * ht), bf16, 0.0f, 1.0f, 2);
-    void *ws = make((size_t)(v * hs), bf16, -as, as, 3);
-    void *wt = make((size_t)(v * ht), bf16, -at, at, 4);
+    void *xs = ab_uniform((size_t)(bt * hs), bf16, 0.0f, 1.0f, 1);
+    void *xt = ab_uniform((size_t)(bt * ht), bf16, 0.0f, 1.0f, 2);
+    void *ws = ab_uniform((size_t)(v * hs), bf16, -as, as, 3);
+    void *wt = ab_uniform((size_t)(v * ht), bf16, -at, at, 4);
     void *dxs = calloc((size_t)(bt * hs), es), *dws = calloc((size_t)(v * hs), es);
     int64_t *labels = malloc((size_t)bt * sizeof *labels);
     if (!xs || !xt || !ws || !wt || !dxs || !dws || !labels) {
