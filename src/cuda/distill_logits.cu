@@ -180,8 +180,8 @@ __global__ void __launch_bounds__(DL_THREADS) dl_row_kernel(dl_args a) {
 
 template <int DS, int DT>
 static void dl_launch2(const dl_args &a, bool vec, unsigned grid, cudaStream_t st) {
-    if (vec) dl_row_kernel<DS, DT, true><<<grid, DL_THREADS, 0, st>>>(a);
-    else dl_row_kernel<DS, DT, false><<<grid, DL_THREADS, 0, st>>>(a);
+    if (vec) KD_LAUNCH(grid, DL_THREADS, 0, st, dl_row_kernel<DS, DT, true>)(a);
+    else KD_LAUNCH(grid, DL_THREADS, 0, st, dl_row_kernel<DS, DT, false>)(a);
 }
 
 template <int DS>

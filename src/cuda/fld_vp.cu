@@ -213,10 +213,10 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_grad_kernel(flvp_args a) 
 template <int DS, int DT>
 static void flvp_launch2(int phase, unsigned grid, const flvp_args &a, cudaStream_t st) {
     switch (phase) {
-    case 1: flvp_max_kernel<DS, DT><<<grid, FL_ROW_THREADS, 0, st>>>(a); break;
-    case 2: flvp_sums_kernel<DS, DT><<<grid, FL_ROW_THREADS, 0, st>>>(a); break;
-    case 3: flvp_div_kernel<DS, DT><<<grid, FL_ROW_THREADS, 0, st>>>(a); break;
-    default: flvp_grad_kernel<DS, DT><<<grid, FL_ROW_THREADS, 0, st>>>(a); break;
+    case 1: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_max_kernel<DS, DT>)(a); break;
+    case 2: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_sums_kernel<DS, DT>)(a); break;
+    case 3: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_div_kernel<DS, DT>)(a); break;
+    default: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_grad_kernel<DS, DT>)(a); break;
     }
 }
 

@@ -207,10 +207,9 @@ kdloss_status fl_final(cudaStream_t st, const fl_plan &P, int64_t bt,
                        const kdloss_fused_linear_distill_out *out,
                        const kdloss_fused_linear_distill_params *p) {
     const double soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
-    fl_final_kernel<<<1, FL_FINAL_THREADS, 0, st>>>(P.row_soft, P.row_hard, bt, P.hdr, out->loss,
-                                                    out->soft_loss, out->hard_loss,
-                                                    p->weight_hard_loss, p->weight_soft_loss,
-                                                    soft_fac);
+    KD_LAUNCH(1, FL_FINAL_THREADS, 0, st, fl_final_kernel)(
+        P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
+        p->weight_hard_loss, p->weight_soft_loss, soft_fac);
     return kd_launch_status();
 }
 
@@ -261,11 +260,11 @@ kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
     }
     if (s != KDLOSS_OK || !db) return s;
     if (g->sdt == KDLOSS_BF16)
-        kd_colsum_kernel<KDLOSS_BF16><<<kd_grid_1d(g->v, 256), 256, 0, g->st>>>(g->zs, pitch, rows,
-                                                                               g->v, db, first);
+        KD_LAUNCH(kd_grid_1d(g->v, 256), 256, 0, g->st, kd_colsum_kernel<KDLOSS_BF16>)(
+            g->zs, pitch, rows, g->v, db, first);
     else
-        kd_colsum_kernel<KDLOSS_F32><<<kd_grid_1d(g->v, 256), 256, 0, g->st>>>(g->zs, pitch, rows,
-                                                                              g->v, db, first);
+        KD_LAUNCH(kd_grid_1d(g->v, 256), 256, 0, g->st, kd_colsum_kernel<KDLOSS_F32>)(
+            g->zs, pitch, rows, g->v, db, first);
     return kd_launch_status();
 }
 
@@ -273,13 +272,14 @@ kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *d
                             const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
                             int64_t hs, int64_t v) {
     if (out->dws.data) {
-        kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v * hs, 256), 256, 0, st>>>(
+        KD_LAUNCH(kd_grid_1d(v * hs, 256), 256, 0, st, kd_cast_kernel<KDLOSS_BF16>)(
             dw_acc, hs, out->dws.data, ld_dws, v, hs);
         kdloss_status s = kd_launch_status();
         if (s != KDLOSS_OK) return s;
     }
     if (!out->dbs) return KDLOSS_OK;
-    kd_cast_kernel<KDLOSS_BF16><<<kd_grid_1d(v, 256), 256, 0, st>>>(db_acc, v, out->dbs, v, 1, v);
+    KD_LAUNCH(kd_grid_1d(v, 256), 256, 0, st, kd_cast_kernel<KDLOSS_BF16>)(db_acc, v, out->dbs, v,
+                                                                           1, v);
     return kd_launch_status();
 }
 
@@ -290,14 +290,14 @@ static void fl_row_launch(kdloss_dtype ds, kdloss_dtype dt, int64_t rows, const 
     const unsigned grid = kd_grid(rows);
     if (ds == KDLOSS_BF16) {
         if (dt == KDLOSS_BF16)
-            fl_row_kernel<KDLOSS_BF16, KDLOSS_BF16><<<grid, FL_ROW_THREADS, 0, st>>>(a);
+            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_BF16, KDLOSS_BF16>)(a);
         else
-            fl_row_kernel<KDLOSS_BF16, KDLOSS_F32><<<grid, FL_ROW_THREADS, 0, st>>>(a);
+            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_BF16, KDLOSS_F32>)(a);
     } else {
         if (dt == KDLOSS_BF16)
-            fl_row_kernel<KDLOSS_F32, KDLOSS_BF16><<<grid, FL_ROW_THREADS, 0, st>>>(a);
+            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_F32, KDLOSS_BF16>)(a);
         else
-            fl_row_kernel<KDLOSS_F32, KDLOSS_F32><<<grid, FL_ROW_THREADS, 0, st>>>(a);
+            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_F32, KDLOSS_F32>)(a);
     }
 }
 

@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
 
 template <int DS, int DT>
 static void jsd_launch2(const jsd_args &a, bool vec, unsigned grid, cudaStream_t st) {
-    if (vec) jsd_kernel<DS, DT, true><<<grid, KD_EW_THREADS, 0, st>>>(a);
-    else jsd_kernel<DS, DT, false><<<grid, KD_EW_THREADS, 0, st>>>(a);
+    if (vec) KD_LAUNCH(grid, KD_EW_THREADS, 0, st, jsd_kernel<DS, DT, true>)(a);
+    else KD_LAUNCH(grid, KD_EW_THREADS, 0, st, jsd_kernel<DS, DT, false>)(a);
 }
 
 template <int DS>

@@ -13,6 +13,22 @@
 
 #include "kdloss.h"
 
+/* ---- one launch form for nvcc and the CUDA simulator (cudasim/) ------------------------------
+ * The simulator compiles these files with the host g++, which has no triple-chevron launch: every
+ * launch is written KD_LAUNCH(grid, block, smem, stream, kernel<T...>)(args...) and every
+ * dynamic shared array KD_DYN_SMEM(type, name, align). Under nvcc they expand to the plain CUDA
+ * forms; under the simulator (KD_SIM_CUDA, from its cuda_runtime_api.h) to its launcher, which
+ * is told the kernel's text and the launch site (__FILE__, __LINE__: keep the KD_LAUNCH(...)
+ * head on one line, cudasim/tools/kd_sim_scan.c registers the sites by that line). */
+#ifdef KD_SIM_CUDA
+#define KD_LAUNCH(grid, block, smem, stream, ...) \
+    kd_sim_launcher(&__VA_ARGS__, #__VA_ARGS__, __FILE__, __LINE__, (grid), (block), (smem), (stream))
+#define KD_DYN_SMEM(type, name, align) type *name = (type *)kd_sim_dyn_smem()
+#else
+#define KD_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<(grid), (block), (smem), (stream)>>>
+#define KD_DYN_SMEM(type, name, align) extern __shared__ __align__(align) type name[]
+#endif
+
 struct kdloss_cuda_context {
     int device;
     int sm_count;

@@ -98,8 +98,8 @@ __global__ void __launch_bounds__(KD_EW_THREADS) kl_kernel(kl_args a) {
 
 template <int DI, int DT>
 static void kl_launch2(const kl_args &a, bool vec, unsigned grid, cudaStream_t st) {
-    if (vec) kl_kernel<DI, DT, true><<<grid, KD_EW_THREADS, 0, st>>>(a);
-    else kl_kernel<DI, DT, false><<<grid, KD_EW_THREADS, 0, st>>>(a);
+    if (vec) KD_LAUNCH(grid, KD_EW_THREADS, 0, st, kl_kernel<DI, DT, true>)(a);
+    else KD_LAUNCH(grid, KD_EW_THREADS, 0, st, kl_kernel<DI, DT, false>)(a);
 }
 
 template <int DI>

@@ -34,8 +34,8 @@ kdloss_status kd_cuda_count_labels(cudaStream_t st, const void *labels, int is64
     if (e != cudaSuccess) return kd_cuda_status(e);
     int64_t blocks = (bt + KD_COUNT_THREADS - 1) / KD_COUNT_THREADS;
     if (blocks > 1024) blocks = 1024; /* each thread loops; a few atomics per block only */
-    kd_count_labels_kernel<<<(unsigned)blocks, KD_COUNT_THREADS, 0, st>>>(labels, is64, bt, v,
-                                                                         ignore_index, hdr);
+    KD_LAUNCH((unsigned)blocks, KD_COUNT_THREADS, 0, st, kd_count_labels_kernel)(
+        labels, is64, bt, v, ignore_index, hdr);
     return kd_launch_status();
 }
 
@@ -86,12 +86,12 @@ kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t b
                                   int host_divides, int use_n_valid, kd_ws_header *hdr) {
     if (row_loss || loss) {
         int64_t nb = kd_rows_blocks(bt);
-        kd_rows_kernel<<<kd_grid(nb), KD_ROWS_THREADS, 0, st>>>(part, bt, ntiles, row_loss,
-                                                                loss ? blk : NULL);
+        KD_LAUNCH(kd_grid(nb), KD_ROWS_THREADS, 0, st, kd_rows_kernel)(part, bt, ntiles, row_loss,
+                                                                       loss ? blk : NULL);
         kdloss_status s = kd_launch_status();
         if (s != KDLOSS_OK) return s;
     }
-    kd_final_kernel<<<1, KD_FINAL_THREADS, 0, st>>>(blk, kd_rows_blocks(bt), loss, host_factor,
-                                                    host_divides, use_n_valid, hdr);
+    KD_LAUNCH(1, KD_FINAL_THREADS, 0, st, kd_final_kernel)(
+        blk, kd_rows_blocks(bt), loss, host_factor, host_divides, use_n_valid, hdr);
     return kd_launch_status();
 }

@@ -80,7 +80,7 @@ kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a) {
     const int64_t wpb = TK_CHECK_THREADS / 32;
     int64_t blocks = (a.bt + wpb - 1) / wpb;
     if (blocks > 4096) blocks = 4096; /* warps loop over rows; few atomics */
-    tk_check_kernel<<<(unsigned)blocks, TK_CHECK_THREADS, 0, st>>>(a);
+    KD_LAUNCH((unsigned)blocks, TK_CHECK_THREADS, 0, st, tk_check_kernel)(a);
     return kd_launch_status();
 }
 
@@ -122,9 +122,9 @@ tk_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, tk_h
 kdloss_status tk_final_launch(cudaStream_t st, const double *row_soft, const double *row_hard,
                               int64_t bt, tk_header *hdr, const kdloss_fused_linear_distill_out *out,
                               double w_hard, double w_soft, double soft_fac, int ids_first) {
-    tk_final_kernel<<<1, TK_FINAL_THREADS, 0, st>>>(row_soft, row_hard, bt, hdr, out->loss,
-                                                    out->soft_loss, out->hard_loss, w_hard,
-                                                    w_soft, soft_fac, ids_first);
+    KD_LAUNCH(1, TK_FINAL_THREADS, 0, st, tk_final_kernel)(row_soft, row_hard, bt, hdr, out->loss,
+                                                           out->soft_loss, out->hard_loss, w_hard,
+                                                           w_soft, soft_fac, ids_first);
     return kd_launch_status();
 }
 
@@ -204,7 +204,7 @@ __device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float 
  * the gradient and the bias; VEC: every row 16-byte aligned. */
 template <int DZ, int DG, bool VEC>
 __global__ void __launch_bounds__(TK_ROW_THREADS) tk_row_kernel(tk_row_args a) {
-    extern __shared__ __align__(16) char tk_smem[];
+    KD_DYN_SMEM(char, tk_smem, 16);
     __shared__ kd_lse lred[32];
     __shared__ tk_row_state rs;
     const tk_slots s = tk_slots_of(a, tk_smem);
@@ -334,7 +334,7 @@ __device__ void tk_sparse_dx(const tk_sparse_args &a, int64_t r, tk_slots s, int
 /* One block per row (grid-stride). DS: dtype of xs, ws, bs, dxs. */
 template <int DS>
 __global__ void __launch_bounds__(TK_SP_THREADS) tk_sparse_kernel(tk_sparse_args a) {
-    extern __shared__ __align__(16) char tk_smem[];
+    KD_DYN_SMEM(char, tk_smem, 16);
     __shared__ int64_t n_sh;
     const tk_slots s = tk_slots_at(
         a.slots_smem ? tk_smem : a.gslot + (size_t)blockIdx.x * a.slot_stride, a.k);
@@ -576,8 +576,8 @@ static int tk_sparse_call(const kdloss_fused_linear_topk_distill_params *p, int6
 template <int DZ, int DG>
 static void tk_row_launch2(const tk_row_args &a, const tk_scratch &sc, bool vec, cudaStream_t st) {
     const unsigned grid = tk_row_grid(a.rows, sc);
-    if (vec) tk_row_kernel<DZ, DG, true><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
-    else tk_row_kernel<DZ, DG, false><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
+    if (vec) KD_LAUNCH(grid, TK_ROW_THREADS, sc.smem, st, tk_row_kernel<DZ, DG, true>)(a);
+    else KD_LAUNCH(grid, TK_ROW_THREADS, sc.smem, st, tk_row_kernel<DZ, DG, false>)(a);
 }
 
 /* The logits entry: logits and gradient in the student's dtype. */
@@ -595,9 +595,11 @@ static void tk_row_launch_fused(kdloss_dtype ds, const tk_row_args &a, const tk_
                                 cudaStream_t st) {
     const unsigned grid = tk_row_grid(a.rows, sc);
     if (ds == KDLOSS_BF16)
-        tk_row_kernel<KDLOSS_F32, KDLOSS_BF16, true><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
+        KD_LAUNCH(grid, TK_ROW_THREADS, sc.smem, st, tk_row_kernel<KDLOSS_F32, KDLOSS_BF16, true>)(
+            a);
     else
-        tk_row_kernel<KDLOSS_F32, KDLOSS_F32, true><<<grid, TK_ROW_THREADS, sc.smem, st>>>(a);
+        KD_LAUNCH(grid, TK_ROW_THREADS, sc.smem, st, tk_row_kernel<KDLOSS_F32, KDLOSS_F32, true>)(
+            a);
 }
 
 kdloss_status tk_zero_slices(const tk_plan &P, cudaStream_t st) {
@@ -792,17 +794,17 @@ static kdloss_status tk_sparse_wgrad(cudaStream_t st, int64_t bt, int64_t hs, in
     const unsigned gp = kd_grid_1d(np, 256);
     cudaError_t e = cudaMemsetAsync(P.count, 0, ((size_t)v + 1) * sizeof(uint32_t), st);
     if (e != cudaSuccess) return kd_cuda_status(e);
-    tk_count_kernel<<<gp, 256, 0, st>>>(P.pcol, np, P.count, P.rank0);
-    tk_scan_kernel<<<1, 1024, 0, st>>>(P.count, v + 1, P.offs);
-    tk_place_kernel<<<gp, 256, 0, st>>>(P.pcol, np, P.offs, P.rank0, P.e0);
-    tk_rank_kernel<<<gp, 256, 0, st>>>(P.pcol, v, P.offs, P.e0, P.e1);
+    KD_LAUNCH(gp, 256, 0, st, tk_count_kernel)(P.pcol, np, P.count, P.rank0);
+    KD_LAUNCH(1, 1024, 0, st, tk_scan_kernel)(P.count, v + 1, P.offs);
+    KD_LAUNCH(gp, 256, 0, st, tk_place_kernel)(P.pcol, np, P.offs, P.rank0, P.e0);
+    KD_LAUNCH(gp, 256, 0, st, tk_rank_kernel)(P.pcol, v, P.offs, P.e0, P.e1);
     const unsigned gv = kd_grid(v > 65536 ? 65536 : v);
     if (xs.dtype == KDLOSS_BF16)
-        tk_dw_kernel<KDLOSS_BF16><<<gv, 256, 0, st>>>(P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs,
-                                                     v, out->dws.data, g.ld_dws, out->dbs);
+        KD_LAUNCH(gv, 256, 0, st, tk_dw_kernel<KDLOSS_BF16>)(
+            P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs, v, out->dws.data, g.ld_dws, out->dbs);
     else
-        tk_dw_kernel<KDLOSS_F32><<<gv, 256, 0, st>>>(P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs,
-                                                    v, out->dws.data, g.ld_dws, out->dbs);
+        KD_LAUNCH(gv, 256, 0, st, tk_dw_kernel<KDLOSS_F32>)(
+            P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs, v, out->dws.data, g.ld_dws, out->dbs);
     return kd_launch_status();
 }
 
@@ -849,9 +851,9 @@ static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_to
     a.slots_smem = P.sc.slots_smem;
     const unsigned grid = tk_row_grid(bt, P.sc);
     if (xs.dtype == KDLOSS_BF16)
-        tk_sparse_kernel<KDLOSS_BF16><<<grid, TK_SP_THREADS, P.sc.smem, st>>>(a);
+        KD_LAUNCH(grid, TK_SP_THREADS, P.sc.smem, st, tk_sparse_kernel<KDLOSS_BF16>)(a);
     else
-        tk_sparse_kernel<KDLOSS_F32><<<grid, TK_SP_THREADS, P.sc.smem, st>>>(a);
+        KD_LAUNCH(grid, TK_SP_THREADS, P.sc.smem, st, tk_sparse_kernel<KDLOSS_F32>)(a);
     kdloss_status s = kd_launch_status();
     if (s == KDLOSS_OK && wgrad) s = tk_sparse_wgrad(st, bt, hs, v, t.k, xs, g, out, P);
     return s;

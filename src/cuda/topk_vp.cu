@@ -86,7 +86,7 @@ __device__ double tkvp_sum_rest(const tkvp_args &a, int64_t r, const uint32_t *b
  * not count). One block per row, grid-stride (tk_row_grid). */
 template <int DG>
 __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_max_kernel(tkvp_args a) {
-    extern __shared__ __align__(16) char tk_smem[];
+    KD_DYN_SMEM(char, tk_smem, 16);
     __shared__ float red[32];
     uint32_t *bits = tk_bits_init(a.r, tk_smem);
     for (int64_t r = blockIdx.x; r < a.r.rows; r += gridDim.x) {
@@ -131,7 +131,7 @@ __device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double
  * T != 1), 0, zs[y], zs at S} over this rank's columns, at the maxima of every rank. */
 template <int DG>
 __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_sums_kernel(tkvp_args a) {
-    extern __shared__ __align__(16) char tk_smem[];
+    KD_DYN_SMEM(char, tk_smem, 16);
     __shared__ double red[32];
     uint32_t *bits = tk_bits_init(a.r, tk_smem);
     for (int64_t r = blockIdx.x; r < a.r.rows; r += gridDim.x) {
@@ -190,7 +190,7 @@ __device__ void tkvp_row_math(const tkvp_args &a, int64_t r, int64_t gr, tk_slot
 /* Phase 3+4: the row's loss (every rank the same) and dz over this rank's columns in place. */
 template <int DG>
 __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_grad_kernel(tkvp_args a) {
-    extern __shared__ __align__(16) char tk_smem[];
+    KD_DYN_SMEM(char, tk_smem, 16);
     __shared__ tk_row_state rs;
     const tk_slots s = tk_slots_of(a.r, tk_smem);
     for (int64_t r = blockIdx.x; r < a.r.rows; r += gridDim.x) {
@@ -218,9 +218,9 @@ template <int DG>
 static void tkvp_launch2(int phase, unsigned grid, size_t smem, const tkvp_args &a,
                          cudaStream_t st) {
     switch (phase) {
-    case 1: tkvp_max_kernel<DG><<<grid, TK_ROW_THREADS, smem, st>>>(a); break;
-    case 2: tkvp_sums_kernel<DG><<<grid, TK_ROW_THREADS, smem, st>>>(a); break;
-    default: tkvp_grad_kernel<DG><<<grid, TK_ROW_THREADS, smem, st>>>(a); break;
+    case 1: KD_LAUNCH(grid, TK_ROW_THREADS, smem, st, tkvp_max_kernel<DG>)(a); break;
+    case 2: KD_LAUNCH(grid, TK_ROW_THREADS, smem, st, tkvp_sums_kernel<DG>)(a); break;
+    default: KD_LAUNCH(grid, TK_ROW_THREADS, smem, st, tkvp_grad_kernel<DG>)(a); break;
     }
 }
 

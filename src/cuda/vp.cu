@@ -61,10 +61,10 @@ kdloss_status kd_cuda_vp_dxs(const fl_gemms *gm, const kdloss_comm *c, float *pa
     char *dst = (char *)dxs.data + (size_t)(r0 * dxs.ld) * kdloss_dtype_size(dxs.dtype);
     const unsigned grid = kd_grid_1d(rows * gm->hs, 256);
     if (dxs.dtype == KDLOSS_BF16)
-        kd_cast_kernel<KDLOSS_BF16><<<grid, 256, 0, gm->st>>>(part, gm->hs, dst, dxs.ld, rows,
-                                                              gm->hs);
+        KD_LAUNCH(grid, 256, 0, gm->st, kd_cast_kernel<KDLOSS_BF16>)(part, gm->hs, dst, dxs.ld,
+                                                                     rows, gm->hs);
     else
-        kd_cast_kernel<KDLOSS_F32><<<grid, 256, 0, gm->st>>>(part, gm->hs, dst, dxs.ld, rows,
-                                                             gm->hs);
+        KD_LAUNCH(grid, 256, 0, gm->st, kd_cast_kernel<KDLOSS_F32>)(part, gm->hs, dst, dxs.ld, rows,
+                                                                    gm->hs);
     return kd_launch_status();
 }
