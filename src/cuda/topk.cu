@@ -228,7 +228,10 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tk_row_kernel(tk_row_args a) {
             __syncthreads();
             tk_fixup<DG>(a, r, s, st);
         }
-        for (int64_t k = threadIdx.x; k < st.n; k += blockDim.x) bits[s.col[k] >> 5] = 0u;
+        /* each thread clears its own bits: a plain store of the word by several threads at
+         * once is a race (racecheck), even of the same value */
+        for (int64_t k = threadIdx.x; k < st.n; k += blockDim.x)
+            atomicAnd(&bits[s.col[k] >> 5], ~(1u << (s.col[k] & 31)));
         __syncthreads(); /* slots, bits and rs are the next row's */
     }
 }

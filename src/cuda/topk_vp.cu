@@ -37,8 +37,9 @@ __device__ void tkvp_mark(const tkvp_args &a, int64_t gr, uint32_t *bits, bool s
         const int64_t id = kd_topk_id(a.r.ids, a.r.ids64, a.r.ld_ids, gr, j);
         const int64_t c = id - a.v_lo;
         if (id < 0 || c < 0 || c >= a.r.v) continue;
-        if (set) atomicOr(&bits[c >> 5], 1u << (c & 31)); /* shared or global: generic atomics */
-        else bits[c >> 5] = 0u;
+        /* shared or global: generic atomics; clearing too, as several threads share a word */
+        if (set) atomicOr(&bits[c >> 5], 1u << (c & 31));
+        else atomicAnd(&bits[c >> 5], ~(1u << (c & 31)));
     }
 }
 
