@@ -5,12 +5,13 @@ BUILD      ?= build
 BUILD_SAN  ?= build-san
 BUILD_CUDA ?= build-cuda
 BUILD_FUZZ ?= build-fuzz
+BUILD_SIM  ?= build-sim
 FUZZ_TIME  ?= 10
 FUZZ_LONG  ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build install test test-c test-install test-san test-cuda test-py test-fuzz fuzz fuzz-build test-fault bench cuda clean
+.PHONY: all deps build install test test-c test-install test-san test-cuda test-cuda-sim test-py test-fuzz fuzz fuzz-build test-fault bench cuda clean
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 all: build
@@ -33,13 +34,26 @@ install: build
 test-install: build
 	cd $(BUILD) && ctest --output-on-failure -R test_install
 
+# The sanitizer build carries the CUDA backend on the simulator (cudasim/): its test_cuda runs the
+# quick subset of every CUDA kernel under ASan + UBSan.
 test-san: deps
-	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DKDLOSS_SANITIZE=ON $(CMAKE_ARGS) >/dev/null
+	cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=Debug -DKDLOSS_SANITIZE=ON -DKDLOSS_CUDA_SIM=ON $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD_SAN) -j $(JOBS)
 	cd $(BUILD_SAN) && KDLOSS_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure
 
-# The CUDA backend is built (warnings as errors) wherever nvcc exists; its test skips itself
-# without a GPU, and test_cuda_emu checks the GPU test's expectations against the CPU backend.
+# The CUDA simulator (cudasim/README.md): src/cuda compiled by the host compiler and every kernel
+# run on CPU threads under memcheck, racecheck, synccheck and initcheck; tests/cuda/test_cuda.c
+# whole, the simulator's planted defects and its cuBLAS / NCCL stand-ins. Ends with the line
+# "cuda-sim: K of N kernels executed, C checker reports".
+test-cuda-sim: deps
+	cmake -S . -B $(BUILD_SIM) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA_SIM=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD_SIM) -j $(JOBS) --target test_cuda test_sim_planted test_sim_blas
+	cd $(BUILD_SIM) && ctest --output-on-failure -R '^test_(cuda|sim_planted|sim_blas)$$'
+	@grep -h '^cuda-sim: .* launch sites reached' $(BUILD_SIM)/Testing/Temporary/LastTest.log | tail -1
+	@grep -h '^cuda-sim: .* kernels executed' $(BUILD_SIM)/Testing/Temporary/LastTest.log | tail -1
+
+# The CUDA backend is built with nvcc (warnings as errors) wherever nvcc exists; its test skips
+# itself without a GPU (the simulator runs the kernels: test-cuda-sim).
 test-cuda: deps
 ifneq ($(NVCC),)
 	cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA=ON $(CMAKE_ARGS) >/dev/null
@@ -79,7 +93,7 @@ fuzz: fuzz-build
 test-fault: build
 	cd $(BUILD) && ctest --output-on-failure -L fault
 
-test: test-c test-san test-fuzz test-cuda test-py
+test: test-c test-san test-fuzz test-cuda test-cuda-sim test-py
 
 # The environment stays as the user has it (OPENBLAS_* included); the last lines say which
 # targets were met. Exit 1: a benchmark failed; 3: all ran, some target NOT MET.
@@ -91,4 +105,4 @@ cuda: deps
 	cmake --build $(BUILD_CUDA) -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_CUDA) $(BUILD_FUZZ)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_CUDA) $(BUILD_FUZZ) $(BUILD_SIM)

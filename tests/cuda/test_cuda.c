@@ -3466,5 +3466,10 @@ int main(void) {
 #endif
     CK(cudaStreamDestroy(g_st));
     kdloss_cuda_context_destroy(g_ctx);
+#ifdef KD_SIM_CUDA
+    /* on the simulator every checker report is a failure of this test (kernel, block and thread
+     * were printed when it was made); the summary says which kernels and sites ran */
+    KT_CHECK(kd_sim_summary() == 0, "cuda-sim: no checker report");
+#endif
     return kt_finish("test_cuda");
 }

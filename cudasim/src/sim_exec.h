@@ -1,0 +1,91 @@
+/* Internal to cudasim/src: the execution state shared by sim_exec.cpp (fibers, scheduling),
+ * sim_sync.cpp (barriers and warp operations) and sim_hooks.cpp (the access checkers). */
+#ifndef KD_SIM_EXEC_H
+#define KD_SIM_EXEC_H
+
+#include "sim_core.h"
+
+enum { KD_F_READY, KD_F_BARRIER, KD_F_WARP, KD_F_DONE };
+
+/* One simulated thread. The kd_sim_thread part is what threadIdx & co. read. */
+struct kd_fiber : kd_sim_thread {
+    void *sp;        /* saved stack pointer while not running */
+    char *stack_lo;
+    int lin;         /* linear thread index in the block */
+    int state;
+    const char *file; /* where it waits: barrier or warp operation */
+    int line;
+    int op;           /* warp operation */
+    unsigned mask;
+    int arg, width;
+    uint64_t value, result;
+};
+
+/* A launch being executed (shared by the OS threads running its blocks). */
+struct kd_launch_run {
+    const kd_sim_launch_cfg *cfg;
+    void (*thunk)(const void *fn, const void *args);
+    const void *args;
+    size_t args_size;
+    kd_kernel_ref ref;
+    int nthreads;
+    const kd_alloc_snap *snap;
+    uint64_t launch_id;
+};
+
+/* racecheck's record of one byte of shared memory in the current barrier interval */
+struct kd_race_cell {
+    uint64_t epoch;
+    int16_t writer, reader; /* thread (linear), -1 none; reader -2: several */
+    uint8_t atomic_w;
+    uint8_t pad[3];
+};
+
+/* Per OS thread. */
+struct kd_exec {
+    int in_kernel;
+    kd_fiber *cur;
+    void *sched_sp;
+    const void *sched_bottom;
+    size_t sched_size;
+    const void *asan_prev_bottom;
+    size_t asan_prev_size;
+    uint64_t fp_word;
+    const kd_launch_run *L;
+    uint3 bid;
+    uint64_t epoch;        /* barrier intervals, never reused: block starts and barriers bump it */
+    uint64_t block_serial;
+    /* fibers */
+    char *region, *stacks;
+    size_t region_size;
+    kd_fiber *fibers;
+    int cap, nfib;
+    /* static __shared__: the kernel object's TLS block on this thread */
+    const void *tls_obj;
+    uintptr_t tls_lo, tls_hi;
+    /* dynamic shared memory: [dyn_lo, dyn_user) guard, [dyn_user, + dyn_size), guard to dyn_hi */
+    char *dyn_raw;
+    size_t dyn_cap, dyn_size;
+    uintptr_t dyn_lo, dyn_user, dyn_hi;
+    /* racecheck cells of the static and dynamic shared ranges */
+    kd_race_cell *race_tls, *race_dyn;
+    size_t race_tls_n, race_dyn_n;
+    /* reports made in the current launch, per checker (a few are printed, then suppressed) */
+    uint64_t report_launch;
+    int reported[8];
+    ~kd_exec(); /* the thread's stacks and buffers go with it */
+};
+
+extern thread_local kd_exec t_exec;
+
+void kd_yield(kd_exec &x, kd_fiber *f, int dying); /* from fiber f back to the scheduler */
+int kd_resolve_warps(kd_exec &x, int force);
+int kd_resolve_barrier(kd_exec &x, int force);
+int kd_race_prepare(kd_exec &x);
+uint64_t kd_next_launch_id(void);
+/* A checker's finding inside a kernel: names kernel, site, block and thread. */
+void kd_kernel_report(kd_exec &x, int checker, const kd_fiber *f, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+enum { KD_CK_MEM, KD_CK_RACE, KD_CK_SYNC, KD_CK_INIT };
+
+#endif
