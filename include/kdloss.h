@@ -184,7 +184,8 @@ typedef struct kdloss_gemm_info {
                                       AVX-512 (a provider that does not know this CPU)           */
     int thread_independent;        /* 1 if results do not depend on the thread count            */
     int bf16_native;               /* 1 if bf16 x bf16 products run natively (fp32 accumulate)
-                                      rather than widened to fp32 first                          */
+                                      rather than widened to fp32 first (kdloss_gemm_set_bf16;
+                                      with the provider in use)                                  */
 } kdloss_gemm_info;
 
 /* Whether `provider` can be loaded here, and what it runs. AUTO describes the provider in use.
@@ -194,18 +195,61 @@ KDLOSS_API kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss
  * thread-safe against calls running at the same time. KDLOSS_ERR_UNSUPPORTED if it cannot load. */
 KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider);
 
-/* bf16 x bf16 products (the fused losses' logits when both operands are bf16): widened to fp32
- * and multiplied by sgemm, or multiplied natively with fp32 accumulation (oneDNN matmul). Both
- * are exact products summed in fp32; they differ in speed and summation order. AUTO multiplies
- * natively only where the CPU has AMX tiles: without them oneDNN's bf16 kernels measured slower
- * than widening (BENCHMARKS.md). Process-wide, not thread-safe against running calls;
- * KDLOSS_ERR_UNSUPPORTED if NATIVE cannot run on this CPU (oneDNN needs AVX-512 for it). */
+/* bf16 x bf16 products (the fused losses' GEMMs when the student's, or the teacher's, hidden
+ * states and LM head are bf16): widened to fp32 and multiplied by sgemm, or multiplied natively
+ * with fp32 accumulation (oneDNN matmul). Both are exact products summed in fp32; they differ in
+ * speed and summation order. AUTO decides by measurement, once per process, on first need:
+ * native bf16 against widen + sgemm on one thread on a chunk-sized product (256 x 1024 x 1024,
+ * a few ms), native chosen when at least 1.15x faster (kdloss_gemm_bf16_query tells the rates).
+ * So native runs on CPUs whose bf16 kernels beat sgemm (AVX512_BF16 on AMD Zen 4 / 5, AMX) and
+ * not where they do not (Intel without AMX, where oneDNN's bf16 measured half of sgemm) nor
+ * where oneDNN has none (AVX2 only). The choice does not depend on the thread count; a process
+ * whose timing lands near the margin could choose differently from another, so force a mode for
+ * bitwise reproducibility across processes and machines. Process-wide, not thread-safe against
+ * running calls (the AUTO measurement itself is); KDLOSS_ERR_UNSUPPORTED if NATIVE cannot run on
+ * this CPU (oneDNN has no bf16 matmul for it). */
 typedef enum kdloss_bf16_gemm {
     KDLOSS_BF16_GEMM_AUTO = 0,
     KDLOSS_BF16_GEMM_WIDEN = 1,
     KDLOSS_BF16_GEMM_NATIVE = 2
 } kdloss_bf16_gemm;
 KDLOSS_API kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode);
+
+/* The backward GEMMs of the fused-linear losses with a bf16 student (dXs = dZ Ws, dWs = dZ^T Xs)
+ * when the logits GEMMs run natively (above): AUTO rounds dZ to bf16 (round to nearest even,
+ * relative error <= 2^-9 per element; docs/MATH.md 4.3 has the bound on dXs and dWs) and
+ * multiplies natively, as torch's bf16 autograd, Liger-Kernel and kdloss's CUDA backend do;
+ * EXACT keeps dZ in fp32 and multiplies fp32 on widened Ws / Xs (exact products, fp32 sums:
+ * slower where native is faster, within the fp32 tolerances). Where the logits are widened,
+ * both are EXACT's computation (the same bits). dbs is always summed from the fp32 dZ. CPU only
+ * (the CUDA backend always rounds dZ to bf16). Process-wide, not thread-safe against running
+ * calls. KDLOSS_ERR_INVALID_PARAM for another value. */
+typedef enum kdloss_bf16_grad {
+    KDLOSS_BF16_GRAD_AUTO = 0,
+    KDLOSS_BF16_GRAD_EXACT = 1
+} kdloss_bf16_grad;
+KDLOSS_API kdloss_status kdloss_gemm_set_bf16_grad(kdloss_bf16_grad mode);
+
+typedef struct kdloss_bf16_gemm_info {
+    kdloss_bf16_gemm mode; /* as kdloss_gemm_set_bf16 set it (AUTO by default)                   */
+    kdloss_bf16_grad grad; /* as kdloss_gemm_set_bf16_grad set it                                */
+    int native;            /* 1 if bf16 x bf16 logits products run natively now (mode, or AUTO)  */
+    int grad_native;       /* 1 if the backward GEMMs run natively from bf16 dZ now              */
+    int auto_native;       /* AUTO's measured choice                                             */
+    int available;         /* 1 if oneDNN has a bf16 matmul for this CPU                         */
+    int reference;         /* 1 if that is only its reference implementation (never chosen)      */
+    int measurements;      /* timings this process ran: 1 (once, cached), 0 if none could run    */
+    double native_gflops;  /* measured bf16 x bf16 -> fp32 matmul, one thread; 0 if not available */
+    double widen_gflops;   /* measured fp32 sgemm of the same product on widened operands         */
+    double margin;         /* native chosen when native_gflops >= margin * widen_gflops (1.15)    */
+    int64_t m, n, k;       /* the timed product: C (m x n) = A (m x k) B^T (B stored n x k)       */
+    char kernel[64];       /* oneDNN's bf16 matmul implementation ("brg:avx512_core_amx", ...),
+                              "none" if it has none                                               */
+} kdloss_bf16_gemm_info;
+
+/* The bf16 GEMM choice and the measurement behind it; runs the measurement (both rates, a few ms)
+ * the first time, which later calls and the AUTO choice reuse. */
+KDLOSS_API kdloss_status kdloss_gemm_bf16_query(kdloss_bf16_gemm_info *info);
 
 /* The layer itself, exposed for benchmarks and floors: row-major fp32
  *   C (m x n, ldc) = alpha op(A) op(B) + beta C,  op(A) m x k, op(B) k x n,
@@ -439,7 +483,8 @@ typedef struct kdloss_fljsd_out {
  *   written. The first call of a process also starts the OpenMP threads and oneDNN's JIT kernels,
  *   whose allocation failures abort the process inside those runtimes; kdloss cannot catch them
  *   (tests/README.md, test_fault_inject, has the figures: a warm-up call at start-up avoids them).
- *   Native bf16 products (AMX machines, or forced) and the OpenBLAS provider are not covered.
+ *   Native bf16 products (where measured faster, or forced) and the OpenBLAS provider are not
+ *   covered.
  */
 KDLOSS_API kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int64_t bt,
                                                      int64_t hs, int64_t ht, int64_t v,
@@ -467,7 +512,12 @@ KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *para
  *                row's cross-entropy of the untempered logits, row_lse the student's untempered
  *                log-sum-exp log sum_v exp(zs_v). 0 on ignored rows.
  *   loss = (w_hard * hard_sum + w_soft * soft_sum * (t2_scale ? T^2 : 1)) / max(1, n_valid)
- * The factor grad_scale * w_soft * (t2_scale ? T : 1/T) must be a finite fp32. */
+ * The factor grad_scale * w_soft * (t2_scale ? T : 1/T) must be a finite fp32. With t2_scale, T
+ * must be <= 100 (KDLOSS_ERR_INVALID_PARAM above): the divergence of the tempered distributions
+ * shrinks as 1/T^2 while the fp32 log-probs it is formed from carry a rounding of ~1e-7 each, so
+ * T^2 times it stays within ~1e-4 of the float64 value at T 100 (V 4096 and 32768, tests/
+ * test_t2_scale.c) but not at T 1e3 and beyond (issue 25). Without t2_scale any T is accepted; the
+ * soft part then carries an absolute error of ~1e-7 (a relative one growing as T^2). */
 typedef struct kdloss_fused_linear_distill_params {
     kdloss_div_params div;   /* default JSD, beta 0.5, alpha 0.1                                  */
     double temperature;      /* as kdloss_fljsd_params; default 1                                 */
@@ -608,7 +658,7 @@ typedef struct kdloss_fused_linear_topk_distill_params {
     double temperature;      /* as kdloss_fused_linear_distill_params; default 1               */
     double weight_hard_loss; /* >= 0; default 0                                                */
     double weight_soft_loss; /* >= 0; default 1                                                */
-    int t2_scale;            /* 0 or 1; default 0                                              */
+    int t2_scale;            /* 0 or 1; default 0; 1 requires T <= 100 (as the dense loss)     */
     int64_t ignore_index;    /* default -100                                                   */
     int64_t chunk_size;      /* rows per chunk; 0 = automatic; default 0                        */
     size_t memory_budget;    /* as kdloss_fused_linear_distill_params; default 0 (256 MiB)      */
@@ -674,17 +724,36 @@ typedef struct kdloss_vocab_shard {
  * labels global ids in [0, v_total). Every rank gets the same loss, soft_loss, hard_loss and
  * row outputs, the full dxs (summed over ranks), and dws / dbs for its own block; the results
  * equal a single-process call on the whole head up to summation order.
- * Collectives, batched per chunk of rows, never per row: before anything is written, one MAX
- * over 2 size + 8 doubles (every rank's block and arguments agree, and the chunk size); then per
+ * Collectives, batched per chunk of rows, never per row: before anything is written, the
+ * agreement: a MAX over 2 size + 12 doubles (every rank's block; whether its own checks passed;
+ * its chunk size; BT, Hs, Ht (or K) and two fingerprints, of the setup and of the parameters, each
+ * as x and -x), then a MAX over 3 doubles (each rank's verdict and the chunk it read). Then per
  * chunk an all-reduce MAX of 2 doubles a row (row maxima), a SUM of 4 (sums of exps, the label's
  * logit), a SUM of 2 (the divergence's terms and sum of its gradient), and a SUM of the chunk's
  * Hs fp32 dxs values a row: 64 bytes + 4 Hs a token (docs/MATH.md section 9).
- * A rank whose own arguments are bad returns that status and the others KDLOSS_ERR_PEER, with
- * nothing written anywhere; a NULL shard, comm or callback (KDLOSS_ERR_NULL_POINTER), or a rank
- * outside [0, size) (KDLOSS_ERR_INVALID_PARAM), returns at once: that rank cannot take part, and
- * the other ranks would then wait in the first collective. KDLOSS_ERR_COMM after the
- * first chunk may leave outputs partly written. The workspace is *_workspace_size() with this
- * rank's v.
+ * Every rank makes the agreement's two calls whatever its arguments, and what they return decides
+ * every later call, so all ranks make the same calls or all return:
+ *  - a rank whose own arguments are bad (or whose workspace or GEMM scratch cannot be allocated)
+ *    returns that status and the others KDLOSS_ERR_PEER;
+ *  - ranks that disagree on BT, Hs, Ht / K, v_total or the tiling of [0, v_total) by the blocks,
+ *    the dtypes of xs and of the teacher's operands, which biases and labels are given, whether
+ *    the soft part, the hard part, any gradient and dxs are computed (from the weights and the
+ *    outputs asked for), or n_valid (the rows kept: labels must be replicated): every rank
+ *    KDLOSS_ERR_SHAPE_MISMATCH;
+ *  - ranks that disagree on divergence, beta, alpha, temperature, the weights, t2_scale,
+ *    ignore_index, grad_scale or the top-k tail: every rank KDLOSS_ERR_INVALID_PARAM (chunk_size
+ *    and memory_budget may differ: the smallest chunk is used);
+ *  - values read back that an honest MAX cannot give (a chunk outside [1, this rank's plan], not
+ *    an integer or NaN; a flag other than 0 or 1; this rank's own entries changed; ranks that read
+ *    different verdicts or chunks): KDLOSS_ERR_COMM on every rank.
+ * Nothing is written anywhere in all these cases. A NULL shard, comm or callback
+ * (KDLOSS_ERR_NULL_POINTER), a rank outside [0, size) (KDLOSS_ERR_INVALID_PARAM), or, above 64
+ * ranks, an agreement buffer that cannot be allocated (KDLOSS_ERR_OUT_OF_MEMORY), returns at once:
+ * that rank cannot take part, and the other ranks would then wait in the first collective. A
+ * callback that fails ends the call on that rank at once (KDLOSS_ERR_COMM): a communicator must
+ * fail a collective on every rank (MPI and NCCL do), or the others wait. KDLOSS_ERR_COMM (or a
+ * GEMM failure) after the first chunk may leave outputs partly written. The workspace is
+ * *_workspace_size() with this rank's v.
  */
 KDLOSS_API kdloss_status kdloss_fused_linear_distill_vp(
     const kdloss_fused_linear_distill_params *params, const kdloss_vocab_shard *shard,

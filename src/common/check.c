@@ -101,6 +101,10 @@ kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
     if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
         return KDLOSS_ERR_INVALID_PARAM;
     if (p->t2_scale != 0 && p->t2_scale != 1) return KDLOSS_ERR_INVALID_PARAM;
+    /* T^2 times a divergence of ~1/T^2 formed in fp32: beyond KD_T2_SCALE_MAX_T the rounding of
+     * the log-probs (~1e-7 absolute, random per element) times T^2 is no longer small against
+     * the loss (issue 25, D5; kdloss.h) */
+    if (p->t2_scale && p->temperature > KD_T2_SCALE_MAX_T) return KDLOSS_ERR_INVALID_PARAM;
     if (!kd_fp32_finite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
     /* T must be a normal fp32 (a subnormal T makes logit gaps / T overflow) and 1/T finite */
     if (!((float)p->temperature >= FLT_MIN) || !kd_fp32_finite(1.0 / p->temperature))

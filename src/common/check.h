@@ -83,6 +83,9 @@ kdloss_status kd_distill_logits_check_params(const kdloss_distill_logits_params 
 kdloss_distill_params kd_distill_from_jsd(const kdloss_jsd_params *p);
 
 /* Fused-linear parameters (p not NULL) and sizes, shared by the CPU and CUDA backends. */
+/* The largest temperature the fused losses accept with t2_scale (kdloss.h). */
+#define KD_T2_SCALE_MAX_T 100.0
+
 kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p);
 /* kdloss_fljsd_params / _out as the fused_linear_distill ones (divergence JSD, no T^2). */
 kdloss_fused_linear_distill_params kd_fld_from_jsd(const kdloss_fljsd_params *p);

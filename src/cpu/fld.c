@@ -17,11 +17,15 @@
  * the GEMMs' rounding.
  *
  * bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN matmul, fp32 accumulation)
- * where the GEMM layer says it pays (kd_gemm_bf16_native: CPUs with AMX), else widen to fp32.
- * Widened bf16 weights are whole fp32 copies when the memory budget holds them besides a chunk
- * of all rows; else the logits GEMMs widen W inside their tiles (kd_sgemm_nt_b16) and dXs widens
- * it panel by panel; the gradient GEMMs always run in fp32 (dz is fp32). A GEMM
- * failure ends the call with its status (kdloss.h: outputs may then be partly written). */
+ * where the GEMM layer says it pays (kd_gemm_bf16_native: measured once per process), else widen
+ * to fp32. Where the student's logits are native, so are its gradient GEMMs (unless
+ * kdloss_gemm_set_bf16_grad asked for EXACT): dzs is rounded to bf16 in place after dbs has
+ * summed it, and dWs += dzs^T xs, dxs = dzs ws multiply the bf16 operands as they are (no fp32
+ * copy of ws or xs). Otherwise widened bf16 weights are whole fp32 copies when the memory budget
+ * holds them besides a chunk of all rows; else the logits GEMMs widen W inside their tiles
+ * (kd_sgemm_nt_b16) and dXs widens it panel by panel, and the gradient GEMMs run in fp32 on the
+ * fp32 dz. A GEMM failure ends the call with its status (kdloss.h: outputs may then be partly
+ * written). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,7 +93,7 @@ static kdloss_status gemm_logits(int64_t n, const float *a, int64_t lda, const w
 static kdloss_status gemm_logits_bf16(int64_t n, const uint16_t *x, int64_t ldx, const wsrc *w,
                                       float *z) {
     kd_gemm_bf16 g = {0, 1, n, w->rows, w->cols, x, ldx, (const uint16_t *)w->data, w->ld, z,
-                      w->rows};
+                      w->rows, 0.0f};
     return kd_gemm_bf16_run(&g);
 }
 
@@ -211,11 +215,12 @@ static kdloss_status rows_vp(const kdloss_comm *c, const kd_fld_rows *r) {
 }
 
 /* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole); the
- * teacher's only when its logits are computed and not multiplied natively in bf16. */
-static void widen_whole(const kd_fld_plan *pl, char *base, int soft, int native, wsrc *w_s,
-                        wsrc *w_t) {
+ * student's only when some GEMM reads it in fp32 (need_s), the teacher's only when its logits
+ * are computed and not multiplied natively in bf16. */
+static void widen_whole(const kd_fld_plan *pl, char *base, int soft, int native, int need_s,
+                        wsrc *w_s, wsrc *w_t) {
     if (!pl->whole) return;
-    if (w_s->dt == KDLOSS_BF16) {
+    if (need_s && w_s->dt == KDLOSS_BF16) {
         float *c = (float *)(base + pl->off_ws32);
         kd_bf16_rows_to_f32((const uint16_t *)w_s->data, w_s->ld, w_s->rows, w_s->cols, c, 1);
         w_s->f32 = c;
@@ -240,29 +245,60 @@ static kdloss_status chunk_logits(kdloss_cmat x, int64_t r0, int64_t n, const ws
     return gemm_logits(n, *a, *lda, w, z);
 }
 
+/* The native form of chunk_grads' two GEMMs (kd_gemm_bf16_grad_native; xs and ws are bf16):
+ * dz (n x V fp32, dbs already summed from it) rounded to bf16 in place (ld 2V), then
+ * dWs (+)= dz^T xs into the fp32 accumulator and dx (n x Hs, ld Hs) = dz ws, both from the
+ * bf16 operands as they are. */
+static kdloss_status grads_native(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
+                                  float *dz, int64_t r0, int64_t n, float *dx) {
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    int64_t hs = k->hs, v = k->v;
+    kd_f32_rows_to_bf16_inplace(dz, n, v, 1);
+    const uint16_t *dz16 = (const uint16_t *)dz;
+    kdloss_status st = KDLOSS_OK;
+    if (o->dws.data) {
+        kd_gemm_bf16 g = {1, 0, v, hs, n, dz16, 2 * v,
+                          (const uint16_t *)k->xs.data + r0 * k->xs.ld, k->xs.ld,
+                          (float *)(base + pl->off_dws), hs, r0 ? 1.0f : 0.0f};
+        st = kd_gemm_bf16_run(&g);
+    }
+    if (st == KDLOSS_OK && o->dxs.data) {
+        kd_gemm_bf16 g = {0, 0, n, hs, v, dz16, 2 * v, (const uint16_t *)k->ws.data, k->ws.ld,
+                          dx, hs, 0.0f};
+        st = kd_gemm_bf16_run(&g);
+    }
+    return st;
+}
+
 /* The gradients of chunk rows [r0, r0 + n) from its dzs (n x V, over zs): dbs += column sums,
- * dWs (+)= dzs^T xs (as: the chunk's fp32 xs rows, stride lda), dxs rows = dzs ws. */
+ * dWs (+)= dzs^T xs (as: the chunk's fp32 xs rows, stride lda), dxs rows = dzs ws; natively
+ * from a bf16 dzs (grads_native, which rounds dz in place) when `native`. */
 static kdloss_status chunk_grads(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
-                                 const wsrc *w_s, const float *dz, const float *as, int64_t lda,
-                                 int64_t r0, int64_t n) {
+                                 const wsrc *w_s, float *dz, const float *as, int64_t lda,
+                                 int64_t r0, int64_t n, int native) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t hs = k->hs, v = k->v;
     int sb = k->xs.dtype == KDLOSS_BF16;
     kdloss_status st = KDLOSS_OK;
     if (o->dbs) col_sums(dz, n, v, (float *)(base + pl->off_dbs), r0 == 0);
-    if (o->dws.data) {
-        float *c = sb ? (float *)(base + pl->off_dws) : (float *)o->dws.data;
-        kd_gemm g = {1, 0, v, hs, n, 1.0f, dz, v, as, lda, r0 ? 1.0f : 0.0f, c,
-                     sb ? hs : o->dws.ld};
-        st = kd_sgemm(&g);
-    }
-    if (st != KDLOSS_OK || !o->dxs.data) return st;
-    if (!sb && !k->comm)
-        return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
-    /* fp32 rows first (the chunk's teacher rows are spent): cast to bf16, and with a
-     * vocabulary split summed over the ranks first, one all-reduce per chunk */
     float *tmp = (float *)(base + pl->off_xconv);
-    st = gemm_dx(n, dz, w_s, tmp, hs);
+    if (native) { /* sb: the fp32 dxs rows into tmp, then cast as below */
+        st = grads_native(k, pl, base, dz, r0, n, tmp);
+        if (st != KDLOSS_OK || !o->dxs.data) return st;
+    } else {
+        if (o->dws.data) {
+            float *c = sb ? (float *)(base + pl->off_dws) : (float *)o->dws.data;
+            kd_gemm g = {1, 0, v, hs, n, 1.0f, dz, v, as, lda, r0 ? 1.0f : 0.0f, c,
+                         sb ? hs : o->dws.ld};
+            st = kd_sgemm(&g);
+        }
+        if (st != KDLOSS_OK || !o->dxs.data) return st;
+        if (!sb && !k->comm)
+            return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
+        /* fp32 rows first (the chunk's teacher rows are spent): cast to bf16, and with a
+         * vocabulary split summed over the ranks first, one all-reduce per chunk */
+        st = gemm_dx(n, dz, w_s, tmp, hs);
+    }
     if (st == KDLOSS_OK && k->comm &&
         k->comm->allreduce(k->comm->ctx, tmp, n * hs, KDLOSS_F32, KDLOSS_COMM_SUM))
         st = KDLOSS_ERR_COMM;
@@ -313,6 +349,16 @@ static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, 
     r->row_hard = r->row_soft + pl->chunk;
 }
 
+kdloss_status kd_fld_prepare(const kd_fld_call *k, const kd_fld_plan *pl) {
+    /* the GEMMs' fallback scratch (gemm.h), reserved before anything is written: zt = xt wt^T,
+     * zs = xs ws^T, dWs += dz^T xs, dxs = dz ws; panels and the last chunk are no larger */
+    kd_gemm_shape shapes[4] = {{pl->chunk, k->v, k->ht > 0 ? k->ht : k->hs},
+                               {pl->chunk, k->v, k->hs},
+                               {k->v, k->hs, pl->chunk},
+                               {pl->chunk, k->hs, k->v}};
+    return kd_gemm_prepare(shapes, 4) == KDLOSS_OK ? KDLOSS_OK : KDLOSS_ERR_OUT_OF_MEMORY;
+}
+
 /* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
  * it with that status (outputs may then be partly written; kdloss.h says so). */
 static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
@@ -328,19 +374,18 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
         write_zero(k);
         return KDLOSS_OK;
     }
-    /* the GEMMs' fallback scratch (gemm.h), reserved before anything is written: zt = xt wt^T,
-     * zs = xs ws^T, dWs += dz^T xs, dxs = dz ws; panels and the last chunk are no larger */
-    kd_gemm_shape shapes[4] = {{pl->chunk, v, k->ht > 0 ? k->ht : hs}, {pl->chunk, v, hs},
-                               {v, hs, pl->chunk}, {pl->chunk, hs, v}};
-    if (kd_gemm_prepare(shapes, 4) != KDLOSS_OK) return KDLOSS_ERR_OUT_OF_MEMORY;
+    if (kd_fld_prepare(k, pl) != KDLOSS_OK) return KDLOSS_ERR_OUT_OF_MEMORY;
     int native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
     int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
+    int native_g = k->grad && native_s && kd_gemm_bf16_grad_native(); /* gradient GEMMs */
     int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
     float *panel = (float *)(base + pl->off_panel);
     wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp, pl->panel_floats};
     wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp,
                 pl->panel_floats};
-    widen_whole(pl, base, dense_t, native_t, &w_s, &w_t);
+    /* the student's weights in fp32: for the widened logits, or for dxs from an fp32 dz */
+    int need_ws32 = !native_s || (o->dxs.data && !native_g);
+    widen_whole(pl, base, dense_t, native_t, need_ws32, &w_s, &w_t);
     kd_fld_rows r;
     rows_setup(k, pl, base, soft, hard, &r);
     void (*rows)(const kd_fld_rows *) = row_kernel();
@@ -357,7 +402,7 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
             st = chunk_logits(k->xs, r0, n, &w_s, native_s, (float *)(base + pl->off_xs32), r.zs,
                               &as, &lda);
         if (st != KDLOSS_OK) break;
-        if (!as && o->dws.data) /* dWs needs the student's fp32 rows */
+        if (!as && o->dws.data && !native_g) /* dWs from fp32 dz needs fp32 xs rows */
             as = x_rows(k->xs, r0, n, hs, (float *)(base + pl->off_xs32), &lda);
         r.n = n;
         r.row0 = r0;
@@ -374,7 +419,7 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
             if (o->row_soft) o->row_soft[r0 + i] = (float)r.row_soft[i];
             if (o->row_hard) o->row_hard[r0 + i] = (float)r.row_hard[i];
         }
-        if (k->grad) st = chunk_grads(k, pl, base, &w_s, r.zs, as, lda, r0, n);
+        if (k->grad) st = chunk_grads(k, pl, base, &w_s, r.zs, as, lda, r0, n, native_g);
     }
     if (st != KDLOSS_OK) return st;
     if (o->dws.data && k->xs.dtype == KDLOSS_BF16)

@@ -100,4 +100,10 @@ kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int
 kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
                              void *workspace);
 
+/* Reserves the GEMM layer's fallback scratch for a checked call's products (gemm.h), as the
+ * chunk loop does before it writes anything: KDLOSS_OK or KDLOSS_ERR_OUT_OF_MEMORY. The
+ * vocabulary-parallel entry points call it before the agreement, so that this failure is reported
+ * there (every rank returns) rather than after it (the others would wait). */
+kdloss_status kd_fld_prepare(const kd_fld_call *call, const kd_fld_plan *plan);
+
 #endif /* KDLOSS_FLD_H */

@@ -38,8 +38,14 @@
 #include <math.h>
 #include <string.h>
 
+#include "row_special.h"
 #include "topk.h"
 #include "topk_row.h"
+
+/* PH_SUM_EXP, or its careful form for a row whose maximum m needs it (row_special.h: a row
+ * spanning more than FLT_MAX, issue 25 D4): one compare a row. */
+#define PH_SUM_EXP_ROW(z, v, m, s)                                                             \
+    (kd_row_wide(m) ? kd_wide_sum_exp(z, v, (double)(m), (double)(s)) : PH_SUM_EXP(z, v, m, s))
 
 /* The row's label as a local column, -1 when another rank holds it or there are no labels. */
 static inline int64_t ph_label_col(const kd_fld_rows *a, int64_t i) {
@@ -70,10 +76,10 @@ static void PH(dense_sums)(const kd_fld_rows *a, int64_t i) {
     if (ph_ignored(a, i)) return;
     int64_t y = ph_label_col(a, i);
     if (a->soft) {
-        sm[0] = PH_SUM_EXP(zs, a->v, ms, it);
-        sm[1] = PH_SUM_EXP(a->zt + i * a->v, a->v, mt, it);
+        sm[0] = PH_SUM_EXP_ROW(zs, a->v, ms, it);
+        sm[1] = PH_SUM_EXP_ROW(a->zt + i * a->v, a->v, mt, it);
     }
-    if (a->hard && !(a->soft && it == 1.0f)) sm[2] = PH_SUM_EXP(zs, a->v, ms, 1.0f);
+    if (a->hard && !(a->soft && it == 1.0f)) sm[2] = PH_SUM_EXP_ROW(zs, a->v, ms, 1.0f);
     if (a->hard && y >= 0) sm[3] = zs[y];
 }
 
@@ -97,9 +103,31 @@ static void PH(dense_div)(const kd_fld_rows *a, const PH_CTX *k, int64_t i) {
     ph_dense_logs(a, sm, &lss, &lst, &lsh);
     if (a->hard) a->row_hard[i] = ((double)ms - sm[3]) + lsh;
     if (a->row_lse) a->row_lse[i] = (float)((double)ms + lsh);
-    if (a->soft)
-        dv[0] = PH_DIV(a, k, a->zs + i * a->v, a->zt + i * a->v, ms, (float)mt, (float)lss,
-                       (float)lst, a->grad && a->gs != 0.0f, &dv[1]);
+    if (a->soft && (kd_row_wide(ms) || kd_row_wide(mt))) {
+        /* logits spanning more than FLT_MAX (or a NaN maximum): the careful form */
+        float *zt = a->zt + i * a->v;
+        dv[0] = kd_wide_div(&a->coef, a->zs + i * a->v, zt, a->grad && a->gs != 0.0f ? zt : NULL,
+                            a->v, ms, mt, (double)a->inv_t, lss, lst, &dv[1]);
+    } else if (a->soft) {
+        /* Y = (zt - mt') it - lss with mt' = mt + (lst - lss) T: X and Y subtract the same fp32
+         * constant, whose rounding then scales P and Q alike (a relative error of the
+         * divergence) instead of shifting one against the other (an absolute error of ~1e-7,
+         * which at a large T outweighs a divergence of ~1/T^2: issue 25, D5) */
+        double sh = (lst - lss) / (double)a->inv_t, it = (double)a->inv_t;
+        float mt2 = (float)((double)mt + sh);
+        /* the constant each way leaves between Y and X: mt2's rounding times 1/T, or the two
+         * normalizers' roundings; the smaller is taken (mt2's is the larger when |mt| is large
+         * against the logits' spread and T small) */
+        double e_shift = fabs(((double)mt2 - ((double)mt + sh)) * it);
+        double e_norm = fabs((lst - (double)(float)lst) - (lss - (double)(float)lss));
+        int same = isfinite(mt2) && mt > -INFINITY && e_shift < e_norm;
+        dv[0] = PH_DIV(a, k, a->zs + i * a->v, a->zt + i * a->v, ms, same ? mt2 : mt, (float)lss,
+                       same ? (float)lss : (float)lst, a->grad && a->gs != 0.0f, &dv[1]);
+    }
+    /* the NaN policy (kdloss.h): a NaN or +inf logit anywhere in the row (on any rank: the
+     * sums are reduced) makes a normalizer NaN; the row's divergence and sum g are then NaN, so
+     * that every element of its gradient is (gs (g - q sum g)) */
+    if (a->soft && (isnan(lss) || isnan(lst))) dv[0] = dv[1] = NAN;
 }
 
 static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
@@ -114,8 +142,16 @@ static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
     }
     ph_dense_logs(a, sm, &lss, &lst, &lsh);
     int share = a->soft && a->inv_t == 1.0f && a->gs != 0.0f;
-    PH_GRAD(a, zs, a->zt ? a->zt + i * a->v : NULL, (float)a->st_max[2 * i], (float)lss, dv[1],
-            (float)lsh, share);
+    float ms = (float)a->st_max[2 * i];
+    if (kd_row_wide(ms)) { /* the careful form (row_special.h) */
+        const float *g = a->zt ? a->zt + i * a->v : NULL;
+        for (int64_t c = 0; c < a->v; c++)
+            zs[c] = kd_wide_dz(zs[c], a->gs != 0.0f ? g[c] : 0.0f, ms, (double)a->inv_t, lss,
+                               dv[1], a->gs, a->gh, lsh, share);
+    } else {
+        PH_GRAD(a, zs, a->zt ? a->zt + i * a->v : NULL, ms, (float)lss, dv[1], (float)lsh,
+                share);
+    }
     int64_t y = ph_label_col(a, i);
     if (a->gh != 0.0f && y >= 0) zs[y] -= a->gh;
 }
@@ -175,9 +211,9 @@ static void PH(topk_sums)(const kd_fld_rows *a, int64_t i) {
     if (ph_ignored(a, i)) return;
     const int64_t *col = ph_tk(a, i);
     const float *zk = (const float *)(col + kk + 1);
-    if (mr > -INFINITY) {
-        sm[0] = PH_SUM_EXP(z, a->v, mr, it);
-        if ((a->hard || a->row_lse) && it != 1.0f) sm[1] = PH_SUM_EXP(z, a->v, mr, 1.0f);
+    if (!(mr == -INFINITY)) { /* a NaN maximum goes on, so that the NaN reaches the sums */
+        sm[0] = PH_SUM_EXP_ROW(z, a->v, mr, it);
+        if ((a->hard || a->row_lse) && it != 1.0f) sm[1] = PH_SUM_EXP_ROW(z, a->v, mr, 1.0f);
     }
     for (int64_t k = 0; k < col[kk]; k++) sm[4 + k] = zk[k];
 }
@@ -194,9 +230,10 @@ static void PH(topk_div)(const kd_fld_rows *a, int64_t i) {
     if (a->row_lse) a->row_lse[i] = 0.0f;
     if (ph_ignored(a, i)) return;
     for (int64_t k = 0; k < n; k++) zk[k] = (float)sm[4 + k]; /* every rank's slots */
-    double rest = mr > -INFINITY ? (double)mr * a->inv_t64 + log(sm[0]) : -INFINITY, lse1 = 0.0;
+    int none = mr == -INFINITY; /* no column outside S (a NaN maximum is not that) */
+    double rest = !none ? (double)mr * a->inv_t64 + log(sm[0]) : -INFINITY, lse1 = 0.0;
     if (a->hard || a->row_lse) {
-        double rest1 = it == 1.0f ? rest : mr > -INFINITY ? (double)mr + log(sm[1]) : -INFINITY;
+        double rest1 = it == 1.0f ? rest : !none ? (double)mr + log(sm[1]) : -INFINITY;
         lse1 = kd_topk_logaddexp(rest1, kd_topk_lse(zk, n, 1.0));
     }
     if (a->hard) a->row_hard[i] = lse1 - sm[3];
@@ -219,9 +256,19 @@ static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
     float mr = (float)a->st_max[2 * i], m = (float)a->st_max[2 * i + 1];
     int soft = a->soft && a->gs != 0.0f;
     double lse1 = dv[1];
-    float c1 = soft && mr > -INFINITY ? (float)(a->gs * dv[0]) : 0.0f;
-    float lr = mr > -INFINITY ? (float)log(sm[0]) : 0.0f;
-    PH_REST_GRAD(z, a->v, c1, mr, a->inv_t, lr, a->gh, m, (float)(lse1 - (double)m));
+    int none = mr == -INFINITY;
+    float c1 = soft && !none ? (float)(a->gs * dv[0]) : 0.0f;
+    float lr = !none ? (float)log(sm[0]) : 0.0f, l2 = (float)(lse1 - (double)m);
+    if (kd_row_wide(mr) && !none) { /* the careful form (row_special.h) */
+        for (int64_t c = 0; c < a->v; c++) {
+            double d = 0.0;
+            if (c1 != 0.0f) d = (double)c1 * exp(((double)z[c] - mr) * a->inv_t64 - lr);
+            if (a->gh != 0.0f) d += (double)a->gh * exp(((double)z[c] - m) - l2);
+            z[c] = (float)d;
+        }
+    } else {
+        PH_REST_GRAD(z, a->v, c1, mr, a->inv_t, lr, a->gh, m, l2);
+    }
     for (int64_t k = 0; k < n; k++) {
         if (col[k] < 0) continue;
         float d = soft ? a->gs * gk[k] : 0.0f;

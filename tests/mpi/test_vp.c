@@ -9,7 +9,9 @@
  * Cases: dense JSD / forward KL with cross-entropy, T 2, t2_scale, bias, several chunks, ignored
  * rows, bf16 operands; the sparse teacher in every tail mode, ids on every rank, unused slots,
  * no labels; and the agreement: a rank with a bad argument (its status, KDLOSS_ERR_PEER on the
- * others, nothing written) and blocks that do not tile the vocabulary (SHAPE_MISMATCH). */
+ * others, nothing written), blocks that do not tile the vocabulary (SHAPE_MISMATCH), and ranks
+ * that disagree (issue 25): one rank with v_total + 1 or without dxs (SHAPE_MISMATCH everywhere),
+ * or with another temperature (INVALID_PARAM everywhere), nothing written. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,6 +240,35 @@ static void agreement_cases(kt_rng *g, const kdloss_mpi_comm *c) {
     KT_CHECK(st == (c->comm.size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK),
              "blocks that leave a gap: got %d", st);
     KT_CHECK(c->comm.size == 1 || loss == 12345.0f, "nothing written after a mismatch");
+    /* issue 25: ranks that disagree return, every one of them, with nothing written. The last
+     * rank's v_total one more (its block reaching it), or no dxs, or another temperature. */
+    if (c->comm.size > 1) {
+        float *dxs = malloc((size_t)(s.bt * s.hs) * sizeof(float));
+        float *ws1 = malloc((size_t)((s.v + 1) * s.hs) * sizeof(float));
+        memcpy(ws1, ws, (size_t)(s.v * s.hs) * sizeof(float));
+        for (int64_t i = s.v * s.hs; i < (s.v + 1) * s.hs; i++) ws1[i] = 0.01f;
+        for (int kind = 0; kind < 3; kind++) {
+            for (int64_t i = 0; i < s.bt * s.hs; i++) dxs[i] = 777.0f;
+            kdloss_fused_linear_distill_out od = o;
+            od.dxs = (kdloss_mat){kind == 1 && last ? NULL : dxs, KDLOSS_F32, 0};
+            kdloss_vocab_shard shv = {&c->comm, kind == 0 && last ? s.v + 1 : s.v, lo};
+            int64_t nv = kind == 0 && last ? n + 1 : n;
+            kdloss_fused_linear_distill_params pk = p;
+            if (kind == 2 && last) pk.temperature = 2.0;
+            st = kdloss_fused_linear_distill_vp(
+                &pk, &shv, s.bt, s.hs, s.hs, nv, (kdloss_cmat){xs, s.dt, 0},
+                (kdloss_cmat){ws1 + lo * s.hs, s.dt, 0}, NULL, (kdloss_cmat){xs, s.dt, 0},
+                (kdloss_cmat){ws1 + lo * s.hs, s.dt, 0}, NULL, (kdloss_labels){y, KDLOSS_I64},
+                &od, NULL, 0);
+            kdloss_status wk = kind == 2 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_SHAPE_MISMATCH;
+            static const char *names[3] = {"v_total + 1", "no dxs", "another temperature"};
+            KT_CHECK(st == wk, "one rank with %s: got %d want %d", names[kind], st, wk);
+            int untouched = loss == 12345.0f;
+            for (int64_t i = 0; i < s.bt * s.hs; i++) untouched &= dxs[i] == 777.0f;
+            KT_CHECK(untouched, "one rank with %s: nothing written", names[kind]);
+        }
+        free(dxs), free(ws1);
+    }
     /* a rank outside [0, size) cannot take part: rejected at once, before any collective */
     kdloss_comm odd = c->comm;
     int ranks[2] = {-1, c->comm.size + 100};
