@@ -68,6 +68,11 @@ function(kd_cudasim_tests)
   target_link_libraries(test_cuda PRIVATE kdloss kdsim kdtestsupport OpenMP::OpenMP_C Threads::Threads ${MATH_LIB})
   add_test(NAME test_cuda COMMAND test_cuda)
   set_tests_properties(test_cuda PROPERTIES TIMEOUT 1800)
+  # the quick subset again with cuBLASLt's heuristic offering nothing: gemm.cu's cublasGemmEx
+  # fallback then serves every GEMM (test_cuda checks that it did)
+  add_test(NAME test_cuda_gemmex COMMAND test_cuda)
+  set_tests_properties(test_cuda_gemmex PROPERTIES TIMEOUT 1800
+    ENVIRONMENT "KD_SIM_NO_LT_HEURISTIC=1;KDLOSS_TEST_QUICK=1")
   # the planted defects must be caught: racecheck needs the instrumented build
   if(NOT KDLOSS_SANITIZE)
     kd_sim_registry(${CMAKE_BINARY_DIR}/kd_sim_planted_registry.cpp
