@@ -22,6 +22,19 @@
  *  - Results are bitwise identical from run to run and do not depend on the number of threads
  *    (for the fused-linear losses: with the default GEMM provider, see kdloss_gemm_provider).
  *  - CPU functions use OpenMP over rows (OMP_NUM_THREADS controls the thread count).
+ *  - Non-finite inputs (the NaN policy; docs/MATH.md 10). -inf is a valid log-prob or logit
+ *    (probability 0). A NaN in any value a kept row reads (a student or teacher log-prob, logit,
+ *    target, hidden state or weight entering that row's logits, a used slot's teacher log-prob),
+ *    a +inf logit (softmax undefined) or a +inf log-prob is propagated, never absorbed: that
+ *    row's loss (row_loss, row_soft) is NaN, so every scalar loss is NaN, and EVERY element of
+ *    that row's gradient is NaN (dxs's row too; dws / dbs then hold NaN, as any GEMM with it
+ *    would). The other rows are computed as if it were clean. Exceptions, all where the value is
+ *    not read: ignored rows (loss 0, gradient 0); unused top-k slots; the student's logits
+ *    outside S under RENORM_BOTH; a top-k row with no used slot (0); kdloss_kl_div called for the
+ *    gradient alone (no loss outputs: the input is not read, the gradient -t is NaN where t is).
+ *    A gradient factor of 0 (grad_scale 0) writes zeros. The check costs one test a row (a
+ *    scaled sum of the row's inputs, or its normalizer) and no pass of its own.
+ *    CUDA: see docs/MATH.md 10 for the state of the GPU kernels.
  */
 #ifndef KDLOSS_H
 #define KDLOSS_H
@@ -365,7 +378,8 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
 
 typedef struct kdloss_distill_logits_params {
     kdloss_div_params div; /* default forward KL                                            */
-    double temperature;    /* T > 0, finite; default 1                                       */
+    double temperature;    /* T > 0 and at most FLT_MAX (a finite fp32), with 1/T and
+                              grad_scale / T finite fp32; default 1                            */
     int64_t ignore_index;  /* rows whose label equals it are skipped; default -100           */
     double grad_scale;     /* upstream gradient, folded in; default 1; |grad_scale| <= FLT_MAX */
 } kdloss_distill_logits_params;
@@ -386,9 +400,13 @@ KDLOSS_API void kdloss_distill_logits_params_default(kdloss_distill_logits_param
  *   grad     (BT x V) in the student's dtype: d loss / d student_logits * grad_scale
  *            = grad_scale / (T max(1, n_valid)) (g - Q sum(g)), g = dD/dlog Q per element.
  *            Zero on ignored rows. grad.data may equal student_logits.data (same ld, in place).
- * Errors: kdloss_distill's, and INVALID_PARAM for a temperature that is not > 0 and finite or
- * whose gradient factor grad_scale / T is not a finite fp32; OUT_OF_MEMORY (row buffers). Every
- * check runs before anything is written.
+ * Errors: kdloss_distill's, and INVALID_PARAM for a temperature that is not > 0 and a finite
+ * fp32 (T = 1e39 is refused), or whose 1/T or gradient factor grad_scale / T is not a finite
+ * fp32; OUT_OF_MEMORY (row buffers). Every check runs before anything is written.
+ * Logits of any size: a row spanning more than FLT_MAX (max - min > FLT_MAX, e.g. 3e38 and
+ * -3e38) is served in a careful form (log-probs formed in double, rounded to fp32 once); only a
+ * tempered log-prob beyond fp32's range ((max - z) / T > FLT_MAX, possible for T < 2) rounds to
+ * -inf, as any fp32 would. The fused losses do the same for such logits from their GEMMs.
  */
 KDLOSS_API kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *params,
                                                int64_t bt, int64_t v, kdloss_cmat student_logits,

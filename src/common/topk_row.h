@@ -27,10 +27,15 @@ KD_HDM int64_t kd_topk_id(const void *ids, int is64, int64_t ld, int64_t r, int6
     return is64 ? ((const int64_t *)ids)[r * ld + j] : (int64_t)((const int32_t *)ids)[r * ld + j];
 }
 
-/* log sum exp of v[0..n) * s in double; -inf when n == 0 or every term is -inf. */
+/* log sum exp of v[0..n) * s in double; -inf when n == 0 or every term is -inf; NaN when a
+ * term is NaN (fmax would drop it) or +inf. */
 KD_HDM double kd_topk_lse(const float *v, int64_t n, double s) {
     double m = -INFINITY, sum = 0.0;
-    for (int64_t j = 0; j < n; j++) m = fmax(m, (double)v[j] * s);
+    for (int64_t j = 0; j < n; j++) {
+        double u = (double)v[j] * s;
+        if (isnan(u)) return u;
+        m = fmax(m, u);
+    }
     if (m == -INFINITY) return -INFINITY;
     for (int64_t j = 0; j < n; j++) sum += exp((double)v[j] * s - m);
     return m + log(sum);
@@ -70,6 +75,16 @@ KD_HDM double kd_topk_row(const kd_div_coef *c, int tail, int64_t n, const float
     int renorm_t = tail != KD_TAIL_BUCKET;
     int has_tail = tail == KD_TAIL_BUCKET && rest_lse > -INFINITY;
     *c_rest = 0.0;
+    /* the NaN policy (kdloss.h): a NaN or +inf among the row's student logits (at S, or outside
+     * it where the tail reads them: rest_lse) or its used slots' log-probs makes the row's loss,
+     * every gk and the rest's coefficient NaN, so that the whole gradient row is (renorm_both
+     * reads the student at S only; a row with no used slot still contributes 0) */
+    if (n > 0 && (isnan(lse_s) || lse_s == INFINITY || isnan(lse_p) || lse_p == INFINITY ||
+        (!renorm_s && (isnan(rest_lse) || rest_lse == INFINITY)))) {
+        for (int64_t k = 0; k < n; k++) gk[k] = NAN;
+        *c_rest = NAN;
+        return NAN;
+    }
     /* an empty S, or a renormalized teacher with no mass on S: nothing to compare */
     if (n == 0 || (renorm_t && lse_p == -INFINITY)) {
         for (int64_t k = 0; k < n; k++) gk[k] = 0.0f;

@@ -66,4 +66,24 @@ static inline int kd_row_ignored(const kd_ew_job *j, int64_t r) {
     return y == j->ignore_index;
 }
 
+/* The NaN policy (kdloss.h) on log-prob inputs: ck, the row's sum of (x + y) 2^-100 (per lane,
+ * then across lanes; each term at most 2^28, so no finite row overflows it), is NaN or +inf
+ * exactly when some x or y is NaN or +inf. */
+static inline int kd_poisoned(float ck) { return !(ck < __builtin_inff()); }
+
+/* A poisoned row: every element of its gradient (grow, dtype xdt; zeros when the gradient
+ * factor is 0) and of its elementwise loss (erow) NaN; returns the row's NaN value. */
+static inline double kd_poison_row(const kd_ew_job *j, char *grow, float *erow) {
+    if (grow) {
+        float g = j->gscale != 0.0f ? __builtin_nanf("") : 0.0f;
+        for (int64_t c = 0; c < j->v; c++) {
+            if (j->xdt == KDLOSS_F32) ((float *)grow)[c] = g;
+            else ((uint16_t *)grow)[c] = g == 0.0f ? 0 : j->xdt == KDLOSS_BF16 ? 0x7fc0 : 0x7e00;
+        }
+    }
+    if (erow)
+        for (int64_t c = 0; c < j->v; c++) erow[c] = __builtin_nanf("");
+    return __builtin_nan("");
+}
+
 #endif

@@ -13,13 +13,19 @@
 
 /* One tile of n elements: a = x tile, b = t tile, gd = gradient tile or NULL, ed = elementwise
  * loss tile or NULL. ELEM(k, a, b, &g) yields the loss vector and the raw gradient. Tail lanes
- * run the same arithmetic on zeros and are masked out of the sum. */
+ * run the same arithmetic on zeros and are masked out of the sum. ck sums (a + b) 2^-100 per lane
+ * (two FMAs a vector; the scale keeps finite inputs from overflowing it): NaN or +inf there flags
+ * an input NaN or +inf (the NaN policy, kd_poisoned), which the element functions' weight masks
+ * may otherwise drop. */
+#define KD_CKS vf_set1(0x1p-100f)
 #define KD_TILE_LOOP(ELEM, PF)                                                                 \
     do {                                                                                       \
         int64_t i = 0;                                                                         \
         for (; i + VL <= n; i += VL) {                                                         \
             PF;                                                                                \
-            vf gr, l = ELEM(k, vf_load(a + i), vf_load(b + i), &gr);                               \
+            vf va = vf_load(a + i), vb = vf_load(b + i), gr;                                   \
+            ck = vf_fmadd(vb, KD_CKS, vf_fmadd(va, KD_CKS, ck));                        \
+            vf l = ELEM(k, va, vb, &gr);                                                       \
             acc = vf_add(acc, l);                                                              \
             if (ed) vf_store(ed + i, l);                                                       \
             if (gd) {                                                                          \
@@ -29,7 +35,9 @@
         }                                                                                      \
         if (i < n) {                                                                           \
             int64_t rem = n - i;                                                               \
-            vf gr, l = ELEM(k, vf_load_n(a + i, rem), vf_load_n(b + i, rem), &gr);                 \
+            vf va = vf_load_n(a + i, rem), vb = vf_load_n(b + i, rem), gr;                     \
+            ck = vf_fmadd(vb, KD_CKS, vf_fmadd(va, KD_CKS, ck));                        \
+            vf l = ELEM(k, va, vb, &gr);                                                       \
             acc = vf_add(acc, vf_keep(vm_first_n(rem), l));                                    \
             if (ed) vf_store_n(ed + i, l, rem);                                                \
             if (gd) vf_store_n(gd + i, vf_mul(gr, sc), rem);                                   \
@@ -40,12 +48,13 @@
 #define KD_TILE_FN(name, ELEM)                                                                 \
     static vf name(const float *a, const float *b, float *gd, float *ed, int64_t n, vf sc,    \
                    const kd_vdiv *k, vf eps, int nt, const char *pfa, const char *pfb,        \
-                   int64_t es_a, int64_t es_b) {                                               \
-        vf acc = vf_zero();                                                                    \
+                   int64_t es_a, int64_t es_b, vf *ckp) {                                      \
+        vf acc = vf_zero(), ck = *ckp;                                                         \
         (void)k;                                                                               \
         (void)eps;                                                                             \
         KD_TILE_LOOP(ELEM, (_mm_prefetch(pfa + i * es_a, _MM_HINT_T0),                         \
                             _mm_prefetch(pfb + i * es_b, _MM_HINT_T0)));                       \
+        *ckp = ck;                                                                             \
         return acc;                                                                            \
     }
 
@@ -57,12 +66,13 @@
 #define KD_TILE_FN_PF(name, ELEM)                                                              \
     static vf name(const float *a, const float *b, float *gd, int64_t n, vf sc,               \
                    const kd_vdiv *k, int nt, const char *pfa, const char *pfb, int64_t es_a,  \
-                   int64_t es_b) {                                                             \
-        vf acc = vf_zero();                                                                    \
+                   int64_t es_b, vf *ckp) {                                                    \
+        vf acc = vf_zero(), ck = *ckp;                                                         \
         float *ed = NULL;                                                                      \
         (void)k;                                                                               \
         KD_TILE_LOOP(ELEM, (_mm_prefetch(pfa + i * es_a, _MM_HINT_T0),                         \
                             _mm_prefetch(pfb + i * es_b, _MM_HINT_T0)));                       \
+        *ckp = ck;                                                                             \
         return acc;                                                                            \
     }
 
@@ -110,6 +120,7 @@ double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
     int grad_only = !j->want_loss && !erow, nt = use_nt(j, grow);
     int normal_log = j->eps >= 1.17549435e-38f; /* log(max(t, eps)) never sees a subnormal */
     double sum = 0.0;
+    vf ck = vf_zero();
     for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
         int64_t n = j->v - c0 < KD_TILE ? j->v - c0 : KD_TILE;
         const float *b = load_tile(trow + c0 * tes, j->tdt, n, bt);
@@ -121,15 +132,16 @@ double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
             float *ed = erow ? erow + c0 : NULL;
             const char *pfa = xrow + (c0 + KD_TILE) * xes, *pfb = trow + (c0 + KD_TILE) * tes;
             vf acc = j->log_target
-                         ? tile_kl_log(a, b, gd, ed, n, sc, NULL, eps, nt, pfa, pfb, xes, tes)
+                         ? tile_kl_log(a, b, gd, ed, n, sc, NULL, eps, nt, pfa, pfb, xes, tes, &ck)
                      : normal_log
-                         ? tile_kl_prob_normal(a, b, gd, ed, n, sc, NULL, eps, nt, pfa, pfb, xes, tes)
-                         : tile_kl_prob(a, b, gd, ed, n, sc, NULL, eps, nt, pfa, pfb, xes, tes);
+                         ? tile_kl_prob_normal(a, b, gd, ed, n, sc, NULL, eps, nt, pfa, pfb, xes, tes, &ck)
+                         : tile_kl_prob(a, b, gd, ed, n, sc, NULL, eps, nt, pfa, pfb, xes, tes, &ck);
             sum += vf_hsum(acc);
         }
         if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
     }
     if (nt) _mm_sfence(); /* order the streamed stores before the caller reads them */
+    if (!grad_only && kd_poisoned(vf_hsum(ck))) return kd_poison_row(j, grow, erow);
     return sum;
 }
 
@@ -147,6 +159,7 @@ double KD_SFX(kd_div_row)(const kd_ew_job *j, int64_t r) {
     vf sc = vf_set1(j->gscale);
     int nt = use_nt(j, grow);
     double sum = 0.0;
+    vf ck = vf_zero();
     for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
         int64_t n = j->v - c0 < KD_TILE ? j->v - c0 : KD_TILE;
         const float *a = load_tile(xrow + c0 * xes, j->xdt, n, bx);
@@ -156,7 +169,7 @@ double KD_SFX(kd_div_row)(const kd_ew_job *j, int64_t r) {
         vf acc;
         switch (k.op) {
 #define KD_DIV_CASE(E, nm)                                                                      \
-    case KD_OP_##E: acc = tile_##nm(a, b, gd, n, sc, &k, nt, pfa, pfb, xes, tes); break;
+    case KD_OP_##E: acc = tile_##nm(a, b, gd, n, sc, &k, nt, pfa, pfb, xes, tes, &ck); break;
             KD_DIV_OPS(KD_DIV_CASE)
 #undef KD_DIV_CASE
         default: acc = vf_zero(); break;
@@ -165,5 +178,6 @@ double KD_SFX(kd_div_row)(const kd_ew_job *j, int64_t r) {
         if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
     }
     if (nt) _mm_sfence();
+    if (kd_poisoned(vf_hsum(ck))) return kd_poison_row(j, grow, NULL);
     return sum;
 }

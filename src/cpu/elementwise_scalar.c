@@ -29,16 +29,20 @@ double kd_kl_row_scalar(const kd_ew_job *j, int64_t r) {
     char *grow = j->g ? j->g + (size_t)(r * j->ldg) * xes : NULL;
     float *erow = j->elem ? j->elem + r * j->lde : NULL;
     double sum = 0.0;
+    float ck = 0.0f; /* the NaN policy: kd_poisoned */
+    int grad_only = !j->want_loss && !erow;
     for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
         int64_t c1 = c0 + KD_TILE < j->v ? c0 + KD_TILE : j->v;
         float acc = 0.0f;
         for (int64_t c = c0; c < c1; c++) {
             float t = ld_elem(trow, j->tdt, c), gr, l;
-            if (!j->want_loss && !erow) { /* gradient only: the input is never read */
+            if (grad_only) { /* gradient only: the input is never read */
                 gr = j->log_target ? -expf(t) : -t;
                 l = 0.0f;
             } else {
-                l = kd_kl_elem(j->log_target, j->eps, ld_elem(xrow, j->xdt, c), t, &gr);
+                float y = ld_elem(xrow, j->xdt, c);
+                ck += y * 0x1p-100f + t * 0x1p-100f;
+                l = kd_kl_elem(j->log_target, j->eps, y, t, &gr);
             }
             acc += l;
             if (erow) erow[c] = l;
@@ -46,6 +50,7 @@ double kd_kl_row_scalar(const kd_ew_job *j, int64_t r) {
         }
         sum += acc;
     }
+    if (!grad_only && kd_poisoned(ck)) return kd_poison_row(j, grow, erow);
     return sum;
 }
 
@@ -59,15 +64,18 @@ double kd_div_row_scalar(const kd_ew_job *j, int64_t r) {
     const char *xrow = j->x + (size_t)(r * j->ldx) * xes;
     const char *trow = j->t + (size_t)(r * j->ldt) * tes;
     double sum = 0.0;
+    float ck = 0.0f; /* the NaN policy: kd_poisoned */
     for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
         int64_t c1 = c0 + KD_TILE < j->v ? c0 + KD_TILE : j->v;
         float acc = 0.0f;
         for (int64_t c = c0; c < c1; c++) {
-            float gr;
-            acc += kd_div_elem(&j->coef, ld_elem(xrow, j->xdt, c), ld_elem(trow, j->tdt, c), &gr);
+            float gr, x = ld_elem(xrow, j->xdt, c), y = ld_elem(trow, j->tdt, c);
+            ck += x * 0x1p-100f + y * 0x1p-100f;
+            acc += kd_div_elem(&j->coef, x, y, &gr);
             if (grow) st_elem(grow, j->xdt, c, gr * j->gscale);
         }
         sum += acc;
     }
+    if (kd_poisoned(ck)) return kd_poison_row(j, grow, NULL);
     return sum;
 }

@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "fld_rows.h" /* KD_FLD_TILE */
+#include "half.h"
 #include "logits_rows.h"
+#include "row_special.h"
 #include "simd_tile.h"
 
 /* 1: a step runs pass 1 and the last pass column by column (the tile's reads and writes mixed
@@ -323,9 +325,42 @@ KD_INLINE double KD_SFX(lr_step)(const kd_vdiv *k, int op, int unit, kd_lrow *d,
     return loss;
 }
 
+/* A row the fast passes cannot serve (row_special.h), after its pass 1: logits spanning more
+ * than FLT_MAX (a maximum >= KD_ROW_WIDE), or a NaN normalizer (a NaN or +inf logit: the NaN
+ * policy). One compare a row. */
+static int KD_SFX(lr_special)(const kd_lrow *a) {
+    return kd_row_wide(a->ms) || kd_row_wide(a->mt) || isnan(a->lss) || isnan(a->lst);
+}
+
+/* Row a's last passes in the careful form (row_special.h), on its fp32 views zs, zt (pass 1
+ * widened narrower logits into them): normalizers, divergence and g (over et) in double-formed
+ * log-probs, then dz (through es when narrower, then narrowed). Returns the row's divergence,
+ * NaN (and an all-NaN gradient) when a normalizer is. */
+static double KD_SFX(lr_special_row)(kd_lrow *a) {
+    double it = (double)a->inv_t, ms = a->ms, mt = a->mt, sg;
+    double lss = log(kd_wide_sum_exp(a->zs, a->v, ms, it));
+    double lst = log(kd_wide_sum_exp(a->zt, a->v, mt, it));
+    double loss = kd_wide_div(&a->coef, a->zs, a->zt, a->et, a->v, ms, mt, it, lss, lst, &sg);
+    if (isnan(lss) || isnan(lst)) loss = sg = NAN;
+    if (!a->dz) return loss;
+    float *f = a->xdt == KDLOSS_F32 ? (float *)a->dz : a->es;
+    for (int64_t c = 0; c < a->v; c++) /* in place: zs[c] is read before f[c] is written */
+        f[c] = kd_wide_dz(a->zs[c], a->et[c], ms, it, lss, sg, a->gs, 0.0f, 0.0, 0);
+    if (a->xdt == KDLOSS_BF16)
+        for (int64_t c = 0; c < a->v; c++) ((uint16_t *)a->dz)[c] = kd_f32_to_bf16(f[c]);
+    else if (a->xdt == KDLOSS_F16)
+        for (int64_t c = 0; c < a->v; c++) ((uint16_t *)a->dz)[c] = kd_f32_to_f16(f[c]);
+    return loss;
+}
+
 double KD_SFX(kd_logits_step)(kd_lrow *d, kd_lrow *nx) {
     const kd_lrow *a = d ? d : nx;
     if (!a) return 0.0;
+    if (d && KD_SFX(lr_special)(d)) { /* d alone, then nx's pass 1 alone */
+        double l = KD_SFX(lr_special_row)(d);
+        if (nx) KD_SFX(kd_logits_step)(NULL, nx);
+        return l;
+    }
     kd_vdiv k = kd_vdiv_make(a->coef);
     int unit = a->inv_t == 1.0f; /* T = 1: its own instantiation (lr_mul_it) */
     switch (k.op) {

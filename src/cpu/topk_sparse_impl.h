@@ -69,7 +69,7 @@ static void TS(row)(const kd_topk_sparse *a, int64_t i) {
     double c_rest;
     a->row_soft[i] = kd_topk_row(&a->coef, KD_TAIL_RENORM_BOTH, n, zk, lp, a->inv_t, -INFINITY,
                                  gk, &c_rest);
-    for (int64_t k = 0; k < n; k++) gk[k] *= a->gs;
+    for (int64_t k = 0; k < n; k++) gk[k] = a->gs != 0.0f ? gk[k] * a->gs : 0.0f; /* 0: zeros */
     if (!a->dxs.data) return;
     float *d = bf16 ? a->d32 + i * hs : (float *)a->dxs.data + r * a->dxs.ld;
     memset(d, 0, (size_t)hs * sizeof(float));
