@@ -96,6 +96,27 @@ __device__ __forceinline__ void fl_load(const float *z, const void *bias, int64_
     }
 }
 
+/* The teacher's constants of a row in the phased form X = (zs - ms) it - lss,
+ * Y = (zt - mt) it - lst (the vocabulary-parallel phases, fld_vp.cu), from the row maximum mt and
+ * the float64 normalizers lss, lst: the CPU's dense_div (src/cpu/fld_row_phases.h, issue 25 D5)
+ * term for term. Y = (zt - mt') it - lss with mt' = mt + (lst - lss) T makes X and Y subtract the
+ * same fp32 constant, whose rounding then scales P and Q alike (a relative error of the
+ * divergence) instead of shifting one against the other (an absolute error of ~1e-7, which at a
+ * large T outweighs a divergence of ~1/T^2). Of the two, the one whose constant leaves the
+ * smaller offset between Y and X is taken: mt''s rounding times 1/T, or the two normalizers'
+ * roundings. *mt_eff, *lst_eff: what Y subtracts (mt, (float)lst without the shift). */
+__device__ __forceinline__ void fl_teacher_shift(float mt, double lss, double lst, float inv_t,
+                                                 float *mt_eff, float *lst_eff) {
+    const double sh = (lst - lss) / (double)inv_t, it = (double)inv_t;
+    const double mts = (double)mt + sh;
+    const float mt2 = (float)mts;
+    const double e_shift = fabs(((double)mt2 - mts) * it);
+    const double e_norm = fabs((lst - (double)(float)lst) - (lss - (double)(float)lss));
+    const bool same = isfinite(mt2) && mt > -INFINITY && e_shift < e_norm;
+    *mt_eff = same ? mt2 : mt;
+    *lst_eff = same ? (float)lss : (float)lst;
+}
+
 /* The gradient's factors from the device's n_valid: ca of the cross-entropy, cb of the soft
  * term (1/T and T^2 folded in). */
 __device__ __forceinline__ void fl_factors(const fl_row_args &a, float *ca, float *cb) {

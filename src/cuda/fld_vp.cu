@@ -7,8 +7,8 @@
  *   1. max   the row maxima of zs and zt                    -> MAX 2 doubles a row  (st_max)
  *   2. sums  sum e^((zs-ms)/T), sum e^((zt-mt)/T),
  *            sum e^(zs-ms) (CE at T != 1), zs[y] (its rank)  -> SUM 4              (st_sum)
- *   3. div   the divergence's terms and sum g over the block; the row's CE and lse
- *                                                           -> SUM 2              (st_div)
+ *   3. div   the divergence's terms and sum g over the block (the teacher's constants as the
+ *            CPU's, fl_teacher_shift); the row's CE and lse  -> SUM 2              (st_div)
  *   4. grad  dzs in place (fl_dz, the single-process definition), row_soft
  *   dws, dbs of the block (fl_chunk_wgrad); dxs: the partial dzs ws_r in fp32, SUM, rounded once
  * One block of FL_ROW_THREADS per row in every phase (grid = the chunk's rows <= 2^30). Labels
@@ -28,8 +28,8 @@ typedef struct flvp_args {
 
 /* The log-normalizers of a row from its reduced statistics (every thread computes them). */
 typedef struct flvp_norms {
-    float ms, mt;   /* the row maxima over every rank */
-    float lss, lst; /* log sum e^((zs-ms)/T), log sum e^((zt-mt)/T) */
+    float ms, mt;   /* the row maxima over every rank; mt with the teacher's shift (below) */
+    float lss, lst; /* log sum e^((zs-ms)/T), log sum e^((zt-mt)/T); lst = lss when shifted */
     float lh;       /* the untempered log-sum-exp ms + lsh */
     double lsh;
 } flvp_norms;
@@ -89,6 +89,9 @@ __device__ __forceinline__ flvp_norms flvp_norms_of(const flvp_args &a, int64_t 
     n.lsh = !a.r.do_hard ? 0.0 : a.r.do_soft && a.r.same_t ? lss : log(sm[2]);
     n.lss = (float)lss;
     n.lst = (float)lst;
+    /* Y = (zt - mt) it - lst with the CPU's choice of constants (fl_teacher_shift, issue 25 D5),
+     * in the divergence (phase 3) and in its gradient (phase 4) alike */
+    if (a.r.do_soft) fl_teacher_shift(n.mt, lss, lst, a.r.inv_t, &n.mt, &n.lst);
     n.lh = (float)((double)n.ms + n.lsh);
     return n;
 }
@@ -347,15 +350,28 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
         s = kd_args_fl(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out, &g, &spans);
     if (s == KDLOSS_OK) s = flvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P);
     if (s == KDLOSS_OK) s = kd_args_fl_workspace(workspace, workspace_bytes, P.fl.total, &spans);
+    /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks
+     * passed; n_valid -1: the device counts it after the agreement */
+    kd_vp_terms terms = {0, 0};
+    if (s == KDLOSS_OK) {
+        terms.setup = kd_vp_setup_hash(xs.dtype, xt.dtype, wt.dtype, bs, bt_bias, labels,
+                                       params->weight_hard_loss, params->weight_soft_loss, out, -1);
+        terms.params = kd_vp_params_hash(&params->div, params->temperature,
+                                         params->weight_hard_loss, params->weight_soft_loss,
+                                         params->t2_scale, params->ignore_index,
+                                         params->grad_scale, -1);
+    }
     int64_t chunk = s == KDLOSS_OK ? P.fl.chunk : 1;
     kd_dev_guard dg;
     kdloss_status e = kd_dev_enter(ctx, &dg);
     if (e != KDLOSS_OK) return e;
     const cudaStream_t st = (cudaStream_t)stream;
-    s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, ht, &chunk);
+    /* everything that can fail before the first chunk was decided above: after the agreement
+     * every rank makes the chunk loop's collectives */
+    s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, ht, &terms, &chunk);
     if (s == KDLOSS_OK) {
         flvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
-        P.fl.chunk = chunk; /* <= this rank's: its regions still hold it */
+        P.fl.chunk = chunk; /* in [1, this rank's] (checked): its regions still hold it */
         const flvp_call k = {{ctx, st, P.fl.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.fl.zs, P.fl.ldz},
                              shard->comm, {xt.data, xt.dtype, g.ld_xt}, {wt.data, wt.dtype, g.ld_wt},

@@ -349,15 +349,30 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     if (s == KDLOSS_OK)
         s = tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
     if (s == KDLOSS_OK) s = kd_args_fl_workspace(workspace, workspace_bytes, P.tk.total, &spans);
+    /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks
+     * passed: the teacher's dtypes are the ids' and the log-probs', no teacher bias; n_valid -1:
+     * the device counts it after the agreement */
+    kd_vp_terms terms = {0, 0};
+    if (s == KDLOSS_OK) {
+        terms.setup = kd_vp_setup_hash(xs.dtype, teacher.ids.dtype, teacher.logprobs.dtype, bs,
+                                       NULL, labels, params->weight_hard_loss,
+                                       params->weight_soft_loss, out, -1);
+        terms.params = kd_vp_params_hash(&params->div, params->temperature,
+                                         params->weight_hard_loss, params->weight_soft_loss,
+                                         params->t2_scale, params->ignore_index,
+                                         params->grad_scale, (int)params->tail);
+    }
     int64_t chunk = s == KDLOSS_OK ? P.tk.chunk : 1;
     kd_dev_guard dg;
     kdloss_status e = kd_dev_enter(ctx, &dg);
     if (e != KDLOSS_OK) return e;
     const cudaStream_t st = (cudaStream_t)stream;
-    s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, teacher.k, &chunk);
+    /* everything that can fail before the first chunk was decided above: after the agreement
+     * every rank makes the chunk loop's collectives */
+    s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, teacher.k, &terms, &chunk);
     if (s == KDLOSS_OK) {
         tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
-        P.tk.chunk = chunk; /* <= this rank's: its regions still hold it */
+        P.tk.chunk = chunk; /* in [1, this rank's] (checked): its regions still hold it */
         const tkvp_call k = {{ctx, st, P.tk.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.tk.zs, P.tk.ldz},
                              shard->comm, out, &g, &P};

@@ -15,11 +15,15 @@ typedef struct vp_stage {
     const kdloss_comm *comm;
 } vp_stage;
 
-/* kd_vp_reduce_fn on the GPU: the host buffer into the context's device buffer, the callback's
- * MAX there (stream-ordered like every other all-reduce of the call), back, and a stream
- * synchronization before the host reads it. n <= kd_vp_agree_len(KD_VP_MAX_RANKS). */
+/* kd_vp_reduce_fn on the GPU, for both of the agreement's collectives (2 size + KD_VP_AG_N
+ * doubles, then KD_VP_CONFIRM_N): the host buffer into the context's device buffer, the
+ * callback's MAX there (stream-ordered like every other all-reduce of the call), back, and a
+ * stream synchronization before the host reads it (the second collective's copy in follows the
+ * first's copy out on the same stream). n <= KD_VP_AGREE_DOUBLES (kd_cuda_vp_enter bounds the
+ * size). */
 static kdloss_status vp_reduce_staged(void *rctx, double *buf, int64_t n) {
     const vp_stage *g = (const vp_stage *)rctx;
+    if (n < 1 || n > KD_VP_AGREE_DOUBLES) return KDLOSS_ERR_INTERNAL; /* not reached */
     const size_t bytes = (size_t)n * sizeof(double);
     cudaError_t e = cudaMemcpyAsync(g->ctx->vp_agree, buf, bytes, cudaMemcpyHostToDevice, g->st);
     if (e != cudaSuccess) return kd_cuda_status(e);
@@ -33,9 +37,10 @@ static kdloss_status vp_reduce_staged(void *rctx, double *buf, int64_t n) {
 
 kdloss_status kd_cuda_vp_agree(kdloss_cuda_context *ctx, cudaStream_t st,
                                const kdloss_vocab_shard *sh, int64_t v, kdloss_status status,
-                               int64_t bt, int64_t hs, int64_t shape, int64_t *chunk) {
+                               int64_t bt, int64_t hs, int64_t shape, const kd_vp_terms *terms,
+                               int64_t *chunk) {
     vp_stage g = {ctx, st, sh->comm};
-    return kd_vp_agree(sh, v, status, bt, hs, shape, chunk, vp_reduce_staged, &g);
+    return kd_vp_agree_terms(sh, v, status, bt, hs, shape, terms, chunk, vp_reduce_staged, &g);
 }
 
 kdloss_status kd_cuda_vp_allreduce(const kdloss_comm *c, void *buf, int64_t n, kdloss_dtype dt,

@@ -8,9 +8,12 @@
 
 #include "vp.h"
 
-/* The largest communicator the context's agreement buffer serves, and that buffer's bytes. */
+/* The largest communicator the context's agreement buffer serves, and that buffer's bytes: the
+ * agreement's first collective at that size; the second (the confirmation, KD_VP_CONFIRM_N
+ * doubles) is smaller and reuses it. */
 #define KD_VP_MAX_RANKS 4096
-#define KD_VP_AGREE_BYTES ((size_t)(2 * KD_VP_MAX_RANKS + KD_VP_AG_N) * sizeof(double))
+#define KD_VP_AGREE_DOUBLES (2 * KD_VP_MAX_RANKS + KD_VP_AG_N)
+#define KD_VP_AGREE_BYTES ((size_t)KD_VP_AGREE_DOUBLES * sizeof(double))
 
 #ifdef __CUDACC__
 #include "fl_rows.cuh"
@@ -19,12 +22,16 @@
  * a communicator the context's buffer can serve (UNSUPPORTED above KD_VP_MAX_RANKS). */
 kdloss_status kd_cuda_vp_enter(const kdloss_cuda_context *ctx, const kdloss_vocab_shard *sh);
 
-/* kd_vp_agree with the buffer staged through ctx->vp_agree on stream st (copy in, the
- * callback's all-reduce, copy out, synchronize: the verdict is a host decision). On the
- * context's device (kd_dev_enter done). */
+/* kd_vp_agree_terms (vp.h: the agreement and the confirmation, two collectives that every rank
+ * makes whatever its status) with each buffer staged through ctx->vp_agree on stream st (copy
+ * in, the callback's all-reduce, copy out, synchronize: the verdict is a host decision). terms:
+ * the call's fingerprints (kd_vp_setup_hash with n_valid -1, the device counts it after the
+ * agreement; kd_vp_params_hash), filled only when this rank's own checks passed, else NULL or
+ * zeros, as the CPU backend does. On the context's device (kd_dev_enter done). */
 kdloss_status kd_cuda_vp_agree(kdloss_cuda_context *ctx, cudaStream_t st,
                                const kdloss_vocab_shard *sh, int64_t v, kdloss_status status,
-                               int64_t bt, int64_t hs, int64_t shape, int64_t *chunk);
+                               int64_t bt, int64_t hs, int64_t shape, const kd_vp_terms *terms,
+                               int64_t *chunk);
 
 /* One of the chunk's all-reduces: n elements of dt at the device pointer buf (the callback
  * orders it on the call's stream). KDLOSS_ERR_COMM when the callback fails. */

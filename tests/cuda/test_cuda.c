@@ -52,6 +52,7 @@
 #include "ref_topk.h"
 #include "div_cases.h"
 #include "testutil.h"
+#include "vp.h" /* the agreement buffer's slots (src/common), for the communicator's faults */
 #ifdef KDLOSS_TEST_NCCL
 #include "kdloss_nccl.h" /* built where CMake found NCCL: the adapter compiles and links here */
 #endif
@@ -1910,8 +1911,10 @@ static void test_topk_fused(kt_rng *rng) {
  * 1e-5 relative + 1e-5 x the largest entry (two bf16 roundings apart with bf16 operands), as
  * tests/mpi/test_vp.c. The communicator is the test's own: it checks that every rank makes the
  * same all-reduce calls (count, dtype, op) and records rank 0's sequence, which must be the
- * documented protocol (the agreement, then per chunk MAX 2, SUM 4 (4 + K), SUM 2 (dense), the
- * dxs SUM). Under tests/cuda/emu the calls are the CPU _vp functions with the same communicator. */
+ * documented protocol (the agreement's two collectives, then per chunk MAX 2, SUM 4 (4 + K),
+ * SUM 2 (dense), the dxs SUM); it can also tamper with what the ranks read back from one call
+ * (tests/test_vp_agree.c's faults). Under tests/cuda/emu the calls are the CPU _vp functions with
+ * the same communicator. */
 
 #define VP_MAX_RANKS 3
 #define VP_MAX_CALLS 64
@@ -1920,6 +1923,14 @@ typedef struct vp_call_rec {
     int64_t n;
     int dt, op;
 } vp_call_rec;
+
+/* A fault of the communicator: after call number `call` (0: the agreement, 1: the confirmation)
+ * the F64 slot `slot` of what rank `rank` (-1: every rank) reads back becomes `val`. */
+typedef struct vp_tamper {
+    int on, call, rank;
+    int64_t slot;
+    double val;
+} vp_tamper;
 
 /* The ranks' meeting point: each rank's host copy of its buffer and its call, between two
  * barriers. */
@@ -1930,12 +1941,14 @@ typedef struct vp_world {
     vp_call_rec call[VP_MAX_RANKS];
     vp_call_rec log[VP_MAX_CALLS]; /* rank 0's calls in order */
     int ncalls;
+    vp_tamper tamper;
 } vp_world;
 
 typedef struct vp_rank {
     kdloss_comm comm; /* ctx points here */
     vp_world *w;
     cudaStream_t st;
+    int ncalls;       /* this rank's calls so far */
 } vp_rank;
 
 /* res = every rank's in[] reduced in rank order (fp32 sums in fp32, as NCCL and MPI do). */
@@ -1961,11 +1974,12 @@ static void vp_reduce(void *res, void *const *in, int size, int64_t n, kdloss_dt
 }
 
 /* kdloss_comm.allreduce of a device buffer: to the host on the rank's stream, reduced with the
- * other ranks, back. A call that another rank does not make the same way fails (returns 1). */
+ * other ranks, (tampered with when the world says so,) back. A call that another rank does not
+ * make the same way fails (returns 1). */
 static int vp_allreduce(void *ctx, void *buf, int64_t n, kdloss_dtype dt, kdloss_comm_op op) {
     vp_rank *me = (vp_rank *)ctx;
     vp_world *w = me->w;
-    const int r = me->comm.rank;
+    const int r = me->comm.rank, call = me->ncalls++;
     const size_t bytes = (size_t)(n > 0 ? n : 0) * (dt == KDLOSS_F64 ? 8u : 4u);
     void *mine = xmalloc(bytes), *res = xmalloc(bytes);
     int ok = n >= 0 && (dt == KDLOSS_F64 || dt == KDLOSS_F32) &&
@@ -1977,6 +1991,10 @@ static int vp_allreduce(void *ctx, void *buf, int64_t n, kdloss_dtype dt, kdloss
     for (int q = 0; q < w->size; q++)
         ok &= w->call[q].n == n && w->call[q].dt == (int)dt && w->call[q].op == (int)op;
     if (ok) vp_reduce(res, w->in, w->size, n, dt, op);
+    const vp_tamper *t = &w->tamper;
+    if (ok && t->on && t->call == call && (t->rank < 0 || t->rank == r) && dt == KDLOSS_F64 &&
+        t->slot >= 0 && t->slot < n)
+        ((double *)res)[t->slot] = t->val;
     if (r == 0 && w->ncalls < VP_MAX_CALLS) w->log[w->ncalls] = w->call[0];
     if (r == 0) w->ncalls++;
     pthread_barrier_wait(&w->bar); /* every rank has read every input */
@@ -2184,6 +2202,7 @@ typedef struct vp_job {
     kdloss_cuda_context *ctx;                    /* NULL: its own */
     vp_rank *rank;                               /* the test's communicator, or NULL */
     int ws_short;                                /* pass one byte less than the size query's */
+    int no_dxs;                                  /* ask for dws / dbs but not dxs */
     vp_out o;
     kdloss_status status;
     int32_t word;                                /* the workspace's status word */
@@ -2194,6 +2213,7 @@ static kdloss_status vp_job_call(vp_job *j, void *wk, size_t wsb) {
     const vp_data *d = j->d;
     const size_t es = kdloss_dtype_size(c->dt);
     kdloss_fused_linear_distill_out out = vp_view(&j->o, c);
+    if (j->no_dxs) out.dxs.data = NULL;
     kdloss_cmat xs = {d->xs, c->dt, 0}, ws = {(char *)d->ws + (size_t)(j->lo * c->hs) * es, c->dt, 0};
     const void *bs = c->bias ? (const char *)d->bs + (size_t)j->lo * es : NULL;
     kdloss_labels lab = {c->topk && !c->labels ? NULL : d->lab, KDLOSS_I64};
@@ -2236,15 +2256,19 @@ static void *vp_job_run(void *arg) {
     return NULL;
 }
 
-/* Every rank of `size` on its own thread, with the test's communicator. */
-static void vp_run_ranks(vp_job *jobs, int size, vp_world *w, vp_rank *ranks) {
+/* Every rank of `size` on its own thread, with the test's communicator (tampering as tp says,
+ * NULL: honest). */
+static void vp_run_ranks(vp_job *jobs, int size, vp_world *w, vp_rank *ranks,
+                         const vp_tamper *tp) {
     pthread_t th[VP_MAX_RANKS];
     memset(w, 0, sizeof *w);
     w->size = size;
+    if (tp) w->tamper = *tp;
     pthread_barrier_init(&w->bar, NULL, (unsigned)size);
     for (int r = 0; r < size; r++) {
         ranks[r].comm = (kdloss_comm){r, size, vp_allreduce, &ranks[r]};
         ranks[r].w = w;
+        ranks[r].ncalls = 0;
         jobs[r].comm = &ranks[r].comm;
         jobs[r].shard.comm = jobs[r].comm;
         jobs[r].rank = &ranks[r];
@@ -2288,12 +2312,14 @@ static void vp_compare(const char *tag, const vp_case *c, const vp_out *q, const
     if (c->bias) vp_close(tag, "dbs", q->dbs, (const char *)w->dbs + (size_t)lo * es, n, c->dt);
 }
 
-/* Rank 0's all-reduces: the agreement, then per chunk (the case's chunk_size, which every rank
- * shares) MAX 2 rows, SUM (4 or 4 + K) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
+/* Rank 0's all-reduces: the agreement (MAX of 2 size + 12 doubles, then the confirmation's MAX
+ * of 3), then per chunk (the case's chunk_size, which every rank shares) MAX 2 rows, SUM (4 or
+ * 4 + K) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
 static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world *w) {
     vp_call_rec want[VP_MAX_CALLS];
     int n = 0;
-    want[n++] = (vp_call_rec){2 * (int64_t)w->size + 8, KDLOSS_F64, KDLOSS_COMM_MAX};
+    want[n++] = (vp_call_rec){2 * (int64_t)w->size + 12, KDLOSS_F64, KDLOSS_COMM_MAX};
+    want[n++] = (vp_call_rec){3, KDLOSS_F64, KDLOSS_COMM_MAX};
     const int64_t chunk = c->topk ? c->tp.chunk_size : c->dp.chunk_size;
     for (int64_t r0 = 0; chunk > 0 && r0 < c->bt && n + 4 <= VP_MAX_CALLS; r0 += chunk) {
         const int64_t m = c->bt - r0 < chunk ? c->bt - r0 : chunk;
@@ -2302,8 +2328,8 @@ static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world 
         if (!c->topk) want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_SUM};
         want[n++] = (vp_call_rec){m * c->hs, KDLOSS_F32, KDLOSS_COMM_SUM};
     }
-    if (chunk <= 0) { /* automatic chunk: the agreement at least */
-        KT_CHECK(w->ncalls >= 1 && !memcmp(&w->log[0], &want[0], sizeof want[0]),
+    if (chunk <= 0) { /* automatic chunk: the agreement's two collectives at least */
+        KT_CHECK(w->ncalls >= 2 && !memcmp(&w->log[0], &want[0], 2 * sizeof want[0]),
                  "%s: the agreement first", tag);
         return;
     }
@@ -2341,7 +2367,7 @@ static void test_vp_case(kt_rng *rng, const vp_case *c, int size) {
     vp_rank ranks[VP_MAX_RANKS];
     vp_world w;
     vp_jobs_init(jobs, size, c, &d);
-    vp_run_ranks(jobs, size, &w, ranks);
+    vp_run_ranks(jobs, size, &w, ranks, NULL);
     for (int r = 0; r < size; r++) {
         vp_job *j = &jobs[r];
         char rt[190];
@@ -2369,49 +2395,83 @@ static int vp_untouched(const void *d, size_t n) {
     return ok;
 }
 
-/* The agreement: a bad temperature on the last rank gives it INVALID_PARAM and the others PEER;
- * blocks that leave a gap give every rank SHAPE_MISMATCH; a workspace one byte short on the last
- * rank gives it WORKSPACE_TOO_SMALL and the others PEER (not under the emulation: the CPU
- * functions have no such fault); nothing written anywhere. */
-static void test_vp_agreement(kt_rng *rng, int size) {
+/* The agreement (vp.h; tests/test_vp_agree.c has the CPU's full set): a bad temperature on the
+ * last rank gives it INVALID_PARAM and the others PEER; blocks that leave a gap give every rank
+ * SHAPE_MISMATCH; a workspace one byte short on the last rank gives it WORKSPACE_TOO_SMALL and
+ * the others PEER (not under the emulation: the CPU functions have no such fault); the last rank
+ * with another (valid) temperature: INVALID_PARAM on every rank; the last rank without dxs:
+ * SHAPE_MISMATCH on every rank; the agreed chunk tampered by the communicator on every rank to
+ * 1e6, 0 or NaN: KDLOSS_ERR_COMM on every rank. Every rank makes both of the agreement's
+ * collectives and no other, and nothing is written anywhere. Dense teacher, or (topk) the sparse
+ * one (bucket, CE, K 6). */
+static void test_vp_agreement(kt_rng *rng, int size, int topk) {
+    enum { K_BAD_T, K_GAP, K_SHORT_WS, K_OTHER_T, K_NO_DXS, K_CHUNK_1E6, K_CHUNK_0, K_CHUNK_NAN, K_N };
+    static const char *kinds[K_N] = {"bad temperature", "gap", "short workspace",
+                                     "another temperature", "no dxs", "chunk tampered to 1e6",
+                                     "chunk tampered to 0", "chunk tampered to NaN"};
     vp_case c;
     memset(&c, 0, sizeof c);
     c.tag = "agreement";
     c.bt = 8, c.hs = 16, c.ht = 16, c.v = 97, c.dt = KDLOSS_F32, c.bias = 1;
     kdloss_fused_linear_distill_params_default(&c.dp);
+    kdloss_fused_linear_topk_distill_params_default(&c.tp);
+    if (topk) {
+        c.topk = 1, c.k = 6, c.labels = 1;
+        c.tp.weight_hard_loss = 0.5;
+    }
+    const char *teacher = topk ? "topk" : "dense";
     vp_data d;
     vp_data_make(rng, &c, &d);
-    static const char *kinds[3] = {"bad temperature", "gap", "short workspace"};
-    for (int kind = 0; kind < (&kdloss_test_emu ? 2 : 3); kind++) {
+    for (int kind = 0; kind < K_N; kind++) {
+        if (kind == K_SHORT_WS && &kdloss_test_emu) continue;
         vp_job jobs[VP_MAX_RANKS];
         vp_rank ranks[VP_MAX_RANKS];
         vp_world w;
+        vp_tamper tp = {0, 0, -1, 0, 0.0};
+        if (kind >= K_CHUNK_1E6) { /* the agreement's -chunk slot, on every rank */
+            const double val = kind == K_CHUNK_1E6 ? 1e6 : kind == K_CHUNK_0 ? 0.0 : NAN;
+            tp = (vp_tamper){1, 0, -1, 2 * (int64_t)size + KD_VP_AG_NEG_CHUNK, -val};
+        }
         vp_jobs_init(jobs, size, &c, &d);
         for (int r = 0; r < size; r++) {
             vp_job *j = &jobs[r];
-            if (kind == 0 && r == size - 1) j->dp.temperature = -1.0;
-            if (kind == 1 && r > 0) j->shard.v_begin++, j->n--; /* a gap before each block */
-            j->ws_short = kind == 2 && r == size - 1;
+            const int last = r == size - 1;
+            if (kind == K_BAD_T && last) j->dp.temperature = j->tp.temperature = -1.0;
+            if (kind == K_GAP && r > 0) j->shard.v_begin++, j->n--; /* a gap before each block */
+            j->ws_short = kind == K_SHORT_WS && last;
+            if (kind == K_OTHER_T && last) j->dp.temperature = j->tp.temperature = 1.5;
+            j->no_dxs = kind == K_NO_DXS && last;
         }
-        vp_run_ranks(jobs, size, &w, ranks);
+        vp_run_ranks(jobs, size, &w, ranks, &tp);
         for (int r = 0; r < size; r++) {
             vp_job *j = &jobs[r];
-            const kdloss_status own = kind == 0 ? KDLOSS_ERR_INVALID_PARAM
-                                                : KDLOSS_ERR_WORKSPACE_TOO_SMALL;
-            kdloss_status want = kind == 1 ? (size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK)
-                                 : r == size - 1 ? own
-                                                 : KDLOSS_ERR_PEER;
-            KT_CHECK(j->status == want, "vp agreement %s ranks=%d rank %d: got %d want %d",
-                     kinds[kind], size, r, (int)j->status, (int)want);
+            kdloss_status want;
+            switch (kind) {
+            case K_BAD_T: want = r == size - 1 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER; break;
+            case K_SHORT_WS:
+                want = r == size - 1 ? KDLOSS_ERR_WORKSPACE_TOO_SMALL : KDLOSS_ERR_PEER;
+                break;
+            case K_GAP: want = size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK; break;
+            case K_OTHER_T: want = size > 1 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_OK; break;
+            case K_NO_DXS: want = size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK; break;
+            default: want = KDLOSS_ERR_COMM; break;
+            }
+            KT_CHECK(j->status == want, "vp agreement %s %s ranks=%d rank %d: got %d want %d",
+                     teacher, kinds[kind], size, r, (int)j->status, (int)want);
             if (want != KDLOSS_OK)
                 KT_CHECK(vp_untouched(j->o.d_sc, 3 * sizeof(float)) &&
                              vp_untouched(j->o.d_rows, (size_t)(3 * c.bt) * sizeof(float)) &&
                              vp_untouched(j->o.d_dxs, (size_t)(c.bt * c.hs) * 4) &&
-                             vp_untouched(j->o.d_dws, (size_t)(j->n * c.hs) * 4),
-                         "vp agreement ranks=%d rank %d: nothing written", size, r);
+                             vp_untouched(j->o.d_dws, (size_t)(j->n * c.hs) * 4) &&
+                             vp_untouched(j->o.d_dbs, (size_t)j->n * 4),
+                         "vp agreement %s %s ranks=%d rank %d: nothing written", teacher,
+                         kinds[kind], size, r);
+            KT_CHECK(ranks[r].ncalls == 2, "vp agreement %s %s ranks=%d rank %d: %d collectives, "
+                     "want the agreement's 2", teacher, kinds[kind], size, r, ranks[r].ncalls);
             vp_out_free(&j->o);
         }
-        KT_CHECK(w.ncalls == 1, "vp agreement ranks=%d: one collective, got %d", size, w.ncalls);
+        KT_CHECK(w.ncalls == 2, "vp agreement %s %s ranks=%d: the agreement's two collectives, "
+                 "got %d", teacher, kinds[kind], size, w.ncalls);
     }
     vp_data_free(&d);
 }
@@ -2453,7 +2513,8 @@ static void test_vp(kt_rng *rng) {
     const int fails = kt_failures;
     for (int size = 2; size <= VP_MAX_RANKS; size++) {
         for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) test_vp_case(rng, &c[i], size);
-        test_vp_agreement(rng, size);
+        test_vp_agreement(rng, size, 0);
+        test_vp_agreement(rng, size, 1);
     }
     printf("vp: %d cases x 2..%d ranks as threads, and the agreement: %d failures\n",
            (int)(sizeof c / sizeof c[0]), VP_MAX_RANKS, kt_failures - fails);
@@ -3470,6 +3531,16 @@ int main(void) {
     /* on the simulator every checker report is a failure of this test (kernel, block and thread
      * were printed when it was made); the summary says which kernels and sites ran */
     KT_CHECK(kd_sim_summary() == 0, "cuda-sim: no checker report");
+    {
+        /* KD_SIM_NO_LT_HEURISTIC=1 (ctest test_cuda_gemmex): cuBLASLt offers no algorithm, so
+         * every GEMM must have gone through gemm.cu's cublasGemmEx fallback */
+        long lt = 0, ex = 0;
+        const char *no_lt = getenv("KD_SIM_NO_LT_HEURISTIC");
+        kd_sim_gemm_counts(&lt, &ex);
+        printf("cuda-sim: %ld GEMMs through cuBLASLt, %ld through cublasGemmEx\n", lt, ex);
+        if (no_lt && !strcmp(no_lt, "1")) KT_CHECK(lt == 0 && ex > 0, "cuda-sim: the fallback ran");
+        else KT_CHECK(lt > 0, "cuda-sim: cuBLASLt ran");
+    }
 #endif
     return kt_finish("test_cuda");
 }
