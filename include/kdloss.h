@@ -229,9 +229,9 @@ typedef enum kdloss_bf16_gemm {
 KDLOSS_API kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode);
 
 /* The backward GEMMs of the fused-linear losses with a bf16 student (dXs = dZ Ws, dWs = dZ^T Xs)
- * when the logits GEMMs run natively (above): AUTO rounds dZ to bf16 (round to nearest even,
- * relative error <= 2^-9 per element; docs/MATH.md 4.3 has the bound on dXs and dWs) and
- * multiplies natively, as torch's bf16 autograd, Liger-Kernel and kdloss's CUDA backend do;
+ * when the logits GEMMs run natively (above): AUTO rounds dZ to bf16 (nearest even, relative
+ * error <= 2^-8 an element; the bounds on dXs and dWs: docs/MATH.md section 4, "bf16 operands")
+ * and multiplies natively, as torch's bf16 autograd, Liger-Kernel and kdloss's CUDA backend do;
  * EXACT keeps dZ in fp32 and multiplies fp32 on widened Ws / Xs (exact products, fp32 sums:
  * slower where native is faster, within the fp32 tolerances). Where the logits are widened,
  * both are EXACT's computation (the same bits). dbs is always summed from the fp32 dZ. CPU only
@@ -251,7 +251,7 @@ typedef struct kdloss_bf16_gemm_info {
     int auto_native;       /* AUTO's measured choice                                             */
     int available;         /* 1 if oneDNN has a bf16 matmul for this CPU                         */
     int reference;         /* 1 if that is only its reference implementation (never chosen)      */
-    int measurements;      /* timings this process ran: 1 (once, cached), 0 if none could run    */
+    int measurements;      /* times this process measured: 1 after the first query (cached)     */
     double native_gflops;  /* measured bf16 x bf16 -> fp32 matmul, one thread; 0 if not available */
     double widen_gflops;   /* measured fp32 sgemm of the same product on widened operands         */
     double margin;         /* native chosen when native_gflops >= margin * widen_gflops (1.15)    */

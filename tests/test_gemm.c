@@ -10,7 +10,9 @@
  * of Numerical Algorithms, 2nd ed., section 3.5); the alpha product, the beta term and the
  * final addition add three more roundings. The check uses that bound with k + 3 in place of
  * k: it holds for every correct implementation and a wrong element or a missed term breaks it
- * by orders of magnitude. */
+ * by orders of magnitude.
+ * The bf16 GEMM choice (kdloss_gemm_bf16_query): measured once, also when several threads ask
+ * at once, cached, consistent with its rates, and forced modes on top of it. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -212,9 +214,67 @@ static void fallback(kt_rng *rng) {
     kdloss_cpu_set_isa(save);
 }
 
+/* The bf16 GEMM choice (issue 23): measured once per process, the first time from several
+ * threads at once, cached (the same rates and choice on every later query), and the choice the
+ * measured rates imply; forced modes change what runs, not the measurement. Runs first, so that
+ * nothing has measured yet. */
+static void bf16_choice(void) {
+    enum { NT = 4 };
+    kdloss_bf16_gemm_info q[NT], again;
+    kdloss_status st[NT];
+    KT_CHECK(kdloss_gemm_bf16_query(NULL) == KDLOSS_ERR_NULL_POINTER, "bf16 query NULL");
+#pragma omp parallel for num_threads(NT) schedule(static, 1)
+    for (int t = 0; t < NT; t++) st[t] = kdloss_gemm_bf16_query(&q[t]);
+    for (int t = 0; t < NT; t++)
+        if (!KT_CHECK(st[t] == KDLOSS_OK, "bf16 query %d: status %d", t, st[t])) return;
+    const kdloss_bf16_gemm_info *b = &q[0];
+    printf("bf16 GEMM: native %.1f GFLOP/s (%s), widen + sgemm %.1f GFLOP/s, choice %s\n",
+           b->native_gflops, b->kernel, b->widen_gflops, b->auto_native ? "native" : "widen");
+    KT_CHECK(b->measurements == 1, "bf16 measured %d times", b->measurements);
+    KT_CHECK(b->widen_gflops > 0.0, "no sgemm rate");
+    KT_CHECK(b->mode == KDLOSS_BF16_GEMM_AUTO && b->grad == KDLOSS_BF16_GRAD_AUTO &&
+                 b->native == b->auto_native && b->grad_native == b->auto_native,
+             "defaults: mode %d grad %d native %d grad_native %d auto %d", b->mode, b->grad,
+             b->native, b->grad_native, b->auto_native);
+    int want = b->available && !b->reference && b->native_gflops > 0.0 &&
+               b->native_gflops >= b->margin * b->widen_gflops;
+    KT_CHECK(b->auto_native == want, "choice %d, but the rates %.1f / %.1f (margin %.2f) say %d",
+             b->auto_native, b->native_gflops, b->widen_gflops, b->margin, want);
+    KT_CHECK(b->available || (b->native_gflops == 0.0 && !b->auto_native),
+             "no bf16 matmul, yet a native rate or choice");
+    for (int t = 1; t < NT; t++)
+        KT_CHECK(!memcmp(&q[t], b, sizeof *b), "bf16 query %d differs from query 0", t);
+    for (int rep = 0; rep < 3; rep++) {
+        KT_CHECK(kdloss_gemm_bf16_query(&again) == KDLOSS_OK && !memcmp(&again, b, sizeof *b),
+                 "bf16 query %d: not the cached answer", rep);
+    }
+    KT_CHECK(kdloss_gemm_set_bf16(KDLOSS_BF16_GEMM_WIDEN) == KDLOSS_OK, "set WIDEN");
+    KT_CHECK(kdloss_gemm_bf16_query(&again) == KDLOSS_OK && !again.native &&
+                 !again.grad_native && again.mode == KDLOSS_BF16_GEMM_WIDEN &&
+                 again.measurements == 1 && again.native_gflops == b->native_gflops &&
+                 again.widen_gflops == b->widen_gflops && again.auto_native == b->auto_native,
+             "WIDEN: native %d, measurements %d", again.native, again.measurements);
+    kdloss_gemm_info gi;
+    KT_CHECK(kdloss_gemm_query(KDLOSS_GEMM_ONEDNN, &gi) == KDLOSS_OK && !gi.bf16_native,
+             "WIDEN: kdloss_gemm_query says bf16 native");
+    kdloss_status sn = kdloss_gemm_set_bf16(KDLOSS_BF16_GEMM_NATIVE);
+    KT_CHECK(sn == (b->available ? KDLOSS_OK : KDLOSS_ERR_UNSUPPORTED),
+             "set NATIVE: status %d with a bf16 matmul available %d", sn, b->available);
+    if (sn == KDLOSS_OK)
+        KT_CHECK(kdloss_gemm_bf16_query(&again) == KDLOSS_OK && again.native &&
+                     again.grad_native && again.measurements == 1,
+                 "NATIVE: native %d grad_native %d", again.native, again.grad_native);
+    KT_CHECK(kdloss_gemm_set_bf16_grad((kdloss_bf16_grad)-1) == KDLOSS_ERR_INVALID_PARAM,
+             "set_bf16_grad -1");
+    KT_CHECK(kdloss_gemm_set_bf16(KDLOSS_BF16_GEMM_AUTO) == KDLOSS_OK, "back to AUTO");
+    KT_CHECK(kdloss_gemm_bf16_query(&again) == KDLOSS_OK && !memcmp(&again, b, sizeof *b),
+             "AUTO again: not the cached answer");
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
+    bf16_choice();
     argument_errors();
     providers_vs_reference(&rng);
     thread_count_independence(&rng);

@@ -15,7 +15,8 @@ static void usage(FILE *f) {
             "usage: kdloss COMMAND [args]\n"
             "commands:\n"
             "  bench KERNEL [flags]   time a loss kernel (kdloss bench --help, --list)\n"
-            "  info                   version, CPU, threads, code path, GEMM providers, compiler\n"
+            "  info                   version, CPU, threads, code path, GEMM providers, bf16 GEMM\n"
+            "                         choice, compiler\n"
             "  --help                 this text\n"
             "  --version              the library version\n");
 }
@@ -70,6 +71,25 @@ static void gemm_info(void) {
     }
 }
 
+/* The bf16 GEMM choice (kdloss_gemm_bf16_query): both measured rates and what runs. */
+static void bf16_info(void) {
+    kdloss_bf16_gemm_info b;
+    if (kdloss_gemm_bf16_query(&b) != KDLOSS_OK) return;
+    static const char *const modes[] = {"auto", "widen", "native"};
+    printf("bf16 gemm   %lldx%lldx%lld on 1 thread: native bf16 ", (long long)b.m,
+           (long long)b.n, (long long)b.k);
+    if (b.native_gflops > 0) printf("%.1f GFLOP/s (%s)", b.native_gflops, b.kernel);
+    else if (b.available) printf("not timed (%s)", b.kernel);
+    else printf("not available (oneDNN has no bf16 matmul for this CPU)");
+    printf(", widen + sgemm %.1f GFLOP/s", b.widen_gflops);
+    if (b.native_gflops > 0 && b.widen_gflops > 0)
+        printf(" (native %.2fx)", b.native_gflops / b.widen_gflops);
+    printf("; measured choice %s (native needs >= %.2fx); mode %s: %s, backward %s\n",
+           b.auto_native ? "NATIVE" : "WIDEN", b.margin, modes[b.mode],
+           b.native ? "native" : "widened", b.grad_native ? "native from bf16 dZ" :
+           "fp32 dZ, widened operands");
+}
+
 /* `kdloss info`: what a benchmark record's environment would say, plus the ISA choices. */
 static int info(void) {
     kb_sysinfo s;
@@ -88,6 +108,7 @@ static int info(void) {
         if (kdloss_cpu_isa_supported(all[k])) printf(" %s", kdloss_cpu_isa_name(all[k]));
     printf("\n");
     gemm_info();
+    bf16_info();
     printf("compiler    %s\n", s.compiler);
     printf("cuda        %s\n", kdloss_cuda_available() ? "available" : "not available");
     return 0;

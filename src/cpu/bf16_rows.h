@@ -16,4 +16,9 @@ void kd_bf16_rows_to_f32(const uint16_t *src, int64_t src_ld, int64_t rows, int6
 void kd_f32_rows_to_bf16(const float *src, int64_t src_ld, int64_t rows, int64_t cols,
                          uint16_t *dst, int64_t dst_ld, int par);
 
+/* Rounds buf (rows x cols fp32, ld cols) to bf16 (nearest even) in place: row r's bf16 values
+ * end at the start of its own fp32 row, so the result is a bf16 matrix of ld 2 cols at
+ * (uint16_t *)buf; the second half of every row is left as it was. */
+void kd_f32_rows_to_bf16_inplace(float *buf, int64_t rows, int64_t cols, int par);
+
 #endif

@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 /* A tile smaller than this many flops is not worth a thread of its own (~0.1 ms on one core). */
 #define KD_TILE_MIN_FLOPS 16.0e6
@@ -55,6 +56,8 @@
 static volatile int g_provider = 0;
 /* A kdloss_bf16_gemm. */
 static volatile int g_bf16_mode = KDLOSS_BF16_GEMM_AUTO;
+/* A kdloss_bf16_grad. */
+static volatile int g_bf16_grad = KDLOSS_BF16_GRAD_AUTO;
 
 /* ---- OpenBLAS, loaded on demand ------------------------------------------------------- */
 
@@ -393,25 +396,46 @@ kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, i
 }
 
 /* ---- bf16 x bf16 -> fp32 (oneDNN matmul primitive) ----------------------------------------
- * Native only where it pays: on Emerald Rapids with AVX512_BF16 but no AMX, oneDNN's bf16 matmul
- * ran at about half the speed of fp32 dnnl_sgemm on widened copies (BENCHMARKS.md), so bf16 is
- * widened unless the CPU has AMX tiles (avx512_core_amx), where bf16 is the fast format. */
+ * Native or widened, chosen by measurement (issue 23), not by CPU feature: the first time a
+ * bf16 product needs the choice (kd_gemm_bf16_native with mode AUTO), the process times
+ * oneDNN's bf16 x bf16 -> fp32 matmul against dnnl_sgemm on the same product widened to fp32,
+ * on one thread (every tile of kd_gemm_bf16_run and kd_sgemm runs on one thread, so the
+ * per-core rates are the ones that count, and the choice does not depend on the thread count),
+ * M 256, N 1024, K 1024 (a chunk's logits GEMM; B stored N x K), one warm-up and
+ * KD_B16_REPS timed runs of each, alternated, best of each. Native wins when it is at least
+ * KD_B16_MARGIN times faster. The widening itself is not timed (its cost is spread over a call's
+ * chunks), which leans towards widen: native is chosen only where it clearly wins.
+ * Where oneDNN has no bf16 matmul for the CPU (oneDNN 2.6 needs AVX-512; e.g. AVX2-only Zen 3),
+ * or only its reference implementation, the choice is widen without timing anything.
+ * Measured so far (BENCHMARKS.md): Emerald Rapids without AMX, bf16 about half of sgemm (widen);
+ * Zen 5 with AVX512_BF16, 1.8-2.0x sgemm (native); Zen 3, no bf16 matmul (widen). The result is
+ * cached for the process (pthread_once: several threads asking at once wait for one timing). */
 
-static int bf16_auto_native(void) { return dnnl_has(dnnl_cpu_isa_avx512_core_amx); }
+#define KD_B16_M 256
+#define KD_B16_N 1024
+#define KD_B16_K 1024
+#define KD_B16_REPS 3
+#define KD_B16_MARGIN 1.15
 
-int kd_gemm_bf16_native(void) {
-    int mode = g_bf16_mode;
-    if (mode != KDLOSS_BF16_GEMM_AUTO) return mode == KDLOSS_BF16_GEMM_NATIVE;
-    return kd_gemm_provider_in_use() == KDLOSS_GEMM_ONEDNN && bf16_auto_native();
+static struct {
+    pthread_once_t engine_once, probe_once, measure_once, decide_once;
+    dnnl_engine_t eng;
+    int available;      /* oneDNN creates a bf16 matmul on this CPU */
+    int reference;      /* ... but only its reference (C++ loops) implementation */
+    char impl[64];      /* its implementation name */
+    int measurements;   /* timings run (0 or 1) */
+    double native_gf, widen_gf;
+    int native;         /* AUTO's choice */
+} g_b16 = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
+           NULL, 0, 0, "none", 0, 0.0, 0.0, 0};
+
+static void engine_create(void) {
+    if (dnnl_engine_create(&g_b16.eng, dnnl_cpu, 0) != dnnl_success) g_b16.eng = NULL;
 }
 
-kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode) {
-    if (mode < KDLOSS_BF16_GEMM_AUTO || mode > KDLOSS_BF16_GEMM_NATIVE)
-        return KDLOSS_ERR_INVALID_PARAM;
-    if (mode == KDLOSS_BF16_GEMM_NATIVE && !dnnl_has(dnnl_cpu_isa_avx512_core))
-        return KDLOSS_ERR_UNSUPPORTED;
-    g_bf16_mode = (int)mode;
-    return KDLOSS_OK;
+static dnnl_engine_t b16_engine(void) {
+    pthread_once(&g_b16.engine_once, engine_create);
+    return g_b16.eng;
 }
 
 static dnnl_status_t bf16_desc(dnnl_memory_desc_t *d, int64_t rows, int64_t cols, int trans,
@@ -421,13 +445,91 @@ static dnnl_status_t bf16_desc(dnnl_memory_desc_t *d, int64_t rows, int64_t cols
     return dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides);
 }
 
-static struct {
-    pthread_once_t once;
-    dnnl_engine_t eng;
-} g_eng = {PTHREAD_ONCE_INIT, NULL};
+/* The matmul primitive descriptor of C (mi x nj, ldc) = op(A) op(B) (+ C when beta). */
+static dnnl_status_t bf16_pd(dnnl_primitive_desc_t *pd, const kd_gemm_bf16 *g, int64_t mi,
+                             int64_t nj, dnnl_memory_desc_t *da, dnnl_memory_desc_t *db,
+                             dnnl_memory_desc_t *dc) {
+    dnnl_engine_t eng = b16_engine();
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_matmul_desc_t md;
+    if (!eng) return dnnl_runtime_error;
+    dnnl_status_t s = bf16_desc(da, mi, g->k, g->ta, g->lda, dnnl_bf16);
+    if (s == dnnl_success) s = bf16_desc(db, g->k, nj, g->tb, g->ldb, dnnl_bf16);
+    if (s == dnnl_success) s = bf16_desc(dc, mi, nj, 0, g->ldc, dnnl_f32);
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, da, db, NULL, dc);
+    if (s == dnnl_success && g->beta != 0.0f) { /* C += : oneDNN's sum post-op */
+        s = dnnl_primitive_attr_create(&attr);
+        if (s == dnnl_success) s = dnnl_post_ops_create(&po);
+        if (s == dnnl_success) s = dnnl_post_ops_append_sum(po, g->beta);
+        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &md, attr, eng, NULL);
+    if (po) dnnl_post_ops_destroy(po);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return s;
+}
 
-static void engine_create(void) {
-    if (dnnl_engine_create(&g_eng.eng, dnnl_cpu, 0) != dnnl_success) g_eng.eng = NULL;
+/* Whether oneDNN has a bf16 matmul here, and which. */
+static void bf16_probe(void) {
+    kd_gemm_bf16 g = {0, 1, KD_B16_M, KD_B16_N, KD_B16_K, NULL, KD_B16_K, NULL, KD_B16_K,
+                      NULL, KD_B16_N, 0.0f};
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_desc_t da, db, dc;
+    if (bf16_pd(&pd, &g, g.m, g.n, &da, &db, &dc) != dnnl_success) return;
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+        impl)
+        snprintf(g_b16.impl, sizeof g_b16.impl, "%s", impl);
+    else
+        snprintf(g_b16.impl, sizeof g_b16.impl, "unknown");
+    g_b16.available = 1;
+    g_b16.reference = strncmp(g_b16.impl, "ref", 3) == 0;
+    dnnl_primitive_desc_destroy(pd);
+}
+
+static int b16_available(void) {
+    pthread_once(&g_b16.probe_once, bf16_probe);
+    return g_b16.available;
+}
+
+/* KDLOSS_GEMM_BF16_EMULATE=1 (for the tests): where oneDNN has no bf16 matmul, NATIVE may still
+ * be forced, and each of its tiles is computed by widening the tile's operands to fp32 and one
+ * single-threaded dnnl_sgemm: the products are exact in fp32 as in the native kernels, only the
+ * summation order differs. Lets the machines without native bf16 run the native paths of the
+ * fused losses (dZ rounded to bf16, strided and transposed operands, C accumulated). Read at
+ * every use, so a test can switch it. Never chosen by AUTO. */
+static int b16_emulate(void) {
+    const char *e = getenv("KDLOSS_GEMM_BF16_EMULATE");
+    return e && strcmp(e, "1") == 0;
+}
+
+/* Rows x cols of bf16 (ld) into contiguous fp32. */
+static void b16_widen(const uint16_t *src, int64_t ld, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            uint32_t u = (uint32_t)src[r * ld + c] << 16;
+            memcpy(&dst[r * cols + c], &u, sizeof u);
+        }
+}
+
+static dnnl_status_t bf16_tile_emulated(const kd_gemm_bf16 *g, const uint16_t *a,
+                                        const uint16_t *b, float *c, int64_t mi, int64_t nj) {
+    /* op(A) tile: stored k x mi (ta) or mi x k; op(B) tile: stored nj x k (tb) or k x nj */
+    int64_t ar = g->ta ? g->k : mi, ac = g->ta ? mi : g->k;
+    int64_t br = g->tb ? nj : g->k, bc = g->tb ? g->k : nj;
+    float *af = malloc(sizeof(float) * (size_t)(ar * ac));
+    float *bf = malloc(sizeof(float) * (size_t)(br * bc));
+    dnnl_status_t s = dnnl_out_of_memory;
+    if (af && bf) {
+        b16_widen(a, g->lda, ar, ac, af);
+        b16_widen(b, g->ldb, br, bc, bf);
+        s = dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', mi, nj, g->k, 1.0f, af, ac, bf, bc,
+                       g->beta, c, g->ldc);
+    }
+    free(af);
+    free(bf);
+    return s;
 }
 
 /* One tile of a bf16 product through a matmul primitive (oneDNN caches primitives by shape, so
@@ -436,23 +538,20 @@ static dnnl_status_t bf16_tile(const void *ctx, int64_t i0, int64_t j0, int64_t 
     const kd_gemm_bf16 *g = ctx;
     const uint16_t *a = g->ta ? g->a + i0 : g->a + i0 * g->lda;
     const uint16_t *b = g->tb ? g->b + j0 * g->ldb : g->b + j0;
-    dnnl_engine_t eng = g_eng.eng;
+    float *c = g->c + i0 * g->ldc + j0;
+    if (!b16_available() && b16_emulate()) return bf16_tile_emulated(g, a, b, c, mi, nj);
+    dnnl_engine_t eng = b16_engine();
     dnnl_stream_t st = NULL;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t prim = NULL;
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
     dnnl_memory_desc_t da, db, dc;
-    dnnl_matmul_desc_t md;
-    dnnl_status_t s = dnnl_stream_create(&st, eng, dnnl_stream_default_flags);
-    if (s == dnnl_success) s = bf16_desc(&da, mi, g->k, g->ta, g->lda, dnnl_bf16);
-    if (s == dnnl_success) s = bf16_desc(&db, g->k, nj, g->tb, g->ldb, dnnl_bf16);
-    if (s == dnnl_success) s = bf16_desc(&dc, mi, nj, 0, g->ldc, dnnl_f32);
-    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &da, &db, NULL, &dc);
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, NULL, eng, NULL);
+    dnnl_status_t s = bf16_pd(&pd, g, mi, nj, &da, &db, &dc);
+    if (s == dnnl_success) s = dnnl_stream_create(&st, eng, dnnl_stream_default_flags);
     if (s == dnnl_success) s = dnnl_primitive_create(&prim, pd);
     if (s == dnnl_success) s = dnnl_memory_create(&ma, &da, eng, (void *)a);
     if (s == dnnl_success) s = dnnl_memory_create(&mb, &db, eng, (void *)b);
-    if (s == dnnl_success) s = dnnl_memory_create(&mc, &dc, eng, g->c + i0 * g->ldc + j0);
+    if (s == dnnl_success) s = dnnl_memory_create(&mc, &dc, eng, c);
     if (s == dnnl_success) {
         dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
         s = dnnl_primitive_execute(prim, st, 3, args);
@@ -469,9 +568,133 @@ static dnnl_status_t bf16_tile(const void *ctx, int64_t i0, int64_t j0, int64_t 
 
 kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g) {
     if (g->m == 0 || g->n == 0) return KDLOSS_OK;
-    pthread_once(&g_eng.once, engine_create);
-    if (!g_eng.eng) return KDLOSS_ERR_BLAS;
+    if (!b16_engine()) return KDLOSS_ERR_BLAS;
     return from_dnnl(for_tiles(g->m, g->n, g->k, bf16_tile, g));
+}
+
+static double b16_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The timing (see the top of this section); both rates stay 0 if it cannot run. */
+static void bf16_measure(void) {
+    const int64_t m = KD_B16_M, n = KD_B16_N, k = KD_B16_K;
+    int native = b16_available() && !g_b16.reference;
+    uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)(m * k));
+    uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)(n * k));
+    float *af = malloc(sizeof(float) * (size_t)(m * k)), *bf = malloc(sizeof(float) * (size_t)(n * k));
+    float *c = malloc(sizeof(float) * (size_t)(m * n));
+    g_b16.measurements++;
+    if (a16 && b16 && af && bf && c) {
+        uint32_t x = 12345u; /* values in about [-1, 1), exact in bf16 */
+        for (int64_t i = 0; i < m * k + n * k; i++) {
+            x = x * 1664525u + 1013904223u;
+            uint16_t h = (uint16_t)(((x >> 9) & 0x7fu) | 0x3f80u | (x & 0x8000u));
+            if (i < m * k) a16[i] = h;
+            else b16[i - m * k] = h;
+        }
+        b16_widen(a16, k, m, k, af);
+        b16_widen(b16, k, n, k, bf);
+        kd_gemm_bf16 g = {0, 1, m, n, k, a16, k, b16, k, c, n, 0.0f};
+        double best_w = 1e30, best_n = 1e30;
+        int ok = 1, save = omp_get_max_threads();
+        omp_set_num_threads(1); /* one thread, as a tile runs */
+        for (int r = 0; r <= KD_B16_REPS && ok; r++) { /* r = 0 warms up (JIT, caches) */
+            for (int which = 0; which < 2 && ok; which++) {
+                int nat = (which + r) & 1; /* alternated, the order swapped every run */
+                if (nat && !native) continue;
+                double t0 = b16_now();
+                dnnl_status_t s = nat ? bf16_tile(&g, 0, 0, m, n)
+                                      : dnnl_sgemm('N', 'T', m, n, k, 1.0f, af, k, bf, k, 0.0f,
+                                                   c, n);
+                double t = b16_now() - t0;
+                if (s != dnnl_success) {
+                    if (nat) native = 0;
+                    else ok = 0;
+                    continue;
+                }
+                if (r == 0) continue;
+                if (nat && t < best_n) best_n = t;
+                if (!nat && t < best_w) best_w = t;
+            }
+        }
+        omp_set_num_threads(save);
+        double flop = 2.0 * (double)m * (double)n * (double)k;
+        if (ok) g_b16.widen_gf = flop / best_w * 1e-9;
+        if (ok && native && best_n < 1e30) g_b16.native_gf = flop / best_n * 1e-9;
+    }
+    free(a16);
+    free(b16);
+    free(af);
+    free(bf);
+    free(c);
+}
+
+static void bf16_decide(void) {
+    if (!b16_available() || g_b16.reference) return; /* widen, nothing to time */
+    pthread_once(&g_b16.measure_once, bf16_measure);
+    g_b16.native = g_b16.native_gf > 0.0 && g_b16.widen_gf > 0.0 &&
+                   g_b16.native_gf >= KD_B16_MARGIN * g_b16.widen_gf;
+}
+
+static int bf16_auto_native(void) {
+    if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN) return 0;
+    pthread_once(&g_b16.decide_once, bf16_decide);
+    return g_b16.native;
+}
+
+int kd_gemm_bf16_native(void) {
+    int mode = g_bf16_mode;
+    if (mode != KDLOSS_BF16_GEMM_AUTO) return mode == KDLOSS_BF16_GEMM_NATIVE;
+    return bf16_auto_native();
+}
+
+int kd_gemm_bf16_grad_native(void) {
+    return g_bf16_grad == KDLOSS_BF16_GRAD_AUTO && kd_gemm_bf16_native();
+}
+
+kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode) {
+    if (mode < KDLOSS_BF16_GEMM_AUTO || mode > KDLOSS_BF16_GEMM_NATIVE)
+        return KDLOSS_ERR_INVALID_PARAM;
+    if (mode == KDLOSS_BF16_GEMM_NATIVE && !b16_available() && !b16_emulate())
+        return KDLOSS_ERR_UNSUPPORTED;
+    g_bf16_mode = (int)mode;
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_gemm_set_bf16_grad(kdloss_bf16_grad mode) {
+    if (mode != KDLOSS_BF16_GRAD_AUTO && mode != KDLOSS_BF16_GRAD_EXACT)
+        return KDLOSS_ERR_INVALID_PARAM;
+    g_bf16_grad = (int)mode;
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_gemm_bf16_query(kdloss_bf16_gemm_info *info) {
+    if (!info) return KDLOSS_ERR_NULL_POINTER;
+    b16_available();
+    pthread_once(&g_b16.measure_once, bf16_measure);
+    pthread_once(&g_b16.decide_once, bf16_decide);
+    kdloss_bf16_gemm_info r;
+    memset(&r, 0, sizeof r);
+    r.mode = (kdloss_bf16_gemm)g_bf16_mode;
+    r.grad = (kdloss_bf16_grad)g_bf16_grad;
+    r.native = kd_gemm_bf16_native();
+    r.grad_native = kd_gemm_bf16_grad_native();
+    r.auto_native = g_b16.native;
+    r.available = g_b16.available;
+    r.reference = g_b16.reference;
+    r.measurements = g_b16.measurements;
+    r.native_gflops = g_b16.native_gf;
+    r.widen_gflops = g_b16.widen_gf;
+    r.margin = KD_B16_MARGIN;
+    r.m = KD_B16_M;
+    r.n = KD_B16_N;
+    r.k = KD_B16_K;
+    snprintf(r.kernel, sizeof r.kernel, "%s", g_b16.impl);
+    *info = r;
+    return KDLOSS_OK;
 }
 
 /* ---- dispatch and the public side ------------------------------------------------------- */
@@ -536,9 +759,7 @@ kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info 
         snprintf(r.kernel, sizeof r.kernel, "%s", dnnl_isa_name(dnnl_get_effective_cpu_isa()));
         r.generic = cpu_has_avx2() && !dnnl_has(dnnl_cpu_isa_avx2);
         r.thread_independent = 1;
-        r.bf16_native = g_bf16_mode == KDLOSS_BF16_GEMM_AUTO
-                            ? bf16_auto_native()
-                            : g_bf16_mode == KDLOSS_BF16_GEMM_NATIVE;
+        r.bf16_native = kd_gemm_bf16_native();
     } else {
         const char *core = g_ob.corename ? g_ob.corename() : "unknown";
         const char *cfg = g_ob.config ? g_ob.config() : "";

@@ -22,7 +22,8 @@ typedef struct kd_gemm {
     int64_t ldc;
 } kd_gemm;
 
-/* The same with bf16 operands (raw uint16 bits) and an fp32 C. */
+/* The same with bf16 operands (raw uint16 bits) and an fp32 C: C = op(A) op(B) + beta C,
+ * beta 0 (C not read) or 1 (accumulate; alpha is always 1). */
 typedef struct kd_gemm_bf16 {
     int ta, tb;
     int64_t m, n, k;
@@ -32,6 +33,7 @@ typedef struct kd_gemm_bf16 {
     int64_t ldb;
     float *c;
     int64_t ldc;
+    float beta;
 } kd_gemm_bf16;
 
 /* The provider the next call uses (never AUTO): KDLOSS_GEMM env var, else oneDNN. */
@@ -55,7 +57,7 @@ typedef struct kd_gemm_shape {
  * (|m| + 32 + |n| + 32) * |k| floats with |m| = min(m, 1020), |n| = min(n, 1024), |k| =
  * min(k, 256). Not covered, so a no-op: the OpenBLAS provider (it exits inside a failed
  * allocation) and the native bf16 products (kd_gemm_bf16_run: oneDNN matmul primitives allocate
- * in every execution and abort on failure; used only on CPUs with AMX, or when forced).
+ * in every execution and abort on failure; used where measured faster, or when forced).
  */
 kdloss_status kd_gemm_prepare(const kd_gemm_shape *shapes, int n);
 
@@ -81,9 +83,14 @@ kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, i
                               float *scratch, size_t floats);
 
 /* 1 when bf16 x bf16 products should run natively (kd_gemm_bf16_run) rather than be widened to
- * fp32: from the CPU (see gemm.c), or as kdloss_gemm_set_bf16 forced. */
+ * fp32: as kdloss_gemm_set_bf16 forced, else AUTO's choice, measured once per process (gemm.c:
+ * native bf16 against widen + sgemm on one thread, cached). Thread-safe. */
 int kd_gemm_bf16_native(void);
-/* C = op(A) op(B) in fp32 from bf16 operands (beta 0, alpha 1), natively (oneDNN matmul). */
+/* 1 when the fused losses' backward GEMMs run natively from dZ rounded to bf16: the logits
+ * GEMMs are native (kd_gemm_bf16_native) and kdloss_gemm_set_bf16_grad did not ask for EXACT. */
+int kd_gemm_bf16_grad_native(void);
+/* C = op(A) op(B) + beta C in fp32 from bf16 operands (kd_gemm_bf16), natively (oneDNN matmul),
+ * on the tile grid of kd_sgemm (thread-count independent). */
 kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g);
 
 /* The tile grid kd_sgemm uses for an m x n x k product on `procs` processors: *pm x *pn tiles

@@ -35,6 +35,34 @@ def test_cpu_isa_switch_round_trip():
         kdloss.set_cpu_isa("sse9")
 
 
+def test_bf16_gemm_modes_round_trip():
+    """The bf16 GEMM choice (issue 23): measured once and cached, forced modes on top of it, the
+    exact backward as an option; bf16 fused-linear gradients agree across the modes."""
+    info = kdloss.bf16_gemm_info()
+    assert info["mode"] == "auto" and info["grad"] == "auto" and info["measurements"] == 1
+    assert info["widen_gflops"] > 0 and info["native"] == info["auto_native"]
+    assert kdloss.bf16_gemm_info() == info  # cached: the same rates
+    kdloss.set_bf16_gemm("widen")
+    kdloss.set_bf16_grad("exact")
+    try:
+        now = kdloss.bf16_gemm_info()
+        assert now["mode"] == "widen" and now["grad"] == "exact"
+        assert not now["native"] and not now["grad_native"]
+        assert now["widen_gflops"] == info["widen_gflops"]
+        with pytest.raises(kdloss.KdlossError):
+            kdloss.set_bf16_gemm("fast")
+        with pytest.raises(kdloss.KdlossError):
+            kdloss.set_bf16_grad("rounded")
+        if not info["available"]:
+            with pytest.raises(kdloss.KdlossError) as e:
+                kdloss.set_bf16_gemm("native")
+            assert e.value.status == _lib.ERR_UNSUPPORTED
+    finally:
+        kdloss.set_bf16_gemm("auto")
+        kdloss.set_bf16_grad("auto")
+    assert kdloss.bf16_gemm_info() == info
+
+
 def test_cuda_tensors_raise_a_clear_error_without_a_cuda_build():
     if _lib.lib().kdloss_cuda_available():
         pytest.skip("this libkdloss.so has a CUDA backend")
