@@ -1,7 +1,9 @@
 /* The divergence family on LOGITS on the GPU (kdloss.h, kdloss_cuda_distill_logits): the CPU's
  * kdloss_distill_logits (docs/MATH.md 7.4). One block per row (grid-stride over the rows), three
  * passes over the row, each reading the logits from global memory (a row of V = 256k fp32 is
- * 1 MB, so the second and third reads mostly hit L2):
+ * 1 MB, so the second and third reads mostly hit L2); a row whose maximum is >= 2^102 or whose
+ * normalizer is NaN (a NaN or +inf logit: the NaN policy) leaves after pass 1 for the careful
+ * form (dl_special_row, docs/MATH.md 10):
  *   1. online max / sum-exp of zs and zt at T: m_s, ls_s = log sum exp((zs - m_s) / T), m_t,
  *      ls_t (the CPU's form: the max subtracted before the 1/T, so rows far from 0 keep their
  *      precision)
@@ -17,6 +19,7 @@
 #include "args.h"
 #include "div_math.h"
 #include "kd_cuda.cuh"
+#include "row_special.cuh"
 
 #define DL_THREADS 512
 #define DL_TILE (DL_THREADS * 8)
@@ -156,6 +159,47 @@ __device__ void dl_pass_grad(const dl_args &a, int64_t r, dl_norm ns, dl_norm nt
     }
 }
 
+/* A row the fast passes cannot serve, after its pass 1 (row_special.cuh): a maximum >= 2^102
+ * (logits spanning more than FLT_MAX), or a NaN normalizer (a NaN or +inf logit: the NaN
+ * policy). Its passes 2 and 3 in the careful form, the CPU's lr_special_row
+ * (src/cpu/logits_rows_impl.h): normalizers, divergence and S = sum g in double-formed
+ * log-probs, dz in double; the divergence and S NaN (so every dz NaN, 0 at gs = 0) when a
+ * normalizer is NaN. ms, mt: the row maxima of pass 1. In place is safe as in pass 3: each
+ * thread reads and writes its own columns, after the barriers of the sums. */
+template <int DS, int DT>
+__device__ void dl_special_row(const dl_args &a, int64_t r, float ms_f, float mt_f, float gs,
+                               double *red) {
+    const double it = (double)a.inv_t, ms = (double)ms_f, mt = (double)mt_f;
+    const int64_t os = r * a.ld_s, ot = r * a.ld_t;
+    double es = 0.0, et = 0.0;
+    kd_cu_each(a.v, [&](int64_t c) {
+        es += exp(((double)kd_ld<DS>(a.s, os + c) - ms) * it);
+        et += exp(((double)kd_ld<DT>(a.t, ot + c) - mt) * it);
+    });
+    const double lss = log(kd_block_sum_all(es, red));
+    const double lst = log(kd_block_sum_all(et, red));
+    double accl = 0.0, accg = 0.0;
+    kd_cu_each(a.v, [&](int64_t c) {
+        float g;
+        const float x = kd_cu_wide_lp(kd_ld<DS>(a.s, os + c), ms, it, lss);
+        const float y = kd_cu_wide_lp(kd_ld<DT>(a.t, ot + c), mt, it, lst);
+        accl += (double)kd_div_elem(&a.coef, x, y, &g);
+        accg += (double)g;
+    });
+    double loss = kd_block_sum(accl, red);
+    double S = a.grad ? kd_block_sum_all(accg, red) : 0.0;
+    if (isnan(lss) || isnan(lst)) loss = S = __longlong_as_double(0x7ff8000000000000LL);
+    if (threadIdx.x == 0) a.part[r] = loss;
+    if (!a.grad) return;
+    kd_cu_each(a.v, [&](int64_t c) {
+        const float z = kd_ld<DS>(a.s, os + c);
+        float g;
+        (void)kd_div_elem(&a.coef, kd_cu_wide_lp(z, ms, it, lss),
+                          kd_cu_wide_lp(kd_ld<DT>(a.t, ot + c), mt, it, lst), &g);
+        kd_st<DS>(a.grad, r * a.ld_g + c, kd_cu_wide_dz(z, g, ms, it, lss, S, gs, 0.0f, 0.0, false));
+    });
+}
+
 /* One block per row, grid-stride over the rows. DS / DT: student / teacher dtypes; VEC: every
  * row of the student, the teacher and the gradient 16-byte aligned. */
 template <int DS, int DT, bool VEC>
@@ -171,6 +215,11 @@ __global__ void __launch_bounds__(DL_THREADS) dl_row_kernel(dl_args a) {
         }
         dl_norm ns, nt;
         dl_pass_lse<DS, DT, VEC>(a, r, lred, &ns, &nt);
+        /* one test a row (the same in every thread): the careful form's rows */
+        if (kd_cu_row_wide(ns.m) || kd_cu_row_wide(nt.m) || isnan(ns.ls) || isnan(nt.ls)) {
+            dl_special_row<DS, DT>(a, r, ns.m, nt.m, gs, red);
+            continue;
+        }
         double loss, S;
         dl_pass_div<DS, DT, VEC>(a, r, ns, nt, red, &loss, &S);
         if (threadIdx.x == 0) a.part[r] = loss;

@@ -8,6 +8,7 @@
 #include "args.h"
 #include "div_math.h"
 #include "kd_cuda.cuh"
+#include "row_special.cuh"
 
 #define FL_ROW_THREADS 512
 #define FL_TILE (FL_ROW_THREADS * 8)
@@ -128,12 +129,13 @@ __device__ __forceinline__ void fl_factors(const fl_row_args &a, float *ca, floa
 
 /* dzs of one logit (docs/MATH.md 4 and 7.4): ca (softmax(zs)_j - [j = y]) + cb (g_j - Q_j S),
  * from s = zs_j (bias added), lh the row's untempered log-normalizer, x = log Q_j and
- * y = log P_j at the temperature (g_j = de/dx from kd_div_elem), S = sum g. */
+ * y = log P_j at the temperature (g_j = de/dx from kd_div_elem), S = sum g. A factor of 0
+ * contributes nothing (a poisoned row's NaN S or lh then writes zeros, as the CPU's). */
 __device__ __forceinline__ float fl_dz(const fl_row_args &a, float ca, float cb, float s,
                                        float lh, bool is_label, float x, float y, float S) {
     float d = 0.0f;
-    if (a.grad_hard) d = ca * (expf(s - lh) - (is_label ? 1.0f : 0.0f));
-    if (a.grad_soft) {
+    if (a.grad_hard && ca != 0.0f) d = ca * (expf(s - lh) - (is_label ? 1.0f : 0.0f));
+    if (a.grad_soft && cb != 0.0f) {
         float g;
         (void)kd_div_elem(&a.coef, x, y, &g);
         d += cb * (g - expf(x) * S);
@@ -171,6 +173,81 @@ __device__ __forceinline__ void fl_dz_pass(const fl_row_args &a, float *zs, cons
                 if (j < n) kd_st<DS>(dz, c0 + j, d[j]);
         }
     }
+}
+
+/* A row of the single-process fused kernel (fl_row_kernel, the whole block) that the fast
+ * passes cannot serve (row_special.cuh): a NaN tempered normalizer, from a NaN or +inf logit
+ * (the NaN policy) or from z / T beyond fp32 (T < 1). Everything again in the careful form, the
+ * CPU's dense phases on such a row (src/cpu/fld_row_phases.h, kd_wide_*): the maxima ms, mt of
+ * the logits (biases added), the normalizers in double, the divergence and S = sum g on
+ * double-formed log-probs (both NaN when a normalizer is), the cross-entropy (ms - zs[y]) + lsh,
+ * dzs from kd_cu_wide_dz (fl_dz_pass: in place, narrowing safely). zy: zs[y] with its bias,
+ * read by thread 0 before any store. */
+template <int DS, int DT>
+__device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt, int64_t y,
+                               int64_t gr, float zy, double *red, float *fred) {
+    const double it = (double)a.inv_t;
+    float ms = -INFINITY, mt = -INFINITY;
+    auto ldS = [&](int64_t c) { return a.bs ? zs[c] + kd_ld<DS>(a.bs, c) : zs[c]; };
+    auto ldT = [&](int64_t c) { return a.bt ? zt[c] + kd_ld<DT>(a.bt, c) : zt[c]; };
+    kd_cu_each(a.v, [&](int64_t c) {
+        ms = fmaxf(ms, ldS(c));
+        if (a.do_soft) mt = fmaxf(mt, ldT(c));
+    });
+    ms = kd_block_max(ms, fred);
+    if (a.do_soft) mt = kd_block_max(mt, fred);
+    double lss = 0.0, lst = 0.0, lsh = 0.0;
+    if (a.do_soft) {
+        double es = 0.0, et = 0.0;
+        kd_cu_each(a.v, [&](int64_t c) {
+            es += exp(((double)ldS(c) - ms) * it);
+            et += exp(((double)ldT(c) - mt) * it);
+        });
+        lss = log(kd_block_sum_all(es, red));
+        lst = log(kd_block_sum_all(et, red));
+    }
+    if (a.do_hard) {
+        if (a.do_soft && a.same_t) {
+            lsh = lss;
+        } else {
+            double eh = 0.0;
+            kd_cu_each(a.v, [&](int64_t c) { eh += exp((double)ldS(c) - ms); });
+            lsh = log(kd_block_sum_all(eh, red));
+        }
+    }
+    double soft = 0.0, S = 0.0;
+    if (a.do_soft) {
+        double accl = 0.0, accg = 0.0;
+        kd_cu_each(a.v, [&](int64_t c) {
+            float g;
+            accl += (double)kd_div_elem(&a.coef, kd_cu_wide_lp(ldS(c), ms, it, lss),
+                                        kd_cu_wide_lp(ldT(c), mt, it, lst), &g);
+            accg += (double)g;
+        });
+        soft = kd_block_sum(accl, red);
+        if (a.grad_soft) S = kd_block_sum_all(accg, red);
+        if (isnan(lss) || isnan(lst)) soft = S = __longlong_as_double(0x7ff8000000000000LL);
+    }
+    if (threadIdx.x == 0) {
+        a.row_soft[gr] = soft;
+        a.row_hard[gr] = a.do_hard ? ((double)ms - (double)zy) + lsh : 0.0;
+        if (a.out_soft) a.out_soft[gr] = (float)a.row_soft[gr];
+        if (a.out_hard) a.out_hard[gr] = (float)a.row_hard[gr];
+        if (a.out_lse) a.out_lse[gr] = a.do_hard ? (float)((double)ms + lsh) : 0.0f;
+    }
+    if (!a.do_grad) return;
+    float ca, cb;
+    fl_factors(a, &ca, &cb);
+    const float gs = a.grad_soft ? cb : 0.0f, gh = a.grad_hard ? ca : 0.0f;
+    const bool share = a.do_soft && a.same_t && gs != 0.0f;
+    fl_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
+        float g = 0.0f;
+        if (gs != 0.0f)
+            (void)kd_div_elem(&a.coef, kd_cu_wide_lp(s, ms, it, lss), kd_cu_wide_lp(t, mt, it, lst),
+                              &g);
+        const float d = kd_cu_wide_dz(s, g, ms, it, lss, S, gs, gh, lsh, share);
+        return c == y ? d - gh : d;
+    });
 }
 
 /* A row that does not count (label y ignored, or out of range): zero dzs, row outputs 0 (ignored)

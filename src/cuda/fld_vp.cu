@@ -32,6 +32,12 @@ typedef struct flvp_norms {
     float lss, lst; /* log sum e^((zs-ms)/T), log sum e^((zt-mt)/T); lst = lss when shifted */
     float lh;       /* the untempered log-sum-exp ms + lsh */
     double lsh;
+    /* the careful form (row_special.cuh): wide, a maximum >= 2^102 (logits spanning more than
+     * FLT_MAX), whose log-probs are ((double)z - m) it - ls with mt0 (unshifted), lss64, lst64;
+     * poisoned, a NaN normalizer (a NaN or +inf logit on any rank: the NaN policy) */
+    bool wide, poisoned;
+    float mt0;
+    double lss64, lst64;
 } flvp_norms;
 
 /* ---- device side ----------------------------------------------------------------------------- */
@@ -70,12 +76,16 @@ __device__ float flvp_row_max(const flvp_args &a, const float *z, const void *bi
 }
 
 /* Sum over the row of exp((z + bias - m) s), each thread's part in double, the block's in a
- * fixed order (valid in thread 0). */
+ * fixed order (valid in thread 0). A maximum m >= 2^102 (the same in every thread) takes the
+ * careful form exp(((double)x - m) s) (row_special.cuh). */
 template <int DB>
 __device__ double flvp_sum_exp(const flvp_args &a, const float *z, const void *bias, float m,
                                float s, double *red) {
     double acc = 0.0;
-    flvp_each<DB>(a, z, bias, [&](float x) { acc += (double)expf((x - m) * s); });
+    if (kd_cu_row_wide(m))
+        flvp_each<DB>(a, z, bias, [&](float x) { acc += exp(((double)x - m) * (double)s); });
+    else
+        flvp_each<DB>(a, z, bias, [&](float x) { acc += (double)expf((x - m) * s); });
     return kd_block_sum(acc, red);
 }
 
@@ -89,6 +99,11 @@ __device__ __forceinline__ flvp_norms flvp_norms_of(const flvp_args &a, int64_t 
     n.lsh = !a.r.do_hard ? 0.0 : a.r.do_soft && a.r.same_t ? lss : log(sm[2]);
     n.lss = (float)lss;
     n.lst = (float)lst;
+    n.lss64 = lss;
+    n.lst64 = lst;
+    n.mt0 = n.mt;
+    n.wide = kd_cu_row_wide(n.ms) || (a.r.do_soft && kd_cu_row_wide(n.mt));
+    n.poisoned = a.r.do_soft && (isnan(lss) || isnan(lst));
     /* Y = (zt - mt) it - lst with the CPU's choice of constants (fl_teacher_shift, issue 25 D5),
      * in the divergence (phase 3) and in its gradient (phase 4) alike */
     if (a.r.do_soft) fl_teacher_shift(n.mt, lss, lst, a.r.inv_t, &n.mt, &n.lst);
@@ -160,6 +175,21 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_div_kernel(flvp_args a) {
             float s[8], t[8];
             fl_load<DS>(zs, a.r.bs, c0, n, s);
             fl_load<DT>(zt, a.r.bt, c0, n, t);
+            if (nm.wide) { /* the careful form (row_special.cuh); the same in every thread */
+                const double it64 = (double)it;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float g;
+                    const float l =
+                        kd_div_elem(&a.r.coef, kd_cu_wide_lp(s[j], nm.ms, it64, nm.lss64),
+                                    kd_cu_wide_lp(t[j], nm.mt0, it64, nm.lst64), &g);
+                    if (j < n) {
+                        accl += l;
+                        accg += g;
+                    }
+                }
+                continue;
+            }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float g;
@@ -173,6 +203,9 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_div_kernel(flvp_args a) {
         }
         d0 = kd_block_sum((double)accl, red);
         if (a.r.grad_soft) d1 = kd_block_sum((double)accg, red);
+        /* the NaN policy: a NaN normalizer (every rank sees the reduced sums) makes the row's
+         * divergence and sum g NaN, so that every element of its gradient is */
+        if (nm.poisoned) d0 = d1 = __longlong_as_double(0x7ff8000000000000LL);
     }
     if (threadIdx.x != 0) return;
     a.st_div[2 * r] = d0;
@@ -205,6 +238,20 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_grad_kernel(flvp_args a) 
     const float it = a.r.inv_t, S = (float)a.st_div[2 * r + 1];
     float ca, cb;
     fl_factors(a.r, &ca, &cb);
+    if (nm.wide) { /* the careful form (row_special.cuh): kd_cu_wide_dz, S in double */
+        const float gs = a.r.grad_soft ? cb : 0.0f, gh = a.r.grad_hard ? ca : 0.0f;
+        const bool share = a.r.same_t && gs != 0.0f;
+        const double it64 = (double)it, S64 = a.st_div[2 * r + 1];
+        fl_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
+            float g = 0.0f;
+            if (gs != 0.0f)
+                (void)kd_div_elem(&a.r.coef, kd_cu_wide_lp(s, nm.ms, it64, nm.lss64),
+                                  kd_cu_wide_lp(t, nm.mt0, it64, nm.lst64), &g);
+            const float d = kd_cu_wide_dz(s, g, nm.ms, it64, nm.lss64, S64, gs, gh, nm.lsh, share);
+            return c == yc ? d - gh : d;
+        });
+        return;
+    }
     fl_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
         return fl_dz(a.r, ca, cb, s, nm.lh, c == yc, (s - nm.ms) * it - nm.lss,
                      (t - nm.mt) * it - nm.lst, S);

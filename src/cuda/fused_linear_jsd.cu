@@ -91,6 +91,7 @@ template <int DS, int DT>
 __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
     __shared__ double red[32];
     __shared__ kd_lse lred[32];
+    __shared__ float fred[32];
     const int tid = threadIdx.x;
     const int64_t r = blockIdx.x;
     const int64_t gr = a.row0 + r;
@@ -133,6 +134,14 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
     const float lseA = needA ? kd_block_lse(sA, lred) : 0.0f;
     const float lseB = a.do_soft ? kd_block_lse(sB, lred) : 0.0f;
     const float lseH = needH ? kd_block_lse(sH, lred) : lseA;
+    /* one test a row (the same in every thread): a NaN tempered normalizer (a NaN or +inf
+     * logit, or z / T beyond fp32) takes the careful form. Wider rows need nothing more here:
+     * this kernel forms z / T before subtracting the maximum, so z / T - lse overflows only
+     * where the log-prob itself is beyond fp32 (it rounds to -inf, as the CPU's). */
+    if (a.do_soft && (isnan(lseA) || isnan(lseB))) {
+        fl_special_row<DS, DT>(a, zs, zt, y, gr, zy, red, fred);
+        return;
+    }
 
     /* ---- pass 2: JSD and sum of its gradient ---- */
     double S = 0.0, soft = 0.0;

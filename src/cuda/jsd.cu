@@ -21,6 +21,7 @@ typedef struct jsd_args {
     int64_t ignore;
     const kd_ws_header *hdr; /* n_valid, when labels are given */
     double *part;         /* (bt x ntiles) block sums, or NULL */
+    unsigned int *flags;  /* [bt] the NaN policy's row flags (kd_cuda_poison_rows) */
     int64_t bt, v, ntiles;
     kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
     float gscale;         /* grad_scale / bt, used without labels */
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
             }
         }
 
-        float acc = 0.0f;
+        float acc = 0.0f, ck = 0.0f; /* ck: the NaN policy's sum of (x + y) 2^-100 */
 #pragma unroll
         for (int g = 0; g < KD_EW_GROUPS; g++) {
             if (n[g] == 0) continue;
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float gj;
+                ck = fmaf(y[g][j], KD_CK_SCALE, fmaf(x[g][j], KD_CK_SCALE, ck)); /* tail: 0s */
                 float l = kd_div_elem(&a.coef, x[g][j], y[g][j], &gj);
                 gr[j] = gj * gscale;
                 if (j < n[g]) acc += l;
@@ -114,6 +116,8 @@ __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
                 }
             }
         }
+        /* a NaN or +inf read: the row is rewritten after this kernel (kd_cuda_poison_rows) */
+        if (!(ck < INFINITY)) atomicOr(&a.flags[row], 1u);
         if (a.part) { /* uniform across the block */
             double s = kd_block_sum((double)acc, red);
             if (threadIdx.x == 0) a.part[b] = s;
@@ -147,7 +151,8 @@ kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *byte
 
 /* Shapes: student, teacher, grad (bt x v) with their own ld; labels [bt] optional; row_loss [bt];
  * loss [1]; all device pointers. Launches on `stream`: with labels, a memset and a counting
- * kernel; then the main kernel; then the two small reduction kernels. */
+ * kernel; the NaN policy's flags cleared; the main kernel; the flagged rows rewritten
+ * (kd_cuda_poison_rows); then the two small reduction kernels. */
 kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
                                   const kdloss_distill_params *params, int64_t bt, int64_t v,
                                   kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
@@ -170,6 +175,7 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
                       params->ignore_index, plan, bt, v);
     if (!loss && !row_loss) a.part = NULL; /* no partial sums to write */
     a.ntiles = plan.ntiles;
+    a.flags = plan.flags;
     a.coef = kd_div_coef_make(&params->div);
     a.grad_scale = params->grad_scale;
     a.gscale = (float)(params->grad_scale / (double)bt);
@@ -182,6 +188,7 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
     cudaStream_t st = (cudaStream_t)stream;
     if (labels.data)
         s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, plan.hdr);
+    if (s == KDLOSS_OK) s = kd_cuda_clear_flags(st, plan.flags, bt);
     if (s == KDLOSS_OK) {
         unsigned grid = kd_grid(bt * plan.ntiles);
         switch (student.dtype) {
@@ -191,6 +198,10 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
         }
         s = kd_launch_status();
     }
+    if (s == KDLOSS_OK) /* the NaN policy: rows that read a NaN or +inf */
+        s = kd_cuda_poison_rows(st, plan.flags, bt, v, grad.data, student.dtype, g.ld_g, a.gscale,
+                                a.grad_scale, labels.data ? plan.hdr : NULL, NULL, 0, a.part,
+                                plan.ntiles);
     if (s == KDLOSS_OK)
         s = kd_cuda_finish_rows(st, plan.part, bt, plan.ntiles, row_loss, loss, plan.blk,
                                 (double)bt, 1, labels.data != NULL, plan.hdr);

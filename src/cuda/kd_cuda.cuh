@@ -317,15 +317,23 @@ typedef struct kd_lse {
 } kd_lse;
 
 /* Adds n values at once: one rescale per group instead of per element. -inf values add 0; an
- * all -inf state stays (m = -inf, l = 0) instead of forming exp(-inf - -inf) = NaN. */
+ * all -inf state stays (m = -inf, l = 0) instead of forming exp(-inf - -inf) = NaN.
+ * The NaN policy (kdloss.h): a NaN value makes l NaN and keeps it so (a NaN or +inf value gives
+ * exp(NaN) or exp(inf - inf)); while m = -inf, l is 0 or that NaN, so a NaN among values that
+ * fmaxf dropped (a group of -inf and NaN only, checked in that rare branch) is not lost. */
 __device__ __forceinline__ void kd_lse_add8s(kd_lse *s, const float x[8], int n, float sc) {
     float gm = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; j++)
         if (j < n) gm = fmaxf(gm, x[j]);
     float nm = fmaxf(s->m, gm);
-    if (nm == -INFINITY) return;
-    float l = s->m == -INFINITY ? 0.0f : s->l * expf((s->m - nm) * sc);
+    if (nm == -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < n && x[j] != x[j]) s->l = x[j];
+        return;
+    }
+    float l = s->m == -INFINITY ? s->l : s->l * expf((s->m - nm) * sc);
 #pragma unroll
     for (int j = 0; j < 8; j++)
         if (j < n) l += expf((x[j] - nm) * sc);
@@ -337,13 +345,17 @@ __device__ __forceinline__ void kd_lse_add8(kd_lse *s, const float x[8], int n) 
     kd_lse_add8s(s, x, n, 1.0f); /* (x - m) * 1 is exact: the unscaled sums */
 }
 
+/* Merges two states (an empty one's l, 0 or NaN, is added as it is: the NaN policy). */
 __device__ __forceinline__ kd_lse kd_lse_merge(kd_lse a, kd_lse b, float sc) {
     float m = fmaxf(a.m, b.m);
-    if (m == -INFINITY) return a;
     kd_lse r;
     r.m = m;
-    r.l = (a.m == -INFINITY ? 0.0f : a.l * expf((a.m - m) * sc)) +
-          (b.m == -INFINITY ? 0.0f : b.l * expf((b.m - m) * sc));
+    if (m == -INFINITY) {
+        r.l = a.l + b.l;
+        return r;
+    }
+    r.l = (a.m == -INFINITY ? a.l : a.l * expf((a.m - m) * sc)) +
+          (b.m == -INFINITY ? b.l : b.l * expf((b.m - m) * sc));
     return r;
 }
 
@@ -386,8 +398,8 @@ __device__ __forceinline__ kd_lse kd_block_lse_state(kd_lse s, kd_lse *red, floa
 /* log(sum exp) of unscaled values over the block; every thread gets it. Ends with a barrier. */
 __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
     const kd_lse r = kd_block_lse_state(s, red, 1.0f);
-    /* an empty (all -inf) row has lse -inf; log(0) gives exactly that */
-    return r.m == -INFINITY ? -INFINITY : r.m + logf(r.l);
+    /* an empty (all -inf) row has lse -inf (l = 0), NaN when a NaN was dropped by the max */
+    return r.m == -INFINITY ? -INFINITY + r.l : r.m + logf(r.l);
 }
 
 /* ---- small kernels of the fused losses (fused_linear_jsd.cu, topk.cu) ---------------------
@@ -439,6 +451,25 @@ kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t b
                                   float *row_loss, float *loss, double *blk, double host_factor,
                                   int host_divides, int use_n_valid, kd_ws_header *hdr);
 
+/* The NaN policy on log-prob inputs (kdloss.h; docs/MATH.md 10), after the main kernel of an
+ * elementwise loss: every thread of it sums (x + y) 2^-100 over its elements (two FMAs each; no
+ * finite row overflows the sum) and sets its row's flag when that sum is NaN or +inf, i.e. when
+ * it read a NaN or +inf. Here each flagged row r gets every element of its gradient (dtype gdt,
+ * ld_g; NULL: none) NaN, or 0 when the gradient factor is 0 (the factor: gscale, or with
+ * labels (hdr not NULL) grad_scale / max(1, n_valid) rounded to fp32, as the main kernel's),
+ * every element of elem (fp32, ld_e; NULL: none) NaN, and part[r ntiles] NaN (part NULL:
+ * none), so that the row's loss is NaN. flags [bt] were zeroed (kd_cuda_clear_flags) before
+ * the main kernel. The row kernels with one block a row (distill_logits.cu, fl_rows.cuh) test
+ * their normalizers instead and need none of this. */
+kdloss_status kd_cuda_clear_flags(cudaStream_t st, unsigned int *flags, int64_t bt);
+kdloss_status kd_cuda_poison_rows(cudaStream_t st, const unsigned int *flags, int64_t bt,
+                                  int64_t v, void *grad, kdloss_dtype gdt, int64_t ld_g,
+                                  float gscale, double grad_scale, const kd_ws_header *hdr,
+                                  float *elem, int64_t ld_e, double *part, int64_t ntiles);
+
+/* 2^-100: the scale of the NaN policy's row sums (a float literal, exact). */
+#define KD_CK_SCALE 7.8886090522101180541e-31f
+
 /* One GEMM (gemm.cu): D (m x n, ldd) = op(A) op(B) + beta D, column-major, fp32 accumulation;
  * ws is GEMM scratch inside the caller's workspace (256-byte aligned). */
 kdloss_status kd_gemm(kdloss_cuda_context *ctx, cudaStream_t st, void *ws, size_t ws_bytes,
@@ -466,6 +497,7 @@ typedef struct kd_ew_plan {
     kd_ws_header *hdr;
     double *part; /* (bt x ntiles) block partial sums */
     double *blk;  /* kd_rows_blocks(bt) partial sums of rows */
+    unsigned int *flags; /* [bt] the NaN policy's row flags (kd_cuda_poison_rows) */
     int64_t ntiles;
     size_t total; /* workspace bytes */
 } kd_ew_plan;
@@ -480,6 +512,7 @@ static inline kdloss_status kd_ew_plan_make(int64_t bt, int64_t v, void *ws, kd_
     p->ntiles = ntiles;
     p->part = (double *)kd_carve(&c, (size_t)(bt * ntiles) * sizeof(double));
     p->blk = (double *)kd_carve(&c, (size_t)kd_rows_blocks(bt) * sizeof(double));
+    p->flags = (unsigned int *)kd_carve(&c, (size_t)bt * sizeof(unsigned int));
     p->total = kd_ws_total(&c);
     return KDLOSS_OK;
 }

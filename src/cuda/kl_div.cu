@@ -17,6 +17,8 @@ typedef struct kl_args {
     float *elem;     /* (bt x v, ld_el) fp32, or NULL */
     int64_t ld_el;
     double *part;    /* (bt x ntiles) block sums, or NULL when no loss is wanted */
+    unsigned int *flags; /* [bt] the NaN policy's row flags, or NULL (gradient only: the input
+                            is not read, kdloss.h) */
     int64_t bt, v, ntiles;
     float eps;
     float gscale;    /* reduction scale x grad_scale */
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(KD_EW_THREADS) kl_kernel(kl_args a) {
             }
         }
 
-        float acc = 0.0f;
+        float acc = 0.0f, ck = 0.0f; /* ck: the NaN policy's sum of (y + t) 2^-100 */
 #pragma unroll
         for (int g = 0; g < KD_EW_GROUPS; g++) {
             if (n[g] == 0) continue;
@@ -64,6 +66,7 @@ __global__ void __launch_bounds__(KD_EW_THREADS) kl_kernel(kl_args a) {
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 float gj;
+                ck = fmaf(t[g][j], KD_CK_SCALE, fmaf(y[g][j], KD_CK_SCALE, ck)); /* tail: 0s */
                 el[j] = kd_kl_elem(a.log_target, a.eps, y[g][j], t[g][j], &gj);
                 gr[j] = gj * a.gscale;
                 if (j < n[g]) acc += el[j];
@@ -89,6 +92,8 @@ __global__ void __launch_bounds__(KD_EW_THREADS) kl_kernel(kl_args a) {
                 }
             }
         }
+        /* a NaN or +inf read: the row is rewritten after this kernel (kd_cuda_poison_rows) */
+        if (a.flags && !(ck < INFINITY)) atomicOr(&a.flags[row], 1u);
         if (a.part) { /* uniform across the block: the barrier inside is safe */
             double s = kd_block_sum((double)acc, red);
             if (threadIdx.x == 0) a.part[b] = s;
@@ -123,7 +128,9 @@ kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *b
 /* Shapes: input, target, grad, elem_loss (bt x v) with their own ld; row_loss [bt]; loss [1];
  * all device pointers. Work on `stream`: label-free, so 1 main launch + 2 tiny reduction launches
  * (rows, final); nothing when only the gradient is wanted beyond the main launch and the
- * status-word write. */
+ * status-word write. With a loss or elem_loss wanted, the NaN policy's flags are cleared before
+ * the main launch and the flagged rows rewritten after it (kd_cuda_poison_rows: one flag read
+ * a row). */
 kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                  const kdloss_kl_params *params, int64_t bt, int64_t v,
                                  kdloss_cmat input, kdloss_cmat target, float *loss,
@@ -154,6 +161,7 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
     a.elem = (float *)elem_loss.data;
     a.ld_el = g.ld_el;
     a.part = (loss || row_loss) ? plan.part : NULL;
+    a.flags = (loss || row_loss || elem_loss.data) ? plan.flags : NULL;
     a.bt = bt;
     a.v = v;
     a.ntiles = plan.ntiles;
@@ -168,12 +176,18 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
     unsigned grid = kd_grid(bt * plan.ntiles);
-    switch (input.dtype) {
-    case KDLOSS_F32: kl_launch1<KDLOSS_F32>(target.dtype, a, vec, grid, st); break;
-    case KDLOSS_BF16: kl_launch1<KDLOSS_BF16>(target.dtype, a, vec, grid, st); break;
-    default: kl_launch1<KDLOSS_F16>(target.dtype, a, vec, grid, st); break;
+    if (a.flags) s = kd_cuda_clear_flags(st, a.flags, bt);
+    if (s == KDLOSS_OK) {
+        switch (input.dtype) {
+        case KDLOSS_F32: kl_launch1<KDLOSS_F32>(target.dtype, a, vec, grid, st); break;
+        case KDLOSS_BF16: kl_launch1<KDLOSS_BF16>(target.dtype, a, vec, grid, st); break;
+        default: kl_launch1<KDLOSS_F16>(target.dtype, a, vec, grid, st); break;
+        }
+        s = kd_launch_status();
     }
-    s = kd_launch_status();
+    if (s == KDLOSS_OK && a.flags) /* the NaN policy: rows that read a NaN or +inf */
+        s = kd_cuda_poison_rows(st, a.flags, bt, v, grad.data, input.dtype, g.ld_g, a.gscale, 0.0,
+                                NULL, a.elem, g.ld_el, a.part, plan.ntiles);
     if (s == KDLOSS_OK)
         s = kd_cuda_finish_rows(st, plan.part, bt, plan.ntiles, row_loss, loss, plan.blk, scale, 0,
                                 0, plan.hdr);

@@ -95,3 +95,51 @@ kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t b
         blk, kd_rows_blocks(bt), loss, host_factor, host_divides, use_n_valid, hdr);
     return kd_launch_status();
 }
+
+/* ---- the NaN policy of the elementwise losses (kd_cuda.cuh) ---------------------------------- */
+
+kdloss_status kd_cuda_clear_flags(cudaStream_t st, unsigned int *flags, int64_t bt) {
+    return kd_cuda_status(cudaMemsetAsync(flags, 0, (size_t)bt * sizeof(unsigned int), st));
+}
+
+#define KD_POISON_THREADS 256
+
+/* One block per row (grid-stride): a clean row costs one flag read; a flagged one is rewritten
+ * (kd_cuda_poison_rows). */
+__global__ void __launch_bounds__(KD_POISON_THREADS)
+kd_poison_rows_kernel(const unsigned int *flags, int64_t bt, int64_t v, void *grad, int gdt,
+                      int64_t ld_g, float gscale, double grad_scale, const kd_ws_header *hdr,
+                      float *elem, int64_t ld_e, double *part, int64_t ntiles) {
+    for (int64_t r = blockIdx.x; r < bt; r += gridDim.x) {
+        if (!flags[r]) continue; /* the same for the whole block */
+        if (grad) {
+            float gs = gscale;
+            if (hdr) {
+                const unsigned long long nv = hdr->n_valid;
+                gs = (float)(grad_scale / (nv > 0 ? (double)nv : 1.0));
+            }
+            const int nan = gs != 0.0f; /* a gradient factor of 0 writes zeros */
+            for (int64_t c = threadIdx.x; c < v; c += blockDim.x) {
+                if (gdt == KDLOSS_F32)
+                    ((uint32_t *)grad)[r * ld_g + c] = nan ? 0x7fc00000u : 0u;
+                else
+                    ((uint16_t *)grad)[r * ld_g + c] =
+                        (uint16_t)(!nan ? 0u : gdt == KDLOSS_BF16 ? 0x7fc0u : 0x7e00u);
+            }
+        }
+        if (elem)
+            for (int64_t c = threadIdx.x; c < v; c += blockDim.x)
+                elem[r * ld_e + c] = __int_as_float(0x7fc00000);
+        if (part && threadIdx.x == 0) part[r * ntiles] = __longlong_as_double(0x7ff8000000000000LL);
+    }
+}
+
+kdloss_status kd_cuda_poison_rows(cudaStream_t st, const unsigned int *flags, int64_t bt,
+                                  int64_t v, void *grad, kdloss_dtype gdt, int64_t ld_g,
+                                  float gscale, double grad_scale, const kd_ws_header *hdr,
+                                  float *elem, int64_t ld_e, double *part, int64_t ntiles) {
+    const unsigned grid = (unsigned)(bt < 1024 ? bt : 1024);
+    KD_LAUNCH(grid, KD_POISON_THREADS, 0, st, kd_poison_rows_kernel)(
+        flags, bt, v, grad, (int)gdt, ld_g, gscale, grad_scale, hdr, elem, ld_e, part, ntiles);
+    return kd_launch_status();
+}

@@ -39,7 +39,12 @@
  * what S = sum g carries to element j as Q_j dS: 64 u of its terms' magnitudes (the bound
  * test_distill_logits holds the CPU to; its scalar path sums S sequentially in fp32), and for
  * TVD Q_k of each element k where P and Q agree to fp32 rounding (either subgradient; that
- * element itself may move by Q_k). */
+ * element itself may move by Q_k).
+ *
+ * The NaN policy and wide rows (issue 25 D6, D4; tag "nan", test_nan): tests/test_nan_policy.c's
+ * cases on the CUDA entry points (a poisoned middle row of 3: its loss, the total and every
+ * element of its gradient NaN, the other rows bitwise the clean call's), and rows spanning more
+ * than FLT_MAX against the CPU functions. KDLOSS_TEST_ONLY=nan runs that section alone. */
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
@@ -3490,6 +3495,767 @@ static void test_errors(void) {
     kdloss_cuda_context_destroy(NULL);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* The NaN policy and wide rows (issue 25, D6 and D4; tag "nan")                                */
+/* ------------------------------------------------------------------------------------------ */
+
+/* tests/test_nan_policy.c's cases on the CUDA entry points. D6: calls of 3 rows whose middle row
+ * holds one NaN (or a +inf logit, or a +inf log-prob): the middle row's loss, the total loss and
+ * every element of the middle row's gradient NaN, rows 0 and 2 (row loss and gradient) bitwise
+ * those of the same call with a clean middle row; an ignored poisoned row is not read; grad_scale
+ * 0 writes zeros. kdloss_cuda_distill (six divergences, four poisons, fp32 / bf16, V 37 and
+ * 4099: two tiles a row, so the flag of one tile must reach the other), kdloss_cuda_jsd,
+ * kdloss_cuda_kl_div (probability and log targets; elem_loss too; the gradient-only call does not
+ * read the input), kdloss_cuda_distill_logits (six divergences, T 1 and 2, fp32 / bf16, V 37
+ * and 1100), kdloss_cuda_topk_distill_logits (three tails: NaN / +inf used log-prob, NaN student
+ * at S and outside S; an unused slot's NaN, and renorm_both's outside S, not read),
+ * kdloss_cuda_fused_linear_distill (a NaN in one row of xs or xt: row_soft, loss and that dxs row
+ * NaN, the others as the clean call's; grad_scale 0: dxs zeros), kdloss_cuda_fused_linear_topk_
+ * distill (a NaN used log-prob, bucket and renorm_both), kdloss_cuda_fused_linear_distill_vp (2
+ * ranks: a NaN in one row of xs).
+ * D4: logits spanning more than FLT_MAX ([3e38, -3e38, 0] and the teacher swapped, and [1e38,
+ * -2.5e38, 3e38]) at T 4, 1e3, 1e30 (and 1 for the fused losses): kdloss_cuda_distill_logits
+ * (forward / reverse KL, JSD), the fused dense loss (Hs = Ht = 1, the heads hold the logits) and
+ * its vocabulary-parallel form (2 ranks), and the top-k bucket with K = V, against the CPU
+ * functions (loss to 1e-5 relative, gradients to 1e-5 of their largest element), and the
+ * documented 7.5e37 (forward KL, uniform teacher, T 4). */
+
+#define NB 3 /* rows of a NaN-policy call; row 1 is poisoned */
+
+static void *nan_up(const void *h, size_t n) {
+    void *d = dalloc(n);
+    h2d(d, h, n);
+    return d;
+}
+
+/* After the stream: n bytes of device d into h, then frees d. */
+static void nan_down(void *h, void *d, size_t n) {
+    CK(cudaStreamSynchronize(g_st));
+    d2h(h, d, n);
+    CK(cudaFree(d));
+}
+
+static int nan_row_all(const void *g, kdloss_dtype dt, int64_t v, int64_t r) {
+    for (int64_t c = 0; c < v; c++)
+        if (!isnan(kt_get(g, dt, v, r, c))) return 0;
+    return 1;
+}
+
+static int nan_row_zero(const void *g, kdloss_dtype dt, int64_t v, int64_t r) {
+    for (int64_t c = 0; c < v; c++)
+        if (kt_get(g, dt, v, r, c) != 0.0) return 0;
+    return 1;
+}
+
+/* A poisoned call (loss, rl [NB], g: NB x v of dt, host) against the clean one (rl0, g0): row 1
+ * NaN, rows 0 and 2 bitwise the clean call's. g NULL: no gradient to check. */
+static void nan_check(const char *what, int64_t v, kdloss_dtype dt, float loss, const float *rl,
+                      const void *g, const float *rl0, const void *g0) {
+    KT_CHECK(isnan(loss), "nan %s: loss %g, want NaN", what, loss);
+    KT_CHECK(isnan(rl[1]), "nan %s: row loss %g, want NaN", what, rl[1]);
+    KT_CHECK(!memcmp(rl, rl0, 4) && !memcmp(rl + 2, rl0 + 2, 4),
+             "nan %s: clean rows' losses changed (%g %g vs %g %g)", what, rl[0], rl[2], rl0[0],
+             rl0[2]);
+    if (!g) return;
+    const size_t row = (size_t)v * kdloss_dtype_size(dt);
+    KT_CHECK(nan_row_all(g, dt, v, 1), "nan %s: the poisoned row's gradient is not all NaN", what);
+    KT_CHECK(!memcmp(g, g0, row) && !memcmp((const char *)g + 2 * row, (const char *)g0 + 2 * row, row),
+             "nan %s: clean rows' gradients changed", what);
+}
+
+/* NB x v logits in [-4, 4), or (logp) their log_softmax */
+static void nan_fill(kt_rng *r, double *x, int64_t v, int logp) {
+    for (int64_t i = 0; i < NB; i++) {
+        double *row = x + i * v, m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < v; j++) row[j] = 8 * kt_uniform(r) - 4;
+        if (!logp) continue;
+        for (int64_t j = 0; j < v; j++) m = fmax(m, row[j]);
+        for (int64_t j = 0; j < v; j++) s += exp(row[j] - m);
+        for (int64_t j = 0; j < v; j++) row[j] -= m + log(s);
+    }
+}
+
+typedef struct nan_poison {
+    const char *name;
+    int who;              /* 0 student, 1 teacher */
+    double val;
+    double teacher_there; /* NAN: leave the teacher's value; else set it there too */
+} nan_poison;
+
+/* kdloss_cuda_distill (jsd: kdloss_cuda_jsd, beta 0.5) on host operands (NB x v of dt); lab NULL:
+ * no labels; g NULL: no gradient. */
+static kdloss_status nan_distill(const kdloss_distill_params *p, int jsd, int64_t v,
+                                 kdloss_dtype dt, const void *s, const void *t, const int64_t *lab,
+                                 float *loss, float *rl, void *g) {
+    const size_t n = (size_t)(NB * v) * kdloss_dtype_size(dt);
+    void *ds = nan_up(s, n), *dt_ = nan_up(t, n), *dg = g ? dalloc(n) : NULL;
+    float *dl = dalloc(4 * (1 + NB));
+    int64_t *dlab = lab ? nan_up(lab, NB * sizeof(int64_t)) : NULL;
+    size_t wsb = 0;
+    kdloss_cuda_distill_workspace_size(NB, v, &wsb);
+    void *wk = dalloc(wsb);
+    const kdloss_cmat cs = {ds, dt, 0}, ct = {dt_, dt, 0};
+    const kdloss_labels L = {dlab, KDLOSS_I64};
+    const kdloss_mat gm = {dg, dt, 0};
+    kdloss_status st;
+    if (jsd) {
+        kdloss_jsd_params jp;
+        kdloss_jsd_params_default(&jp);
+        jp.grad_scale = p->grad_scale;
+        st = kdloss_cuda_jsd(g_ctx, g_st, &jp, NB, v, cs, ct, L, dl, dl + 1, gm, wk, wsb);
+    } else {
+        st = kdloss_cuda_distill(g_ctx, g_st, p, NB, v, cs, ct, L, dl, dl + 1, gm, wk, wsb);
+    }
+    float h[1 + NB];
+    nan_down(h, dl, sizeof h);
+    *loss = h[0];
+    memcpy(rl, h + 1, sizeof(float) * NB);
+    if (g) nan_down(g, dg, n);
+    CK(cudaFree(ds));
+    CK(cudaFree(dt_));
+    CK(cudaFree(wk));
+    if (dlab) CK(cudaFree(dlab));
+    return st;
+}
+
+static void nan_logprobs(kt_rng *rng) {
+    const nan_poison ps[] = {{"NaN student", 0, NAN, NAN},
+                             {"NaN teacher", 1, NAN, NAN},
+                             {"NaN student where P = 0", 0, NAN, -INFINITY},
+                             {"+inf teacher", 1, INFINITY, NAN}};
+    const int64_t vs[] = {37, 4099};
+    for (int vi = 0; vi < 2; vi++) {
+        const int64_t v = vs[vi], col = vi ? 5 : v - 3; /* V 4099: the NaN in the first tile */
+        double *x = xmalloc(sizeof(double) * NB * v), *y = xmalloc(sizeof(double) * NB * v);
+        double *x1 = xmalloc(sizeof(double) * NB * v), *y1 = xmalloc(sizeof(double) * NB * v);
+        nan_fill(rng, x, v, 1);
+        nan_fill(rng, y, v, 1);
+        void *g0 = xmalloc(4 * NB * v), *g1 = xmalloc(4 * NB * v);
+        for (int dti = 0; dti < 2; dti++) {
+            const kdloss_dtype dt = dti ? KDLOSS_BF16 : KDLOSS_F32;
+            void *s0 = kt_pack(x, NB, v, v, dt), *t0 = kt_pack(y, NB, v, v, dt);
+            for (int dv = 0; dv <= 5; dv++) {
+                if (vi && dv % 2) continue; /* V 4099: three divergences */
+                kdloss_distill_params p;
+                kdloss_distill_params_default(&p);
+                p.div.divergence = (kdloss_divergence)dv;
+                float l0, rl0[NB];
+                KT_CHECK(nan_distill(&p, 0, v, dt, s0, t0, NULL, &l0, rl0, g0) == KDLOSS_OK,
+                         "nan distill clean");
+                for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+                    if (vi && pi % 2) continue;
+                    memcpy(x1, x, sizeof(double) * NB * v);
+                    memcpy(y1, y, sizeof(double) * NB * v);
+                    (ps[pi].who ? y1 : x1)[v + col] = ps[pi].val;
+                    if (!isnan(ps[pi].teacher_there)) y1[v + col] = ps[pi].teacher_there;
+                    void *s1 = kt_pack(x1, NB, v, v, dt), *t1 = kt_pack(y1, NB, v, v, dt);
+                    float l1, rl1[NB];
+                    char what[160];
+                    snprintf(what, sizeof what, "distill %s div %d V %lld %s", ps[pi].name, dv,
+                             (long long)v, kt_dtype_name(dt));
+                    KT_CHECK(nan_distill(&p, 0, v, dt, s1, t1, NULL, &l1, rl1, g1) == KDLOSS_OK,
+                             "nan %s: status", what);
+                    nan_check(what, v, dt, l1, rl1, g1, rl0, g0);
+                    if (dv == KDLOSS_DIV_JSD) { /* the wrapper */
+                        nan_distill(&p, 1, v, dt, s1, t1, NULL, &l1, rl1, g1);
+                        snprintf(what, sizeof what, "jsd %s V %lld %s", ps[pi].name, (long long)v,
+                                 kt_dtype_name(dt));
+                        nan_check(what, v, dt, l1, rl1, g1, rl0, g0);
+                    }
+                    if (dti == 0 && (pi == 0 || pi == 3)) {
+                        /* an ignored poisoned row is never read */
+                        const int64_t lab[NB] = {0, -100, 1};
+                        nan_distill(&p, 0, v, dt, s1, t1, lab, &l1, rl1, g1);
+                        KT_CHECK(isfinite(l1) && rl1[1] == 0.0f && nan_row_zero(g1, dt, v, 1),
+                                 "nan %s: ignored row read (loss %g)", what, l1);
+                        /* grad_scale 0: zeros */
+                        kdloss_distill_params p0 = p;
+                        p0.grad_scale = 0.0;
+                        nan_distill(&p0, 0, v, dt, s1, t1, NULL, &l1, rl1, g1);
+                        KT_CHECK(isnan(l1) && nan_row_zero(g1, dt, v, 1),
+                                 "nan %s: grad_scale 0 must write zeros", what);
+                    }
+                    free(s1), free(t1);
+                }
+            }
+            free(s0), free(t0);
+        }
+        free(x), free(y), free(x1), free(y1), free(g0), free(g1);
+    }
+}
+
+/* kdloss_cuda_kl_div on fp32 host operands (NB x v): mode 1 reduction SUM (loss, row_loss),
+ * 2 reduction NONE (row_loss, elem_loss e), 0 the gradient alone; g NULL: no gradient. */
+static void nan_kl_call(const kdloss_kl_params *kp0, int64_t v, const float *s, const float *t,
+                        int mode, float *loss, float *rl, float *e, float *g) {
+    kdloss_kl_params kp = *kp0;
+    kp.reduction = mode == 2 ? KDLOSS_REDUCTION_NONE : KDLOSS_REDUCTION_SUM;
+    const size_t n = (size_t)(NB * v) * 4;
+    void *ds = nan_up(s, n), *dt_ = nan_up(t, n), *dg = g ? dalloc(n) : NULL;
+    void *de = mode == 2 ? dalloc(n) : NULL;
+    float *dl = dalloc(4 * (1 + NB));
+    size_t wsb = 0;
+    kdloss_cuda_kl_div_workspace_size(NB, v, &wsb);
+    void *wk = dalloc(wsb);
+    kdloss_status st = kdloss_cuda_kl_div(
+        g_ctx, g_st, &kp, NB, v, (kdloss_cmat){ds, KDLOSS_F32, 0}, (kdloss_cmat){dt_, KDLOSS_F32, 0},
+        mode == 1 ? dl : NULL, mode ? dl + 1 : NULL, (kdloss_mat){de, KDLOSS_F32, 0},
+        (kdloss_mat){dg, KDLOSS_F32, 0}, wk, wsb);
+    KT_CHECK(st == KDLOSS_OK, "nan kl_div: status %d", (int)st);
+    float h[1 + NB];
+    nan_down(h, dl, sizeof h);
+    if (loss) *loss = mode == 1 ? h[0] : __builtin_nanf("");
+    if (rl) memcpy(rl, h + 1, sizeof(float) * NB);
+    if (g) nan_down(g, dg, n);
+    if (de) nan_down(e, de, n);
+    CK(cudaFree(ds));
+    CK(cudaFree(dt_));
+    CK(cudaFree(wk));
+}
+
+static void nan_kl(kt_rng *rng) {
+    enum { V = 37 };
+    double x[NB * V], y[NB * V];
+    nan_fill(rng, x, V, 1);
+    nan_fill(rng, y, V, 1);
+    for (int lt = 0; lt < 2; lt++)
+        for (int pi = 0; pi < 3; pi++) {
+            float s[NB * V], t[NB * V], g0[NB * V], g1[NB * V], e0[NB * V], e1[NB * V];
+            float l0, l1, rl0[NB], rl1[NB];
+            for (int64_t i = 0; i < NB * V; i++) {
+                s[i] = (float)x[i];
+                t[i] = lt ? (float)y[i] : (float)exp(y[i]);
+            }
+            kdloss_kl_params kp;
+            kdloss_kl_params_default(&kp);
+            kp.log_target = lt;
+            /* 0: a NaN input; 1: a NaN target; 2: a NaN input where t = 0 (the clean call: 0
+             * there, with that target) */
+            if (pi == 2) t[V + 3] = lt ? -INFINITY : 0.0f;
+            nan_kl_call(&kp, V, s, t, 1, &l0, rl0, NULL, g0);
+            nan_kl_call(&kp, V, s, t, 2, NULL, NULL, e0, NULL);
+            if (pi == 1) t[V + 3] = NAN;
+            else s[V + 3] = NAN;
+            nan_kl_call(&kp, V, s, t, 1, &l1, rl1, NULL, g1);
+            char what[96];
+            snprintf(what, sizeof what, "kl_div log_target %d case %d", lt, pi);
+            nan_check(what, V, KDLOSS_F32, l1, rl1, g1, rl0, g0);
+            nan_kl_call(&kp, V, s, t, 2, NULL, rl1, e1, NULL); /* reduction none */
+            KT_CHECK(isnan(rl1[1]) && nan_row_all(e1, KDLOSS_F32, V, 1) && !memcmp(e1, e0, 4 * V) &&
+                         !memcmp(e1 + 2 * V, e0 + 2 * V, 4 * V),
+                     "nan %s: elem_loss", what);
+            if (pi != 1) { /* the gradient alone: the input is not read (kdloss.h) */
+                float g2[NB * V];
+                nan_kl_call(&kp, V, s, t, 0, NULL, NULL, NULL, g2);
+                KT_CHECK(!memcmp(g2, g0, sizeof g2), "nan %s: the gradient-only call read the input",
+                         what);
+            }
+            kp.grad_scale = 0.0; /* zeros */
+            nan_kl_call(&kp, V, s, t, 1, &l1, rl1, NULL, g1);
+            KT_CHECK(isnan(l1) && nan_row_zero(g1, KDLOSS_F32, V, 1),
+                     "nan %s: grad_scale 0 must write zeros", what);
+        }
+}
+
+/* kdloss_cuda_distill_logits on host operands (NB x v of dt); g NULL: forward only. */
+static kdloss_status nan_dl_call(const kdloss_distill_logits_params *p, int64_t bt, int64_t v,
+                                 kdloss_dtype dt, const void *s, const void *t, float *loss,
+                                 float *rl, void *g) {
+    const size_t n = (size_t)(bt * v) * kdloss_dtype_size(dt);
+    void *ds = nan_up(s, n), *dt_ = nan_up(t, n), *dg = g ? dalloc(n) : NULL;
+    float *dl = dalloc(4 * (1 + bt));
+    size_t wsb = 0;
+    kdloss_cuda_distill_logits_workspace_size(bt, v, &wsb);
+    void *wk = dalloc(wsb);
+    const kdloss_labels L = {NULL, KDLOSS_I64};
+    kdloss_status st = kdloss_cuda_distill_logits(g_ctx, g_st, p, bt, v, (kdloss_cmat){ds, dt, 0},
+                                                  (kdloss_cmat){dt_, dt, 0}, L, dl, rl ? dl + 1 : NULL,
+                                                  (kdloss_mat){dg, dt, 0}, wk, wsb);
+    float *h = xmalloc(4 * (1 + bt));
+    nan_down(h, dl, 4 * (1 + bt));
+    *loss = h[0];
+    if (rl) memcpy(rl, h + 1, sizeof(float) * bt);
+    free(h);
+    if (g) nan_down(g, dg, n);
+    CK(cudaFree(ds));
+    CK(cudaFree(dt_));
+    CK(cudaFree(wk));
+    return st;
+}
+
+static void nan_logits(kt_rng *rng) {
+    const nan_poison ps[] = {{"NaN student", 0, NAN, NAN},
+                             {"NaN teacher", 1, NAN, NAN},
+                             {"+inf student", 0, INFINITY, NAN},
+                             {"+inf teacher", 1, INFINITY, NAN}};
+    const int64_t vs[] = {37, 1100};
+    for (int vi = 0; vi < 2; vi++) {
+        const int64_t v = vs[vi];
+        double *x = xmalloc(sizeof(double) * NB * v), *y = xmalloc(sizeof(double) * NB * v);
+        double *x1 = xmalloc(sizeof(double) * NB * v), *y1 = xmalloc(sizeof(double) * NB * v);
+        nan_fill(rng, x, v, 0);
+        nan_fill(rng, y, v, 0);
+        void *g0 = xmalloc(4 * NB * v), *g1 = xmalloc(4 * NB * v);
+        for (int dti = 0; dti < 2; dti++) {
+            const kdloss_dtype dt = dti ? KDLOSS_BF16 : KDLOSS_F32;
+            void *s0 = kt_pack(x, NB, v, v, dt), *t0 = kt_pack(y, NB, v, v, dt);
+            for (int dv = 0; dv <= 5; dv++)
+                for (int ti = 0; ti < 2; ti++) {
+                    /* V 1100, and bf16 at T 2: a subset (the time the simulator takes) */
+                    if ((vi && (dv % 2 || ti != 1 || dti)) || (ti && dti)) continue;
+                    kdloss_distill_logits_params p;
+                    kdloss_distill_logits_params_default(&p);
+                    p.div.divergence = (kdloss_divergence)dv;
+                    p.temperature = ti ? 2.0 : 1.0;
+                    float l0, rl0[NB];
+                    nan_dl_call(&p, NB, v, dt, s0, t0, &l0, rl0, g0);
+                    for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++) {
+                        memcpy(x1, x, sizeof(double) * NB * v);
+                        memcpy(y1, y, sizeof(double) * NB * v);
+                        (ps[pi].who ? y1 : x1)[v + v - 3] = ps[pi].val;
+                        void *s1 = kt_pack(x1, NB, v, v, dt), *t1 = kt_pack(y1, NB, v, v, dt);
+                        float l1, rl1[NB];
+                        char what[160];
+                        snprintf(what, sizeof what, "distill_logits %s div %d T %g V %lld %s",
+                                 ps[pi].name, dv, p.temperature, (long long)v, kt_dtype_name(dt));
+                        KT_CHECK(nan_dl_call(&p, NB, v, dt, s1, t1, &l1, rl1, g1) == KDLOSS_OK,
+                                 "nan %s: status", what);
+                        nan_check(what, v, dt, l1, rl1, g1, rl0, g0);
+                        if (dti == 0 && (pi == 0 || pi == 3)) {
+                            float l2, rl2[NB];
+                            nan_dl_call(&p, NB, v, dt, s1, t1, &l2, rl2, NULL); /* forward only */
+                            KT_CHECK(isnan(l2) && isnan(rl2[1]) && !memcmp(rl2, rl0, 4),
+                                     "nan %s: forward only", what);
+                            kdloss_distill_logits_params p0 = p;
+                            p0.grad_scale = 0.0;
+                            nan_dl_call(&p0, NB, v, dt, s1, t1, &l2, rl2, g1);
+                            KT_CHECK(isnan(l2) && nan_row_zero(g1, dt, v, 1),
+                                     "nan %s: grad_scale 0 must write zeros", what);
+                        }
+                        free(s1), free(t1);
+                    }
+                }
+            free(s0), free(t0);
+        }
+        free(x), free(y), free(x1), free(y1), free(g0), free(g1);
+    }
+}
+
+/* kdloss_cuda_topk_distill_logits on host fp32 operands (NB x v logits, NB x k ids / log-probs). */
+static kdloss_status nan_tk_call(const kdloss_topk_distill_params *p, int64_t bt, int64_t v,
+                                 int64_t k, const float *s, const int32_t *ids, const float *lp,
+                                 float *loss, float *rl, float *g) {
+    const size_t n = (size_t)(bt * v) * 4, nk = (size_t)(bt * k) * 4;
+    void *ds = nan_up(s, n), *di = nan_up(ids, nk), *dp = nan_up(lp, nk), *dg = dalloc(n);
+    float *dl = dalloc(4 * (1 + bt));
+    size_t wsb = 0;
+    kdloss_cuda_topk_distill_logits_workspace_size(bt, v, k, &wsb);
+    void *wk = dalloc(wsb);
+    const kdloss_topk_teacher t = {k, {di, KDLOSS_I32, 0}, {dp, KDLOSS_F32, 0}};
+    kdloss_status st = kdloss_cuda_topk_distill_logits(
+        g_ctx, g_st, p, bt, v, (kdloss_cmat){ds, KDLOSS_F32, 0}, t, (kdloss_labels){NULL, KDLOSS_I64},
+        dl, dl + 1, (kdloss_mat){dg, KDLOSS_F32, 0}, wk, wsb);
+    float *h = xmalloc(4 * (1 + bt));
+    nan_down(h, dl, 4 * (1 + bt));
+    *loss = h[0];
+    if (rl) memcpy(rl, h + 1, sizeof(float) * bt);
+    free(h);
+    nan_down(g, dg, n);
+    CK(cudaFree(ds));
+    CK(cudaFree(di));
+    CK(cudaFree(dp));
+    CK(cudaFree(wk));
+    return st;
+}
+
+static void nan_topk(kt_rng *rng) {
+    enum { V = 40, K = 6 };
+    double x[NB * V];
+    nan_fill(rng, x, V, 0);
+    float s0[NB * V], s1[NB * V], g0[NB * V], g1[NB * V], lp0[NB * K], lp1[NB * K];
+    int32_t ids[NB * K];
+    for (int64_t i = 0; i < NB * V; i++) s0[i] = (float)x[i];
+    for (int64_t r = 0; r < NB; r++)
+        for (int64_t j = 0; j < K; j++) {
+            ids[r * K + j] = (int32_t)(3 * j + r);
+            lp0[r * K + j] = (float)(-1.0 - 0.5 * (double)j);
+        }
+    ids[1 * K + 5] = -1; /* an unused slot in the poisoned row */
+    lp0[1 * K + 5] = NAN;
+    enum { LP_NAN, LP_INF, S_NAN_IN, S_NAN_OUT, UNUSED, NCASE };
+    const char *names[] = {"NaN log-prob", "+inf log-prob", "NaN student at S",
+                           "NaN student outside S", "NaN unused slot only"};
+    for (int tail = 0; tail < 3; tail++)
+        for (int dv = 0; dv <= 5; dv++) {
+            if (tail == 2 && dv != 0) continue;
+            kdloss_topk_distill_params p;
+            kdloss_topk_distill_params_default(&p);
+            p.div.divergence = (kdloss_divergence)dv;
+            p.tail = (kdloss_topk_tail)tail;
+            p.temperature = 1.5;
+            float l0, l1, rl0[NB], rl1[NB];
+            KT_CHECK(nan_tk_call(&p, NB, V, K, s0, ids, lp0, &l0, rl0, g0) == KDLOSS_OK,
+                     "nan topk clean");
+            for (int c = 0; c < NCASE; c++) {
+                memcpy(s1, s0, sizeof s1);
+                memcpy(lp1, lp0, sizeof lp1);
+                if (c == LP_NAN) lp1[1 * K + 2] = NAN;
+                if (c == LP_INF) lp1[1 * K + 2] = INFINITY;
+                if (c == S_NAN_IN) s1[1 * V + ids[1 * K + 1]] = NAN;
+                if (c == S_NAN_OUT) s1[1 * V + 39] = NAN;
+                nan_tk_call(&p, NB, V, K, s1, ids, lp1, &l1, rl1, g1);
+                char what[128];
+                snprintf(what, sizeof what, "topk %s tail %d div %d", names[c], tail, dv);
+                if (c == UNUSED || (c == S_NAN_OUT && tail == 1)) { /* not read */
+                    KT_CHECK(isfinite(l1) && !memcmp(rl1, rl0, sizeof rl0),
+                             "nan %s: an unread NaN changed the losses (%g)", what, l1);
+                    int fin = 1;
+                    for (int64_t j = 0; j < V; j++)
+                        fin &= c == UNUSED ? g1[V + j] == g0[V + j] : j == 39 || isfinite(g1[V + j]);
+                    KT_CHECK(fin, "nan %s: gradient", what);
+                } else {
+                    nan_check(what, V, KDLOSS_F32, l1, rl1, g1, rl0, g0);
+                }
+            }
+        }
+}
+
+/* The fused losses' outputs of a NaN-policy call, on the host. */
+typedef struct nan_fout {
+    float loss, soft, rs[NB], *dxs;
+} nan_fout;
+
+/* kdloss_cuda_fused_linear_distill (ids NULL) or _topk_distill (ids / lp: NB x k) on host fp32
+ * operands; lab NULL: no labels. dxs: bt x hs. */
+static kdloss_status nan_fused_call(const void *params, int topk, int64_t bt, int64_t hs,
+                                    int64_t ht, int64_t v, int64_t k, const float *xs,
+                                    const float *ws, const float *xt, const float *wt,
+                                    const int32_t *ids, const float *lp, const int64_t *lab,
+                                    nan_fout *o) {
+    void *dxs_in = nan_up(xs, (size_t)(bt * hs) * 4), *dws = nan_up(ws, (size_t)(v * hs) * 4);
+    void *dxt = xt ? nan_up(xt, (size_t)(bt * ht) * 4) : NULL;
+    void *dwt = wt ? nan_up(wt, (size_t)(v * ht) * 4) : NULL;
+    void *di = ids ? nan_up(ids, (size_t)(bt * k) * 4) : NULL;
+    void *dlp = lp ? nan_up(lp, (size_t)(bt * k) * 4) : NULL;
+    void *dlab = lab ? nan_up(lab, (size_t)bt * 8) : NULL;
+    float *dsc = dalloc(4 * (2 + bt));
+    void *ddx = dalloc((size_t)(bt * hs) * 4);
+    kdloss_fused_linear_distill_out out;
+    memset(&out, 0, sizeof out);
+    out.loss = dsc;
+    out.soft_loss = dsc + 1;
+    out.row_soft = dsc + 2;
+    out.dxs = (kdloss_mat){ddx, KDLOSS_F32, 0};
+    size_t wsb = 0;
+    kdloss_status st;
+    void *wk;
+    const kdloss_labels L = {dlab, KDLOSS_I64};
+    const kdloss_cmat cxs = {dxs_in, KDLOSS_F32, 0}, cws = {dws, KDLOSS_F32, 0};
+    if (topk) {
+        const kdloss_fused_linear_topk_distill_params *p = params;
+        kdloss_cuda_fused_linear_topk_distill_workspace_size(p, bt, hs, v, k, KDLOSS_F32, 1, &wsb);
+        wk = dalloc(wsb);
+        const kdloss_topk_teacher t = {k, {di, KDLOSS_I32, 0}, {dlp, KDLOSS_F32, 0}};
+        st = kdloss_cuda_fused_linear_topk_distill(g_ctx, g_st, p, bt, hs, v, cxs, cws, NULL, t, L,
+                                                   &out, wk, wsb);
+    } else {
+        const kdloss_fused_linear_distill_params *p = params;
+        kdloss_cuda_fused_linear_distill_workspace_size(p, bt, hs, ht, v, KDLOSS_F32, 1, &wsb);
+        wk = dalloc(wsb);
+        st = kdloss_cuda_fused_linear_distill(g_ctx, g_st, p, bt, hs, ht, v, cxs, cws, NULL,
+                                              (kdloss_cmat){dxt, KDLOSS_F32, 0},
+                                              (kdloss_cmat){dwt, KDLOSS_F32, 0}, NULL, L, &out, wk,
+                                              wsb);
+    }
+    float *h = xmalloc(4 * (2 + bt));
+    nan_down(h, dsc, 4 * (2 + bt));
+    o->loss = h[0];
+    o->soft = h[1];
+    memcpy(o->rs, h + 2, sizeof(float) * (bt < NB ? bt : NB));
+    free(h);
+    nan_down(o->dxs, ddx, (size_t)(bt * hs) * 4);
+    void *all[] = {dxs_in, dws, dxt, dwt, di, dlp, dlab, wk};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) CK(cudaFree(all[i]));
+    return st;
+}
+
+static void nan_fused(kt_rng *rng) {
+    enum { V = 300, HS = 4, HT = 3 };
+    float xs[NB * HS], ws[V * HS], xt[NB * HT], wt[V * HT];
+    for (int64_t i = 0; i < NB * HS; i++) xs[i] = (float)(kt_uniform(rng) - 0.5);
+    for (int64_t i = 0; i < V * HS; i++) ws[i] = (float)(2 * kt_uniform(rng) - 1);
+    for (int64_t i = 0; i < NB * HT; i++) xt[i] = (float)(kt_uniform(rng) - 0.5);
+    for (int64_t i = 0; i < V * HT; i++) wt[i] = (float)(2 * kt_uniform(rng) - 1);
+    const int64_t lab[NB] = {3, 7, 11};
+    float dx[2][NB * HS];
+    for (int who = 0; who < 2; who++)
+        for (int dv = 0; dv <= 5; dv++) {
+            kdloss_fused_linear_distill_params p;
+            kdloss_fused_linear_distill_params_default(&p);
+            p.div.divergence = (kdloss_divergence)dv;
+            p.temperature = 2.0;
+            nan_fout o[2];
+            for (int run = 0; run < 2; run++) {
+                float xs1[NB * HS], xt1[NB * HT];
+                memcpy(xs1, xs, sizeof xs1);
+                memcpy(xt1, xt, sizeof xt1);
+                if (run) (who ? xt1 : xs1)[1 * (who ? HT : HS) + 1] = NAN;
+                o[run].dxs = dx[run];
+                kdloss_status st = nan_fused_call(&p, 0, NB, HS, HT, V, 0, xs1, ws, xt1, wt, NULL,
+                                                  NULL, lab, &o[run]);
+                KT_CHECK(st == KDLOSS_OK, "nan fused: status %d", (int)st);
+                if (run && dv == 0) { /* grad_scale 0: zeros */
+                    nan_fout z;
+                    float dz[NB * HS];
+                    z.dxs = dz;
+                    kdloss_fused_linear_distill_params p0 = p;
+                    p0.grad_scale = 0.0;
+                    nan_fused_call(&p0, 0, NB, HS, HT, V, 0, xs1, ws, xt1, wt, NULL, NULL, lab, &z);
+                    int zero = 1;
+                    for (int64_t i = 0; i < HS; i++) zero &= dz[HS + i] == 0.0f;
+                    KT_CHECK(isnan(z.loss) && zero, "nan fused NaN in %s: grad_scale 0 must write "
+                             "zeros", who ? "xt" : "xs");
+                }
+            }
+            char what[96];
+            snprintf(what, sizeof what, "fused dense NaN in %s div %d", who ? "xt" : "xs", dv);
+            KT_CHECK(isnan(o[1].loss) && isnan(o[1].rs[1]), "nan %s: loss %g row %g, want NaN",
+                     what, o[1].loss, o[1].rs[1]);
+            int all = 1;
+            for (int64_t i = 0; i < HS; i++) all &= isnan(dx[1][HS + i]);
+            KT_CHECK(all, "nan %s: dxs row not NaN", what);
+            KT_CHECK(!memcmp(o[1].rs, o[0].rs, 4) && !memcmp(o[1].rs + 2, o[0].rs + 2, 4),
+                     "nan %s: clean rows' losses changed", what);
+            int ok = 1;
+            for (int64_t i = 0; i < HS; i++)
+                ok &= fabsf(dx[1][i] - dx[0][i]) <= 1e-6f * (1 + fabsf(dx[0][i])) &&
+                      fabsf(dx[1][2 * HS + i] - dx[0][2 * HS + i]) <=
+                          1e-6f * (1 + fabsf(dx[0][2 * HS + i]));
+            KT_CHECK(ok, "nan %s: clean rows' dxs changed", what);
+        }
+    /* fused top-k: a NaN used log-prob in row 1, bucket and renorm_both (the sparse path) */
+    int32_t ids[NB * 4];
+    float lp[NB * 4];
+    for (int64_t i = 0; i < NB * 4; i++) ids[i] = (int32_t)(5 * i), lp[i] = -1.0f - (float)(i % 4);
+    lp[4 + 2] = NAN;
+    for (int tail = 0; tail < 2; tail++) {
+        kdloss_fused_linear_topk_distill_params p;
+        kdloss_fused_linear_topk_distill_params_default(&p);
+        p.tail = (kdloss_topk_tail)tail;
+        nan_fout o;
+        o.dxs = dx[0];
+        KT_CHECK(nan_fused_call(&p, 1, NB, HS, 0, V, 4, xs, ws, NULL, NULL, ids, lp, NULL, &o) ==
+                     KDLOSS_OK,
+                 "nan fused topk status");
+        int all = 1;
+        for (int64_t i = 0; i < HS; i++) all &= isnan(dx[0][HS + i]);
+        KT_CHECK(isnan(o.loss) && isnan(o.rs[1]) && all && isfinite(o.rs[0]) && isfinite(o.rs[2]) &&
+                     isfinite(dx[0][0]) && isfinite(dx[0][2 * HS]),
+                 "nan fused topk tail %d: NaN log-prob not propagated", tail);
+    }
+}
+
+static double whole_dx(const vp_out *o, int64_t i) { return ((const float *)o->dxs)[i]; }
+
+/* The vocabulary-parallel dense loss with 2 ranks on operands (host fp32: xs NB x hs, ws v x hs,
+ * xt NB x ht, wt v x ht, labels) against the single-process call: each rank's row_soft and dxs
+ * element by element (NaN where the whole call's is; to 1e-5 of the largest otherwise). */
+static void nan_vp(const char *tag, const kdloss_fused_linear_distill_params *p, int64_t bt,
+                   int64_t hs, int64_t ht, int64_t v, const float *xs, const float *ws,
+                   const float *xt, const float *wt, const int64_t *lab, float *rs_whole,
+                   float *dxs_whole) {
+    vp_case c;
+    memset(&c, 0, sizeof c);
+    c.tag = tag;
+    c.bt = bt, c.hs = hs, c.ht = ht, c.v = v, c.dt = KDLOSS_F32;
+    c.dp = *p;
+    vp_data d;
+    memset(&d, 0, sizeof d);
+    d.xs = nan_up(xs, (size_t)(bt * hs) * 4);
+    d.ws = nan_up(ws, (size_t)(v * hs) * 4);
+    d.xt = nan_up(xt, (size_t)(bt * ht) * 4);
+    d.wt = nan_up(wt, (size_t)(v * ht) * 4);
+    d.lab = nan_up(lab, (size_t)bt * 8);
+    d.bs = dalloc(4), d.bt = dalloc(4), d.ids = dalloc(4), d.lp = dalloc(4);
+    vp_out whole;
+    vp_out_alloc(&whole, &c, v);
+    KT_CHECK(vp_whole(&c, &d, &whole) == KDLOSS_OK, "nan %s: whole call", tag);
+    vp_out_fetch(&whole, &c, v);
+    memcpy(rs_whole, whole.rows, sizeof(float) * bt);
+    memcpy(dxs_whole, whole.dxs, sizeof(float) * bt * hs);
+    vp_job jobs[VP_MAX_RANKS];
+    vp_rank ranks[VP_MAX_RANKS];
+    vp_world w;
+    vp_jobs_init(jobs, 2, &c, &d);
+    vp_run_ranks(jobs, 2, &w, ranks, NULL);
+    for (int r = 0; r < 2; r++) {
+        vp_job *j = &jobs[r];
+        KT_CHECK(j->status == KDLOSS_OK, "nan %s rank %d: %s", tag, r,
+                 kdloss_status_string(j->status));
+        vp_out_fetch(&j->o, &c, j->n);
+        double mx = 0.0;
+        for (int64_t i = 0; i < bt * hs; i++)
+            if (isfinite(whole_dx(&whole, i))) mx = fmax(mx, fabs(whole_dx(&whole, i)));
+        int bad = !close1(j->o.sc[0], whole.sc[0], 1e-30, 1e-5);
+        for (int64_t i = 0; i < bt; i++)
+            bad |= !close1(j->o.rows[i], whole.rows[i], 1e-6, 1e-5);
+        for (int64_t i = 0; i < bt * hs; i++)
+            bad |= !close1(((float *)j->o.dxs)[i], whole_dx(&whole, i), 1e-5 * mx, 1e-5);
+        if (bad)
+            for (int64_t i = 0; i < bt * hs; i++)
+                if (!close1(((float *)j->o.dxs)[i], whole_dx(&whole, i), 1e-5 * mx, 1e-5))
+                    printf("  dxs[%lld]: %g vs %g\n", (long long)i, ((float *)j->o.dxs)[i],
+                           whole_dx(&whole, i));
+        KT_CHECK(!bad, "nan %s rank %d: differs from the whole call (loss %g vs %g, row_soft %g %g "
+                 "%g vs %g %g %g)", tag, r, j->o.sc[0], whole.sc[0], j->o.rows[0],
+                 j->o.rows[bt > 1], j->o.rows[bt - 1], whole.rows[0], whole.rows[bt > 1],
+                 whole.rows[bt - 1]);
+        vp_out_free(&j->o);
+    }
+    vp_out_free(&whole);
+    vp_data_free(&d);
+}
+
+static void nan_vp_cases(kt_rng *rng) {
+    enum { V = 300, HS = 4, HT = 3 };
+    float xs[NB * HS], ws[V * HS], xt[NB * HT], wt[V * HT], rs[NB], dx[NB * HS];
+    for (int64_t i = 0; i < NB * HS; i++) xs[i] = (float)(kt_uniform(rng) - 0.5);
+    for (int64_t i = 0; i < V * HS; i++) ws[i] = (float)(2 * kt_uniform(rng) - 1);
+    for (int64_t i = 0; i < NB * HT; i++) xt[i] = (float)(kt_uniform(rng) - 0.5);
+    for (int64_t i = 0; i < V * HT; i++) wt[i] = (float)(2 * kt_uniform(rng) - 1);
+    const int64_t lab[NB] = {3, 7, 11};
+    for (int who = 0; who < 2; who++) {
+        kdloss_fused_linear_distill_params p;
+        kdloss_fused_linear_distill_params_default(&p);
+        p.div.divergence = who ? KDLOSS_DIV_REVERSE_KL : KDLOSS_DIV_JSD;
+        p.temperature = who ? 2.0 : 1.0;
+        float xs1[NB * HS], xt1[NB * HT];
+        memcpy(xs1, xs, sizeof xs1);
+        memcpy(xt1, xt, sizeof xt1);
+        (who ? xt1 : xs1)[1 * (who ? HT : HS) + 2] = who ? INFINITY : NAN;
+        char tag[64];
+        snprintf(tag, sizeof tag, "vp fused %s in %s", who ? "+inf" : "NaN", who ? "xt" : "xs");
+        nan_vp(tag, &p, NB, HS, HT, V, xs1, ws, xt1, wt, lab, rs, dx);
+        int all = 1;
+        for (int64_t i = 0; i < HS; i++) all &= isnan(dx[HS + i]);
+        KT_CHECK(isnan(rs[1]) && all && isfinite(rs[0]) && isfinite(rs[2]) && isfinite(dx[0]),
+                 "nan %s: the whole call's row 1 not NaN", tag);
+    }
+}
+
+static void nan_wide(void) {
+    if (!kdloss_distill_logits || !kdloss_fused_linear_distill || !kdloss_topk_distill_logits) {
+        printf("nan wide: skipped (this build has no CPU functions)\n");
+        return;
+    }
+    const double a[3] = {3e38, -3e38, 0}, b[3] = {0, 0, 0}, c[3] = {1e38, -2.5e38, 3e38};
+    const double *rows[3][2] = {{a, b}, {b, a}, {c, a}};
+    const double ts[4] = {4, 1e3, 1e30, 1};
+    const int divs[3] = {KDLOSS_DIV_FORWARD_KL, KDLOSS_DIV_REVERSE_KL, KDLOSS_DIV_JSD};
+    for (int ri = 0; ri < 3; ri++)
+        for (int ti = 0; ti < 4; ti++)
+            for (int di = 0; di < 3; di++) {
+                const double *zs = rows[ri][0], *zt = rows[ri][1];
+                float s[3], t[3], g[3], cg[3], loss, closs;
+                for (int j = 0; j < 3; j++) s[j] = (float)zs[j], t[j] = (float)zt[j];
+                char what[96];
+                snprintf(what, sizeof what, "wide row %d T %g div %d", ri, ts[ti], divs[di]);
+                kdloss_distill_logits_params p;
+                kdloss_distill_logits_params_default(&p);
+                p.div.divergence = (kdloss_divergence)divs[di];
+                p.temperature = ts[ti];
+                KT_CHECK(nan_dl_call(&p, 1, 3, KDLOSS_F32, s, t, &loss, NULL, g) == KDLOSS_OK &&
+                             kdloss_distill_logits(&p, 1, 3, (kdloss_cmat){s, KDLOSS_F32, 0},
+                                                   (kdloss_cmat){t, KDLOSS_F32, 0},
+                                                   (kdloss_labels){NULL, KDLOSS_I64}, &closs, NULL,
+                                                   (kdloss_mat){cg, KDLOSS_F32, 0}) == KDLOSS_OK,
+                         "nan %s: status", what);
+                double gmax = 0;
+                for (int j = 0; j < 3; j++) gmax = fmax(gmax, fabs(cg[j]));
+                kt_close(loss, closs, 0, 1e-5, "nan %s: loss vs CPU", what);
+                for (int j = 0; j < 3; j++)
+                    kt_close(g[j], cg[j], 1e-5 * gmax, 0, "nan %s: dz[%d] vs CPU", what, j);
+                if (ri == 0 && ti == 0 && di == 0) /* docs/MATH.md 10 */
+                    kt_close(loss, 7.5e37, 0, 1e-6, "nan %s: the documented 7.5e37", what);
+                /* the fused loss: Hs = Ht = 1, xs = xt = 1, the heads hold the logits */
+                const float one[1] = {1.0f};
+                const int64_t lab[1] = {0};
+                kdloss_fused_linear_distill_params fp;
+                kdloss_fused_linear_distill_params_default(&fp);
+                fp.div.divergence = (kdloss_divergence)divs[di];
+                fp.temperature = ts[ti];
+                fp.weight_hard_loss = 0.0;
+                fp.weight_soft_loss = 1.0;
+                float dxs, cdxs, csoft;
+                nan_fout o;
+                o.dxs = &dxs;
+                KT_CHECK(nan_fused_call(&fp, 0, 1, 1, 1, 3, 0, one, s, one, t, NULL, NULL, lab, &o) ==
+                             KDLOSS_OK,
+                         "nan %s: fused status", what);
+                kdloss_fused_linear_distill_out co;
+                memset(&co, 0, sizeof co);
+                co.soft_loss = &csoft;
+                co.dxs = (kdloss_mat){&cdxs, KDLOSS_F32, 0};
+                KT_CHECK(kdloss_fused_linear_distill(&fp, 1, 1, 1, 3, (kdloss_cmat){one, KDLOSS_F32, 0},
+                                                     (kdloss_cmat){s, KDLOSS_F32, 0}, NULL,
+                                                     (kdloss_cmat){one, KDLOSS_F32, 0},
+                                                     (kdloss_cmat){t, KDLOSS_F32, 0}, NULL,
+                                                     (kdloss_labels){lab, KDLOSS_I64}, &co, NULL,
+                                                     0) == KDLOSS_OK,
+                         "nan %s: CPU fused status", what);
+                kt_close(o.soft, csoft, 0, 1e-5, "nan %s: fused soft vs CPU", what);
+                kt_close(dxs, cdxs, 1e-5 * gmax * 3e38, 1e-5, "nan %s: fused dxs vs CPU", what);
+                /* its vocabulary-parallel form (2 ranks) against the single-process call (at
+                 * T 4, every divergence on the last row: the time the simulator takes) */
+                if (ti == 0 && (di == 0 || ri == 2)) {
+                    float rs[1], dx[1];
+                    char tag[120];
+                    snprintf(tag, sizeof tag, "vp %s", what);
+                    nan_vp(tag, &fp, 1, 1, 1, 3, one, s, one, t, lab, rs, dx);
+                }
+                /* top-k bucket with K = V: the dense loss on log_softmax(zt / T) */
+                if (divs[di] == KDLOSS_DIV_FORWARD_KL) {
+                    int32_t ids[3] = {0, 1, 2};
+                    float lp[3], tl, ctl, tg[3], ctg[3];
+                    double mt = -INFINITY, st = 0;
+                    for (int j = 0; j < 3; j++) mt = fmax(mt, zt[j]);
+                    for (int j = 0; j < 3; j++) st += exp((zt[j] - mt) / ts[ti]);
+                    for (int j = 0; j < 3; j++) lp[j] = (float)((zt[j] - mt) / ts[ti] - log(st));
+                    kdloss_topk_distill_params tp;
+                    kdloss_topk_distill_params_default(&tp);
+                    tp.temperature = ts[ti];
+                    const kdloss_topk_teacher tk = {3, {ids, KDLOSS_I32, 0}, {lp, KDLOSS_F32, 0}};
+                    KT_CHECK(nan_tk_call(&tp, 1, 3, 3, s, ids, lp, &tl, NULL, tg) == KDLOSS_OK &&
+                                 kdloss_topk_distill_logits(&tp, 1, 3, (kdloss_cmat){s, KDLOSS_F32, 0},
+                                                            tk, (kdloss_labels){NULL, KDLOSS_I64},
+                                                            &ctl, NULL,
+                                                            (kdloss_mat){ctg, KDLOSS_F32, 0}) ==
+                                     KDLOSS_OK,
+                             "nan %s: topk status", what);
+                    kt_close(tl, ctl, 0, 1e-5, "nan %s: topk loss vs CPU", what);
+                    if (ti < 3) kt_close(tl, loss, 0, 1e-5, "nan %s: topk K = V vs dense", what);
+                    double tm = 0;
+                    for (int j = 0; j < 3; j++) tm = fmax(tm, fabs(ctg[j]));
+                    for (int j = 0; j < 3; j++)
+                        kt_close(tg[j], ctg[j], 1e-5 * tm, 0, "nan %s: topk dz[%d] vs CPU", what, j);
+                }
+            }
+}
+
+static void test_nan(kt_rng *rng) {
+    const int fails = kt_failures, checks = kt_checks;
+    nan_logprobs(rng);
+    nan_kl(rng);
+    nan_logits(rng);
+    nan_topk(rng);
+    nan_fused(rng);
+    nan_vp_cases(rng);
+    nan_wide();
+    printf("nan: the NaN policy and wide rows, %d checks: %d failures\n", kt_checks - checks,
+           kt_failures - fails);
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
@@ -3509,6 +4275,12 @@ int main(void) {
         printf("skipped: no CUDA device (argument checks ran)\n");
         return kt_finish("test_cuda");
     }
+    /* KDLOSS_TEST_ONLY=nan: the NaN-policy section alone (a quick run while working on it) */
+    const char *only = getenv("KDLOSS_TEST_ONLY");
+    if (only && !strcmp(only, "nan")) {
+        test_nan(&rng);
+        goto end;
+    }
     test_kl(&rng);
     test_jsd(&rng);
     test_fl(&rng);
@@ -3522,9 +4294,11 @@ int main(void) {
         test_topk_fused(&rng);
     }
     test_vp(&rng);
+    test_nan(&rng);
 #ifdef KDLOSS_TEST_NCCL
     test_vp_nccl(&rng);
 #endif
+end:
     CK(cudaStreamDestroy(g_st));
     kdloss_cuda_context_destroy(g_ctx);
 #ifdef KD_SIM_CUDA
