@@ -34,7 +34,7 @@
  *    gradient alone (no loss outputs: the input is not read, the gradient -t is NaN where t is).
  *    A gradient factor of 0 (grad_scale 0) writes zeros. The check costs one test a row (a
  *    scaled sum of the row's inputs, or its normalizer) and no pass of its own.
- *    CUDA: see docs/MATH.md 10 for the state of the GPU kernels.
+ *    The CUDA entry points follow the same policy (docs/MATH.md 10).
  */
 #ifndef KDLOSS_H
 #define KDLOSS_H

@@ -71,10 +71,6 @@
 #pragma weak kdloss_fused_linear_distill
 #pragma weak kdloss_topk_distill_logits
 #pragma weak kdloss_fused_linear_topk_distill
-/* Defined only by tests/cuda/emu (test_cuda_emu), which answers the CUDA calls with the CPU
- * functions: without the CPU's top-k functions it has nothing to answer those with. */
-#pragma weak kdloss_test_emu
-extern int kdloss_test_emu;
 
 static kdloss_cuda_context *g_ctx;
 static cudaStream_t g_st;
@@ -1918,8 +1914,7 @@ static void test_topk_fused(kt_rng *rng) {
  * same all-reduce calls (count, dtype, op) and records rank 0's sequence, which must be the
  * documented protocol (the agreement's two collectives, then per chunk MAX 2, SUM 4 (4 + K),
  * SUM 2 (dense), the dxs SUM); it can also tamper with what the ranks read back from one call
- * (tests/test_vp_agree.c's faults). Under tests/cuda/emu the calls are the CPU _vp functions with
- * the same communicator. */
+ * (tests/test_vp_agree.c's faults). */
 
 #define VP_MAX_RANKS 3
 #define VP_MAX_CALLS 64
@@ -2403,7 +2398,7 @@ static int vp_untouched(const void *d, size_t n) {
 /* The agreement (vp.h; tests/test_vp_agree.c has the CPU's full set): a bad temperature on the
  * last rank gives it INVALID_PARAM and the others PEER; blocks that leave a gap give every rank
  * SHAPE_MISMATCH; a workspace one byte short on the last rank gives it WORKSPACE_TOO_SMALL and
- * the others PEER (not under the emulation: the CPU functions have no such fault); the last rank
+ * the others PEER; the last rank
  * with another (valid) temperature: INVALID_PARAM on every rank; the last rank without dxs:
  * SHAPE_MISMATCH on every rank; the agreed chunk tampered by the communicator on every rank to
  * 1e6, 0 or NaN: KDLOSS_ERR_COMM on every rank. Every rank makes both of the agreement's
@@ -2428,7 +2423,6 @@ static void test_vp_agreement(kt_rng *rng, int size, int topk) {
     vp_data d;
     vp_data_make(rng, &c, &d);
     for (int kind = 0; kind < K_N; kind++) {
-        if (kind == K_SHORT_WS && &kdloss_test_emu) continue;
         vp_job jobs[VP_MAX_RANKS];
         vp_rank ranks[VP_MAX_RANKS];
         vp_world w;
@@ -4287,12 +4281,8 @@ int main(void) {
     test_distill(&rng);
     test_distill_logits(&rng);
     test_fld(&rng);
-    if (&kdloss_test_emu && !kdloss_topk_distill_logits) {
-        printf("top-k: skipped (emulation, and this build has no CPU top-k functions)\n");
-    } else {
-        test_topk_logits(&rng);
-        test_topk_fused(&rng);
-    }
+    test_topk_logits(&rng);
+    test_topk_fused(&rng);
     test_vp(&rng);
     test_nan(&rng);
 #ifdef KDLOSS_TEST_NCCL
