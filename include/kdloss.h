@@ -27,13 +27,18 @@
  *    target, hidden state or weight entering that row's logits, a used slot's teacher log-prob),
  *    a +inf logit (softmax undefined) or a +inf log-prob is propagated, never absorbed: that
  *    row's loss (row_loss, row_soft) is NaN, so every scalar loss is NaN, and EVERY element of
- *    that row's gradient is NaN (dxs's row too; dws / dbs then hold NaN, as any GEMM with it
- *    would). The other rows are computed as if it were clean. Exceptions, all where the value is
- *    not read: ignored rows (loss 0, gradient 0); unused top-k slots; the student's logits
- *    outside S under RENORM_BOTH; a top-k row with no used slot (0); kdloss_kl_div called for the
- *    gradient alone (no loss outputs: the input is not read, the gradient -t is NaN where t is).
- *    A gradient factor of 0 (grad_scale 0) writes zeros. The check costs one test a row (a
- *    scaled sum of the row's inputs, or its normalizer) and no pass of its own.
+ *    that row's gradient is NaN (dxs's row too; dws / dbs then hold NaN in every element, on
+ *    every path, the sparse RENORM_BOTH one included). The other rows are computed as if it were
+ *    clean. Exceptions, all where the value is not read: ignored rows (loss 0, gradient 0);
+ *    unused top-k slots; under RENORM_BOTH the student's logits outside S and the weight rows and
+ *    bias entries that form only them (without a cross-entropy gradient dxs is formed from S
+ *    alone on every path: a NaN weight row outside every row's S changes nothing); a top-k row
+ *    with no used slot (0); kdloss_kl_div called for the gradient alone (no loss outputs: the
+ *    input is not read, the gradient -t is NaN where t is). A gradient factor of 0 (grad_scale
+ *    0; for the fused losses, both parts' factors 0) writes zeros in every element, also where
+ *    the unscaled gradient is infinite or NaN; a loss part whose weight is 0 and whose outputs
+ *    are not asked for is not computed (what only it reads is not read). The check costs one
+ *    test a row (a scaled sum of the row's inputs, or its normalizer) and no pass of its own.
  *    The CUDA entry points follow the same policy (docs/MATH.md 10).
  */
 #ifndef KDLOSS_H

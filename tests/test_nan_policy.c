@@ -469,6 +469,264 @@ static void wide(void) {
             }
 }
 
+
+/* ---- Issue 25, D7 (tests/fuzz/fuzz_api.c's findings), each on every CPU path ---- */
+
+/* grad_scale 0 writes zeros, also where the unscaled element is infinite: reverse KL with a
+ * teacher's -inf log-prob against a finite student one (Q (X - Y + 1) = +inf; inf x 0 was
+ * NaN), fp32 and bf16, V 2 and 1100 (the vector body and tail); kdloss_kl_div with a log
+ * target of 100 (-exp(100) = -inf), loss and gradient, and gradient alone. */
+static uint16_t d7_bf16(float f) { /* truncated: exact for the values used */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)(u >> 16);
+}
+
+static void d7_grad_scale_zero(void) {
+    enum { V = 1100 };
+    static float x[V], y[V], g[V], gl[V];
+    static uint16_t xb[V], yb[V], gb[V];
+    for (int64_t v = 2; v <= V; v += V - 2)
+        for (int bf = 0; bf < 2; bf++) {
+            for (int64_t c = 0; c < v; c++) {
+                x[c] = -0.5f - 0.5f * (float)(c % 3);
+                y[c] = c % 2 ? -0.1f : -INFINITY;
+                g[c] = 7.0f;
+                xb[c] = d7_bf16(x[c]), yb[c] = d7_bf16(y[c]), gb[c] = 0x40e0;
+            }
+            kdloss_distill_params p;
+            kdloss_distill_params_default(&p);
+            p.div.divergence = KDLOSS_DIV_REVERSE_KL;
+            p.grad_scale = 0.0;
+            kdloss_dtype dt = bf ? KDLOSS_BF16 : KDLOSS_F32;
+            float loss;
+            kdloss_status st = kdloss_distill(&p, 1, v, (kdloss_cmat){bf ? (void *)xb : x, dt, 0},
+                                              (kdloss_cmat){bf ? (void *)yb : y, dt, 0}, NOLAB, &loss,
+                                              NULL, (kdloss_mat){bf ? (void *)gb : g, dt, 0});
+            int zero = 1;
+            for (int64_t c = 0; c < v; c++) zero &= kt_get(bf ? (void *)gb : g, dt, 0, 0, c) == 0.0;
+            KT_CHECK(st == KDLOSS_OK && zero, "D7 distill reverse KL grad_scale 0 (v %lld bf16 %d): "
+                     "gradient not all zeros (%g)", (long long)v, bf, kt_get(bf ? (void *)gb : g, dt, 0, 0, 0));
+        }
+    /* in place (grad.data == student.data), grad_scale 0: the loss of the row as read, then zeros */
+    for (int kl = 0; kl < 2; kl++) {
+        for (int64_t c = 0; c < V; c++) x[c] = -0.5f - 0.001f * (float)c, y[c] = -1.0f - 0.002f * (float)c;
+        memcpy(gl, x, sizeof gl);
+        float l0, l1;
+        kdloss_status s0, s1;
+        if (kl) {
+            kdloss_kl_params q;
+            kdloss_kl_params_default(&q);
+            q.log_target = 1, q.grad_scale = 0.0;
+            kdloss_mat none = {NULL, KDLOSS_F32, 0};
+            s0 = kdloss_kl_div(&q, 1, V, (kdloss_cmat){x, KDLOSS_F32, 0}, (kdloss_cmat){y, KDLOSS_F32, 0}, &l0, NULL, none, none);
+            s1 = kdloss_kl_div(&q, 1, V, (kdloss_cmat){gl, KDLOSS_F32, 0}, (kdloss_cmat){y, KDLOSS_F32, 0}, &l1, NULL, none,
+                               (kdloss_mat){gl, KDLOSS_F32, 0});
+        } else {
+            kdloss_distill_params p;
+            kdloss_distill_params_default(&p);
+            p.grad_scale = 0.0;
+            s0 = kdloss_distill(&p, 1, V, (kdloss_cmat){x, KDLOSS_F32, 0}, (kdloss_cmat){y, KDLOSS_F32, 0}, NOLAB, &l0,
+                                NULL, (kdloss_mat){NULL, KDLOSS_F32, 0});
+            s1 = kdloss_distill(&p, 1, V, (kdloss_cmat){gl, KDLOSS_F32, 0}, (kdloss_cmat){y, KDLOSS_F32, 0}, NOLAB, &l1,
+                                NULL, (kdloss_mat){gl, KDLOSS_F32, 0});
+        }
+        int zero = 1;
+        for (int64_t c = 0; c < V; c++) zero &= gl[c] == 0.0f;
+        KT_CHECK(s0 == KDLOSS_OK && s1 == KDLOSS_OK && same_bits(&l0, &l1, 1) && zero,
+                 "D7 %s in place, grad_scale 0: loss %g (not in place %g), gradient %g", kl ? "kl_div" : "distill",
+                 l1, l0, gl[0]);
+    }
+    for (int mode = 0; mode < 2; mode++) { /* 0: loss and gradient, 1: gradient alone */
+        for (int64_t c = 0; c < V; c++) x[c] = -1.0f, y[c] = c % 5 ? -2.0f : 100.0f, gl[c] = 7.0f;
+        kdloss_kl_params q;
+        kdloss_kl_params_default(&q);
+        q.log_target = 1;
+        q.grad_scale = 0.0;
+        float loss;
+        kdloss_status st = kdloss_kl_div(&q, 1, V, (kdloss_cmat){x, KDLOSS_F32, 0},
+                                         (kdloss_cmat){y, KDLOSS_F32, 0}, mode ? NULL : &loss, NULL,
+                                         (kdloss_mat){NULL, KDLOSS_F32, 0},
+                                         (kdloss_mat){gl, KDLOSS_F32, 0});
+        int zero = 1;
+        for (int64_t c = 0; c < V; c++) zero &= gl[c] == 0.0f;
+        KT_CHECK(st == KDLOSS_OK && zero, "D7 kl_div log target 100, grad_scale 0 (mode %d): gradient %g, want 0",
+                 mode, gl[0]);
+    }
+}
+
+/* The identity all-reduce of one rank (the _vp entry on the whole vocabulary). */
+static int d7_ar(void *c, void *b, int64_t n, kdloss_dtype d, kdloss_comm_op o) {
+    (void)c, (void)b, (void)n, (void)d, (void)o;
+    return 0;
+}
+
+enum { D7_BT = 3, D7_HS = 2, D7_V = 8, D7_K = 2 };
+typedef struct {
+    float loss, rs[D7_BT], lse[D7_BT], dxs[D7_BT * D7_HS], dws[D7_V * D7_HS], dbs[D7_V];
+    kdloss_status st;
+} d7_out;
+
+/* One fused top-k call (vp: the _vp entry with one rank), every output but hard asked for when
+ * `all` (row_lse: not the sparse path), else loss, row_soft, dxs, dws, dbs. */
+static void d7_fused(const kdloss_fused_linear_topk_distill_params *p, int vp, int all, const float *xs,
+                     const float *ws, const float *bs, const int32_t *ids, const float *lp, d7_out *r) {
+    kdloss_fused_linear_distill_out o;
+    memset(&o, 0, sizeof o);
+    memset(r, 0x7f, sizeof *r);
+    o.loss = &r->loss, o.row_soft = r->rs, o.row_lse = all ? r->lse : NULL;
+    o.dxs = (kdloss_mat){r->dxs, KDLOSS_F32, 0}, o.dws = (kdloss_mat){r->dws, KDLOSS_F32, 0};
+    o.dbs = bs ? r->dbs : NULL;
+    kdloss_topk_teacher t = {D7_K, {ids, KDLOSS_I32, 0}, {lp, KDLOSS_F32, 0}};
+    kdloss_comm c = {0, 1, d7_ar, NULL};
+    kdloss_vocab_shard sh = {&c, D7_V, 0};
+    kdloss_cmat X = {xs, KDLOSS_F32, 0}, W = {ws, KDLOSS_F32, 0};
+    r->st = vp ? kdloss_fused_linear_topk_distill_vp(p, &sh, D7_BT, D7_HS, D7_V, X, W, bs, t, NOLAB, &o, NULL, 0)
+               : kdloss_fused_linear_topk_distill(p, D7_BT, D7_HS, D7_V, X, W, bs, t, NOLAB, &o, NULL, 0);
+}
+
+static int d7_close(const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(isnan(a[i]) && isnan(b[i])) && !(fabsf(a[i] - b[i]) <= 1e-5f * (1 + fabsf(b[i])))) return 0;
+    return 1;
+}
+
+/* The fused top-k loss: (2) a row whose logits are all NaN (a NaN in its xs): row_soft NaN, its
+ * dxs row and all of dws / dbs NaN, and row_lse NaN also when the row has no used slot, on
+ * every path (the scalar max dropped the NaN); (3a) renorm_both, a NaN weight row outside every
+ * row's S: the single-process (sparse) call and the _vp one agree, finite; (3b) renorm_both, a
+ * NaN used log-prob: dws / dbs all NaN in both; (3c) weight_soft_loss 0 and weight_hard_loss 0:
+ * loss 0 and zero gradients, whatever S reads (a NaN weight row in S), in both. */
+static void d7_topk_fused(void) {
+    float xs[D7_BT * D7_HS] = {1.0f, 0.5f, -0.5f, 0.25f, 0.75f, -1.0f}, ws[D7_V * D7_HS], bs[D7_V];
+    float lp[D7_BT * D7_K] = {-1.0f, -2.0f, -0.5f, -1.5f, -0.25f, -3.0f};
+    int32_t ids[D7_BT * D7_K] = {3, 0, 5, 2, 0, 5};
+    for (int i = 0; i < D7_V * D7_HS; i++) ws[i] = 0.1f * (float)(i % 5) - 0.2f;
+    for (int i = 0; i < D7_V; i++) bs[i] = 0.05f * (float)i;
+    d7_out a, b;
+    /* (2) */
+    for (int tail = 0; tail < 3; tail++)
+        for (int noslot = 0; noslot < 2; noslot++) {
+            kdloss_fused_linear_topk_distill_params p;
+            kdloss_fused_linear_topk_distill_params_default(&p);
+            p.tail = (kdloss_topk_tail)tail;
+            float x1[D7_BT * D7_HS];
+            int32_t id1[D7_BT * D7_K];
+            memcpy(x1, xs, sizeof x1);
+            memcpy(id1, ids, sizeof id1);
+            x1[1 * D7_HS] = NAN;
+            if (noslot) id1[1 * D7_K] = id1[1 * D7_K + 1] = -1;
+            d7_fused(&p, 0, 1, x1, ws, bs, id1, lp, &a);
+            KT_CHECK(a.st == KDLOSS_OK && isnan(a.lse[1]) && isfinite(a.lse[0]) && isfinite(a.rs[0]),
+                     "D7 fused top-k tail %d, all-NaN row (no used slot %d): row_lse %g %g, want NaN", tail,
+                     noslot, a.lse[1], a.lse[0]);
+            if (noslot) /* the soft part reads nothing there (kdloss.h): 0 */
+                KT_CHECK(a.rs[1] == 0.0f, "D7 fused top-k tail %d, all-NaN row, no used slot: row_soft %g",
+                         tail, a.rs[1]);
+            else
+                KT_CHECK(isnan(a.loss) && isnan(a.rs[1]) && all_nan(a.dxs + D7_HS, D7_HS) &&
+                             all_nan(a.dws, D7_V * D7_HS) && all_nan(a.dbs, D7_V),
+                         "D7 fused top-k tail %d, all-NaN row: loss %g row_soft %g dws[1] %g dbs[7] %g, want NaN",
+                         tail, a.loss, a.rs[1], a.dws[1], a.dbs[7]);
+        }
+    kdloss_fused_linear_topk_distill_params p;
+    kdloss_fused_linear_topk_distill_params_default(&p);
+    p.tail = KDLOSS_TAIL_RENORM_BOTH;
+    p.temperature = 1.5;
+    /* (3a): vocabulary row 7 is in no row's S */
+    float w1[D7_V * D7_HS];
+    memcpy(w1, ws, sizeof w1);
+    w1[7 * D7_HS + 1] = NAN;
+    d7_fused(&p, 0, 0, xs, w1, bs, ids, lp, &a);
+    d7_fused(&p, 1, 0, xs, w1, bs, ids, lp, &b);
+    KT_CHECK(a.st == KDLOSS_OK && b.st == KDLOSS_OK && isfinite(a.loss) && isfinite(b.loss) &&
+                 d7_close(b.dxs, a.dxs, D7_BT * D7_HS) && isfinite(b.dxs[0]) && isfinite(b.dxs[1]) &&
+                 d7_close(b.dws, a.dws, D7_V * D7_HS) && d7_close(b.dbs, a.dbs, D7_V),
+             "D7 renorm_both, NaN weight row outside S: single %g dxs %g %g, vp %g dxs %g %g", a.loss,
+             a.dxs[0], a.dxs[1], b.loss, b.dxs[0], b.dxs[1]);
+    /* (3b) */
+    float lp1[D7_BT * D7_K];
+    memcpy(lp1, lp, sizeof lp1);
+    lp1[1 * D7_K + 1] = NAN;
+    d7_fused(&p, 0, 0, xs, ws, bs, ids, lp1, &a);
+    d7_fused(&p, 1, 0, xs, ws, bs, ids, lp1, &b);
+    KT_CHECK(a.st == KDLOSS_OK && b.st == KDLOSS_OK && isnan(a.rs[1]) && isnan(b.rs[1]) &&
+                 all_nan(a.dxs + D7_HS, D7_HS) && all_nan(a.dws, D7_V * D7_HS) && all_nan(a.dbs, D7_V) &&
+                 all_nan(b.dws, D7_V * D7_HS) && all_nan(b.dbs, D7_V) && d7_close(b.dxs, a.dxs, D7_BT * D7_HS),
+             "D7 renorm_both, NaN used log-prob: single dws[0] %g dbs[7] %g, vp dws[0] %g dbs[7] %g (want NaN)",
+             a.dws[0], a.dbs[7], b.dws[0], b.dbs[7]);
+    /* (3d) a row whose gradient is 0 by the rules, its xs unread, holding a NaN: a top-k row with
+     * no used slot (renorm_both: single (sparse) and _vp agree, dws finite), and an ignored row
+     * of the dense fused loss (dws finite): the full path's dws GEMM skips such rows' xs */
+    {
+        float x1[D7_BT * D7_HS];
+        int32_t id1[D7_BT * D7_K];
+        memcpy(x1, xs, sizeof x1);
+        memcpy(id1, ids, sizeof id1);
+        x1[1 * D7_HS + 1] = NAN;
+        id1[1 * D7_K] = id1[1 * D7_K + 1] = -1;
+        d7_fused(&p, 0, 0, x1, ws, bs, id1, lp, &a);
+        d7_fused(&p, 1, 0, x1, ws, bs, id1, lp, &b);
+        int fin = 1;
+        for (int i = 0; i < D7_V * D7_HS; i++) fin &= isfinite(a.dws[i]) && isfinite(b.dws[i]);
+        KT_CHECK(a.st == KDLOSS_OK && b.st == KDLOSS_OK && fin && d7_close(b.dws, a.dws, D7_V * D7_HS) &&
+                     d7_close(b.dxs, a.dxs, D7_BT * D7_HS) && a.rs[1] == 0.0f,
+                 "D7 renorm_both, NaN xs in a row with no used slot: dws single %g vp %g", a.dws[0], b.dws[0]);
+        kdloss_fused_linear_distill_params dp;
+        kdloss_fused_linear_distill_params_default(&dp);
+        int64_t lab[D7_BT] = {3, -100, 5};
+        kdloss_fused_linear_distill_out o;
+        memset(&o, 0, sizeof o);
+        o.loss = &a.loss, o.dws = (kdloss_mat){a.dws, KDLOSS_F32, 0}, o.dbs = a.dbs;
+        kdloss_status st = kdloss_fused_linear_distill(
+            &dp, D7_BT, D7_HS, D7_HS, D7_V, (kdloss_cmat){x1, KDLOSS_F32, 0}, (kdloss_cmat){ws, KDLOSS_F32, 0}, bs,
+            (kdloss_cmat){xs, KDLOSS_F32, 0}, (kdloss_cmat){ws, KDLOSS_F32, 0}, NULL, (kdloss_labels){lab, KDLOSS_I64},
+            &o, NULL, 0);
+        fin = isfinite(a.loss);
+        for (int i = 0; i < D7_V * D7_HS; i++) fin &= isfinite(a.dws[i]);
+        KT_CHECK(st == KDLOSS_OK && fin, "D7 fused dense, NaN xs in an ignored row: loss %g dws[1] %g, want finite",
+                 a.loss, a.dws[1]);
+    }
+    /* (3e) renorm_both, a row whose student logits at S are all -inf (xs -inf): softmax over S
+     * undefined, the row NaN in every element in both (dws all NaN) */
+    {
+        float x1[D7_BT * D7_HS], w2[D7_V * D7_HS];
+        memcpy(x1, xs, sizeof x1);
+        memcpy(w2, ws, sizeof w2);
+        x1[1 * D7_HS] = -INFINITY, x1[1 * D7_HS + 1] = 0.0f;
+        w2[5 * D7_HS] = 1.0f, w2[2 * D7_HS] = 0.5f; /* row 1's S = {5, 2}: logits -inf */
+        d7_fused(&p, 0, 0, x1, w2, NULL, ids, lp, &a);
+        d7_fused(&p, 1, 0, x1, w2, NULL, ids, lp, &b);
+        KT_CHECK(a.st == KDLOSS_OK && b.st == KDLOSS_OK && isnan(a.rs[1]) && isnan(b.rs[1]) &&
+                     all_nan(a.dws, D7_V * D7_HS) && all_nan(b.dws, D7_V * D7_HS),
+                 "D7 renorm_both, student -inf at S: row_soft %g / %g, dws[0] single %g vp %g (want NaN)", a.rs[1],
+                 b.rs[1], a.dws[0], b.dws[0]);
+    }
+    /* (3c): vocabulary row 3 is in row 0's S */
+    p.weight_soft_loss = 0.0, p.weight_hard_loss = 0.0;
+    memcpy(w1, ws, sizeof w1);
+    w1[3 * D7_HS] = NAN;
+    for (int vp = 0; vp < 2; vp++) {
+        kdloss_fused_linear_distill_out o;
+        memset(&o, 0, sizeof o);
+        memset(&a, 0x7f, sizeof a);
+        o.loss = &a.loss, o.dxs = (kdloss_mat){a.dxs, KDLOSS_F32, 0}, o.dws = (kdloss_mat){a.dws, KDLOSS_F32, 0};
+        o.dbs = a.dbs;
+        kdloss_topk_teacher t = {D7_K, {ids, KDLOSS_I32, 0}, {lp, KDLOSS_F32, 0}};
+        kdloss_comm c = {0, 1, d7_ar, NULL};
+        kdloss_vocab_shard sh = {&c, D7_V, 0};
+        kdloss_cmat X = {xs, KDLOSS_F32, 0}, W = {w1, KDLOSS_F32, 0};
+        kdloss_status st = vp ? kdloss_fused_linear_topk_distill_vp(&p, &sh, D7_BT, D7_HS, D7_V, X, W, bs, t, NOLAB, &o, NULL, 0)
+                              : kdloss_fused_linear_topk_distill(&p, D7_BT, D7_HS, D7_V, X, W, bs, t, NOLAB, &o, NULL, 0);
+        int zero = a.loss == 0.0f;
+        for (int i = 0; i < D7_BT * D7_HS; i++) zero &= a.dxs[i] == 0.0f;
+        for (int i = 0; i < D7_V * D7_HS; i++) zero &= a.dws[i] == 0.0f;
+        for (int i = 0; i < D7_V; i++) zero &= a.dbs[i] == 0.0f;
+        KT_CHECK(st == KDLOSS_OK && zero, "D7 renorm_both weights 0 (vp %d): loss %g dxs %g, want 0", vp,
+                 a.loss, a.dxs[0]);
+    }
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
@@ -478,6 +736,8 @@ int main(void) {
         topk(&rng);
         fused(&rng);
         wide();
+        d7_grad_scale_zero();
+        d7_topk_fused();
     }
     return kt_finish("test_nan_policy");
 }

@@ -41,8 +41,9 @@ KD_HDM double kd_topk_lse(const float *v, int64_t n, double s) {
     return m + log(sum);
 }
 
-/* log(a + b) from log a and log b, either may be -inf. */
+/* log(a + b) from log a and log b, either may be -inf; NaN when either is (fmax would drop it). */
 KD_HDM double kd_topk_logaddexp(double la, double lb) {
+    if (isnan(la) || isnan(lb)) return la + lb;
     double m = fmax(la, lb);
     if (m == -INFINITY) return -INFINITY;
     return m + log(exp(la - m) + exp(lb - m));
@@ -78,8 +79,12 @@ KD_HDM double kd_topk_row(const kd_div_coef *c, int tail, int64_t n, const float
     /* the NaN policy (kdloss.h): a NaN or +inf among the row's student logits (at S, or outside
      * it where the tail reads them: rest_lse) or its used slots' log-probs makes the row's loss,
      * every gk and the rest's coefficient NaN, so that the whole gradient row is (renorm_both
-     * reads the student at S only; a row with no used slot still contributes 0) */
+     * reads the student at S only; a row with no used slot still contributes 0). So does, under
+     * renorm_both, a student whose logits at S are all -inf: its softmax over S is 0 / 0 (the
+     * loss would be NaN, the slots' gradients NaN and the rest's coefficient 0, so the two
+     * paths' dws, 0 x inf outside S on the full-vocabulary one, would differ) */
     if (n > 0 && (isnan(lse_s) || lse_s == INFINITY || isnan(lse_p) || lse_p == INFINITY ||
+        (renorm_s && lse_s == -INFINITY) ||
         (!renorm_s && (isnan(rest_lse) || rest_lse == INFINITY)))) {
         for (int64_t k = 0; k < n; k++) gk[k] = NAN;
         *c_rest = NAN;

@@ -3,6 +3,8 @@
 #ifndef KDLOSS_CPU_ELEMENTWISE_H
 #define KDLOSS_CPU_ELEMENTWISE_H
 
+#include <string.h>
+
 #include "div_coef.h"
 #include "kdloss.h"
 
@@ -84,6 +86,15 @@ static inline double kd_poison_row(const kd_ew_job *j, char *grow, float *erow) 
     if (erow)
         for (int64_t c = 0; c < j->v; c++) erow[c] = __builtin_nanf("");
     return __builtin_nan("");
+}
+
+/* A gradient factor of 0 writes zeros (kdloss.h), also where the unscaled element is infinite
+ * (reverse KL at a teacher's -inf log-prob: inf x 0 would be NaN): a row kernel then runs its row
+ * without a gradient and, once it has read the row (the gradient may overwrite the input in
+ * place), zeros the gradient row gz (when not NULL) here; returns ret. One branch a row. */
+static inline double kd_zero_grad_row(const kd_ew_job *j, char *gz, double ret) {
+    if (gz) memset(gz, 0, (size_t)j->v * kdloss_dtype_size(j->xdt));
+    return ret;
 }
 
 #endif

@@ -117,6 +117,11 @@ double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
     float *erow = j->elem ? j->elem + r * j->lde : NULL;
     float bx[KD_TILE], bt[KD_TILE], bg[KD_TILE];
     vf sc = vf_set1(j->gscale), eps = vf_set1(j->eps);
+    char *gz = grow && j->gscale == 0.0f ? grow : NULL; /* kd_zero_grad_row */
+    if (gz) {
+        grow = NULL;
+        if (!j->want_loss && !erow) return kd_zero_grad_row(j, gz, 0.0);
+    }
     int grad_only = !j->want_loss && !erow, nt = use_nt(j, grow);
     int normal_log = j->eps >= 1.17549435e-38f; /* log(max(t, eps)) never sees a subnormal */
     double sum = 0.0;
@@ -141,8 +146,8 @@ double KD_SFX(kd_kl_row)(const kd_ew_job *j, int64_t r) {
         if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
     }
     if (nt) _mm_sfence(); /* order the streamed stores before the caller reads them */
-    if (!grad_only && kd_poisoned(vf_hsum(ck))) return kd_poison_row(j, grow, erow);
-    return sum;
+    if (!grad_only && kd_poisoned(vf_hsum(ck))) return kd_zero_grad_row(j, gz, kd_poison_row(j, grow, erow));
+    return kd_zero_grad_row(j, gz, sum);
 }
 
 double KD_SFX(kd_div_row)(const kd_ew_job *j, int64_t r) {
@@ -155,6 +160,8 @@ double KD_SFX(kd_div_row)(const kd_ew_job *j, int64_t r) {
     const char *xrow = j->x + (size_t)(r * j->ldx) * xes;
     const char *trow = j->t + (size_t)(r * j->ldt) * tes;
     float bx[KD_TILE], bt[KD_TILE], bg[KD_TILE];
+    char *gz = grow && j->gscale == 0.0f ? grow : NULL; /* kd_zero_grad_row */
+    if (gz) grow = NULL;
     kd_vdiv k = kd_vdiv_make(j->coef);
     vf sc = vf_set1(j->gscale);
     int nt = use_nt(j, grow);
@@ -178,6 +185,6 @@ double KD_SFX(kd_div_row)(const kd_ew_job *j, int64_t r) {
         if (gd == bg) store_tile(grow + c0 * xes, j->xdt, bg, n);
     }
     if (nt) _mm_sfence();
-    if (kd_poisoned(vf_hsum(ck))) return kd_poison_row(j, grow, NULL);
-    return sum;
+    if (kd_poisoned(vf_hsum(ck))) return kd_zero_grad_row(j, gz, kd_poison_row(j, grow, NULL));
+    return kd_zero_grad_row(j, gz, sum);
 }

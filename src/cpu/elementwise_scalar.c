@@ -31,6 +31,11 @@ double kd_kl_row_scalar(const kd_ew_job *j, int64_t r) {
     double sum = 0.0;
     float ck = 0.0f; /* the NaN policy: kd_poisoned */
     int grad_only = !j->want_loss && !erow;
+    char *gz = grow && j->gscale == 0.0f ? grow : NULL; /* kd_zero_grad_row */
+    if (gz) {
+        grow = NULL;
+        if (grad_only) return kd_zero_grad_row(j, gz, 0.0);
+    }
     for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
         int64_t c1 = c0 + KD_TILE < j->v ? c0 + KD_TILE : j->v;
         float acc = 0.0f;
@@ -50,8 +55,8 @@ double kd_kl_row_scalar(const kd_ew_job *j, int64_t r) {
         }
         sum += acc;
     }
-    if (!grad_only && kd_poisoned(ck)) return kd_poison_row(j, grow, erow);
-    return sum;
+    if (!grad_only && kd_poisoned(ck)) return kd_zero_grad_row(j, gz, kd_poison_row(j, grow, erow));
+    return kd_zero_grad_row(j, gz, sum);
 }
 
 double kd_div_row_scalar(const kd_ew_job *j, int64_t r) {
@@ -65,6 +70,8 @@ double kd_div_row_scalar(const kd_ew_job *j, int64_t r) {
     const char *trow = j->t + (size_t)(r * j->ldt) * tes;
     double sum = 0.0;
     float ck = 0.0f; /* the NaN policy: kd_poisoned */
+    char *gz = grow && j->gscale == 0.0f ? grow : NULL; /* kd_zero_grad_row */
+    if (gz) grow = NULL;
     for (int64_t c0 = 0; c0 < j->v; c0 += KD_TILE) {
         int64_t c1 = c0 + KD_TILE < j->v ? c0 + KD_TILE : j->v;
         float acc = 0.0f;
@@ -76,6 +83,6 @@ double kd_div_row_scalar(const kd_ew_job *j, int64_t r) {
         }
         sum += acc;
     }
-    if (kd_poisoned(ck)) return kd_poison_row(j, grow, NULL);
-    return sum;
+    if (kd_poisoned(ck)) return kd_zero_grad_row(j, gz, kd_poison_row(j, grow, NULL));
+    return kd_zero_grad_row(j, gz, sum);
 }

@@ -26,6 +26,7 @@
  * (kd_sgemm_nt_b16) and dXs widens it panel by panel, and the gradient GEMMs run in fp32 on the
  * fp32 dz. A GEMM failure ends the call with its status (kdloss.h: outputs may then be partly
  * written). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,24 +246,70 @@ static kdloss_status chunk_logits(kdloss_cmat x, int64_t r0, int64_t n, const ws
     return gemm_logits(n, *a, *lda, w, z);
 }
 
+/* Whether chunk row i's dz is 0 by the rules, its xs unread (kdloss.h): an ignored row, or a
+ * top-k row with no used slot and no cross-entropy gradient. */
+static int zero_dz_row(const kd_fld_rows *r, int64_t i) {
+    if (r->labels.data && kd_label_at(r->labels, r->row0 + i) == r->ignore_index) return 1;
+    if (!r->topk || r->gh != 0.0f) return 0;
+    return ((const int64_t *)(r->tk + (size_t)i * kd_topk_row_scratch(r->topk->k)))[r->topk->k] == 0;
+}
+
+/* Whether row `row` of x (fp32 or bf16, cols wide) holds a NaN or an inf. */
+static int x_row_nonfinite(kdloss_cmat x, int64_t row, int64_t cols) {
+    for (int64_t h = 0; h < cols; h++) {
+        float f = x.dtype == KDLOSS_BF16 ? kd_bf16_to_f32(((const uint16_t *)x.data)[row * x.ld + h])
+                                         : ((const float *)x.data)[row * x.ld + h];
+        if (!(fabsf(f) <= 3.40282347e38f)) return 1;
+    }
+    return 0;
+}
+
+/* dWs (+)= dz^T xs for chunk rows [r0, r0 + n): one GEMM, or, where a row whose dz is 0 by the
+ * rules (zero_dz_row) holds a NaN or inf in xs, one GEMM per run of the other rows, so that its
+ * unread xs does not reach dWs (0 x NaN; the test costs a look at such rows' xs only). From the
+ * fp32 dz and xs rows `as` (lda), or natively from the bf16 dz16 (ld 2V) and xs. */
+static kdloss_status dws_gemm(const kd_fld_call *k, const kd_fld_rows *r, float *c, int64_t ldc,
+                              const float *dz, const uint16_t *dz16, const float *as, int64_t lda,
+                              int64_t r0, int64_t n) {
+    int64_t v = k->v, hs = k->hs, i0 = 0;
+    int first = 1;
+    kdloss_status st = KDLOSS_OK;
+    for (int64_t i = 0; i <= n && st == KDLOSS_OK; i++) {
+        if (i < n && !(zero_dz_row(r, i) && x_row_nonfinite(k->xs, r0 + i, hs))) continue;
+        if (i > i0) {
+            float beta = first && r0 == 0 ? 0.0f : 1.0f;
+            if (dz16) {
+                kd_gemm_bf16 g = {1, 0, v, hs, i - i0, dz16 + i0 * 2 * v, 2 * v,
+                                  (const uint16_t *)k->xs.data + (r0 + i0) * k->xs.ld, k->xs.ld, c,
+                                  ldc, beta};
+                st = kd_gemm_bf16_run(&g);
+            } else {
+                kd_gemm g = {1, 0, v, hs, i - i0, 1.0f, dz + i0 * v, v, as + i0 * lda, lda, beta, c,
+                             ldc};
+                st = kd_sgemm(&g);
+            }
+            first = 0;
+        }
+        i0 = i + 1;
+    }
+    if (st == KDLOSS_OK && first && r0 == 0) /* no row: dWs starts at 0 */
+        for (int64_t j = 0; j < v; j++) memset(c + j * ldc, 0, (size_t)hs * sizeof(float));
+    return st;
+}
+
 /* The native form of chunk_grads' two GEMMs (kd_gemm_bf16_grad_native; xs and ws are bf16):
  * dz (n x V fp32, dbs already summed from it) rounded to bf16 in place (ld 2V), then
  * dWs (+)= dz^T xs into the fp32 accumulator and dx (n x Hs, ld Hs) = dz ws, both from the
  * bf16 operands as they are. */
 static kdloss_status grads_native(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
-                                  float *dz, int64_t r0, int64_t n, float *dx) {
+                                  const kd_fld_rows *r, float *dz, int64_t r0, int64_t n, float *dx) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t hs = k->hs, v = k->v;
     kd_f32_rows_to_bf16_inplace(dz, n, v, 1);
     const uint16_t *dz16 = (const uint16_t *)dz;
     kdloss_status st = KDLOSS_OK;
-    if (o->dws.data) {
-        kd_gemm_bf16 g = {1, 0, v, hs, n, dz16, 2 * v,
-                          (const uint16_t *)k->xs.data + r0 * k->xs.ld, k->xs.ld,
-                          (float *)(base + pl->off_dws), hs, r0 ? 1.0f : 0.0f};
-        st = kd_gemm_bf16_run(&g);
-    }
-    if (st == KDLOSS_OK && o->dxs.data) {
+    if (o->dws.data) st = dws_gemm(k, r, (float *)(base + pl->off_dws), hs, NULL, dz16, NULL, 0, r0, n);
+    if (st == KDLOSS_OK && o->dxs.data && dx) {
         kd_gemm_bf16 g = {0, 0, n, hs, v, dz16, 2 * v, (const uint16_t *)k->ws.data, k->ws.ld,
                           dx, hs, 0.0f};
         st = kd_gemm_bf16_run(&g);
@@ -270,34 +317,65 @@ static kdloss_status grads_native(const kd_fld_call *k, const kd_fld_plan *pl, c
     return st;
 }
 
+/* dx rows [0, n) (stride ldd) = dz ws over each row's local columns in S alone: top-k
+ * renorm_both without the cross-entropy's gradient, where dz is 0 outside S (its student
+ * normalizer is over S). K axpys a row instead of a V-wide GEMM, and a weight row outside S,
+ * which the loss never reads, is not read here either (a GEMM's 0 x NaN would make dxs NaN
+ * where the sparse path, which reads S alone, does not: docs/MATH.md 10). */
+static void topk_dx(const kd_fld_call *k, const kd_fld_rows *r, const float *dz, int64_t r0,
+                    int64_t n, float *dx, int64_t ldd) {
+    int64_t kk = k->topk.k, hs = k->hs, v = k->v;
+    int bf = k->ws.dtype == KDLOSS_BF16;
+    for (int64_t i = 0; i < n; i++) {
+        float *d = dx + i * ldd;
+        memset(d, 0, (size_t)hs * sizeof(float));
+        if (r->labels.data && kd_label_at(r->labels, r0 + i) == r->ignore_index) continue;
+        const int64_t *col = (const int64_t *)(r->tk + (size_t)i * kd_topk_row_scratch(kk));
+        for (int64_t j = 0; j < col[kk]; j++) {
+            if (col[j] < 0) continue; /* another rank's id */
+            float c = dz[i * v + col[j]];
+            if (bf) {
+                const uint16_t *w = (const uint16_t *)k->ws.data + col[j] * k->ws.ld;
+                for (int64_t h = 0; h < hs; h++) d[h] += c * kd_bf16_to_f32(w[h]);
+            } else {
+                const float *w = (const float *)k->ws.data + col[j] * k->ws.ld;
+                for (int64_t h = 0; h < hs; h++) d[h] += c * w[h];
+            }
+        }
+    }
+}
+
 /* The gradients of chunk rows [r0, r0 + n) from its dzs (n x V, over zs): dbs += column sums,
- * dWs (+)= dzs^T xs (as: the chunk's fp32 xs rows, stride lda), dxs rows = dzs ws; natively
- * from a bf16 dzs (grads_native, which rounds dz in place) when `native`. */
+ * dWs (+)= dzs^T xs (as: the chunk's fp32 xs rows, stride lda), dxs rows = dzs ws (topk_dx
+ * where dz is 0 outside S); natively from a bf16 dzs (grads_native, which rounds dz in place)
+ * when `native`. */
 static kdloss_status chunk_grads(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
-                                 const wsrc *w_s, float *dz, const float *as, int64_t lda,
-                                 int64_t r0, int64_t n, int native) {
+                                 const wsrc *w_s, const kd_fld_rows *r, float *dz,
+                                 const float *as, int64_t lda, int64_t r0, int64_t n, int native) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t hs = k->hs, v = k->v;
     int sb = k->xs.dtype == KDLOSS_BF16;
     kdloss_status st = KDLOSS_OK;
     if (o->dbs) col_sums(dz, n, v, (float *)(base + pl->off_dbs), r0 == 0);
     float *tmp = (float *)(base + pl->off_xconv);
+    int direct = !sb && !k->comm; /* dxs rows straight into the caller's fp32 */
+    int sdx = o->dxs.data && k->topk.k && k->tail == KDLOSS_TAIL_RENORM_BOTH && r->gh == 0.0f;
+    if (sdx) /* before grads_native rounds dz */
+        topk_dx(k, r, dz, r0, n, direct ? (float *)o->dxs.data + r0 * o->dxs.ld : tmp,
+                direct ? o->dxs.ld : hs);
     if (native) { /* sb: the fp32 dxs rows into tmp, then cast as below */
-        st = grads_native(k, pl, base, dz, r0, n, tmp);
+        st = grads_native(k, pl, base, r, dz, r0, n, sdx ? NULL : tmp);
         if (st != KDLOSS_OK || !o->dxs.data) return st;
     } else {
-        if (o->dws.data) {
-            float *c = sb ? (float *)(base + pl->off_dws) : (float *)o->dws.data;
-            kd_gemm g = {1, 0, v, hs, n, 1.0f, dz, v, as, lda, r0 ? 1.0f : 0.0f, c,
-                         sb ? hs : o->dws.ld};
-            st = kd_sgemm(&g);
-        }
+        if (o->dws.data)
+            st = dws_gemm(k, r, sb ? (float *)(base + pl->off_dws) : (float *)o->dws.data,
+                          sb ? hs : o->dws.ld, dz, NULL, as, lda, r0, n);
         if (st != KDLOSS_OK || !o->dxs.data) return st;
-        if (!sb && !k->comm)
-            return gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
+        if (direct)
+            return sdx ? st : gemm_dx(n, dz, w_s, (float *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld);
         /* fp32 rows first (the chunk's teacher rows are spent): cast to bf16, and with a
          * vocabulary split summed over the ranks first, one all-reduce per chunk */
-        st = gemm_dx(n, dz, w_s, tmp, hs);
+        if (!sdx) st = gemm_dx(n, dz, w_s, tmp, hs);
     }
     if (st == KDLOSS_OK && k->comm &&
         k->comm->allreduce(k->comm->ctx, tmp, n * hs, KDLOSS_F32, KDLOSS_COMM_SUM))
@@ -389,6 +467,10 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
     kd_fld_rows r;
     rows_setup(k, pl, base, soft, hard, &r);
     void (*rows)(const kd_fld_rows *) = row_kernel();
+    /* both gradient factors 0: the gradients are zeros (kdloss.h), written once at the end; no
+     * gradient GEMM (0 x a NaN weight or input would be NaN) */
+    int zero_g = k->grad && r.gs == 0.0f && r.gh == 0.0f;
+    if (zero_g) r.grad = 0;
 
     double soft_sum = 0.0, hard_sum = 0.0;
     kdloss_status st = KDLOSS_OK;
@@ -419,13 +501,20 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
             if (o->row_soft) o->row_soft[r0 + i] = (float)r.row_soft[i];
             if (o->row_hard) o->row_hard[r0 + i] = (float)r.row_hard[i];
         }
-        if (k->grad) st = chunk_grads(k, pl, base, &w_s, r.zs, as, lda, r0, n, native_g);
+        if (k->grad && !zero_g)
+            st = chunk_grads(k, pl, base, &w_s, &r, r.zs, as, lda, r0, n, native_g);
     }
     if (st != KDLOSS_OK) return st;
-    if (o->dws.data && k->xs.dtype == KDLOSS_BF16)
-        kd_f32_rows_to_bf16((const float *)(base + pl->off_dws), hs, v, hs,
-                            (uint16_t *)o->dws.data, o->dws.ld, 1);
-    if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
+    if (zero_g) {
+        if (o->dxs.data) zero_mat(o->dxs, bt, hs);
+        if (o->dws.data) zero_mat(o->dws, v, hs);
+        if (o->dbs) memset(o->dbs, 0, (size_t)v * kdloss_dtype_size(k->ws.dtype));
+    } else {
+        if (o->dws.data && k->xs.dtype == KDLOSS_BF16)
+            kd_f32_rows_to_bf16((const float *)(base + pl->off_dws), hs, v, hs,
+                                (uint16_t *)o->dws.data, o->dws.ld, 1);
+        if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
+    }
     double nv = (double)k->n_valid, t2 = p->t2_scale ? p->temperature * p->temperature : 1.0;
     double soft_mean = soft ? soft_sum * t2 / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
     write_losses(o,
@@ -482,7 +571,9 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
     const kdloss_fused_linear_distill_params *p = &k->p;
     const kdloss_fused_linear_distill_out *o = &k->out;
     int sb = k->xs.dtype == KDLOSS_BF16;
-    if (k->n_valid == 0) {
+    /* as run(): the soft part only when weighted or asked for (no cross-entropy here) */
+    int want_soft = p->weight_soft_loss > 0.0 || o->soft_loss || o->row_soft;
+    if (k->n_valid == 0 || !want_soft) {
         write_zero(k);
         return KDLOSS_OK;
     }
@@ -501,6 +592,8 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
     void (*scatter)(const kd_topk_sparse *);
     void (*rows)(const kd_topk_sparse *) = sparse_kernels(&scatter);
     double soft_sum = 0.0;
+    int nan_row = 0; /* a poisoned row (the rows kernel's flag in col[K]) */
+    size_t scr = kd_topk_row_scratch(k->topk.k);
     for (int64_t r0 = 0; r0 < k->bt; r0 += pl->chunk) {
         a.n = min64(pl->chunk, k->bt - r0);
         a.row0 = r0;
@@ -511,11 +604,22 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
         for (int64_t i = 0; i < a.n; i++) {
             soft_sum += a.row_soft[i];
             if (o->row_soft) o->row_soft[r0 + i] = (float)a.row_soft[i];
+            nan_row |= ((const int64_t *)(a.tk + (size_t)i * scr))[k->topk.k] != 0;
         }
         if (sb && o->dxs.data)
             kd_f32_rows_to_bf16(a.d32, k->hs, a.n, k->hs,
                                 (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld, 1);
-        if (k->grad) scatter(&a);
+        if (k->grad && a.gs != 0.0f) scatter(&a); /* a factor of 0: the zeros written above */
+    }
+    /* the NaN policy (kdloss.h): a poisoned row's gradient is NaN in every element, outside S
+     * too (as the full-vocabulary path's dz row), so dws and dbs hold NaN everywhere: one fill
+     * a call, only then */
+    if (nan_row) {
+        if (a.dws)
+            for (int64_t c = 0; c < k->v; c++)
+                for (int64_t h = 0; h < k->hs; h++) a.dws[c * a.ldd + h] = NAN;
+        if (a.dbs)
+            for (int64_t c = 0; c < k->v; c++) a.dbs[c] = NAN;
     }
     if (a.dws && sb)
         kd_f32_rows_to_bf16(a.dws, k->hs, k->v, k->hs, (uint16_t *)o->dws.data, o->dws.ld, 1);

@@ -184,6 +184,23 @@ static void ph_gather(const kd_fld_rows *a, int64_t i, float *z) {
     col[kk] = n;
 }
 
+/* The NaN policy (kdloss.h) for the maximum m of the columns outside S (bias added, S masked to
+ * -inf): a max drops NaN (fmaxf always; a vector max in the lanes where a number follows it), and
+ * where it leaves -inf the row would look as if it had no column outside S (its sums skipped,
+ * the NaN lost). So a -inf maximum is checked for a NaN (a pass only on such rows), and a NaN
+ * maximum, or one found, is returned as +inf: the sums at +inf are then NaN exactly where a NaN
+ * or +inf is (inf - inf), on every path, and a MAX all-reduce of the ranks' maxima cannot drop
+ * it as it could a NaN. One compare a row otherwise. */
+static inline float ph_keep_nan(const float *z, int64_t v, float m) {
+    if (m > -INFINITY) return m;
+    if (m == -INFINITY) {
+        for (int64_t c = 0; c < v; c++)
+            if (isnan(z[c])) return INFINITY;
+        return m;
+    }
+    return INFINITY; /* NaN */
+}
+
 static void PH(topk_max)(const kd_fld_rows *a, int64_t i) {
     double *mx = a->st_max + 2 * i, *sm = a->st_sum + a->n_sum * i;
     float *z = a->zs + i * a->v;
@@ -195,7 +212,8 @@ static void PH(topk_max)(const kd_fld_rows *a, int64_t i) {
     ph_gather(a, i, z);
     const int64_t *col = ph_tk(a, i);
     const float *zk = (const float *)(col + kk + 1);
-    float mr = PH_FOLD_MAX(z, a->bs, a->v), m = mr; /* -inf when S holds every local column */
+    /* -inf when S holds every local column; +inf when a NaN or +inf is outside S (ph_keep_nan) */
+    float mr = ph_keep_nan(z, a->v, PH_FOLD_MAX(z, a->bs, a->v)), m = mr;
     for (int64_t k = 0; k < col[kk]; k++)
         if (col[k] >= 0 && zk[k] > m) m = zk[k];
     mx[0] = mr;

@@ -70,10 +70,15 @@ static void TS(row)(const kd_topk_sparse *a, int64_t i) {
     a->row_soft[i] = kd_topk_row(&a->coef, KD_TAIL_RENORM_BOTH, n, zk, lp, a->inv_t, -INFINITY,
                                  gk, &c_rest);
     for (int64_t k = 0; k < n; k++) gk[k] = a->gs != 0.0f ? gk[k] * a->gs : 0.0f; /* 0: zeros */
+    /* col[K] (the count slot, unused here): 1 for a poisoned row (kd_topk_row's NaN c_rest) with
+     * a gradient, whose dws / dbs the caller then fills with NaN (the dense path's NaN dz row) */
+    col[kk] = a->gs != 0.0f && isnan(c_rest);
     if (!a->dxs.data) return;
     float *d = bf16 ? a->d32 + i * hs : (float *)a->dxs.data + r * a->dxs.ld;
     memset(d, 0, (size_t)hs * sizeof(float));
-    for (int64_t k = 0; k < n; k++) TS(axpy)(d, gk[k], a->ws + (size_t)(col[k] * a->ldw) * es, bf16, hs);
+    /* a factor of 0 writes zeros: no axpy (0 x a NaN weight would be NaN) */
+    for (int64_t k = 0; a->gs != 0.0f && k < n; k++)
+        TS(axpy)(d, gk[k], a->ws + (size_t)(col[k] * a->ldw) * es, bf16, hs);
 }
 
 void TS(kd_topk_sparse_rows)(const kd_topk_sparse *a) {

@@ -911,7 +911,7 @@ static void fuzz_distill(rd *r, int logits) {
             if (isfinite(zt[c])) tfin = 1, tlo = fmin(tlo, zt[c]), thi = fmax(thi, zt[c]);
             if (!logits && (zs[c] > 0 || zt[c] > 0)) dom = 0; /* the reference is for log-probs */
         }
-        if (g.data && gsc == 0.0 && nanrow) /* a factor of 0 writes zeros, NaN rows included */
+        if (g.data && gsc == 0.0 && (nanrow || (dom && !logits))) /* a factor of 0 writes zeros, NaN rows included */
             for (int64_t c = 0; c < v; c++)
                 if (kt_get(g.data, g.dtype, ldg, i, c) != 0.0)
                     FAIL("%s: grad_scale 0 but gradient %g at (%lld,%lld)", name, kt_get(g.data, g.dtype, ldg, i, c), (long long)i, (long long)c);
@@ -929,7 +929,11 @@ static void fuzz_distill(rd *r, int logits) {
             dom = dom && sfin && tfin && (shi - slo) / T <= 3.4028234663852886e38 && shi - slo <= 3.4028234663852886e38 &&
                   (thi - tlo) / T <= 3.4028234663852886e38 && thi - tlo <= 3.4028234663852886e38;
         }
-        if (!dom) { all_ref = 0; continue; } /* (distill: values > 0 are no log-probs, exp may overflow) */
+        if (!dom) { all_ref = 0; continue; }
+        if (g.data && gsc == 0.0 && logits) /* (distill: above; values > 0 are no log-probs, exp may overflow) */
+            for (int64_t c = 0; c < v; c++)
+                if (kt_get(g.data, g.dtype, ldg, i, c) != 0.0)
+                    FAIL("%s: grad_scale 0 but gradient %g at (%lld,%lld)", name, kt_get(g.data, g.dtype, ldg, i, c), (long long)i, (long long)c);
         double rl = 0, rmag = 0;
         if (logits) {
             rl = ref_logits_row(&dv, zs, zt, v, T, xx, yy, gg, dz, gm, &rmag);
@@ -944,12 +948,6 @@ static void fuzz_distill(rd *r, int logits) {
         if (row && !loss_ok(row[i], rl, rt))
             FAIL("%s row_loss[%lld]: got %.9g want %.9g (tol %g; div %d beta %g alpha %g T %g)", name, (long long)i, row[i], rl, rt, dv.divergence, dv.beta, dv.alpha, T);
         sum += rl, tol += rt;
-        /* a factor of 0 writes zeros where the unscaled element is finite (an infinite one, e.g.
-         * reverse KL where the teacher's log-prob is -inf and the student's is not, gives
-         * inf * 0 = NaN: the zeros rule of kdloss.h is not kept there, see the issue 25 D7 notes) */
-        for (int64_t c = 0; g.data && gsc == 0.0 && c < v; c++)
-            if (isfinite(logits ? dz[c] : gg[c]) && kt_get(g.data, g.dtype, ldg, i, c) != 0.0)
-                FAIL("%s: grad_scale 0 but gradient %g at (%lld,%lld)", name, kt_get(g.data, g.dtype, ldg, i, c), (long long)i, (long long)c);
         if (!g.data || gsc == 0.0 || !isfinite(rl)) continue;
         for (int64_t c = 0; c < v; c++) {
             double want, gt;
@@ -1549,10 +1547,6 @@ static void fuzz_vp(rd *r, int topk) {
         if (budget == 0) FAIL("vp: every rank accepted, the single-process call returned %d: %s", st, vp_desc);
         return;
     }
-    /* Known (issue 25, D7 fuzzing): top-k renorm_both with weight_soft_loss 0: the single-process
-     * sparse path still forms the soft part (a NaN it reads gives a NaN loss and NaN in dxs),
-     * where the other tails and the _vp entry skip it (loss 0, dxs 0): not compared. */
-    if (topk && tp.tail == KDLOSS_TAIL_RENORM_BOTH && tp.weight_soft_loss == 0.0) return;
     /* values only where the parameters keep the sums well conditioned */
     double gs = topk ? tp.grad_scale : dp.grad_scale, wh = topk ? tp.weight_hard_loss : dp.weight_hard_loss;
     double wsft = topk ? tp.weight_soft_loss : dp.weight_soft_loss;
@@ -1562,19 +1556,7 @@ static void fuzz_vp(rd *r, int topk) {
     for (int i = 0; i < 3; i++)
         if (((j0->want_bits >> i) & 1) && !vp_close(j0->o.sc[i], full.sc[i], rt, rt))
             FAIL("vp: scalar %d: ranks %.9g, single-process %.9g: %s", i, j0->o.sc[i], full.sc[i], vp_desc);
-    /* Known (issue 25, D7 fuzzing): top-k, a row whose logits are all NaN (a NaN in its xs): the
-     * scalar max (fmaxf) drops the NaN, the row is taken as having no column outside S, so its
-     * gradient outside S is 0 and row_lse -inf without used slots, where the vector paths give
-     * NaN (kdloss.h: dws / dbs then hold NaN). Shards of a few columns take the scalar path, so
-     * the ranks and the single-process call differ there: not compared until that is fixed.
-     * Known too: top-k renorm_both, a NaN in a weight row (or bias) outside a row's S: the
-     * single-process call's sparse path never reads it (kdloss.h's exception), the _vp one runs
-     * the full-vocabulary path, whose dxs = dZ Ws multiplies the 0 of dZ there by the NaN; and a
-     * row made NaN by its teacher (a NaN log-prob): the _vp full path writes NaN over the whole
-     * row's dZ (kdloss.h), the sparse path only at S, so dws / dbs outside S differ. */
-    int known = topk && xs_special;
-    int known_grad = known || (topk && tp.tail == KDLOSS_TAIL_RENORM_BOTH && (ws_special || lp_special));
-    for (int i = 0; i < 3 - known; i++)
+    for (int i = 0; i < 3; i++)
         for (int64_t q = 0; ((j0->want_bits >> (3 + i)) & 1) && q < bt; q++) {
             nanin |= isnan(full.rows[i * VP_BT + q]);
             if (!vp_close(j0->o.rows[i * VP_BT + q], full.rows[i * VP_BT + q], rt, rt))
@@ -1584,7 +1566,7 @@ static void fuzz_vp(rd *r, int topk) {
     /* TVD: where P and Q agree to rounding the subgradient's sign may flip (a tie), moving an
      * element by up to Q_k: its gradients are not compared (its losses are) */
     int tvd = (topk ? tp.div.divergence : dp.div.divergence) == KDLOSS_DIV_TVD;
-    if ((j0->want_bits & 64) && !tvd && !known_grad) {
+    if ((j0->want_bits & 64) && !tvd) {
         double mx = 0;
         for (int64_t i = 0; i < bt * hs; i++) mx = fmax(mx, fabs(kt_get(full.dxs, dt, hs, 0, i)));
         if (isfinite(mx))
@@ -1592,7 +1574,7 @@ static void fuzz_vp(rd *r, int topk) {
                 if (!vp_close(kt_get(j0->o.dxs, dt, hs, 0, i), kt_get(full.dxs, dt, hs, 0, i), ge * mx + 1e-7, ge))
                     FAIL("vp: dxs[%lld]: ranks %.9g, single-process %.9g: %s", (long long)i, kt_get(j0->o.dxs, dt, hs, 0, i), kt_get(full.dxs, dt, hs, 0, i), vp_desc);
     }
-    for (int q = 0; q < size && !known_grad && !tvd; q++) {
+    for (int q = 0; q < size && !tvd; q++) {
         vp_job *j = &vp_jobs[q];
         for (int part = 0; part < 2; part++) {
             if (!(j->want_bits & (part ? 256 : 128))) continue;
