@@ -383,6 +383,48 @@ static void check_threads(kt_rng *rng) {
     free(xd), free(td);
 }
 
+/* A teacher logit far above the row (3.8e25) at T = 2.5 on every CPU path: forward KL with
+ * P = (0, 0, 1) to double precision. The scalar row kernel (fld_row_phases.h dense_div) once
+ * estimated the rounding of the shifted teacher constant mt + (lst - lss) T as (float)(mt + sh) -
+ * (mt + sh) in double, where mt + sh drops sh whole: it estimated 0, shifted Y by -lss and gave
+ * P[2] = Q's largest probability (0.716): loss 4867.3 for 6797.1, the gradient scaled alike
+ * (fuzz_api, h30-crash-6e3f900f). The reference: log-softmax with the maximum subtracted before
+ * the division by T (z / T - lse would lose lse against 1.5e25). */
+static void check_far_teacher_max(void) {
+    enum { V = 3 };
+    const float zs[V] = {0.004665374755859375f, -2.30859375f, -16992.0f};
+    const float zt[V] = {-2.5518238544464111e-07f, -10.375f, 3.8383394772764476e+25f};
+    const double t = 2.5, gsc = -1.25;
+    double x[V], y[V], ms = -INFINITY, mt = -INFINITY, ss = 0, st = 0;
+    for (int c = 0; c < V; c++) ms = fmax(ms, zs[c]), mt = fmax(mt, zt[c]);
+    for (int c = 0; c < V; c++) ss += exp((zs[c] - ms) / t), st += exp((zt[c] - mt) / t);
+    double loss = 0, sg = 0, g[V];
+    for (int c = 0; c < V; c++) {
+        x[c] = (zs[c] - ms) / t - log(ss), y[c] = (zt[c] - mt) / t - log(st);
+        double p = exp(y[c]);
+        loss += p > 0 ? p * (y[c] - x[c]) : 0.0;
+        g[c] = -p, sg += g[c];
+    }
+    KT_FOR_EACH_ISA(path, "") {
+        float l = -1.0f, row = -1.0f, gr[V];
+        kdloss_distill_logits_params p;
+        kdloss_distill_logits_params_default(&p);
+        p.temperature = t, p.grad_scale = gsc;
+        kdloss_status s = kdloss_distill_logits(&p, 1, V, (kdloss_cmat){zs, KDLOSS_F32, 0},
+                                                (kdloss_cmat){zt, KDLOSS_F32, 0},
+                                                (kdloss_labels){NULL, KDLOSS_I64}, &l, &row,
+                                                (kdloss_mat){gr, KDLOSS_F32, 0});
+        KT_CHECK(s == KDLOSS_OK, "far teacher max (%s): status %d", path.name, (int)s);
+        KT_CHECK(fabs(row - loss) <= 1e-6 * loss && fabs(l - loss) <= 1e-6 * loss,
+                 "far teacher max (%s): loss %.9g row %.9g want %.9g", path.name, l, row, loss);
+        for (int c = 0; c < V; c++) {
+            double want = (g[c] - exp(x[c]) * sg) / t * gsc;
+            KT_CHECK(fabs(gr[c] - want) <= 1e-6 * fabs(gsc) / t, "far teacher max (%s): grad[%d] %.9g want %.9g",
+                     path.name, c, gr[c], want);
+        }
+    }
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
@@ -405,5 +447,6 @@ int main(void) {
     check_threads(&rng);
     if (!kt_quick()) check_streamed(&rng);
     check_api();
+    check_far_teacher_max();
     return kt_finish("test_distill_logits");
 }

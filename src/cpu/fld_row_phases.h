@@ -117,8 +117,11 @@ static void PH(dense_div)(const kd_fld_rows *a, const PH_CTX *k, int64_t i) {
         float mt2 = (float)((double)mt + sh);
         /* the constant each way leaves between Y and X: mt2's rounding times 1/T, or the two
          * normalizers' roundings; the smaller is taken (mt2's is the larger when |mt| is large
-         * against the logits' spread and T small) */
-        double e_shift = fabs(((double)mt2 - ((double)mt + sh)) * it);
+         * against the logits' spread and T small). mt2 - mt is exact in double (two fp32), sh
+         * is subtracted after it: (double)mt + sh would drop sh whole when |mt| >> |sh| (mt =
+         * 3.8e25, sh = -0.8: mt2 = mt, e_shift 0, so Y was shifted by sh / T and P scaled by
+         * e^-(lst - lss), the divergence with it) */
+        double e_shift = fabs((((double)mt2 - (double)mt) - sh) * it);
         double e_norm = fabs((lst - (double)(float)lst) - (lss - (double)(float)lss));
         int same = isfinite(mt2) && mt > -INFINITY && e_shift < e_norm;
         dv[0] = PH_DIV(a, k, a->zs + i * a->v, a->zt + i * a->v, ms, same ? mt2 : mt, (float)lss,

@@ -111,7 +111,9 @@ __device__ __forceinline__ void fl_teacher_shift(float mt, double lss, double ls
     const double sh = (lst - lss) / (double)inv_t, it = (double)inv_t;
     const double mts = (double)mt + sh;
     const float mt2 = (float)mts;
-    const double e_shift = fabs(((double)mt2 - mts) * it);
+    /* mt2 - mt first (exact in double): with mt far above sh, mt + sh would lose sh and hide
+     * the shift's rounding (the CPU's dense_div had the same defect) */
+    const double e_shift = fabs((((double)mt2 - (double)mt) - sh) * it);
     const double e_norm = fabs((lst - (double)(float)lst) - (lss - (double)(float)lss));
     const bool same = isfinite(mt2) && mt > -INFINITY && e_shift < e_norm;
     *mt_eff = same ? mt2 : mt;
