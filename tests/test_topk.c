@@ -491,7 +491,7 @@ static void check_finite_differences(kt_rng *rng) {
                 int64_t v = vv ? K : VMAX;
                 kdloss_div_params d = *dc;
                 double t = ts[n % 3];
-                double zd[BT * VMAX], full[BT * VMAX], dz[VMAX], dd[VMAX];
+                double zd[BT * VMAX], full[BT * VMAX], dz[VMAX], dd[VMAX], dzm[VMAX], dzc[VMAX];
                 kt_gen_logprobs(rng, zd, BT, v, 0, n);
                 kt_gen_logprobs(rng, full, BT, v, 0, n + 2);
                 for (int c = 0; c < BT * v; c++) zd[c] = (float)(2.0 * zd[c]);
@@ -534,7 +534,7 @@ static void check_finite_differences(kt_rng *rng) {
                 for (int r = 0; r < BT; r++) {
                     const int64_t *ids = te.ids + r * K;
                     const double *lpr = te.lp + r * K;
-                    double mag = ref_topk_row(&d, p.tail, zd + r * v, v, ids, lpr, K, t, dz, NULL, NULL).mag;
+                    double mag = ref_topk_row(&d, p.tail, zd + r * v, v, ids, lpr, K, t, dz, dzm, dzc).mag;
                     for (int c = 0; c < v; c++) {
                         int e = r * (int)v + c;
                         double h = 1e-5, keep = zd[e];
@@ -558,7 +558,11 @@ static void check_finite_differences(kt_rng *rng) {
                         kdloss_topk_distill_logits(&p, BT, v, ac, tv, nol, &lm, NULL, nomat);
                         double lfd = ((double)lp - lm) / (2.0 * hf);
                         kt_close(g[e], lfd, 2e-3 * (1 + fabs(l0)), 2e-2, "library FD %s [%d,%d]", tag, r, c);
-                        kt_close(g[e], dz[c] / BT, 1e-5, 1e-3, "library vs reference %s [%d,%d]", tag, r, c);
+                        /* + the gradient bound of the header table: where the teacher's tail
+                         * 1 - sum_S P is tiny its log is ill-conditioned (dz_cond), which made
+                         * reverse-KL-like bucket rows at small V fail about one run in 20 */
+                        kt_close(g[e], dz[c] / BT, 1e-5 + (64 * 0x1p-24 * dzm[c] + dzc[c]) / BT, 1e-3,
+                                 "library vs reference %s [%d,%d]", tag, r, c);
                     }
                 }
                 teacher_free(&te);
