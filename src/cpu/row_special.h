@@ -21,12 +21,7 @@
 #include <stdint.h>
 
 #include "div_math.h"
-
-#define KD_ROW_WIDE 0x1p102f
-
-/* 1 if a row whose maximum is m needs the wide form (a NaN maximum too: the careful form then
- * carries the NaN through). -inf (a row of -inf logits) does not. */
-static inline int kd_row_wide(float m) { return !(m < KD_ROW_WIDE); }
+#include "row_wide.h" /* kd_row_wide, kd_wide_lp, kd_wide_dz: shared with CUDA */
 
 /* sum over the row of exp(((double)z - m) s), in double. */
 static inline double kd_wide_sum_exp(const float *z, int64_t v, double m, double s) {
@@ -43,8 +38,7 @@ static inline double kd_wide_div(const kd_div_coef *k, const float *zs, const fl
                                  double lss, double lst, double *sum_g) {
     double loss = 0.0, gsum = 0.0;
     for (int64_t c = 0; c < v; c++) {
-        float gc, x = (float)(((double)zs[c] - ms) * it - lss);
-        float y = (float)(((double)zt[c] - mt) * it - lst);
+        float gc, x = kd_wide_lp(zs[c], ms, it, lss), y = kd_wide_lp(zt[c], mt, it, lst);
         loss += (double)kd_div_elem(k, x, y, &gc);
         if (g) {
             g[c] = gc;
@@ -53,19 +47,6 @@ static inline double kd_wide_div(const kd_div_coef *k, const float *zs, const fl
     }
     *sum_g = gsum;
     return loss;
-}
-
-/* One gradient element gs (g - Q sum_g) + gh p at logit z, Q = e^(((double)z - ms) it - lss),
- * p = e^((double)z - ms - lsh) (Q when share). A factor of 0 contributes nothing. */
-static inline float kd_wide_dz(float z, float g, double ms, double it, double lss, double sum_g,
-                               float gs, float gh, double lsh, int share) {
-    double q = 0.0, d = 0.0;
-    if (gs != 0.0f) {
-        q = exp(((double)z - ms) * it - lss);
-        d = (double)gs * ((double)g - q * sum_g);
-    }
-    if (gh != 0.0f) d += (double)gh * (share ? q : exp(((double)z - ms) - lsh));
-    return (float)d;
 }
 
 #endif /* KDLOSS_ROW_SPECIAL_H */

@@ -181,8 +181,8 @@ __device__ void dl_special_row(const dl_args &a, int64_t r, float ms_f, float mt
     double accl = 0.0, accg = 0.0;
     kd_cu_each(a.v, [&](int64_t c) {
         float g;
-        const float x = kd_cu_wide_lp(kd_ld<DS>(a.s, os + c), ms, it, lss);
-        const float y = kd_cu_wide_lp(kd_ld<DT>(a.t, ot + c), mt, it, lst);
+        const float x = kd_wide_lp(kd_ld<DS>(a.s, os + c), ms, it, lss);
+        const float y = kd_wide_lp(kd_ld<DT>(a.t, ot + c), mt, it, lst);
         accl += (double)kd_div_elem(&a.coef, x, y, &g);
         accg += (double)g;
     });
@@ -194,9 +194,9 @@ __device__ void dl_special_row(const dl_args &a, int64_t r, float ms_f, float mt
     kd_cu_each(a.v, [&](int64_t c) {
         const float z = kd_ld<DS>(a.s, os + c);
         float g;
-        (void)kd_div_elem(&a.coef, kd_cu_wide_lp(z, ms, it, lss),
-                          kd_cu_wide_lp(kd_ld<DT>(a.t, ot + c), mt, it, lst), &g);
-        kd_st<DS>(a.grad, r * a.ld_g + c, kd_cu_wide_dz(z, g, ms, it, lss, S, gs, 0.0f, 0.0, false));
+        (void)kd_div_elem(&a.coef, kd_wide_lp(z, ms, it, lss),
+                          kd_wide_lp(kd_ld<DT>(a.t, ot + c), mt, it, lst), &g);
+        kd_st<DS>(a.grad, r * a.ld_g + c, kd_wide_dz(z, g, ms, it, lss, S, gs, 0.0f, 0.0, false));
     });
 }
 
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(DL_THREADS) dl_row_kernel(dl_args a) {
         dl_norm ns, nt;
         dl_pass_lse<DS, DT, VEC>(a, r, lred, &ns, &nt);
         /* one test a row (the same in every thread): the careful form's rows */
-        if (kd_cu_row_wide(ns.m) || kd_cu_row_wide(nt.m) || isnan(ns.ls) || isnan(nt.ls)) {
+        if (kd_row_wide(ns.m) || kd_row_wide(nt.m) || isnan(ns.ls) || isnan(nt.ls)) {
             dl_special_row<DS, DT>(a, r, ns.m, nt.m, gs, red);
             continue;
         }

@@ -183,7 +183,7 @@ __device__ __forceinline__ void fl_dz_pass(const fl_row_args &a, float *zs, cons
  * CPU's dense phases on such a row (src/cpu/fld_row_phases.h, kd_wide_*): the maxima ms, mt of
  * the logits (biases added), the normalizers in double, the divergence and S = sum g on
  * double-formed log-probs (both NaN when a normalizer is), the cross-entropy (ms - zs[y]) + lsh,
- * dzs from kd_cu_wide_dz (fl_dz_pass: in place, narrowing safely). zy: zs[y] with its bias,
+ * dzs from kd_wide_dz (fl_dz_pass: in place, narrowing safely). zy: zs[y] with its bias,
  * read by thread 0 before any store. */
 template <int DS, int DT>
 __device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt, int64_t y,
@@ -222,8 +222,8 @@ __device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt,
         double accl = 0.0, accg = 0.0;
         kd_cu_each(a.v, [&](int64_t c) {
             float g;
-            accl += (double)kd_div_elem(&a.coef, kd_cu_wide_lp(ldS(c), ms, it, lss),
-                                        kd_cu_wide_lp(ldT(c), mt, it, lst), &g);
+            accl += (double)kd_div_elem(&a.coef, kd_wide_lp(ldS(c), ms, it, lss),
+                                        kd_wide_lp(ldT(c), mt, it, lst), &g);
             accg += (double)g;
         });
         soft = kd_block_sum(accl, red);
@@ -245,9 +245,9 @@ __device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt,
     fl_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
         float g = 0.0f;
         if (gs != 0.0f)
-            (void)kd_div_elem(&a.coef, kd_cu_wide_lp(s, ms, it, lss), kd_cu_wide_lp(t, mt, it, lst),
+            (void)kd_div_elem(&a.coef, kd_wide_lp(s, ms, it, lss), kd_wide_lp(t, mt, it, lst),
                               &g);
-        const float d = kd_cu_wide_dz(s, g, ms, it, lss, S, gs, gh, lsh, share);
+        const float d = kd_wide_dz(s, g, ms, it, lss, S, gs, gh, lsh, share);
         return c == y ? d - gh : d;
     });
 }

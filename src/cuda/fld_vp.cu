@@ -82,7 +82,7 @@ template <int DB>
 __device__ double flvp_sum_exp(const flvp_args &a, const float *z, const void *bias, float m,
                                float s, double *red) {
     double acc = 0.0;
-    if (kd_cu_row_wide(m))
+    if (kd_row_wide(m))
         flvp_each<DB>(a, z, bias, [&](float x) { acc += exp(((double)x - m) * (double)s); });
     else
         flvp_each<DB>(a, z, bias, [&](float x) { acc += (double)expf((x - m) * s); });
@@ -102,7 +102,7 @@ __device__ __forceinline__ flvp_norms flvp_norms_of(const flvp_args &a, int64_t 
     n.lss64 = lss;
     n.lst64 = lst;
     n.mt0 = n.mt;
-    n.wide = kd_cu_row_wide(n.ms) || (a.r.do_soft && kd_cu_row_wide(n.mt));
+    n.wide = kd_row_wide(n.ms) || (a.r.do_soft && kd_row_wide(n.mt));
     n.poisoned = a.r.do_soft && (isnan(lss) || isnan(lst));
     /* Y = (zt - mt) it - lst with the CPU's choice of constants (fl_teacher_shift, issue 25 D5),
      * in the divergence (phase 3) and in its gradient (phase 4) alike */
@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_div_kernel(flvp_args a) {
                 for (int j = 0; j < 8; j++) {
                     float g;
                     const float l =
-                        kd_div_elem(&a.r.coef, kd_cu_wide_lp(s[j], nm.ms, it64, nm.lss64),
-                                    kd_cu_wide_lp(t[j], nm.mt0, it64, nm.lst64), &g);
+                        kd_div_elem(&a.r.coef, kd_wide_lp(s[j], nm.ms, it64, nm.lss64),
+                                    kd_wide_lp(t[j], nm.mt0, it64, nm.lst64), &g);
                     if (j < n) {
                         accl += l;
                         accg += g;
@@ -238,16 +238,16 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_grad_kernel(flvp_args a) 
     const float it = a.r.inv_t, S = (float)a.st_div[2 * r + 1];
     float ca, cb;
     fl_factors(a.r, &ca, &cb);
-    if (nm.wide) { /* the careful form (row_special.cuh): kd_cu_wide_dz, S in double */
+    if (nm.wide) { /* the careful form (row_special.cuh): kd_wide_dz, S in double */
         const float gs = a.r.grad_soft ? cb : 0.0f, gh = a.r.grad_hard ? ca : 0.0f;
         const bool share = a.r.same_t && gs != 0.0f;
         const double it64 = (double)it, S64 = a.st_div[2 * r + 1];
         fl_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
             float g = 0.0f;
             if (gs != 0.0f)
-                (void)kd_div_elem(&a.r.coef, kd_cu_wide_lp(s, nm.ms, it64, nm.lss64),
-                                  kd_cu_wide_lp(t, nm.mt0, it64, nm.lst64), &g);
-            const float d = kd_cu_wide_dz(s, g, nm.ms, it64, nm.lss64, S64, gs, gh, nm.lsh, share);
+                (void)kd_div_elem(&a.r.coef, kd_wide_lp(s, nm.ms, it64, nm.lss64),
+                                  kd_wide_lp(t, nm.mt0, it64, nm.lst64), &g);
+            const float d = kd_wide_dz(s, g, nm.ms, it64, nm.lss64, S64, gs, gh, nm.lsh, share);
             return c == yc ? d - gh : d;
         });
         return;
