@@ -912,12 +912,21 @@ def targets(results, topk_rss=None):
             continue
         lig = _full_ms(results, "distill_jsd_loss", "liger", ps)
         flo = _full_ms(results, "distill_jsd_loss", "torch_gemms", ps)
+        # Judged on the median of the per-round ratios (the providers run back to back in each
+        # round, so a shared machine's load swings the pairs far less than the medians); the
+        # ratio of the medians is printed beside it. bf16: issue 23's 1.15x of torch's bf16 GEMMs.
+        bf16 = results_point_slug(results, ps).get("dtype") == "bf16"
         if lig:
-            lines.append(f"TARGET peers distill full {ps}: kdloss {lig / k:.2f}x faster than "
-                         f"Liger's chunked loss (target >= 1.25x): {'MET' if lig / k >= 1.25 else 'NOT MET'}")
+            pr = paired_ratio(results, "distill_jsd_loss", "liger", "kdloss", ps) or lig / k
+            lines.append(f"TARGET peers distill full {ps}: kdloss {pr:.2f}x faster than "
+                         f"Liger's chunked loss (median of the rounds' ratios; medians "
+                         f"{lig / k:.2f}x; target >= 1.25x): {'MET' if pr >= 1.25 else 'NOT MET'}")
         if flo:
-            lines.append(f"TARGET peers distill full {ps}: kdloss {k / flo:.3f}x the four bare GEMMs "
-                         f"in torch (target <= 1.10x): {'MET' if k / flo <= 1.10 else 'NOT MET'}")
+            lim = 1.15 if bf16 else 1.10
+            pr = paired_ratio(results, "distill_jsd_loss", "kdloss", "torch_gemms", ps) or k / flo
+            lines.append(f"TARGET peers distill full {ps}: kdloss {pr:.3f}x the four bare GEMMs "
+                         f"in torch (median of the rounds' ratios; medians {k / flo:.3f}x; "
+                         f"target <= {lim:.2f}x): {'MET' if pr <= lim else 'NOT MET'}")
         res, tor = (results.get(("distill_jsd_loss", "full", p, ps)) for p in ("kdloss", "torch"))
         # The memory target is for BT >= 2048, where the logits dominate (at small BT the
         # inputs and the runtimes do, for every provider).

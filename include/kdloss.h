@@ -225,7 +225,12 @@ KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider)
  * whose timing lands near the margin could choose differently from another, so force a mode for
  * bitwise reproducibility across processes and machines. Process-wide, not thread-safe against
  * running calls (the AUTO measurement itself is); KDLOSS_ERR_UNSUPPORTED if NATIVE cannot run on
- * this CPU (oneDNN has no bf16 matmul for it). */
+ * this CPU (oneDNN has no bf16 matmul for it).
+ * Out of memory: widened (and fp32) products keep the library's guarantee that a refused
+ * allocation ends in KDLOSS_ERR_OUT_OF_MEMORY with nothing written, or in success. Native ones
+ * run oneDNN's matmul primitives, which allocate in every execution and do not survive a refused
+ * allocation (oneDNN 2.6: SIGSEGV or std::terminate; tests/fault/test_fault_inject.c reports
+ * it): where that guarantee matters more than speed, set WIDEN. */
 typedef enum kdloss_bf16_gemm {
     KDLOSS_BF16_GEMM_AUTO = 0,
     KDLOSS_BF16_GEMM_WIDEN = 1,
@@ -280,6 +285,17 @@ KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int tran
                                          int64_t m, int64_t n, int64_t k, float alpha,
                                          const float *a, int64_t lda, const float *b, int64_t ldb,
                                          float beta, float *c, int64_t ldc);
+/* The same with bf16 operands (raw bits) and an fp32 C, multiplied natively (bf16 x bf16
+ * products, fp32 accumulation), alpha 1, beta 0 or 1 (else KDLOSS_ERR_INVALID_PARAM): what the
+ * fused losses run when their bf16 GEMMs are native (kdloss_gemm_set_bf16), exposed for
+ * benchmarks and floors. AUTO / ONEDNN: oneDNN's matmul on kdloss's thread-count independent
+ * tile grid; OPENBLAS: cblas_sbgemm of libopenblas.so.0. KDLOSS_ERR_UNSUPPORTED where the
+ * provider has no bf16 GEMM for this CPU (oneDNN needs AVX-512; OpenBLAS only when built with
+ * bf16 support, which Debian 12's is not). */
+KDLOSS_API kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int trans_b,
+                                          int64_t m, int64_t n, int64_t k, const uint16_t *a,
+                                          int64_t lda, const uint16_t *b, int64_t ldb, float beta,
+                                          float *c, int64_t ldc);
 
 /* ------------------------------------------------------------------------------------------ */
 /* KL divergence: PyTorch KLDivLoss semantics                                                  */

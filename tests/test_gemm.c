@@ -12,7 +12,11 @@
  * k: it holds for every correct implementation and a wrong element or a missed term breaks it
  * by orders of magnitude.
  * The bf16 GEMM choice (kdloss_gemm_bf16_query): measured once, also when several threads ask
- * at once, cached, consistent with its rates, and forced modes on top of it. */
+ * at once, cached, consistent with its rates, and forced modes on top of it.
+ * kdloss_gemm_bf16 (native bf16 x bf16 -> fp32, where oneDNN has it, or emulated where it does
+ * not): a product of two bf16 numbers is exact in fp32, so the same gamma_k bound holds with the
+ * operands' bf16 values, on every transpose case, beta 0 (NaN in C ignored) and 1, padded
+ * strides; thread-count independent; its argument errors. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -271,6 +275,131 @@ static void bf16_choice(void) {
              "AUTO again: not the cached answer");
 }
 
+/* bf16 bits of x, rounded to nearest even (x finite). */
+static uint16_t to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static double from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return (double)f;
+}
+
+static uint16_t *brand(kt_rng *r, int64_t n) {
+    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) p[i] = to_bf16((float)(kt_normal(r) * (i % 5 == 0 ? 8.0 : 1.0)));
+    return p;
+}
+
+/* C of case c by kdloss_gemm_bf16 (alpha 1); 1 when every element is within the bound. */
+static void check_bf16_case(kt_rng *rng, const gcase *c) {
+    int64_t ar = c->ta ? c->k : c->m, ac = c->ta ? c->m : c->k;
+    int64_t br = c->tb ? c->n : c->k, bc = c->tb ? c->k : c->n;
+    int64_t lda = (ac > 1 ? ac : 1) + c->pad, ldb = (bc > 1 ? bc : 1) + c->pad;
+    int64_t ldc = c->n + c->pad;
+    uint16_t *a = brand(rng, ar * lda), *b = brand(rng, br * ldb);
+    float *cm = frand(rng, c->m * ldc), *c0 = malloc(sizeof(float) * (size_t)(c->m * ldc + 1));
+    if (c->beta == 0.0f)
+        for (int64_t i = 0; i < c->m * ldc; i++) cm[i] = NAN;
+    memcpy(c0, cm, sizeof(float) * (size_t)(c->m * ldc));
+    kdloss_status st = kdloss_gemm_bf16(KDLOSS_GEMM_AUTO, c->ta, c->tb, c->m, c->n, c->k, a, lda,
+                                        b, ldb, c->beta, cm, ldc);
+    char ctx[160];
+    snprintf(ctx, sizeof ctx, "bf16 %c%c m %lld n %lld k %lld pad %lld beta %g",
+             c->ta ? 'T' : 'N', c->tb ? 'T' : 'N', (long long)c->m, (long long)c->n,
+             (long long)c->k, (long long)c->pad, c->beta);
+    if (KT_CHECK(st == KDLOSS_OK, "%s: status %s", ctx, kdloss_status_string(st))) {
+        const double u = 0x1p-24, g = (double)(c->k + 2) * u / (1.0 - (double)(c->k + 2) * u);
+        int64_t bad = 0, pad_bad = 0;
+        for (int64_t i = 0; i < c->m; i++) {
+            for (int64_t j = 0; j < c->n; j++) {
+                double s = 0.0, mag = 0.0;
+                for (int64_t l = 0; l < c->k; l++) {
+                    double x = from_bf16(c->ta ? a[l * lda + i] : a[i * lda + l]);
+                    double y = from_bf16(c->tb ? b[j * ldb + l] : b[l * ldb + j]);
+                    s += x * y;
+                    mag += fabs(x * y);
+                }
+                double old = c->beta == 0.0f ? 0.0 : (double)c0[i * ldc + j];
+                double lim = g * (mag + fabs(old)) + 1e-37;
+                if (!(fabs((double)cm[i * ldc + j] - (s + old)) <= lim)) bad++;
+            }
+            for (int64_t j = c->n; j < ldc; j++)
+                if (memcmp(&cm[i * ldc + j], &c0[i * ldc + j], sizeof(float))) pad_bad++;
+        }
+        KT_CHECK(bad == 0, "%s: %lld of %lld elements outside the fp32 summation bound", ctx,
+                 (long long)bad, (long long)(c->m * c->n));
+        KT_CHECK(pad_bad == 0, "%s: %lld padding elements written", ctx, (long long)pad_bad);
+    }
+    free(a);
+    free(b);
+    free(cm);
+    free(c0);
+}
+
+/* kdloss_gemm_bf16: against the reference (natively, or emulated where oneDNN has no bf16
+ * matmul: KDLOSS_GEMM_BF16_EMULATE=1 for this section only), thread-count independence, errors. */
+static void bf16_gemm(kt_rng *rng) {
+    kdloss_bf16_gemm_info q;
+    KT_CHECK(kdloss_gemm_bf16_query(&q) == KDLOSS_OK, "bf16 query");
+    uint16_t one[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80};
+    float c[4] = {0};
+    kdloss_status st = kdloss_gemm_bf16(KDLOSS_GEMM_ONEDNN, 0, 0, 2, 2, 2, one, 2, one, 2, 0.0f, c, 2);
+    int emulated = 0;
+    if (!q.available || q.reference) {
+        KT_CHECK(st == KDLOSS_ERR_UNSUPPORTED, "no bf16 matmul here, yet status %d", st);
+        setenv("KDLOSS_GEMM_BF16_EMULATE", "1", 1);
+        emulated = 1;
+    }
+    printf("kdloss_gemm_bf16: %s\n", emulated ? "emulated (no native bf16 here)" : q.kernel);
+    static const int64_t dims[][3] = {{1, 1, 1},     {3, 70, 5},    {17, 64, 33}, {130, 257, 96},
+                                      {256, 300, 1}, {64, 2100, 40}, {5, 7, 0},   {300, 1030, 700}};
+    int cnt = 0;
+    for (size_t id = 0; id < sizeof dims / sizeof dims[0]; id++)
+        for (int t = 0; t < 4; t++, cnt++) {
+            gcase cs = {t & 1, t >> 1, dims[id][0], dims[id][1], dims[id][2], cnt % 3, 1.0f,
+                        cnt % 2 ? 1.0f : 0.0f};
+            check_bf16_case(rng, &cs);
+        }
+    /* thread-count independence: the same bits with 1, 2 and 3 threads */
+    const int64_t m = 300, n = 1500, k = 400;
+    uint16_t *a = brand(rng, m * k), *b = brand(rng, n * k);
+    float *r[3];
+    int save = omp_get_max_threads();
+    for (int i = 0; i < 3; i++) {
+        r[i] = malloc(sizeof(float) * (size_t)(m * n));
+        omp_set_num_threads(i + 1);
+        KT_CHECK(kdloss_gemm_bf16(KDLOSS_GEMM_AUTO, 0, 1, m, n, k, a, k, b, k, 0.0f, r[i], n) ==
+                     KDLOSS_OK, "bf16 %d threads", i + 1);
+    }
+    omp_set_num_threads(save);
+    KT_CHECK(!memcmp(r[0], r[1], sizeof(float) * (size_t)(m * n)) &&
+                 !memcmp(r[0], r[2], sizeof(float) * (size_t)(m * n)),
+             "bf16 GEMM: results differ between 1, 2 and 3 threads");
+    for (int i = 0; i < 3; i++) free(r[i]);
+    free(a);
+    free(b);
+    /* argument errors: nothing written */
+    float keep[4] = {7, 7, 7, 7};
+    KT_CHECK(kdloss_gemm_bf16(0, 0, 0, 2, 2, 2, one, 2, one, 2, 0.5f, keep, 2) ==
+                 KDLOSS_ERR_INVALID_PARAM, "bf16 beta 0.5");
+    KT_CHECK(kdloss_gemm_bf16(0, 0, 0, 2, 2, 2, NULL, 2, one, 2, 0.0f, keep, 2) ==
+                 KDLOSS_ERR_NULL_POINTER, "bf16 NULL a");
+    KT_CHECK(kdloss_gemm_bf16(0, 0, 0, 2, 2, 2, one, 1, one, 2, 0.0f, keep, 2) ==
+                 KDLOSS_ERR_INVALID_STRIDE, "bf16 lda 1");
+    KT_CHECK(kdloss_gemm_bf16((kdloss_gemm_provider)9, 0, 0, 2, 2, 2, one, 2, one, 2, 0.0f, keep,
+                              2) == KDLOSS_ERR_INVALID_PARAM, "bf16 provider 9");
+    KT_CHECK(kdloss_gemm_bf16(0, 0, 0, 2, 2, 2, (const uint16_t *)keep, 2, one, 2, 0.0f, keep, 2) ==
+                 KDLOSS_ERR_ALIASING, "bf16 C overlapping A");
+    KT_CHECK(keep[0] == 7 && keep[1] == 7 && keep[2] == 7 && keep[3] == 7,
+             "bf16 argument errors wrote C");
+    if (emulated) unsetenv("KDLOSS_GEMM_BF16_EMULATE");
+}
+
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
@@ -279,5 +408,6 @@ int main(void) {
     providers_vs_reference(&rng);
     thread_count_independence(&rng);
     fallback(&rng);
+    bf16_gemm(&rng);
     return kt_finish("test_gemm");
 }

@@ -746,6 +746,18 @@ static fz_ref fz_reference(const fz_setup *f, const kdloss_fused_linear_topk_dis
     w.txs = DALLOC(bt * hs), w.tws = DALLOC(v * hs), w.tbs = DALLOC(v);
     kt_ref_fld_grads(bt, hs, v, dz, p->xs, p->ws, 0, 1, w.dxs, w.dws, w.dbs);
     kt_ref_fld_grads(bt, hs, v, dm, p->xs, p->ws, 1, 1, w.txs, w.tws, w.tbs);
+    /* A bf16 student whose backward GEMMs run natively (AUTO's choice where native bf16 measured
+     * faster, as with AVX512_BF16) multiplies dZ rounded to bf16: 2^-8 |dz| an element more on
+     * dxs and dws (docs/MATH.md 4, "bf16 operands"); dbs sums the fp32 dZ. */
+    kdloss_bf16_gemm_info bi;
+    if (p->ds == KDLOSS_BF16 && kdloss_gemm_bf16_query(&bi) == KDLOSS_OK && bi.grad_native) {
+        double *ex = DALLOC(bt * hs), *ew = DALLOC(v * hs), *eb = DALLOC(v);
+        for (int64_t i = 0; i < bt * v; i++) dm[i] = 0x1p-8 * fabs(dz[i]);
+        kt_ref_fld_grads(bt, hs, v, dm, p->xs, p->ws, 1, 1, ex, ew, eb);
+        for (int64_t i = 0; i < bt * hs; i++) w.txs[i] += ex[i];
+        for (int64_t i = 0; i < v * hs; i++) w.tws[i] += ew[i];
+        free(ex), free(ew), free(eb);
+    }
     free(dz), free(dm), free(dc);
     return w;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_dnnl.h"
 
 const char *kb_gemm_name(int which) {
     static const char *const names[KB_GEMM_COUNT] = {"student logits", "teacher logits", "dXs",
@@ -30,39 +31,79 @@ static float *filled(size_t n, float lo, float hi, uint64_t seed) {
     return p;
 }
 
+/* bf16 (nearest even) copy of n floats; NULL when out of memory. */
+static uint16_t *to_bf16(const float *x, size_t n) {
+    uint16_t *p = x ? malloc(n * sizeof(uint16_t)) : NULL;
+    if (!p) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof u);
+        p[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return p;
+}
+
 typedef struct floor_bufs {
     int64_t bt, hs, ht, v;
     float *xs, *ws, *xt, *wt, *zs, *zt, *dxs, *dws;
+    /* bf16 copies (bf16 floors only): the operands, and zs16 the rounded dZ of the native
+     * backward (dXs = dZ Ws, dWs = dZ^T Xs) */
+    uint16_t *xs16, *ws16, *xt16, *wt16, *zs16;
 } floor_bufs;
 
+/* One product C (m x n, ldc) = op(A) op(B) of the round, in fp32 or bf16 by `kind`; the bf16
+ * operands are the fp32 ones' copies at the same places. 0, or -1 on failure. */
+static int floor_gemm(const floor_bufs *b, kdloss_gemm_provider p, kb_floor_kind kind, int ta,
+                      int tb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                      const float *bm, int64_t ldb, float *c, int64_t ldc) {
+    if (kind == KB_FLOOR_F32)
+        return kdloss_gemm_f32(p, ta, tb, m, n, k, 1.0f, a, lda, bm, ldb, 0.0f, c, ldc) ==
+                       KDLOSS_OK ? 0 : -1;
+    const float *f32[] = {b->xs, b->ws, b->xt, b->wt, b->zs};
+    const uint16_t *h16[] = {b->xs16, b->ws16, b->xt16, b->wt16, b->zs16};
+    const uint16_t *a16 = NULL, *b16 = NULL;
+    for (int i = 0; i < 5; i++) {
+        if (a == f32[i]) a16 = h16[i];
+        if (bm == f32[i]) b16 = h16[i];
+    }
+    if (!a16 || !b16) return -1;
+    if (kind == KB_FLOOR_BF16_DNNL)
+        return kb_dnnl_bf16_matmul(ta, tb, m, n, k, a16, lda, b16, ldb, c, ldc, NULL, 0);
+    return kdloss_gemm_bf16(p, ta, tb, m, n, k, a16, lda, b16, ldb, 0.0f, c, ldc) == KDLOSS_OK
+               ? 0 : -1;
+}
+
 /* The four GEMMs, timed; 0, or -1 when the provider failed. */
-static int one_round(const floor_bufs *b, kdloss_gemm_provider p, double ns[KB_GEMM_COUNT]) {
+static int one_round(const floor_bufs *b, kdloss_gemm_provider p, kb_floor_kind kind,
+                     double ns[KB_GEMM_COUNT]) {
     int64_t bt = b->bt, hs = b->hs, ht = b->ht, v = b->v;
-    kdloss_status st[KB_GEMM_COUNT];
+    int st[KB_GEMM_COUNT];
+    if (kind != KB_FLOOR_F32 && !b->xs16) return -1;
     double t0 = kb_now_ns();
-    st[0] = kdloss_gemm_f32(p, 0, 1, bt, v, hs, 1.0f, b->xs, hs, b->ws, hs, 0.0f, b->zs, v);
+    st[0] = floor_gemm(b, p, kind, 0, 1, bt, v, hs, b->xs, hs, b->ws, hs, b->zs, v);
     double t1 = kb_now_ns();
-    st[1] = ht ? kdloss_gemm_f32(p, 0, 1, bt, v, ht, 1.0f, b->xt, ht, b->wt, ht, 0.0f, b->zt, v)
-               : KDLOSS_OK; /* no teacher GEMM (a sparse teacher) */
+    st[1] = ht ? floor_gemm(b, p, kind, 0, 1, bt, v, ht, b->xt, ht, b->wt, ht, b->zt, v)
+               : 0; /* no teacher GEMM (a sparse teacher) */
     double t2 = kb_now_ns();
-    st[2] = kdloss_gemm_f32(p, 0, 0, bt, hs, v, 1.0f, b->zs, v, b->ws, hs, 0.0f, b->dxs, hs);
+    st[2] = floor_gemm(b, p, kind, 0, 0, bt, hs, v, b->zs, v, b->ws, hs, b->dxs, hs);
     double t3 = kb_now_ns();
-    st[3] = kdloss_gemm_f32(p, 1, 0, v, hs, bt, 1.0f, b->zs, v, b->xs, hs, 0.0f, b->dws, hs);
+    st[3] = floor_gemm(b, p, kind, 1, 0, v, hs, bt, b->zs, v, b->xs, hs, b->dws, hs);
     double t4 = kb_now_ns();
     ns[KB_GEMM_ZS] = t1 - t0;
     ns[KB_GEMM_ZT] = t2 - t1;
     ns[KB_GEMM_DXS] = t3 - t2;
     ns[KB_GEMM_DWS] = t4 - t3;
     for (int g = 0; g < KB_GEMM_COUNT; g++)
-        if (st[g] != KDLOSS_OK) return -1;
+        if (st[g] != 0) return -1;
     return 0;
 }
 
 int kb_floor_child_main(int argc, char **argv) {
-    if (argc != 8 || atoll(argv[6]) < 0) return 2;
-    int in = atoi(argv[2]), out = atoi(argv[3]);
-    floor_bufs b = {atoll(argv[4]), atoll(argv[5]), atoll(argv[6]), atoll(argv[7]),
-                    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (argc != 9 || atoll(argv[6]) < 0) return 2;
+    int in = atoi(argv[2]), out = atoi(argv[3]), bf16 = atoi(argv[8]);
+    floor_bufs b;
+    memset(&b, 0, sizeof b);
+    b.bt = atoll(argv[4]), b.hs = atoll(argv[5]), b.ht = atoll(argv[6]), b.v = atoll(argv[7]);
     size_t bt = (size_t)b.bt, v = (size_t)b.v;
     float as = 1.0f / sqrtf((float)b.hs), at = b.ht > 0 ? 1.0f / sqrtf((float)b.ht) : 0.0f;
     b.xs = filled(bt * (size_t)b.hs, 0.0f, 1.0f, 1);
@@ -76,19 +117,28 @@ int kb_floor_child_main(int argc, char **argv) {
         b.zt = filled(bt * v, 0.0f, 0.0f, 6);
     }
     char ok = b.xs && b.ws && b.zs && b.dxs && b.dws && (b.ht == 0 || (b.xt && b.wt && b.zt));
+    if (ok && bf16) { /* dZ's values: the logits of a warm-up round, as in the fp32 floor */
+        b.xs16 = to_bf16(b.xs, bt * (size_t)b.hs), b.ws16 = to_bf16(b.ws, v * (size_t)b.hs);
+        b.zs16 = to_bf16(b.zs, bt * v);
+        if (b.ht > 0) b.xt16 = to_bf16(b.xt, bt * (size_t)b.ht), b.wt16 = to_bf16(b.wt, v * (size_t)b.ht);
+        ok = b.xs16 && b.ws16 && b.zs16 && (b.ht == 0 || (b.xt16 && b.wt16));
+    }
     int rc = write(out, &ok, 1) != 1 || !ok;
     char req;
     while (rc == 0 && read(in, &req, 1) == 1) {
         double ns[KB_GEMM_COUNT + 1];
-        ns[KB_GEMM_COUNT] = one_round(&b, (kdloss_gemm_provider)req, ns);
+        ns[KB_GEMM_COUNT] = one_round(&b, (kdloss_gemm_provider)(req & 15),
+                                      (kb_floor_kind)(req >> 4), ns);
         if (write(out, ns, sizeof ns) != (ssize_t)sizeof ns) rc = 1;
     }
     float *all[] = {b.xs, b.ws, b.xt, b.wt, b.zs, b.zt, b.dxs, b.dws};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    uint16_t *all16[] = {b.xs16, b.ws16, b.xt16, b.wt16, b.zs16};
+    for (size_t i = 0; i < sizeof all16 / sizeof all16[0]; i++) free(all16[i]);
     return rc;
 }
 
-int kb_floor_start(kb_floor *f, int64_t bt, int64_t hs, int64_t ht, int64_t v) {
+int kb_floor_start(kb_floor *f, int64_t bt, int64_t hs, int64_t ht, int64_t v, int bf16) {
     int down[2], up[2];
     char exe[PATH_MAX];
     memset(f, 0, sizeof *f);
@@ -107,14 +157,15 @@ int kb_floor_start(kb_floor *f, int64_t bt, int64_t hs, int64_t ht, int64_t v) {
     if (pid == 0) {
         close(down[1]);
         close(up[0]);
-        char a[6][32];
+        char a[7][32];
         snprintf(a[0], 32, "%d", down[0]);
         snprintf(a[1], 32, "%d", up[1]);
         snprintf(a[2], 32, "%lld", (long long)bt);
         snprintf(a[3], 32, "%lld", (long long)hs);
         snprintf(a[4], 32, "%lld", (long long)ht);
         snprintf(a[5], 32, "%lld", (long long)v);
-        execl(exe, exe, "__gemm-floor", a[0], a[1], a[2], a[3], a[4], a[5], (char *)NULL);
+        snprintf(a[6], 32, "%d", bf16 ? 1 : 0);
+        execl(exe, exe, "__gemm-floor", a[0], a[1], a[2], a[3], a[4], a[5], a[6], (char *)NULL);
         _exit(127);
     }
     close(down[0]);
@@ -131,8 +182,9 @@ int kb_floor_start(kb_floor *f, int64_t bt, int64_t hs, int64_t ht, int64_t v) {
     return 0;
 }
 
-int kb_floor_round(kb_floor *f, kdloss_gemm_provider provider, double ns[KB_GEMM_COUNT]) {
-    char req = (char)provider;
+int kb_floor_round(kb_floor *f, kdloss_gemm_provider provider, kb_floor_kind kind,
+                   double ns[KB_GEMM_COUNT]) {
+    char req = (char)((int)provider | (int)kind << 4);
     double r[KB_GEMM_COUNT + 1];
     if (!f->pid || write(f->to_child, &req, 1) != 1 ||
         read(f->from_child, r, sizeof r) != (ssize_t)sizeof r) {
@@ -166,32 +218,60 @@ static double floor_flop(const kb_floor_bench *b) {
 
 static double median_of(double *x, int64_t n) { return kb_quantile(x, n, 0.5); }
 
-/* One round per loadable provider (after an untimed one unless a round is over a TFLOP): the
- * fastest is the floor the alternating rounds use; the others are printed beside it, so a slow
- * provider (the one the library uses, say) cannot hide. */
+/* The floor's candidates: fp32 through every provider; with bf16 operands also bf16 x bf16
+ * through kdloss_gemm_bf16 with every provider and oneDNN's own threaded matmul. Fills b->cand
+ * with those whose provider loads here (a bf16 one that turns out to be unsupported fails its
+ * round and is printed so). */
+static void candidates(kb_floor_bench *b) {
+    static const kdloss_gemm_provider provs[2] = {KDLOSS_GEMM_ONEDNN, KDLOSS_GEMM_OPENBLAS};
+    static const struct { kb_floor_kind kind; int prov; const char *what, *tag; } all[] = {
+        {KB_FLOOR_F32, 0, "fp32 operands (kdloss tiles)", ""},
+        {KB_FLOOR_F32, 1, "fp32 operands", ""},
+        {KB_FLOOR_BF16, 0, "bf16 x bf16 -> fp32 (kdloss tiles)", "-bf16"},
+        {KB_FLOOR_BF16_DNNL, 0, "bf16 x bf16 -> fp32 (its own matmul, its own threads)",
+         "-bf16-mt"},
+        {KB_FLOOR_BF16, 1, "bf16 x bf16 -> fp32 (cblas_sbgemm)", "-bf16"},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof all[0] && b->n < KB_FLOOR_MAX; i++) {
+        kdloss_gemm_provider p = provs[all[i].prov];
+        if (all[i].kind != KB_FLOOR_F32 && !b->bf16) continue;
+        if (p == KDLOSS_GEMM_OPENBLAS && b->providers == KB_FLOOR_ONEDNN) continue;
+        kb_floor_cand c;
+        memset(&c, 0, sizeof c);
+        if (kdloss_gemm_query(p, &c.info) != KDLOSS_OK) continue;
+        c.kind = all[i].kind;
+        snprintf(c.what, sizeof c.what, "%s", all[i].what);
+        snprintf(c.tag, sizeof c.tag, "%s%s", c.info.name, all[i].tag);
+        b->cand[b->n++] = c;
+    }
+}
+
+/* One round per candidate (after an untimed one unless a round is over a TFLOP): the fastest is
+ * the floor the alternating rounds use; the others are printed beside it, so a slow provider
+ * (the one the library uses, say) cannot hide. */
 static void survey_providers(kb_floor_bench *b) {
-    static const kdloss_gemm_provider all[2] = {KDLOSS_GEMM_ONEDNN, KDLOSS_GEMM_OPENBLAS};
     int n_gemm = floor_gemms(b);
     int warm = 2.0 * (double)b->bt * (double)b->v * (double)(3 * b->hs + b->ht) < 1e12;
-    for (int i = 0; i < 2 && b->fl.pid; i++) {
-        if (all[i] == KDLOSS_GEMM_OPENBLAS && b->providers == KB_FLOOR_ONEDNN) continue;
-        if (kdloss_gemm_query(all[i], &b->info[b->n]) != KDLOSS_OK) continue;
+    candidates(b);
+    for (int i = 0; i < b->n && b->fl.pid; i++) {
+        kb_floor_cand *c = &b->cand[i];
         double ns[KB_GEMM_COUNT];
         int r = 0;
-        for (int w = 0; w <= warm && r == 0; w++) r = kb_floor_round(&b->fl, all[i], ns);
+        for (int w = 0; w <= warm && r == 0; w++)
+            r = kb_floor_round(&b->fl, c->info.provider, c->kind, ns);
         if (r < 0) return;
         double sum = 0.0;
         for (int g = 0; g < n_gemm; g++) sum += ns[g] * 1e-9;
-        b->sum[b->n] = r == 0 ? sum : -1.0;
-        if (r == 0 && (b->best < 0 || sum < b->sum[b->best])) b->best = b->n;
-        b->n++;
+        c->sum = r == 0 ? sum : -1.0;
+        if (r == 0 && (b->best < 0 || sum < b->cand[b->best].sum)) b->best = i;
     }
 }
 
 int kb_floor_bench_start(kb_floor_bench *b, int64_t bt, int64_t hs, int64_t ht, int64_t v,
-                         int forward, kb_floor_providers providers, int64_t reps, int n_calls) {
+                         int forward, int bf16, kb_floor_providers providers, int64_t reps,
+                         int n_calls) {
     memset(b, 0, sizeof *b);
-    b->bt = bt, b->hs = hs, b->ht = ht, b->v = v, b->forward = forward;
+    b->bt = bt, b->hs = hs, b->ht = ht, b->v = v, b->forward = forward, b->bf16 = bf16;
     b->providers = providers;
     b->reps = reps;
     b->n_calls = n_calls;
@@ -206,7 +286,7 @@ int kb_floor_bench_start(kb_floor_bench *b, int64_t bt, int64_t hs, int64_t ht, 
     b->gemm_ns = b->paired + reps;
     for (int64_t r = 0; r < reps; r++) b->floor_sum[r] = -1.0;
     if (providers == KB_FLOOR_NONE) return -1;
-    if (kb_floor_start(&b->fl, bt, hs, ht, v) != 0) {
+    if (kb_floor_start(&b->fl, bt, hs, ht, v, bf16) != 0) {
         printf("gemm floor: not measured (see above)\n");
         return -1;
     }
@@ -222,7 +302,7 @@ kdloss_status kb_floor_bench_time(kb_floor_bench *b, const kb_call_fn *fns, void
                                   int64_t warmup, size_t working_set, kb_stats *stats) {
     int64_t reps = b->reps;
     int n_gemm = floor_gemms(b);
-    kdloss_gemm_provider prov = b->best >= 0 ? b->info[b->best].provider : KDLOSS_GEMM_AUTO;
+    const kb_floor_cand *best = b->best >= 0 ? &b->cand[b->best] : NULL;
     for (int64_t r = 0; r < reps; r++) {
         for (int c = 0; c < b->n_calls; c++) {
             kb_stats one;
@@ -231,7 +311,7 @@ kdloss_status kb_floor_bench_time(kb_floor_bench *b, const kb_call_fn *fns, void
             b->kd[c * reps + r] = one.median_ns;
         }
         double ns[KB_GEMM_COUNT];
-        if (!b->fl.pid || kb_floor_round(&b->fl, prov, ns) != 0) {
+        if (!best || !b->fl.pid || kb_floor_round(&b->fl, best->info.provider, best->kind, ns) != 0) {
             kb_floor_stop(&b->fl);
             continue;
         }
@@ -255,15 +335,16 @@ kdloss_status kb_floor_bench_time(kb_floor_bench *b, const kb_call_fn *fns, void
 void kb_floor_bench_print_survey(const kb_floor_bench *b, kb_result *res) {
     double flop = floor_flop(b);
     for (int i = 0; i < b->n; i++) {
-        const kdloss_gemm_info *g = &b->info[i];
-        printf("gemm floor, %s %s (%s%s): ", g->name, g->version, g->kernel,
-               g->generic ? ", GENERIC kernel on this CPU" : "");
-        if (b->sum[i] < 0) printf("failed\n");
-        else printf("%.3f s, %.0f GFLOP/s%s\n", b->sum[i], flop / b->sum[i] * 1e-9,
+        const kb_floor_cand *c = &b->cand[i];
+        const kdloss_gemm_info *g = &c->info;
+        printf("gemm floor, %s %s (%s%s), %s: ", g->name, g->version, g->kernel,
+               g->generic ? ", GENERIC kernel on this CPU" : "", c->what);
+        if (c->sum < 0) printf("failed or not available\n");
+        else printf("%.3f s, %.0f GFLOP/s%s\n", c->sum, flop / c->sum * 1e-9,
                     i == b->best ? "  <- fastest, the floor below" : "");
-        char metric[32];
-        snprintf(metric, sizeof metric, "gemm_floor_%s", g->name);
-        if (b->sum[i] >= 0) kb_result_add_measure(res, metric, "one_round", "ns", b->sum[i] * 1e9);
+        char metric[48];
+        snprintf(metric, sizeof metric, "gemm_floor_%s", c->tag);
+        if (c->sum >= 0) kb_result_add_measure(res, metric, "one_round", "ns", c->sum * 1e9);
     }
 }
 
@@ -273,8 +354,8 @@ int kb_floor_bench_report(kb_floor_bench *b, kb_result *res, double kd_median_ns
     if (b->best < 0) return -1;
     for (int64_t r = 0; r < reps; r++)
         if (b->floor_sum[r] < 0.0) return -1;
-    printf("gemm floor (%s, fp32, in a child process, rounds alternating with the kdloss calls, "
-           "median of %lld):", b->info[b->best].name, (long long)reps);
+    printf("gemm floor (%s, %s, in a child process, rounds alternating with the kdloss calls, "
+           "median of %lld):", b->cand[b->best].info.name, b->cand[b->best].what, (long long)reps);
     double med[KB_GEMM_COUNT];
     for (int g = 0; g < KB_GEMM_COUNT; g++) {
         med[g] = median_of(b->gemm_ns + g * reps, reps);
@@ -299,8 +380,10 @@ int kb_floor_bench_report(kb_floor_bench *b, kb_result *res, double kd_median_ns
     return 0;
 }
 
+double kb_floor_bench_paired(kb_floor_bench *b) { return median_of(b->paired, b->reps); }
+
 const char *kb_floor_bench_provider(const kb_floor_bench *b) {
-    return b->best >= 0 ? b->info[b->best].name : "none";
+    return b->best >= 0 ? b->cand[b->best].tag : "none";
 }
 
 void kb_floor_bench_end(kb_floor_bench *b) {

@@ -63,13 +63,17 @@ static volatile int g_bf16_grad = KDLOSS_BF16_GRAD_AUTO;
 
 typedef void (*cblas_sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
                                const float *, int, float, float *, int);
+/* cblas_sbgemm (bf16 x bf16 -> fp32), exported only by OpenBLAS builds with BUILD_BFLOAT16. */
+typedef void (*cblas_sbgemm_fn)(int, int, int, int, int, int, float, const uint16_t *, int,
+                                const uint16_t *, int, float, float *, int);
 static struct {
     pthread_once_t once;
     void *handle;
     cblas_sgemm_fn sgemm;
+    cblas_sbgemm_fn sbgemm;
     char *(*corename)(void);
     char *(*config)(void);
-} g_ob = {PTHREAD_ONCE_INIT, NULL, NULL, NULL, NULL};
+} g_ob = {PTHREAD_ONCE_INIT, NULL, NULL, NULL, NULL, NULL};
 
 static void openblas_load(void) {
     void *h = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
@@ -81,6 +85,7 @@ static void openblas_load(void) {
     }
     g_ob.corename = (char *(*)(void))dlsym(h, "openblas_get_corename");
     g_ob.config = (char *(*)(void))dlsym(h, "openblas_get_config");
+    g_ob.sbgemm = (cblas_sbgemm_fn)dlsym(h, "cblas_sbgemm");
     g_ob.sgemm = f;
     g_ob.handle = h;
 }
@@ -774,9 +779,12 @@ kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info 
     return KDLOSS_OK;
 }
 
-kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b, int64_t m,
-                              int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                              const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+/* The public GEMMs' argument checks (kdloss.h: kdloss_gemm_f32, kdloss_gemm_bf16); operands
+ * of dtype dt, C fp32. */
+static kdloss_status check_gemm(kdloss_gemm_provider provider, int trans_a, int trans_b,
+                                int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                                const void *b, int64_t ldb, const float *c, int64_t ldc,
+                                kdloss_dtype dt) {
     if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
         return KDLOSS_ERR_INVALID_PARAM;
     if ((trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
@@ -792,19 +800,61 @@ kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int tr
         kd_span sa = {0}, sb = {0}, sc;
         kdloss_status st = kd_check_fmat(m, n, c, KDLOSS_F32, ldc, &ld, &sc);
         if (st == KDLOSS_OK && k > 0)
-            st = kd_check_fmat(trans_a ? k : m, a_cols, a, KDLOSS_F32, lda, &ld, &sa);
+            st = kd_check_fmat(trans_a ? k : m, a_cols, a, dt, lda, &ld, &sa);
         if (st == KDLOSS_OK && k > 0)
-            st = kd_check_fmat(trans_b ? n : k, b_cols, b, KDLOSS_F32, ldb, &ld, &sb);
+            st = kd_check_fmat(trans_b ? n : k, b_cols, b, dt, ldb, &ld, &sb);
         if (st != KDLOSS_OK) return st;
         if (kd_spans_overlap(sc, sa) || kd_spans_overlap(sc, sb)) return KDLOSS_ERR_ALIASING;
     }
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b, int64_t m,
+                              int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                              const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    kdloss_status st = check_gemm(provider, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+                                  KDLOSS_F32);
+    if (st != KDLOSS_OK) return st;
     if (provider == KDLOSS_GEMM_AUTO) provider = kd_gemm_provider_in_use();
     if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
     if (provider == KDLOSS_GEMM_ONEDNN) { /* running out of memory cannot leave C half done */
         kd_gemm_shape shape = {m, n, k};
-        kdloss_status st = fb_reserve(&shape, 1);
+        st = fb_reserve(&shape, 1);
         if (st != KDLOSS_OK) return st;
     }
     kd_gemm g = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
     return run_with(provider, &g);
+}
+
+/* cblas_sbgemm of the loaded OpenBLAS (32-bit sizes), when it exports one. */
+static kdloss_status openblas_sbgemm(const kd_gemm_bf16 *g) {
+    if (!openblas_available() || !g_ob.sbgemm) return KDLOSS_ERR_UNSUPPORTED;
+    if (g->m > INT_MAX || g->n > INT_MAX || g->k > INT_MAX || g->lda > INT_MAX ||
+        g->ldb > INT_MAX || g->ldc > INT_MAX)
+        return KDLOSS_ERR_UNSUPPORTED;
+    enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+    g_ob.sbgemm(ROW_MAJOR, g->ta ? TRANS : NO_TRANS, g->tb ? TRANS : NO_TRANS, (int)g->m,
+                (int)g->n, (int)g->k, 1.0f, g->a, (int)g->lda, g->b, (int)g->ldb, g->beta, g->c,
+                (int)g->ldc);
+    return KDLOSS_OK;
+}
+
+kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int trans_b, int64_t m,
+                               int64_t n, int64_t k, const uint16_t *a, int64_t lda,
+                               const uint16_t *b, int64_t ldb, float beta, float *c,
+                               int64_t ldc) {
+    kdloss_status st = check_gemm(provider, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
+                                  KDLOSS_BF16);
+    if (st != KDLOSS_OK) return st;
+    if (beta != 0.0f && beta != 1.0f) return KDLOSS_ERR_INVALID_PARAM;
+    kd_gemm_bf16 g = {trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta};
+    if (provider == KDLOSS_GEMM_OPENBLAS) return m && n ? openblas_sbgemm(&g) : KDLOSS_OK;
+    if ((!b16_available() || g_b16.reference) && !b16_emulate()) return KDLOSS_ERR_UNSUPPORTED;
+    if (m == 0 || n == 0) return KDLOSS_OK;
+    if (k == 0) { /* oneDNN's matmul takes no empty K */
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : c[i * ldc + j];
+        return KDLOSS_OK;
+    }
+    return kd_gemm_bf16_run(&g);
 }
