@@ -19,7 +19,7 @@ def kl_elem(y, t, log_target, eps=1e-10):
 
 
 def kl(y, t, reduction, log_target, eps=1e-10):
-    """y, t: (..., V) float64. 'batchmean' divides by the number of rows (prod of leading dims)."""
+    """y, t: (..., V) float64. 'batchmean' divides by y.shape[0], as torch (B for (B, T, V))."""
     e = kl_elem(y, t, log_target, eps)
     if reduction == "none":
         return e
@@ -28,7 +28,7 @@ def kl(y, t, reduction, log_target, eps=1e-10):
         return s
     if reduction == "mean":
         return s / e.numel()
-    return s / (e.numel() // e.shape[-1])
+    return s / e.shape[0]
 
 
 def jsd_rows(x, y, beta):

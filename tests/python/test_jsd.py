@@ -44,7 +44,7 @@ def test_grid(beta, with_labels, dtype, gen):
         labels[::3] = -100
     x.requires_grad_()
     out = JSD(beta=beta)(x, y, labels)
-    assert out.dtype == dtype and out.dim() == 0
+    assert out.dtype == torch.float32 and out.dim() == 0  # losses are fp32 for every dtype
     out.backward()
     want, want_grad = reference(x, y, beta, labels)
     rtol, atol = TOL[dtype]

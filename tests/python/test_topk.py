@@ -358,7 +358,7 @@ def test_bad_labels_and_reduction_raise():
             topk_distill_loss(zs, ids, lps, labels)
         assert e.value.status_name == status
     with pytest.raises(kdloss.KdlossError) as e:
-        TopKDistillLoss(reduction="mean")(zs, ids, lps)
+        TopKDistillLoss(reduction="avg")(zs, ids, lps)
     assert e.value.status_name == "KDLOSS_ERR_INVALID_REDUCTION"
     with pytest.raises(kdloss.KdlossError):
         TopKDistillLoss(tail="nope")

@@ -3,11 +3,16 @@
     from kdloss.torch import KLDivLoss, JSD, FusedLinearJSD, FusedLinearJSDLoss
     from kdloss.torch import functional  # kl_div, jsd, fused_linear_jsd, fused_linear_jsd_loss
     from kdloss.torch import TopKDistillLoss, FusedLinearTopKDistillLoss  # sparse top-k teacher
+    from kdloss.torch import JSDFunction, KLDivFunction, FusedLinearJSDFunction  # Liger's apply
+    from kdloss.torch import liger  # Liger's own names: liger.LigerJSD, liger.liger_kl_div, ...
+
+Every loss is returned in float32; dtypes, batchmean and the rest: functional's docstring.
 """
 
-from . import functional
+from . import functional, liger
 from ._backend import register_backend
-from .functional import (distill_loss, fused_linear_distill_loss, fused_linear_jsd,
+from .functional import (FusedLinearJSDFunction, FusedLinearJSDLossFunction, JSDFunction,
+                         KLDivFunction, distill_loss, fused_linear_distill_loss, fused_linear_jsd,
                          fused_linear_jsd_loss, fused_linear_topk_distill_loss, jsd, kl_div,
                          topk_distill_loss)
 from .modules import (JSD, DistillLoss, FusedLinearDistillLoss, FusedLinearJSD,
@@ -17,4 +22,5 @@ __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "function
            "jsd", "fused_linear_jsd", "fused_linear_jsd_loss", "register_backend", "DistillLoss",
            "FusedLinearDistillLoss", "distill_loss", "fused_linear_distill_loss",
            "TopKDistillLoss", "FusedLinearTopKDistillLoss", "topk_distill_loss",
-           "fused_linear_topk_distill_loss"]
+           "fused_linear_topk_distill_loss", "KLDivFunction", "JSDFunction",
+           "FusedLinearJSDFunction", "FusedLinearJSDLossFunction", "liger"]

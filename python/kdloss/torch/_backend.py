@@ -17,6 +17,7 @@ goes through VocabParallel on either device.
 
 import contextlib
 import ctypes
+import sys
 import threading
 
 import torch
@@ -38,9 +39,23 @@ def float_code(t, what):
     return code
 
 
+def is_dtensor(t):
+    """True for a torch.distributed DTensor (FSDP2 / tensor-parallel parameters). No import: a
+    DTensor can exist only once torch.distributed.tensor is loaded."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, getattr(mod, "DTensor", ()))
+
+
 def as_rows(t, what):
     """(view, rows, cols, ld): `t` seen as a row-major (rows x cols) matrix without copying when
     possible. rows = product of the leading dims (1 for a 1-D tensor), cols = t.shape[-1]."""
+    if is_dtensor(t):  # its data_ptr is the local shard's: never hand it to C
+        raise KdlossError(_lib.ERR_UNSUPPORTED,
+                          f"{what} is a DTensor {tuple(t.shape)} with placements "
+                          f"{tuple(t.placements)}: the functional and module forms of "
+                          "kdloss.torch gather it with full_tensor(); for an LM head sharded by "
+                          "vocabulary rows pass each rank's block (.to_local()) with "
+                          "process_group=")
     if t.dim() == 0:
         raise KdlossError(_lib.ERR_SHAPE_MISMATCH, f"{what} is a 0-dim tensor")
     cols = t.shape[-1]

@@ -8,8 +8,32 @@ outputs and does no gradient work at all.
 
 Shapes follow Liger-Kernel: (B, T, V) inputs are treated as (B*T, V) rows and (B, T, H) hidden
 states as (B*T, H); labels may be (B*T,) or (B, T). Teacher tensors (and the KL target) never
-receive a gradient. Losses come back in the student's dtype (PyTorch's convention); they are
-computed in fp32 with double accumulation by the library.
+receive a gradient.
+
+Dtypes. Every loss comes back as float32 whatever the inputs' dtypes (as torch's reductions and
+Liger-Kernel's losses; the library computes in fp32 with double accumulation, and a half-precision
+loss would overflow fp16 past 65504 or keep 3 significant digits in bf16). The one exception is
+kl_div(reduction="none"), elementwise, whose output takes torch's type promotion of input and
+target, as torch.nn.functional.kl_div's. Gradients come back in the dtype of the tensor they
+belong to. The row losses (kl_div, jsd, distill_loss, topk_distill_loss) take float32, bfloat16
+or float16 for each operand independently (mixed dtypes included), natively, without a copy.
+The fused-linear losses take each model's (hidden states, LM head weight) pair natively when both
+are float32 or both bfloat16; any other pair (float16, or mixed: bf16 activations with an fp32
+head, as under CPU autocast) is cast ONCE per call to torch.promote_types of the two, float16
+widened to float32. Cost: one copy of the narrower operand in that dtype (BT x H for the
+activations, V x H for a head) and, for the student, its gradient cast back to the operand's
+dtype; the result is what the wider dtype gives. Autocast itself is not consulted (kdloss never
+computes in less than its operands' precision). float64 is refused (KdlossError naming the
+operand): cast it with .float().
+
+DTensor arguments (FSDP2, tensor parallelism) are gathered with full_tensor(), which is
+differentiable (the gradient goes back to the shards through DTensor's autograd), when the full
+tensor takes at most half the free memory of its device; otherwise KdlossError (ERR_UNSUPPORTED)
+says DTensor and points to process_group= (a vocabulary-sharded head: each rank's block,
+.to_local(), with replicated hidden states). FSDP reduces across ranks the gradients of the
+parameters it unsharded for its own forward: calling the loss inside the wrapped module's forward
+gets that and needs no gather. A 1-D or empty LM head weight (an FSDP1 FlatParameter view or a
+DeepSpeed ZeRO-3 placeholder seen outside the forward) raises KdlossError with that hint.
 
 Vocabulary parallelism (docs/MATH.md section 9): the fused-linear losses take process_group, a
 torch.distributed group whose ranks split the LM heads by vocabulary rows (CPU tensors with a
@@ -32,11 +56,61 @@ import torch
 
 from .. import _lib
 from .._lib import KdlossError
-from ._backend import (as_rows, backend_for, cmat, float_code, labels_view, out_mat, ptr,
-                       same_device, scalar_out, topk_teacher, vocab_parallel)
+from ._backend import (as_rows, backend_for, cmat, float_code, is_dtensor, labels_view, out_mat,
+                       ptr, same_device, scalar_out, topk_teacher, vocab_parallel)
 
 __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
-           "fused_linear_distill_loss", "topk_distill_loss", "fused_linear_topk_distill_loss"]
+           "fused_linear_distill_loss", "topk_distill_loss", "fused_linear_topk_distill_loss",
+           "KLDivFunction", "JSDFunction", "FusedLinearJSDFunction", "FusedLinearJSDLossFunction"]
+
+LOSS_DTYPE = torch.float32  # the dtype of every loss kdloss returns (module docstring)
+
+
+def _free_bytes(device):
+    """Free memory of `device` in bytes (None when unknown): MemAvailable for the CPU,
+    cudaMemGetInfo for CUDA."""
+    try:
+        if device.type == "cuda":
+            return torch.cuda.mem_get_info(device)[0]
+        if device.type == "cpu":
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError):
+        pass
+    return None
+
+
+def _gathered(t, what):
+    """`t`, or for a DTensor its full tensor (full_tensor(): differentiable) when that takes at
+    most half the free memory of its device; KdlossError(UNSUPPORTED) naming DTensor and
+    process_group= otherwise."""
+    if t is None or not is_dtensor(t):
+        return t
+    nbytes = t.numel() * t.element_size()
+    local = t.to_local()
+    free = _free_bytes(local.device)
+    if free is not None and nbytes > free // 2:
+        raise KdlossError(
+            _lib.ERR_UNSUPPORTED,
+            f"{what} is a DTensor {tuple(t.shape)} {t.dtype} with placements "
+            f"{tuple(t.placements)} on {t.device_mesh}: gathering it with full_tensor() takes "
+            f"{nbytes / 2**20:.0f} MiB, more than half of the {free / 2**20:.0f} MiB free on "
+            f"{local.device}. For an LM head sharded by vocabulary rows (Shard(0)) pass each "
+            f"rank's block ({what}.to_local()) with process_group=<the mesh's group> and the "
+            "hidden states replicated over it; with FSDP2, call the loss inside the wrapped "
+            "module's forward, where the weight is already unsharded")
+    return t.full_tensor()
+
+
+def _promoted(*tensors):
+    """torch's type promotion over the given float tensors (None skipped)."""
+    dt = None
+    for t in tensors:
+        if t is not None:
+            dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
+    return dt
 
 
 def _needs_grad(*tensors):
@@ -104,13 +178,19 @@ def reduction_code(reduction):
 
 def _kl_compute(y_pred, y_true, reduction, log_target, eps, want_grad):
     code = reduction_code(reduction)
-    device = same_device([("y_pred", y_pred), ("y_true", y_true)])
+    device = same_device([("input", y_pred), ("target", y_true)])
     if y_pred.shape != y_true.shape:
-        raise _shape_error(f"kl_div: y_pred {tuple(y_pred.shape)} vs y_true {tuple(y_true.shape)}")
-    yp, bt, v, ldp = as_rows(y_pred, "y_pred")
-    yt, _, _, ldt = as_rows(y_true, "y_true")
-    pc, tc = float_code(y_pred, "y_pred"), float_code(y_true, "y_true")
-    params = _lib.kl_params(code, log_target, float(eps))
+        raise _shape_error(f"kl_div: input {tuple(y_pred.shape)} vs target "
+                           f"{tuple(y_true.shape)}")
+    yp, bt, v, ldp = as_rows(y_pred, "input")
+    yt, _, _, ldt = as_rows(y_true, "target")
+    pc, tc = float_code(y_pred, "input"), float_code(y_true, "target")
+    # batchmean divides by input.size(0) as torch does (B for a (B, T, V) input): the C
+    # batchmean divides by the rows, so other shapes take the C sum scaled by 1 / size(0)
+    scale = 1.0
+    if code == _lib.REDUCTIONS["batchmean"] and y_pred.dim() != 2:
+        code, scale = _lib.REDUCTIONS["sum"], 1.0 / max(1, y_pred.shape[0])
+    params = _lib.kl_params(code, log_target, float(eps), scale)
     loss = elem = None
     if code == _lib.REDUCTIONS["none"]:
         elem = torch.empty(bt, v, dtype=torch.float32, device=device)
@@ -119,15 +199,23 @@ def _kl_compute(y_pred, y_true, reduction, log_target, eps, want_grad):
     grad = torch.empty(bt, v, dtype=y_pred.dtype, device=device) if want_grad else None
     backend_for(device).kl_div(device, params, bt, v, cmat(yp, ldp, pc), cmat(yt, ldt, tc),
                                ptr(loss), None, out_mat(elem), out_mat(grad))
-    out = loss[0] if elem is None else elem.view(y_pred.shape)
-    out = out.to(y_pred.dtype)
+    if elem is None:  # the loss: fp32 whatever the dtypes
+        out = loss[0] if scale == 1.0 else (loss[0].double() * scale).float()
+    else:  # elementwise: torch's type promotion of input and target, as F.kl_div
+        out = elem.view(y_pred.shape).to(_promoted(y_pred, y_true))
     return out, (grad.view(y_pred.shape) if grad is not None else None)
 
 
-class _KLDivFunction(torch.autograd.Function):
+class KLDivFunction(torch.autograd.Function):
+    """The KL divergence as an autograd Function with Liger's LigerKLDivLossFunction.apply
+    signature: KLDivFunction.apply(y_pred, y_true, reduction="batchmean", log_target=False,
+    eps=1e-10) (kl_div's semantics and dtypes; note Liger's default reduction here is
+    batchmean, kl_div's and torch's is mean). The gradient is formed in forward."""
+
     @staticmethod
-    def forward(ctx, y_pred, y_true, reduction, log_target, eps):
-        out, grad = _kl_compute(y_pred, y_true, reduction, log_target, eps, want_grad=True)
+    def forward(ctx, y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
+        out, grad = _kl_compute(y_pred, y_true, reduction, log_target, eps,
+                                want_grad=ctx.needs_input_grad[0])
         ctx.elementwise = reduction == "none"
         ctx.save_for_backward(grad, y_pred)  # y_pred: for _first_order_only's error node
         return out
@@ -143,88 +231,187 @@ class _KLDivFunction(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-def kl_div(y_pred, y_true, reduction="mean", log_target=False, eps=1e-10):
-    """KL(y_true || exp(y_pred)) with torch.nn.KLDivLoss semantics (docs/MATH.md section 2).
+_KLDivFunction = KLDivFunction  # the name before it was public
 
-    y_pred: (..., V) student log-probs; y_true: same shape, probabilities (or log-probs when
-    log_target). reduction: "none" (loss of y_pred's shape), "sum", "mean" (/ numel) or
-    "batchmean" (/ number of rows, i.e. B*T for a (B, T, V) input: the per-token KL; torch's own
-    nn.KLDivLoss divides by size(0) instead). Gradient flows to y_pred only.
+
+def kl_div(input=None, target=None, size_average=None, reduce=None, reduction="mean",
+           log_target=False, eps=1e-10, *, y_pred=None, y_true=None):
+    """KL(target || exp(input)) with torch.nn.functional.kl_div semantics (docs/MATH.md
+    section 2), in Liger's liger_kl_div positional order: kl_div(input, target, size_average,
+    reduce, reduction="mean", log_target=False, eps=1e-10).
+
+    input: (..., V) student log-probs; target: same shape, probabilities (or log-probs when
+    log_target); y_pred= / y_true= are accepted for input / target (kdloss's earlier names).
+    reduction: "none" (elementwise, the shape of input), "sum", "mean" (/ numel) or "batchmean"
+    (/ input.size(0), as torch: B for a (B, T, V) input, where kdloss before divided by B*T; for
+    the per-token KL pass the input as (B*T, V)). size_average / reduce are torch's deprecated
+    spellings: None or True (Liger's placeholders, whose defaults are True) leave reduction as
+    given, as liger_kl_div does; a False overrides it as in torch (reduce=False: "none",
+    size_average=False: "sum"). For
+    compatibility with kdloss's earlier kl_div(y_pred, y_true, reduction, log_target, eps), a
+    string in the third position is the reduction and the two after it log_target and eps.
+    Dtypes: float32, bfloat16, float16, each operand its own; the loss is float32 (a reduction)
+    or torch's promotion of the two dtypes ("none"); the gradient is in input's dtype.
+    Gradient flows to input only.
     """
-    if _needs_grad(y_pred):
-        return _KLDivFunction.apply(y_pred, y_true, reduction, log_target, eps)
-    return _kl_compute(y_pred, y_true, reduction, log_target, eps, want_grad=False)[0]
+    if y_pred is not None:
+        if input is not None:
+            raise TypeError("kl_div() got both input and y_pred")
+        input = y_pred
+    if y_true is not None:
+        if target is not None:
+            raise TypeError("kl_div() got both target and y_true")
+        target = y_true
+    if input is None or target is None:
+        raise TypeError("kl_div() needs input and target")
+    if isinstance(size_average, str):  # kdloss's earlier positional form
+        old_reduction = size_average
+        if reduce is not None:
+            log_target = reduce
+        if not isinstance(reduction, str):
+            eps = reduction
+        reduction = old_reduction
+    elif size_average is False or reduce is False:
+        reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
+    input, target = _gathered(input, "input"), _gathered(target, "target")
+    if _needs_grad(input):
+        return KLDivFunction.apply(input, target, reduction, log_target, eps)
+    return _kl_compute(input, target, reduction, log_target, eps, want_grad=False)[0]
 
 
 # ---- JSD ----------------------------------------------------------------------------------------
 
 def _jsd_compute(log_q, log_p, shift_labels, beta, ignore_index, want_grad):
-    device = same_device([("log_q", log_q), ("log_p", log_p)])
+    device = same_device([("input", log_q), ("target", log_p)])
     if log_q.shape != log_p.shape:
-        raise _shape_error(f"jsd: log_q {tuple(log_q.shape)} vs log_p {tuple(log_p.shape)}")
-    q, bt, v, ldq = as_rows(log_q, "log_q")
-    p, _, _, ldp = as_rows(log_p, "log_p")
-    qc, pc = float_code(log_q, "log_q"), float_code(log_p, "log_p")
+        raise _shape_error(f"jsd: input (log_q) {tuple(log_q.shape)} vs target (log_p) "
+                           f"{tuple(log_p.shape)}")
+    q, bt, v, ldq = as_rows(log_q, "input (log_q)")
+    p, _, _, ldp = as_rows(log_p, "target (log_p)")
+    qc, pc = float_code(log_q, "input (log_q)"), float_code(log_p, "target (log_p)")
     labels, lview = labels_view(shift_labels, bt, device, "shift_labels")
     params = _lib.jsd_params(float(beta), int(ignore_index))
     loss = scalar_out(device)
     grad = torch.empty(bt, v, dtype=log_q.dtype, device=device) if want_grad else None
     backend_for(device).jsd(device, params, bt, v, cmat(q, ldq, qc), cmat(p, ldp, pc), lview,
                             ptr(loss), None, out_mat(grad))
-    out = loss[0].to(log_q.dtype)
-    return out, (grad.view(log_q.shape) if grad is not None else None)
+    return loss[0], (grad.view(log_q.shape) if grad is not None else None)  # loss: fp32
 
 
-class _JSDFunction(torch.autograd.Function):
+class JSDFunction(torch.autograd.Function):
+    """JSD(beta) as an autograd Function with Liger's LigerJSDFunction.apply signature:
+    JSDFunction.apply(input, target, shift_labels=None, beta=0.5, ignore_index=-100,
+    jsd_impl=None, jsd_mode=None); jsd_impl / jsd_mode (Liger's kernel choice) are ignored.
+    The gradient is formed in forward."""
+
     @staticmethod
-    def forward(ctx, log_q, log_p, shift_labels, beta, ignore_index):
-        out, grad = _jsd_compute(log_q, log_p, shift_labels, beta, ignore_index, want_grad=True)
-        ctx.save_for_backward(grad, log_q)  # log_q: for _first_order_only's error node
+    def forward(ctx, input, target, shift_labels=None, beta=0.5, ignore_index=-100,
+                jsd_impl=None, jsd_mode=None):
+        out, grad = _jsd_compute(input, target, shift_labels, beta, ignore_index,
+                                 want_grad=ctx.needs_input_grad[0])
+        ctx.save_for_backward(grad, input)  # input: for _first_order_only's error node
         return out
 
     @staticmethod
     @_first_order_only  # the saved gradient is a constant: no double backward
     def backward(ctx, grad_output):
         grad = ctx.saved_tensors[0]
-        return _scale(grad, grad_output), None, None, None, None
+        return _scale(grad, grad_output), None, None, None, None, None, None
 
 
-def jsd(log_q, log_p, shift_labels=None, beta=0.5, ignore_index=-100):
-    """Generalized JSD(beta) between student log-probs `log_q` and teacher log-probs `log_p`
-    (docs/MATH.md section 3): beta = 0 is KL(P||Q), beta = 1 is KL(Q||P). Row sums averaged over
-    the rows whose shift_labels != ignore_index (all rows without labels). Gradient to log_q only.
+_JSDFunction = JSDFunction  # the name before it was public
+
+
+def jsd(input=None, target=None, shift_labels=None, beta=0.5, ignore_index=-100, *, log_q=None,
+        log_p=None):
+    """Generalized JSD(beta) between student log-probs `input` (log_q) and teacher log-probs
+    `target` (log_p) (docs/MATH.md section 3), with Liger's liger_jsd signature: jsd(input,
+    target, shift_labels=None, beta=0.5, ignore_index=-100); log_q= / log_p= are accepted for
+    input / target (kdloss's earlier names, and LigerJSD.forward's). beta = 0 is KL(P||Q),
+    beta = 1 is KL(Q||P). Row sums averaged over the rows whose shift_labels != ignore_index (all
+    rows without labels). Each operand float32, bfloat16 or float16; the loss is float32
+    (Liger's returns the input's dtype); the gradient, to input only, in input's dtype.
     """
-    if _needs_grad(log_q):
-        return _JSDFunction.apply(log_q, log_p, shift_labels, beta, ignore_index)
-    return _jsd_compute(log_q, log_p, shift_labels, beta, ignore_index, want_grad=False)[0]
+    if log_q is not None:
+        if input is not None:
+            raise TypeError("jsd() got both input and log_q")
+        input = log_q
+    if log_p is not None:
+        if target is not None:
+            raise TypeError("jsd() got both target and log_p")
+        target = log_p
+    if input is None or target is None:
+        raise TypeError("jsd() needs input and target")
+    input, target = _gathered(input, "input"), _gathered(target, "target")
+    if _needs_grad(input):
+        return JSDFunction.apply(input, target, shift_labels, beta, ignore_index)
+    return _jsd_compute(input, target, shift_labels, beta, ignore_index, want_grad=False)[0]
 
 
 # ---- fused linear JSD -----------------------------------------------------------------------------
 
+def _check_weight(w, who):
+    """KdlossError unless the LM head weight is 2-D; a 1-D one (an FSDP1 flat parameter's view,
+    a DeepSpeed ZeRO-3 placeholder of shape (0,)) gets a hint."""
+    if w.dim() == 2:
+        return
+    msg = f"{who}_weight must be 2-D (V, H), got {tuple(w.shape)}"
+    if w.dim() == 1:
+        if hasattr(w, "ds_shape"):
+            kind = f"a DeepSpeed ZeRO-3 partitioned parameter (full shape {tuple(w.ds_shape)})"
+        elif type(w).__name__ == "FlatParameter":
+            kind = "an FSDP1 FlatParameter"
+        else:
+            kind = ("a sharded parameter's local placeholder (an FSDP1 flat parameter's view, a "
+                    "DeepSpeed ZeRO-3 partition)")
+        msg += (f": this looks like {kind} seen outside the wrapped module's forward. Call the "
+                "loss inside that forward, where the weight is gathered, or gather it first "
+                "(FSDP.summon_full_params, deepspeed.zero.GatheredParameters); FSDP2 weights "
+                "(DTensor) kdloss gathers itself")
+    raise _shape_error(msg)
+
+
+_NATIVE_LM_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _lm_dtype(x, w, who):
+    """The dtype one model's GEMMs run in: x's when x and w are both float32 or both bfloat16,
+    else torch.promote_types(x, w) with float16 widened to float32 (module docstring: the
+    narrower operand is then cast once per call)."""
+    float_code(x, f"{who}_input")  # float64 or an integer dtype: refused, naming the operand
+    float_code(w, f"{who}_weight")
+    if x.dtype == w.dtype and x.dtype in _NATIVE_LM_DTYPES:
+        return x.dtype
+    dt = torch.promote_types(x.dtype, w.dtype)
+    return torch.float32 if dt == torch.float16 else dt
+
+
 def _lm_head(x, w, b, who):
-    """C views of one model's hidden states x (..., H), LM head w (V, H) and bias b [V] or None
-    (cast to w's dtype, as the C API takes it). Returns (kept tensors, x view, w view, bias, rows,
-    H, V); the kept tensors must outlive the C call (they may be contiguous copies)."""
-    if w.dim() != 2:
-        raise _shape_error(f"{who}_weight must be 2-D (V, H), got {tuple(w.shape)}")
+    """C views of one model's hidden states x (..., H), LM head w (V, H) and bias b [V] or None,
+    all in _lm_dtype(x, w) (the bias in the weight's, as the C API takes it). Returns (kept
+    tensors, x view, w view, bias, rows, H, V); the kept tensors (x and w as (rows x H) and
+    (V x H) in that dtype, the bias) must outlive the C call (they may be copies)."""
+    _check_weight(w, who)
     v, h = w.shape
     if x.shape[-1] != h:
         raise _shape_error(f"{who}_input {tuple(x.shape)} / {who}_weight {tuple(w.shape)}: "
                            "hidden sizes differ")
-    x2, rows, _, ldx = as_rows(x, f"{who}_input")
-    w2, _, _, ldw = as_rows(w, f"{who}_weight")
-    xv = cmat(x2, ldx, float_code(x, f"{who}_input"))
-    wv = cmat(w2, ldw, float_code(w, f"{who}_weight"))
+    dt = _lm_dtype(x, w, who)
+    x2, rows, _, ldx = as_rows(x.to(dt), f"{who}_input")
+    w2, _, _, ldw = as_rows(w.to(dt), f"{who}_weight")
+    xv = cmat(x2, ldx, float_code(x2, f"{who}_input"))
+    wv = cmat(w2, ldw, float_code(w2, f"{who}_weight"))
     if b is not None:
         if b.numel() != v:
             raise _shape_error(f"{who}_bias has {b.numel()} elements, expected V={v}")
-        b = b.reshape(v).to(w.dtype).contiguous()
+        b = b.reshape(v).to(dt).contiguous()
     return (x2, w2, b), xv, wv, b, rows, h, v
 
 
 def _fused_outputs(want, xs, ws, bs, rows, want_hard=True):
     """Fresh outputs of a fused-linear call: loss, soft, hard ([1] fp32; hard zero and not passed
-    to C unless want_hard) and the wanted gradients, with the FldOut that points at them."""
+    to C unless want_hard) and the wanted gradients, with the FldOut that points at them. xs, ws:
+    the operands as the C call sees them (_lm_head's kept tensors: the gradients' dtypes)."""
     device = xs.device
     v, hs = ws.shape
     loss, soft = scalar_out(device), scalar_out(device)
@@ -237,15 +424,17 @@ def _fused_outputs(want, xs, ws, bs, rows, want_hard=True):
     return (loss, soft, hard, dxs, dws, dbs), out
 
 
-def _fused_results(outputs, xs, bs):
-    """(loss, soft, hard, dxs, dws, dbs): losses in xs's dtype, gradients shaped like inputs."""
+def _fused_results(outputs, xs, ws, bs):
+    """(loss, soft, hard, dxs, dws, dbs): losses fp32, gradients shaped like the caller's xs, ws,
+    bs and in their dtypes (cast back once when _lm_head computed in another)."""
     loss, soft, hard, dxs, dws, dbs = outputs
     if dxs is not None:
-        dxs = dxs.view(xs.shape)
+        dxs = dxs.view(xs.shape).to(xs.dtype)
+    if dws is not None:
+        dws = dws.to(ws.dtype)
     if dbs is not None:
         dbs = dbs.to(bs.dtype).view(bs.shape)
-    dt = xs.dtype
-    return loss[0].to(dt), soft[0].to(dt), hard[0].to(dt), dxs, dws, dbs
+    return loss[0], soft[0], hard[0], dxs, dws, dbs
 
 
 def _fld_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
@@ -268,10 +457,10 @@ def _fld_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, 
     labels, lview = labels_view(labels, rows, device, "labels")
     params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
                              int(ignore_index), int(chunk_size or 0), t2_scale)
-    outputs, out = _fused_outputs(want, xs, ws, bs, rows)
+    outputs, out = _fused_outputs(want, keep_s[0], keep_s[1], bs, rows)
     backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
                                  wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
-    return _fused_results(outputs, xs, bs)
+    return _fused_results(outputs, xs, ws, bs)
 
 
 class _FusedLinearFunction(torch.autograd.Function):
@@ -311,14 +500,73 @@ def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft,
         ignore_index, chunk_size, t2_scale, vp))
 
 
+def _check_accum_dtype(accum_dtype):
+    """Liger's accum_dtype (the dtype of its dW accumulation buffers): accepted, None or a
+    floating torch.dtype, and otherwise unused: kdloss accumulates dW in fp32 across chunks
+    whatever the weights' dtype (cast once at the end) and the losses in double."""
+    if accum_dtype is not None and not (isinstance(accum_dtype, torch.dtype)
+                                        and accum_dtype.is_floating_point):
+        raise KdlossError(_lib.ERR_INVALID_DTYPE, f"accum_dtype={accum_dtype!r}: None or a "
+                          "floating torch.dtype")
+
+
+def _gather_all(process_group, named):
+    """The tensors of `named` ((name, tensor) pairs) with every DTensor gathered (_gathered);
+    with a process_group a DTensor is refused (the group's ranks pass their own blocks)."""
+    out = []
+    for name, t in named:
+        if process_group is not None and is_dtensor(t):
+            raise KdlossError(_lib.ERR_UNSUPPORTED,
+                              f"{name} is a DTensor and process_group is given: pass this "
+                              f"rank's block of rows ({name}.to_local()), not the DTensor")
+        out.append(_gathered(t, name))
+    return out
+
+
 def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
-                     shift_labels=None, jsd_beta=0.5, ignore_index=-100, temperature=1.0):
-    """Pure soft distillation loss (Liger's LigerFusedLinearJSD): JSD(jsd_beta) between
-    log_softmax(student_input @ student_weight.T / T) and the teacher's, averaged over the rows
-    whose shift_labels != ignore_index, without ever forming the full logits.
-    Gradients for student_input and student_weight."""
-    return _fld(student_input, student_weight, teacher_input, teacher_weight, shift_labels,
-                None, None, jsd_beta, temperature, 0.0, 1.0, ignore_index, 0)[0]
+                     shift_labels=None, jsd_beta=0.5, ignore_index=-100, temperature=1.0,
+                     accum_dtype=None):
+    """Pure soft distillation loss (Liger's liger_fused_linear_jsd / LigerFusedLinearJSD, same
+    signature): JSD(jsd_beta) between log_softmax(student_input @ student_weight.T / T) and the
+    teacher's, averaged over the rows whose shift_labels != ignore_index, without ever forming
+    the full logits. Gradients for student_input and student_weight. accum_dtype: accepted for
+    Liger's signature; kdloss accumulates in fp32 or better anyway (_check_accum_dtype). The
+    loss is float32; dtypes, mixed operands and DTensors as in the module docstring."""
+    _check_accum_dtype(accum_dtype)
+    xs, ws, xt, wt = _gather_all(None, [("student_input", student_input),
+                                        ("student_weight", student_weight),
+                                        ("teacher_input", teacher_input),
+                                        ("teacher_weight", teacher_weight)])
+    return _fld(xs, ws, xt, wt, shift_labels, None, None, jsd_beta, temperature, 0.0, 1.0,
+                ignore_index, 0)[0]
+
+
+class FusedLinearJSDFunction(torch.autograd.Function):
+    """fused_linear_jsd as an autograd Function with the apply signature of Liger's
+    liger_kernel.ops.fused_linear_jsd.LigerFusedLinearJSDFunction: apply(student_input,
+    student_weight, teacher_input, teacher_weight, shift_labels=None, jsd_beta=0.5,
+    ignore_index=-100, temperature=1.0, accum_dtype=None, jsd_impl=None, jsd_mode=None)
+    (jsd_impl / jsd_mode, Liger's kernel choice, are ignored). The gradients are formed in
+    forward. DTensors are not gathered here (the functional and module forms do it)."""
+
+    @staticmethod
+    def forward(ctx, student_input, student_weight, teacher_input, teacher_weight,
+                shift_labels=None, jsd_beta=0.5, ignore_index=-100, temperature=1.0,
+                accum_dtype=None, jsd_impl=None, jsd_mode=None):
+        _check_accum_dtype(accum_dtype)
+        want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
+        div = _lib.div_params("jsd", jsd_beta, 0.1)
+        loss, _, _, dxs, dws, _ = _fld_compute(
+            student_input, student_weight, teacher_input, teacher_weight, shift_labels, None,
+            None, div, temperature, 0.0, 1.0, ignore_index, 0, False, None, want)
+        ctx.save_for_backward(dxs, dws, student_input, student_weight)
+        return loss
+
+    @staticmethod
+    @_first_order_only  # the saved gradients are constants: no double backward
+    def backward(ctx, grad_output):
+        dxs, dws = ctx.saved_tensors[:2]
+        return (_scale(dxs, grad_output), _scale(dws, grad_output)) + (None,) * 9
 
 
 # the vocabulary-parallel entry points (process_group) of the fused losses
@@ -334,41 +582,88 @@ def _require_labels(true_labels, weight_hard_loss):
 def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_weight,
                           true_labels, student_bias=None, teacher_bias=None, weight_hard_loss=0.5,
                           weight_soft_loss=0.5, beta=0.5, ignore_index=-100, temperature=1.0,
-                          compiled=True, chunk_size=1024, return_soft_hard_loss=False,
+                          compiled=True, chunk_size=None, return_soft_hard_loss=False,
                           process_group=None):
-    """Chunked fused-linear distillation loss (Liger's LigerFusedLinearJSDLoss, docs/MATH.md
-    section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of the tempered
-    distributions, each averaged over the valid rows. Gradients for student_input,
+    """Chunked fused-linear distillation loss (Liger's chunked LigerFusedLinearJSDLoss and its
+    functional liger_kernel.chunked_loss.functional.liger_fused_linear_jsd, same positional
+    order; docs/MATH.md section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of
+    the tempered distributions, each averaged over the valid rows. Gradients for student_input,
     student_weight and student_bias. `compiled` is accepted for compatibility and ignored.
-    `chunk_size` rows per chunk (None or 0: the library picks it from a 256 MiB budget).
-    Returns the loss, or (loss, soft_loss, hard_loss) when return_soft_hard_loss.
-    process_group: vocabulary-parallel LM heads (see the module docstring)."""
+    `chunk_size` rows per chunk; None or 0 (the default: Liger's is 1024) lets the library pick
+    it from its 256 MiB budget, a number given here wins. Returns the loss (float32), or (loss,
+    soft_loss, hard_loss) when return_soft_hard_loss. process_group: vocabulary-parallel LM heads
+    (see the module docstring)."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
         _require_labels(true_labels, weight_hard_loss)
-        loss, soft, hard = _fld(student_input, student_weight, teacher_input, teacher_weight,
-                                true_labels, student_bias, teacher_bias, beta, temperature,
+        xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, [
+            ("student_input", student_input), ("student_weight", student_weight),
+            ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
+            ("student_bias", student_bias), ("teacher_bias", teacher_bias)])
+        loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
                                 weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
                                 vp=vp)
     return (loss, soft, hard) if return_soft_hard_loss else loss
+
+
+class FusedLinearJSDLossFunction(torch.autograd.Function):
+    """fused_linear_jsd_loss as an autograd Function with the apply signature of Liger's
+    chunked liger_kernel.chunked_loss.jsd_loss.LigerFusedLinearJSDFunction: apply(student_input,
+    student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
+    teacher_bias=None, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
+    temperature=1.0, compiled=True, chunk_size=None, return_soft_hard_loss=False) (chunk_size
+    None: the library's budgeted chunk). No process_group; DTensors are not gathered here (the
+    functional and module forms do both)."""
+
+    @staticmethod
+    def forward(ctx, student_input, student_weight, teacher_input, teacher_weight, true_labels,
+                student_bias=None, teacher_bias=None, weight_hard_loss=0.5, weight_soft_loss=0.5,
+                beta=0.5, ignore_index=-100, temperature=1.0, compiled=True, chunk_size=None,
+                return_soft_hard_loss=False):
+        if temperature == 0:
+            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        _require_labels(true_labels, weight_hard_loss)
+        need = ctx.needs_input_grad
+        want = (need[0], need[1], student_bias is not None and need[5])
+        div = _lib.div_params("jsd", beta, 0.1)
+        loss, soft, hard, dxs, dws, dbs = _fld_compute(
+            student_input, student_weight, teacher_input, teacher_weight, true_labels,
+            student_bias, teacher_bias, div, temperature, weight_hard_loss, weight_soft_loss,
+            ignore_index, chunk_size, False, None, want)
+        ctx.save_for_backward(dxs, dws, dbs, student_input, student_weight, student_bias)
+        if not return_soft_hard_loss:
+            return loss
+        ctx.mark_non_differentiable(soft, hard)
+        return loss, soft, hard
+
+    @staticmethod
+    @_first_order_only  # the saved gradients are constants: no double backward
+    def backward(ctx, grad_loss, *grad_soft_hard):
+        dxs, dws, dbs = ctx.saved_tensors[:3]
+        return (_scale(dxs, grad_loss), _scale(dws, grad_loss), None, None, None,
+                _scale(dbs, grad_loss)) + (None,) * 9
 
 
 def fused_linear_distill_loss(student_input, student_weight, teacher_input, teacher_weight,
                               true_labels, student_bias=None, teacher_bias=None, *,
                               divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                               weight_soft_loss=0.5, ignore_index=-100, temperature=1.0,
-                              t2_scale=False, chunk_size=0, return_soft_hard_loss=False,
+                              t2_scale=False, chunk_size=None, return_soft_hard_loss=False,
                               process_group=None):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
-    over the rows whose label is not ignore_index. Returns the loss, or (loss, soft, hard).
-    process_group: vocabulary-parallel LM heads (see the module docstring)."""
+    over the rows whose label is not ignore_index. Returns the loss (float32), or (loss, soft,
+    hard). chunk_size None or 0: the library's budgeted chunk. process_group:
+    vocabulary-parallel LM heads (see the module docstring)."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         _require_labels(true_labels, weight_hard_loss)
-        loss, soft, hard = _fld(student_input, student_weight, teacher_input, teacher_weight,
-                                true_labels, student_bias, teacher_bias, beta, temperature,
+        xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, [
+            ("student_input", student_input), ("student_weight", student_weight),
+            ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
+            ("student_bias", student_bias), ("teacher_bias", teacher_bias)])
+        loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
                                 weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
                                 divergence, alpha, t2_scale, vp)
     return (loss, soft, hard) if return_soft_hard_loss else loss
@@ -376,34 +671,45 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
 
 # ---- distillation loss on logits ------------------------------------------------------------------
 
-_DISTILL_REDUCTIONS = ("batchmean", "sum", "none")
+_DISTILL_REDUCTIONS = ("batchmean", "sum", "mean", "none")
 
 
 def _logits_frame(zs, labels, ignore_index, reduction, device, fname):
     """The part every loss on student logits shares: the reduction check, the logits as a
-    (bt x v) view, the labels, and the C grad_scale that makes the gradient the reduction's
-    (the C gradient is scaled by grad_scale / max(1, n_kept)). Returns
-    (kept tensors, logits view, bt, v, labels view, grad_scale)."""
+    (bt x v) view, the labels, the reduction's divisor (None: the C call's own, max(1, n_kept))
+    and the C grad_scale that makes the gradient the reduction's (the C gradient is scaled by
+    grad_scale / max(1, n_kept)). Returns (kept tensors, logits view, bt, v, labels view,
+    grad_scale, divisor).
+
+    Divisors: batchmean with labels max(1, n_kept) (the per-token mean over the kept rows, as
+    TRL's generalized_jsd_loss), without labels student_logits.size(0) (torch's batchmean: B for
+    (B, T, V) logits, the rows for 2-D, 1 for 1-D); mean: the kept rows times V (every element, as torch's
+    and TRL's mean); sum 1; none: per row, unscaled."""
     if reduction not in _DISTILL_REDUCTIONS:
         raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
-                          f"({fname} takes batchmean, sum or none)")
+                          f"({fname} takes batchmean, sum, mean or none)")
     zc = float_code(zs, "student_logits")
     zs2, bt, v, ldz = as_rows(zs.detach(), "student_logits")
     labels, lview = labels_view(labels, bt, device, "labels")
     n_kept = bt if labels is None else int((labels != ignore_index).sum())
-    gscale = 1.0 if reduction == "batchmean" else float(max(1, n_kept))
-    return (zs2, labels), cmat(zs2, ldz, zc), bt, v, lview, gscale
+    kept = max(1, n_kept)
+    batch = zs.shape[0] if zs.dim() > 1 else 1  # 1-D logits: one row (one distribution)
+    divisor = {"batchmean": kept if labels is not None else batch,
+               "sum": 1, "mean": kept * v, "none": 1}[reduction]
+    gscale = float(kept) / max(1, divisor)
+    if reduction == "batchmean" and divisor == kept:
+        divisor = None  # the C call's loss is already this one
+    return (zs2, labels), cmat(zs2, ldz, zc), bt, v, lview, gscale, divisor
 
 
-def _reduced(loss, rows, reduction, zs):
-    """The loss in zs's dtype from the C call's loss (sum / max(1, kept)) and row losses."""
-    if reduction == "batchmean":
-        out = loss[0]
-    elif reduction == "sum":
-        out = rows.double().sum().float()
-    else:
-        out = rows.view(zs.shape[:-1])
-    return out.to(zs.dtype)
+def _reduced(loss, rows, reduction, divisor, zs):
+    """The loss, float32 whatever zs's dtype, from the C call's loss (sum / max(1, kept)) or
+    the row losses (reduced in double)."""
+    if reduction == "none":
+        return rows.view(zs.shape[:-1])
+    if divisor is None:
+        return loss[0]
+    return (rows.double().sum() / max(1, divisor)).float()
 
 
 def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad):
@@ -412,8 +718,8 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
     writes dz in the student's dtype; others (a backend registered without it) get log-probs from
     torch, kdloss_distill and the chain rule here."""
     device = same_device([("student_logits", zs), ("teacher_logits", zt)])
-    keep, zs_v, bt, v, lview, gscale = _logits_frame(zs, labels, ignore_index, reduction, device,
-                                                     "distill_loss")
+    keep, zs_v, bt, v, lview, gscale, divisor = _logits_frame(zs, labels, ignore_index,
+                                                              reduction, device, "distill_loss")
     if zs.shape != zt.shape:
         raise _shape_error(f"distill_loss: student_logits {tuple(zs.shape)} vs teacher_logits "
                            f"{tuple(zt.shape)}")
@@ -442,7 +748,7 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
         if g is not None:  # chain rule of X = log_softmax(z / T): (g - softmax * sum(g)) / T
             dz = (g - x.exp() * g.sum(-1, keepdim=True)) / t
             dz = dz.to(zs.dtype).view(zs.shape)
-    return _reduced(loss, rows, reduction, zs), dz
+    return _reduced(loss, rows, reduction, divisor, zs), dz
 
 
 class _LogitsLossFunction(torch.autograd.Function):
@@ -479,10 +785,17 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     """A divergence of the family (docs/MATH.md section 7) between softmax(teacher_logits / T)
     (P) and softmax(student_logits / T) (Q), per row over the last dim. divergence: forward_kl,
     reverse_kl, jsd (beta), skew_forward_kl, skew_reverse_kl (alpha), tvd. Rows whose label
-    equals ignore_index are skipped. reduction: "batchmean" (sum over kept rows / max(1, kept)),
-    "sum", "none" (one loss per row, 0 for skipped rows). Gradient to student_logits only, formed
-    in the forward pass."""
+    equals ignore_index are skipped. reduction (torch's and TRL's generalized_jsd_loss's
+    meanings): "batchmean" with labels: sum over the kept rows / max(1, kept), the per-token
+    mean; without labels: sum / student_logits.size(0), as torch's batchmean (B for (B, T, V)
+    logits, where kdloss before divided by B*T; pass (B*T, V) logits for the per-token mean);
+    "mean": sum / (kept rows * V), the mean over every element; "sum"; "none" (one loss per row,
+    0 for skipped rows). Each operand float32, bfloat16 or float16; the loss (and the per-row
+    losses of "none") float32. Gradient to student_logits only, in its dtype, formed in the
+    forward pass."""
     div = _lib.div_params(divergence, beta, alpha)
+    student_logits = _gathered(student_logits, "student_logits")
+    teacher_logits = _gathered(teacher_logits, "teacher_logits")
     return _logits_apply(student_logits, reduction, functools.partial(
         _distill_compute, student_logits, teacher_logits, labels, div, temperature, ignore_index,
         reduction))
@@ -495,15 +808,16 @@ def _topk_compute(zs, ids, lps, labels, div, tail, temperature, ignore_index, re
     """One kdloss_topk_distill_logits call: (loss, dz or None) as _distill_compute's."""
     device = same_device([("student_logits", zs), ("teacher_ids", ids),
                           ("teacher_logprobs", lps)])
-    keep, zs_v, bt, v, lview, gscale = _logits_frame(zs, labels, ignore_index, reduction, device,
-                                                     "topk_distill_loss")
+    keep, zs_v, bt, v, lview, gscale, divisor = _logits_frame(
+        zs, labels, ignore_index, reduction, device, "topk_distill_loss")
     keep_t, teacher = topk_teacher(ids, lps, zs.shape[:-1])
     params = _lib.topk_distill_params(div, tail, float(temperature), int(ignore_index), gscale)
     loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
     g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
     backend_for(device).topk_distill_logits(device, params, bt, v, zs_v, teacher, lview,
                                             ptr(loss), ptr(rows), out_mat(g))
-    return _reduced(loss, rows, reduction, zs), (g.view(zs.shape) if g is not None else None)
+    return _reduced(loss, rows, reduction, divisor, zs), (g.view(zs.shape) if g is not None
+                                                         else None)
 
 
 def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None, *,
@@ -524,6 +838,7 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     checked on the device instead: the loss is NaN, include/kdloss.h)."""
     div = _lib.div_params(divergence, beta, alpha)
     code = _lib.topk_tail(tail)
+    student_logits = _gathered(student_logits, "student_logits")
     return _logits_apply(student_logits, reduction, functools.partial(
         _topk_compute, student_logits, teacher_ids, teacher_logprobs, labels, div, code,
         temperature, ignore_index, reduction))
@@ -543,17 +858,18 @@ def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, 
                               int(ignore_index), int(chunk_size or 0), t2_scale)
     # the hard loss is asked for only when wanted: any cross-entropy output turns renorm_both's
     # sparse path (K gathered weight rows, no BT x V logits) off
-    outputs, out = _fused_outputs(want, xs, ws, bs, rows, want_hard and labels is not None)
+    outputs, out = _fused_outputs(want, keep_s[0], keep_s[1], bs, rows,
+                                  want_hard and labels is not None)
     backend.fused_linear_topk_distill(device, params, rows, hs, v, xs_v, ws_v, ptr(bs2), teacher,
                                       lview, out, xs_v.dtype, any(want))
-    return _fused_results(outputs, xs, bs)
+    return _fused_results(outputs, xs, ws, bs)
 
 
 def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, teacher_logprobs,
                                    true_labels=None, student_bias=None, *,
                                    divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                                    weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100,
-                                   temperature=1.0, t2_scale=False, chunk_size=0,
+                                   temperature=1.0, t2_scale=False, chunk_size=None,
                                    return_soft_hard_loss=False, process_group=None):
     """The fused LM head + sparse top-k teacher loss (docs/MATH.md sections 4 and 8): student
     logits zs = student_input @ student_weight.T + student_bias formed chunk by chunk, never in
@@ -561,15 +877,20 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     the untempered logits, the soft part as topk_distill_loss's on the tempered ones, over the
     rows whose true_label is not ignore_index (every row when true_labels is None, which needs
     weight_hard_loss 0). Gradients for student_input, student_weight and student_bias.
-    Returns the loss, or (loss, soft_loss, hard_loss) when return_soft_hard_loss (hard_loss 0
-    without labels). process_group: vocabulary-parallel LM heads (see the module docstring;
-    teacher_ids are global token ids, the same on every rank)."""
+    Returns the loss (float32), or (loss, soft_loss, hard_loss) when return_soft_hard_loss
+    (hard_loss 0 without labels). chunk_size None or 0: the library's budgeted chunk.
+    process_group: vocabulary-parallel LM heads (see the module docstring; teacher_ids are
+    global token ids, the same on every rank)."""
     with vocab_parallel(process_group, _VP_TOPK) as vp:
         div = _lib.div_params(divergence, beta, alpha)
         code = _lib.topk_tail(tail)
+        xs, ws, bs, ids, lps = _gather_all(process_group, [
+            ("student_input", student_input), ("student_weight", student_weight),
+            ("student_bias", student_bias), ("teacher_ids", teacher_ids),
+            ("teacher_logprobs", teacher_logprobs)])
         compute = functools.partial(
-            _fltd_compute, student_input, student_weight, teacher_ids, teacher_logprobs,
-            true_labels, student_bias, div, code, temperature, weight_hard_loss, weight_soft_loss,
-            ignore_index, chunk_size, t2_scale, return_soft_hard_loss, vp)
-        loss, soft, hard = _fused_apply(student_input, student_weight, student_bias, compute)
+            _fltd_compute, xs, ws, ids, lps, true_labels, bs, div, code, temperature,
+            weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
+            return_soft_hard_loss, vp)
+        loss, soft, hard = _fused_apply(xs, ws, bs, compute)
     return (loss, soft, hard) if return_soft_hard_loss else loss

@@ -22,7 +22,8 @@ class KLDivLoss(torch.nn.KLDivLoss):
     Arguments as Liger's LigerKLDIVLoss: `eps` comes first, then nn.KLDivLoss's own
     (size_average and reduce are the deprecated torch spellings of `reduction`).
     forward(y_pred, y_true): y_pred student log-probs, y_true target (log-)probs, same shape.
-    "batchmean" divides by the number of rows (B*T for a (B, T, V) input).
+    "batchmean" divides by y_pred.size(0), as torch (B for a (B, T, V) input; kdloss before
+    divided by B*T). The loss is float32 ("none": torch's promotion of the two dtypes).
     """
 
     def __init__(self, eps=1e-10, size_average=None, reduce=None, reduction="mean",
@@ -33,12 +34,14 @@ class KLDivLoss(torch.nn.KLDivLoss):
         self.eps = eps
 
     def forward(self, y_pred, y_true):
-        return F.kl_div(y_pred, y_true, self.reduction, self.log_target, self.eps)
+        return F.kl_div(y_pred, y_true, reduction=self.reduction, log_target=self.log_target,
+                        eps=self.eps)
 
 
 class JSD(torch.nn.Module):
     """Generalized Jensen-Shannon divergence JSD(beta), as Liger's LigerJSD.
-    forward(log_q, log_p, shift_labels=None): student log-probs first, teacher second."""
+    forward(log_q, log_p, shift_labels=None): student log-probs first, teacher second. The loss
+    is float32 whatever the inputs' dtypes (Liger's is in the input's dtype)."""
 
     def __init__(self, beta=0.5, ignore_index=-100):
         super().__init__()
@@ -54,20 +57,25 @@ class JSD(torch.nn.Module):
 
 class FusedLinearJSD(torch.nn.Module):
     """Fused LM head + JSD soft loss, as Liger's LigerFusedLinearJSD (no hard loss).
-    forward(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None)."""
+    forward(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None).
+    accum_dtype: accepted as Liger's (None or a floating dtype) and not needed: kdloss
+    accumulates dW in fp32 across chunks whatever the weight's dtype, and the loss in double."""
 
-    def __init__(self, jsd_beta=0.5, ignore_index=-100, temperature=1.0):
+    def __init__(self, jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None):
         super().__init__()
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        F._check_accum_dtype(accum_dtype)
         self.jsd_beta = jsd_beta
         self.ignore_index = ignore_index
         self.temperature = temperature
+        self.accum_dtype = accum_dtype
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight,
                 shift_labels=None):
         return F.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
-                                  shift_labels, self.jsd_beta, self.ignore_index, self.temperature)
+                                  shift_labels, self.jsd_beta, self.ignore_index, self.temperature,
+                                  self.accum_dtype)
 
     def extra_repr(self):
         return (f"jsd_beta={self.jsd_beta}, ignore_index={self.ignore_index}, "
@@ -77,13 +85,14 @@ class FusedLinearJSD(torch.nn.Module):
 class FusedLinearJSDLoss(torch.nn.Module):
     """Chunked fused-linear distillation loss, as Liger's LigerFusedLinearJSDLoss:
     w_hard * CE + w_soft * JSD(beta) at temperature T, averaged over valid rows.
-    `compiled` is accepted and ignored (there is nothing to compile). process_group: the
-    vocabulary-parallel group (module docstring).
+    `compiled` is accepted and ignored (there is nothing to compile). chunk_size: rows per
+    chunk; None (the default; Liger's is 1024) lets the library pick it from its 256 MiB budget,
+    a number given wins. process_group: the vocabulary-parallel group (module docstring).
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias=None, teacher_bias=None)."""
 
     def __init__(self, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
-                 temperature=1.0, compiled=True, chunk_size=1024, return_soft_hard_loss=False,
+                 temperature=1.0, compiled=True, chunk_size=None, return_soft_hard_loss=False,
                  process_group=None):
         super().__init__()
         if temperature == 0:
@@ -142,13 +151,14 @@ class DistillLoss(torch.nn.Module):
 class FusedLinearDistillLoss(torch.nn.Module):
     """Fused LM head + distillation loss with any divergence of the family:
     (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
-    process_group: the vocabulary-parallel group (module docstring).
+    chunk_size None (or 0): the library's budgeted chunk. process_group: the
+    vocabulary-parallel group (module docstring).
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias=None, teacher_bias=None)."""
 
     def __init__(self, divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
-                 return_soft_hard_loss=False, chunk_size=0, process_group=None):
+                 return_soft_hard_loss=False, chunk_size=None, process_group=None):
         super().__init__()
         _lib.div_params(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
@@ -220,15 +230,17 @@ class FusedLinearTopKDistillLoss(_TopKModule):
     """Fused LM head + sparse top-k teacher loss (functional.fused_linear_topk_distill_loss):
     (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
     process_group: the vocabulary-parallel group (module docstring; teacher_ids are global).
+    chunk_size None (the default, or 0): the library's budgeted chunk; a number given wins.
     forward(student_input, student_weight, teacher_ids, teacher_logprobs, true_labels=None,
             student_bias=None); true_labels None keeps every row and needs weight_hard_loss 0."""
 
     def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                  weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100, temperature=1.0,
-                 t2_scale=False, process_group=None):
+                 t2_scale=False, process_group=None, chunk_size=None):
         super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
                          weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss,
-                         ignore_index=ignore_index, temperature=temperature, t2_scale=t2_scale)
+                         ignore_index=ignore_index, temperature=temperature, t2_scale=t2_scale,
+                         chunk_size=chunk_size)
         self.process_group = process_group  # not one of _args(): a group has no useful repr
 
     def forward(self, student_input, student_weight, teacher_ids, teacher_logprobs,
