@@ -57,7 +57,7 @@ done
 
 # The divergence family on log-probs (kdloss_distill), one run per divergence, same shape.
 if "$kd" bench --list | awk '{print $1}' | grep -qx distill; then
-    for d in forward_kl reverse_kl jsd skew_forward_kl skew_reverse_kl tvd; do
+    for d in $("$kd" divergences); do
         run "distill-$d" "$kd" bench distill --divergence "$d" --mode full --bt 16384 \
             --vocab 4096 --dtype fp32 --json "$out/distill-$d-full-$stamp.json"
     done
@@ -67,7 +67,7 @@ fi
 # 4096, V 32768: TARGET 0.6 of the streaming bandwidth for the KL class in fp32, the others
 # (and forward KL on bf16 logits) reported.
 if "$kd" bench --list | awk '{print $1}' | grep -qx distill_logits; then
-    for d in forward_kl reverse_kl jsd skew_forward_kl skew_reverse_kl tvd; do
+    for d in $("$kd" divergences); do
         run "distill_logits-$d" "$kd" bench distill_logits --divergence "$d" --mode full \
             --bt 4096 --vocab 32768 --dtype fp32 --reps 7 \
             --json "$out/distill_logits-$d-full-$stamp.json"
@@ -82,7 +82,7 @@ if "$kd" bench --list | awk '{print $1}' | grep -qx distill_jsd; then
     run distill_jsd "$kd" bench distill_jsd --mode full --json "$out/distill_jsd-full-$stamp.json"
     # The other divergences fused with the LM heads (issue 9: <= 1.10x the floor, the row pass
     # hidden in GEMM time), fp32, 3 calls each against the oneDNN floor: about 25 s a divergence.
-    for d in forward_kl reverse_kl skew_forward_kl skew_reverse_kl tvd; do
+    for d in $("$kd" divergences | grep -vx jsd); do
         run "distill_jsd-$d" "$kd" bench distill_jsd --divergence "$d" --mode full --dtype fp32 \
             --reps 3 --floor-providers onednn --json "$out/distill_jsd-$d-full-$stamp.json"
     done

@@ -350,7 +350,9 @@ typedef enum kdloss_divergence {
     KDLOSS_DIV_JSD = 2,
     KDLOSS_DIV_SKEW_FORWARD_KL = 3,
     KDLOSS_DIV_SKEW_REVERSE_KL = 4,
-    KDLOSS_DIV_TVD = 5
+    KDLOSS_DIV_TVD = 5,
+    KDLOSS_DIV_COUNT /* the number of divergences (not one): loop to it, name each with
+                        kdloss_divergence_name */
 } kdloss_divergence;
 
 /* A divergence and its parameters; every distillation function takes one. Both beta and alpha

@@ -184,12 +184,14 @@ static void check_api(kt_rng *rng) {
     kdloss_jsd(&jp, BT, V, a, b, nol, &l1, NULL, (kdloss_mat){g1, KDLOSS_F32, 0});
     kdloss_distill(&p, BT, V, a, b, nol, &l2, NULL, (kdloss_mat){g2, KDLOSS_F32, 0});
     KT_CHECK(!memcmp(&l1, &l2, 4) && !memcmp(g1, g2, sizeof g1), "kdloss_jsd == distill JSD");
-    for (int i = 0; i <= KDLOSS_DIV_TVD; i++) {
+    for (int i = 0; i < KDLOSS_DIV_COUNT; i++) {
         kdloss_divergence d = (kdloss_divergence)-1;
         KT_CHECK(kdloss_divergence_from_name(kdloss_divergence_name((kdloss_divergence)i), &d) ==
                          KDLOSS_OK && d == (kdloss_divergence)i,
                  "divergence name round trip %d", i);
     }
+    KT_CHECK(!strcmp(kdloss_divergence_name(KDLOSS_DIV_COUNT), "unknown"),
+             "KDLOSS_DIV_COUNT is not a divergence");
     kdloss_divergence d;
     KT_CHECK(kdloss_divergence_from_name("kl", &d) == KDLOSS_ERR_INVALID_PARAM, "unknown name");
     const double bad[] = {-0.1, 1.5, NAN};

@@ -96,6 +96,9 @@ int kb_flag_choice(int argc, char **argv, int i, const char *flag, const char *c
                    int n, int *out);
 /* Prints "kdloss bench: <fmt...>" and a newline to stderr; returns -1 (for `return kb_arg_error(...)`). */
 int kb_arg_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* *d = the divergence named `name`; 0, or -1 after printing every name (kernel: the message's
+ * prefix). */
+int kb_divergence_arg(const char *kernel, const char *name, kdloss_divergence *d);
 
 /* ---- workload description (goes into the record and its digest) ----------------------------- */
 

@@ -39,6 +39,15 @@ int kb_arg_error(const char *fmt, ...) {
     return -1;
 }
 
+int kb_divergence_arg(const char *kernel, const char *name, kdloss_divergence *d) {
+    if (kdloss_divergence_from_name(name, d) == KDLOSS_OK) return 0;
+    fprintf(stderr, "kdloss bench: %s: --divergence: unknown '%s' (one of:", kernel, name);
+    for (int i = 0; i < KDLOSS_DIV_COUNT; i++)
+        fprintf(stderr, " %s", kdloss_divergence_name((kdloss_divergence)i));
+    fprintf(stderr, ")\n");
+    return -1;
+}
+
 /* The value after a flag, or NULL after reporting that it is missing. A following "--x" is
  * taken as a missing value rather than swallowed, so "--bt --reps 3" reports --bt. */
 static const char *flag_value(int argc, char **argv, int i, const char *flag) {

@@ -68,10 +68,7 @@ static int distill_check(const kb_options *o, const void *kopts) {
     (void)o;
     const distill_opts *k = kopts;
     kdloss_divergence d;
-    if (kdloss_divergence_from_name(k->divergence, &d) != KDLOSS_OK)
-        return kb_arg_error("distill: --divergence: unknown '%s' (forward_kl, reverse_kl, jsd, "
-                            "skew_forward_kl, skew_reverse_kl, tvd)",
-                            k->divergence);
+    if (kb_divergence_arg("distill", k->divergence, &d) != 0) return -1;
     return 0;
 }
 
@@ -160,7 +157,7 @@ const kb_kernel kb_kernel_distill = {
     .name = "distill",
     .summary = "divergence family (kdloss_distill) on log-probs, no labels",
     .flags_help =
-        "  --divergence D  forward_kl|reverse_kl|jsd|skew_forward_kl|skew_reverse_kl|tvd,\n"
+        "  --divergence D  one of `kdloss divergences`,\n"
         "                  default forward_kl\n"
         "  --beta X        JSD beta in [0, 1], default 0.5\n"
         "  --alpha X       skew KL alpha in [0, 1], default 0.1\n",

@@ -103,10 +103,7 @@ static int dj_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
 static int dj_check(const kb_options *o, const void *kopts) {
     const dj_opts *k = kopts;
     kdloss_divergence d;
-    if (kdloss_divergence_from_name(k->divergence, &d) != KDLOSS_OK)
-        return kb_arg_error("distill_jsd: --divergence: unknown '%s' (forward_kl, reverse_kl, "
-                            "jsd, skew_forward_kl, skew_reverse_kl, tvd)",
-                            k->divergence);
+    if (kb_divergence_arg("distill_jsd", k->divergence, &d) != 0) return -1;
     if (o->dtype == KDLOSS_F16) return kb_arg_error("distill_jsd: --dtype must be fp32 or bf16");
     if (k->budget_mib > ((int64_t)1 << 40)) return kb_arg_error("distill_jsd: --budget too large");
     if (k->hs > 0x7fffffff || k->ht > 0x7fffffff || o->vocab > 0x7fffffff)
@@ -255,7 +252,7 @@ const kb_kernel kb_kernel_distill_jsd = {
         "  --ht N          teacher hidden size, default 2048\n"
         "  --chunk N       rows per chunk, default 0 (automatic from the memory budget)\n"
         "  --budget MiB    the library's memory_budget, default 0 (= 256 MiB)\n"
-        "  --divergence D  forward_kl|reverse_kl|jsd|skew_forward_kl|skew_reverse_kl|tvd,\n"
+        "  --divergence D  one of `kdloss divergences`,\n"
         "                  default jsd (kdloss_fused_linear_distill)\n"
         "  --beta X        JSD beta in [0, 1], default 0.5\n"
         "  --alpha X       skew KL alpha in [0, 1], default 0.1\n"

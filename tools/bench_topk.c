@@ -115,10 +115,7 @@ static int tk_parse(kb_options *o, void *kopts, int argc, char **argv, int i) {
 static int tk_check(const kb_options *o, const void *kopts) {
     const tk_opts *k = kopts;
     kdloss_divergence d;
-    if (kdloss_divergence_from_name(k->divergence, &d) != KDLOSS_OK)
-        return kb_arg_error("topk_distill: --divergence: unknown '%s' (forward_kl, reverse_kl, "
-                            "jsd, skew_forward_kl, skew_reverse_kl, tvd)",
-                            k->divergence);
+    if (kb_divergence_arg("topk_distill", k->divergence, &d) != 0) return -1;
     if (k->tail == KDLOSS_TAIL_RENORM_TEACHER && d != KDLOSS_DIV_FORWARD_KL)
         return kb_arg_error("topk_distill: --tail renorm_teacher is forward_kl only");
     if (o->dtype == KDLOSS_F16) return kb_arg_error("topk_distill: --dtype must be fp32 or bf16");
@@ -408,7 +405,7 @@ const kb_kernel kb_kernel_topk_distill = {
         "  --k N           teacher slots per row, default 64\n"
         "  --tail T        bucket|renorm_both|renorm_teacher|all, default bucket; all: bucket,\n"
         "                  renorm_both and (forward_kl) renorm_teacher side by side\n"
-        "  --divergence D  forward_kl|reverse_kl|jsd|skew_forward_kl|skew_reverse_kl|tvd,\n"
+        "  --divergence D  one of `kdloss divergences`,\n"
         "                  default forward_kl\n"
         "  --beta X, --alpha X, --temperature T   as distill_jsd's (defaults 0.5, 0.1, 1)\n"
         "  --teacher-scale S  teacher logits S randn before log_softmax and top-k, default 5\n"

@@ -17,6 +17,7 @@ static void usage(FILE *f) {
             "  bench KERNEL [flags]   time a loss kernel (kdloss bench --help, --list)\n"
             "  info                   version, CPU, threads, code path, GEMM providers, bf16 GEMM\n"
             "                         choice, compiler\n"
+            "  divergences            the divergence names, one a line (the library's registry)\n"
             "  --help                 this text\n"
             "  --version              the library version\n");
 }
@@ -130,6 +131,11 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         if (argc == 2) kb_bench_usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "divergences") == 0) {
+        for (int i = 0; i < KDLOSS_DIV_COUNT; i++)
+            printf("%s\n", kdloss_divergence_name((kdloss_divergence)i));
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {

@@ -443,7 +443,29 @@ def fld_jsd_params(beta, temperature, weight_hard_loss, weight_soft_loss, ignore
     return p
 
 
-DIVERGENCES = ("forward_kl", "reverse_kl", "jsd", "skew_forward_kl", "skew_reverse_kl", "tvd")
+def divergences():
+    """The divergence names, in kdloss_divergence order: the C library's registry
+    (kdloss_divergence_name up to the first "unknown"), so a divergence added there is known
+    here without an edit. Cached."""
+    global _divergences
+    if _divergences is None:
+        names, name_of = [], fn("kdloss_divergence_name")
+        while True:
+            n = name_of(len(names)).decode()
+            if n == "unknown":
+                break
+            names.append(n)
+        _divergences = tuple(names)
+    return _divergences
+
+
+_divergences = None
+
+
+def __getattr__(name):  # DIVERGENCES, as before, read from the library on first use
+    if name == "DIVERGENCES":
+        return divergences()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _enum_from_name(from_name, what, value, choices):
@@ -459,7 +481,7 @@ def _enum_from_name(from_name, what, value, choices):
 def div_params(divergence, beta, alpha):
     """kdloss_div_params for a divergence name; KdlossError(INVALID_PARAM) for an unknown name.
     beta and alpha are range-checked by the C call that receives them."""
-    code = _enum_from_name("kdloss_divergence_from_name", "divergence", divergence, DIVERGENCES)
+    code = _enum_from_name("kdloss_divergence_from_name", "divergence", divergence, divergences())
     return DivParams(code, float(beta), float(alpha))
 
 

@@ -1,12 +1,30 @@
 /* Names, defaults and the parameter check of the divergence family (kdloss.h), shared by every
- * backend and every op that takes a kdloss_div_params. */
+ * backend and every op that takes a kdloss_div_params; the names come from the registry
+ * (KD_DIVERGENCES, div_coef.h). */
 #include <string.h>
 
 #include "check.h"
+#include "div_coef.h"
 
-static const char *const DIV_NAMES[] = {"forward_kl",      "reverse_kl",      "jsd",
-                                        "skew_forward_kl", "skew_reverse_kl", "tvd"};
+/* The names, in kdloss_divergence order (the registry's rows, div_coef.h). */
+static const char *const DIV_NAMES[] = {
+#define KD_DIV_NAME(E, name, P, b) name,
+    KD_DIVERGENCES(KD_DIV_NAME)
+#undef KD_DIV_NAME
+};
 #define N_DIV ((int)(sizeof DIV_NAMES / sizeof DIV_NAMES[0]))
+_Static_assert(N_DIV == KDLOSS_DIV_COUNT, "a kdloss_divergence without its registry row, or "
+                                          "a registry row without its enum value");
+/* each row's position is its enum value */
+enum {
+#define KD_DIV_POS(E, name, P, b) KD_DIV_POS_##E,
+    KD_DIVERGENCES(KD_DIV_POS)
+#undef KD_DIV_POS
+};
+#define KD_DIV_SAME(E, name, P, b)                                                             \
+    _Static_assert((int)KD_DIV_POS_##E == (int)KDLOSS_DIV_##E, "registry order: " name);
+KD_DIVERGENCES(KD_DIV_SAME)
+#undef KD_DIV_SAME
 
 void kdloss_div_params_default(kdloss_div_params *p) {
     if (!p) return;

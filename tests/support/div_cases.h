@@ -1,42 +1,58 @@
-/* The divergence cases every test of the family runs (tests/test_distill.c, tests/cuda/test_cuda.c):
- * each divergence of kdloss_divergence and its alpha / beta end points (JSD at beta 0 and 1,
- * skew KL at alpha 0 and 1). Header-only: each test is its own program. */
+/* The divergence cases every test of the family runs, generated from the registry
+ * (KD_DIVERGENCES, src/common/div_coef.h), so a new divergence is tested without an edit here:
+ * each divergence once if it takes no parameter, else at its parameter's end points and inside
+ * (JSD's beta 0 / 0.1 / 0.5 / 1, the skew KLs' alpha 0 / 0.1 / 0.9 / 1; the unused one at its
+ * default). KT_DIV_CASES: tests/test_distill.c, tests/cuda/test_cuda.c. Header-only: each test
+ * is its own program. */
 #ifndef KDLOSS_TEST_DIV_CASES_H
 #define KDLOSS_TEST_DIV_CASES_H
 
 #include <math.h>
 
+#include "div_coef.h"
 #include "kdloss.h"
 
-static const kdloss_div_params KT_DIV_CASES[] = {
-    {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.1, 0.1},
-    {KDLOSS_DIV_JSD, 0.5, 0.1},             {KDLOSS_DIV_JSD, 1.0, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},
-    {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.9}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 1.0},
-    {KDLOSS_DIV_TVD, 0.5, 0.1},
-};
+#define KT_DIV_PTS_NONE(E) {KDLOSS_DIV_##E, 0.5, 0.1},
+#define KT_DIV_PTS_BETA(E)                                                                     \
+    {KDLOSS_DIV_##E, 0.0, 0.1}, {KDLOSS_DIV_##E, 0.1, 0.1}, {KDLOSS_DIV_##E, 0.5, 0.1},        \
+        {KDLOSS_DIV_##E, 1.0, 0.1},
+#define KT_DIV_PTS_ALPHA(E)                                                                    \
+    {KDLOSS_DIV_##E, 0.5, 0.0}, {KDLOSS_DIV_##E, 0.5, 0.1}, {KDLOSS_DIV_##E, 0.5, 0.9},        \
+        {KDLOSS_DIV_##E, 0.5, 1.0},
+#define KT_DIV_CASE_ROW(E, name, P, b) KT_DIV_PTS_##P(E)
+
+static const kdloss_div_params KT_DIV_CASES[] = {KD_DIVERGENCES(KT_DIV_CASE_ROW)};
 #define KT_NDIV_CASES ((int)(sizeof KT_DIV_CASES / sizeof KT_DIV_CASES[0]))
 
-/* The ten of them the logits tests run (test_distill_logits, test_topk), as an initializer so a
- * test that does not use it has no unused array: forward / reverse KL, JSD beta 0 / 0.5 / 1, skew
- * forward KL alpha 0.1 / 1, skew reverse KL alpha 0.1 / 0, TVD. */
-#define KT_DIV_CASES_LOGITS_INIT                                                               \
-    {                                                                                          \
-        {KDLOSS_DIV_FORWARD_KL, 0.5, 0.1},      {KDLOSS_DIV_REVERSE_KL, 0.5, 0.1},             \
-        {KDLOSS_DIV_JSD, 0.0, 0.1},             {KDLOSS_DIV_JSD, 0.5, 0.1},                    \
-        {KDLOSS_DIV_JSD, 1.0, 0.1},             {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 0.1},        \
-        {KDLOSS_DIV_SKEW_FORWARD_KL, 0.5, 1.0}, {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.1},        \
-        {KDLOSS_DIV_SKEW_REVERSE_KL, 0.5, 0.0}, {KDLOSS_DIV_TVD, 0.5, 0.1},                    \
+/* The lighter set the logits tests run (test_distill_logits, test_topk), as an initializer so
+ * a test that does not use it has no unused array: each divergence once if it takes no
+ * parameter, else at both end points and one inside (beta 0 / 0.5 / 1, alpha 0 / 0.1 / 1). */
+#define KT_DIV_LPTS_NONE(E) {KDLOSS_DIV_##E, 0.5, 0.1},
+#define KT_DIV_LPTS_BETA(E)                                                                    \
+    {KDLOSS_DIV_##E, 0.0, 0.1}, {KDLOSS_DIV_##E, 0.5, 0.1}, {KDLOSS_DIV_##E, 1.0, 0.1},
+#define KT_DIV_LPTS_ALPHA(E)                                                                   \
+    {KDLOSS_DIV_##E, 0.5, 0.0}, {KDLOSS_DIV_##E, 0.5, 0.1}, {KDLOSS_DIV_##E, 0.5, 1.0},
+#define KT_DIV_LCASE_ROW(E, name, P, b) KT_DIV_LPTS_##P(E)
+#define KT_DIV_CASES_LOGITS_INIT {KD_DIVERGENCES(KT_DIV_LCASE_ROW)}
+
+/* The parameter a case's divergence reads (the registry's PARAM): 'b' beta, 'a' alpha, 0 none. */
+static inline int kt_div_param(const kdloss_div_params *c) {
+    switch (c->divergence) {
+#define KT_DIV_PARAM_NONE 0
+#define KT_DIV_PARAM_BETA 'b'
+#define KT_DIV_PARAM_ALPHA 'a'
+#define KT_DIV_PARAM_ROW(E, name, P, b) case KDLOSS_DIV_##E: return KT_DIV_PARAM_##P;
+        KD_DIVERGENCES(KT_DIV_PARAM_ROW)
+    default: return 0;
     }
+}
 
 /* |log| of the mixture weights, the JSD's beta or else alpha (finite ones): they join every
  * mixture term's log-differences in the tests' tolerances. */
 static inline double kt_div_log_weights(const kdloss_div_params *c) {
-    double w = c->divergence == KDLOSS_DIV_JSD ? c->beta : c->alpha, s = 0;
-    if (w > 0 && w < 1) s = fabs(log(w)) + fabs(log1p(-w));
+    int p = kt_div_param(c);
+    double w = p == 'b' ? c->beta : c->alpha, s = 0;
+    if (p && w > 0 && w < 1) s = fabs(log(w)) + fabs(log1p(-w));
     return s;
 }
 

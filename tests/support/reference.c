@@ -93,6 +93,7 @@ double ref_div_elem(const kdloss_div_params *d, double x, double y, double *grad
         *mag = p + q;
         return 0.5 * fabs(diff);
     }
+    case KDLOSS_DIV_COUNT: break; /* not a divergence; no default: -Wswitch names a missing one */
     }
     *grad = *mag = NAN;
     return NAN;
