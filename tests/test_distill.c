@@ -209,7 +209,7 @@ static void check_api(kt_rng *rng) {
                  "beta %g rejected, nothing written", bad[i]);
     }
     kdloss_distill_params q = p;
-    q.div.divergence = (kdloss_divergence)6;
+    q.div.divergence = KDLOSS_DIV_COUNT;
     KT_CHECK(kdloss_distill(&q, BT, V, a, b, nol, &l1, NULL, (kdloss_mat){NULL, 0, 0}) ==
                  KDLOSS_ERR_INVALID_PARAM,
              "unknown divergence rejected");
