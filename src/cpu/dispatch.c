@@ -69,6 +69,30 @@ kdloss_status kdloss_cpu_set_isa(kdloss_cpu_isa isa) {
 
 kdloss_cpu_isa kdloss_cpu_get_isa(void) { return kd_cpu_isa(); }
 
+static const kd_kernel_table KD_KERNELS_SCALAR = {
+    kd_kl_row_scalar,        kd_div_row_scalar,     kd_fld_rows_scalar,
+    kd_fld_rows_phase_scalar, kd_topk_sparse_rows_scalar, kd_topk_sparse_scatter_scalar,
+    NULL,                    kd_gemm_fb_scalar,
+};
+static const kd_kernel_table KD_KERNELS_AVX2 = {
+    kd_kl_row_avx2,        kd_div_row_avx2,     kd_fld_rows_avx2,
+    kd_fld_rows_phase_avx2, kd_topk_sparse_rows_avx2, kd_topk_sparse_scatter_avx2,
+    kd_logits_step_avx2,   kd_gemm_fb_avx2,
+};
+static const kd_kernel_table KD_KERNELS_AVX512 = {
+    kd_kl_row_avx512,        kd_div_row_avx512,     kd_fld_rows_avx512,
+    kd_fld_rows_phase_avx512, kd_topk_sparse_rows_avx512, kd_topk_sparse_scatter_avx512,
+    kd_logits_step_avx512,   kd_gemm_fb_avx512,
+};
+
+const kd_kernel_table *kd_cpu_kernels(void) {
+    switch (kd_cpu_isa()) {
+    case KDLOSS_ISA_AVX512: return &KD_KERNELS_AVX512;
+    case KDLOSS_ISA_AVX2: return &KD_KERNELS_AVX2;
+    default: return &KD_KERNELS_SCALAR;
+    }
+}
+
 const char *kdloss_cpu_isa_name(kdloss_cpu_isa isa) {
     switch (isa) {
     case KDLOSS_ISA_AUTO: return "auto";

@@ -201,21 +201,6 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     return soft;
 }
 
-static double (*logits_kernel(void))(kd_lrow *, kd_lrow *) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_logits_step_avx512;
-    case KDLOSS_ISA_AVX2: return kd_logits_step_avx2;
-    default: return NULL;
-    }
-}
-
-static void (*row_kernel(void))(const kd_fld_rows *) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_fld_rows_avx512;
-    case KDLOSS_ISA_AVX2: return kd_fld_rows_avx2;
-    default: return kd_fld_rows_scalar;
-    }
-}
 
 /* Runs a checked call (job.ew and job.topk filled): per-thread buffers, the row template, the
  * rows. tail is the sparse teacher's KD_TAIL_* (unused when dense). */
@@ -229,7 +214,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
                                               kd_fld_n_stats(job->topk.k) * sizeof(double)) /
                                              sizeof(float))
                                  : v;
-    job->lstep = job->topk.k ? NULL : logits_kernel();
+    job->lstep = job->topk.k ? NULL : kd_cpu_kernels()->logits_step;
     job->bt = bt;
     job->ltmpl.ntiles = (v + KD_FLD_TILE - 1) / KD_FLD_TILE;
     job->buf_stride = job->lstep ? buf_floats(job) : row_floats(job) + (second + 15) / 16 * 16;
@@ -266,7 +251,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     a->tail = tail;
     a->v_lo = 0;
     a->n_sum = kd_fld_n_sum(job->topk.k);
-    job->rows = row_kernel();
+    job->rows = kd_cpu_kernels()->fld_rows;
     job->ltmpl.v = v;
     job->ltmpl.coef = a->coef;
     job->ltmpl.inv_t = a->inv_t;

@@ -36,21 +36,9 @@ kdloss_status kd_ew_check_overlap(const kd_span *ins, int n_in, const kd_span *o
     return KDLOSS_OK;
 }
 
-kd_row_fn kd_kl_row_fn(void) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_kl_row_avx512;
-    case KDLOSS_ISA_AVX2: return kd_kl_row_avx2;
-    default: return kd_kl_row_scalar;
-    }
-}
+kd_row_fn kd_kl_row_fn(void) { return kd_cpu_kernels()->kl_row; }
 
-kd_row_fn kd_div_row_fn(void) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_div_row_avx512;
-    case KDLOSS_ISA_AVX2: return kd_div_row_avx2;
-    default: return kd_div_row_scalar;
-    }
-}
+kd_row_fn kd_div_row_fn(void) { return kd_cpu_kernels()->div_row; }
 
 /* The student (BT x V) and its gradient into the job; spans [0] student, [1] gradient. */
 static kdloss_status check_student(int64_t bt, int64_t v, kdloss_cmat x, kdloss_mat g,

@@ -181,27 +181,12 @@ static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *b
     return buf;
 }
 
-static void (*row_kernel(void))(const kd_fld_rows *) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_fld_rows_avx512;
-    case KDLOSS_ISA_AVX2: return kd_fld_rows_avx2;
-    default: return kd_fld_rows_scalar;
-    }
-}
-
-static void (*phase_kernel(void))(const kd_fld_rows *, int) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: return kd_fld_rows_phase_avx512;
-    case KDLOSS_ISA_AVX2: return kd_fld_rows_phase_avx2;
-    default: return kd_fld_rows_phase_scalar;
-    }
-}
 
 /* The row work of a vocabulary-parallel chunk: each phase over every row, the statistics
  * all-reduced in between (fld_row_phases.h): MAX of 2 doubles a row, SUM of n_sum, and for
  * the dense teacher SUM of 2. */
 static kdloss_status rows_vp(const kdloss_comm *c, const kd_fld_rows *r) {
-    void (*phase)(const kd_fld_rows *, int) = phase_kernel();
+    void (*phase)(const kd_fld_rows *, int) = kd_cpu_kernels()->fld_phase;
     phase(r, 1);
     if (c->allreduce(c->ctx, r->st_max, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_MAX))
         return KDLOSS_ERR_COMM;
@@ -466,7 +451,7 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
     widen_whole(pl, base, dense_t, native_t, need_ws32, &w_s, &w_t);
     kd_fld_rows r;
     rows_setup(k, pl, base, soft, hard, &r);
-    void (*rows)(const kd_fld_rows *) = row_kernel();
+    void (*rows)(const kd_fld_rows *) = kd_cpu_kernels()->fld_rows;
     /* both gradient factors 0: the gradients are zeros (kdloss.h), written once at the end; no
      * gradient GEMM (0 x a NaN weight or input would be NaN) */
     int zero_g = k->grad && r.gs == 0.0f && r.gh == 0.0f;
@@ -531,14 +516,6 @@ int kd_topk_sparse_eligible(const kd_fld_call *k) {
            !o->hard_loss && !o->row_hard && !o->row_lse;
 }
 
-static void (*sparse_kernels(void (**scatter)(const kd_topk_sparse *)))(const kd_topk_sparse *) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: *scatter = kd_topk_sparse_scatter_avx512; return kd_topk_sparse_rows_avx512;
-    case KDLOSS_ISA_AVX2: *scatter = kd_topk_sparse_scatter_avx2; return kd_topk_sparse_rows_avx2;
-    default: *scatter = kd_topk_sparse_scatter_scalar; return kd_topk_sparse_rows_scalar;
-    }
-}
-
 /* The sparse path's workspace, carved from `base` with the chunk of the full plan: every region
  * is at most its counterpart in the full plan (tk, xs32, xconv, rows, dbs, dws, bias), so the
  * full plan's bytes bound it. Returns the bytes used. */
@@ -589,8 +566,8 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
         zero_mat(m, k->v, k->hs);
     }
     if (a.dbs) memset(a.dbs, 0, (size_t)k->v * sizeof(float));
-    void (*scatter)(const kd_topk_sparse *);
-    void (*rows)(const kd_topk_sparse *) = sparse_kernels(&scatter);
+    void (*scatter)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_scatter;
+    void (*rows)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_rows;
     double soft_sum = 0.0;
     int nan_row = 0; /* a poisoned row (the rows kernel's flag in col[K]) */
     size_t scr = kd_topk_row_scratch(k->topk.k);

@@ -300,13 +300,7 @@ kdloss_status kd_gemm_prepare(const kd_gemm_shape *shapes, int n) {
     return fb_reserve(shapes, n);
 }
 
-static void fallback_run(const kd_gemm *g, float *scratch) {
-    switch (kd_cpu_isa()) {
-    case KDLOSS_ISA_AVX512: kd_gemm_fb_avx512(g, scratch); break;
-    case KDLOSS_ISA_AVX2: kd_gemm_fb_avx2(g, scratch); break;
-    default: kd_gemm_fb_scalar(g, scratch); break;
-    }
-}
+static void fallback_run(const kd_gemm *g, float *scratch) { kd_cpu_kernels()->gemm_fb(g, scratch); }
 
 /* KDLOSS_GEMM_FALLBACK=always: every oneDNN tile goes to the fallback as if dnnl_sgemm had run
  * out of memory (for the tests; read at each product so a test can switch it). */

@@ -40,7 +40,7 @@ static inline size_t kd_gemm_fb_floats(int64_t m, int64_t n, int64_t k) {
 }
 
 /* C = alpha op(A) op(B) + beta C for g (m, n, k > 0) with the scratch above; beta = 0 never
- * reads C. One per instruction set; gemm.c picks by kd_cpu_isa(). */
+ * reads C. One per instruction set; dispatch.c tables them (kd_cpu_kernels). */
 void kd_gemm_fb_avx512(const kd_gemm *g, float *scratch);
 void kd_gemm_fb_avx2(const kd_gemm *g, float *scratch);
 void kd_gemm_fb_scalar(const kd_gemm *g, float *scratch);
