@@ -219,9 +219,8 @@ KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider)
  * speed and summation order. AUTO decides by measurement, once per process, on first need:
  * native bf16 against widen + sgemm on one thread on a chunk-sized product (256 x 1024 x 1024,
  * a few ms), native chosen when at least 1.15x faster (kdloss_gemm_bf16_query tells the rates).
- * So native runs on CPUs whose bf16 kernels beat sgemm (AVX512_BF16 on AMD Zen 4 / 5, AMX) and
- * not where they do not (Intel without AMX, where oneDNN's bf16 measured half of sgemm) nor
- * where oneDNN has none (AVX2 only). The choice does not depend on the thread count; a process
+ * So native runs where oneDNN's bf16 kernels beat sgemm and not where they do not, nor where
+ * oneDNN has none (AVX2 only); BENCHMARKS.md has what each machine measured. The choice does not depend on the thread count; a process
  * whose timing lands near the margin could choose differently from another, so force a mode for
  * bitwise reproducibility across processes and machines. Process-wide, not thread-safe against
  * running calls (the AUTO measurement itself is); KDLOSS_ERR_UNSUPPORTED if NATIVE cannot run on

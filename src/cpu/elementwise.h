@@ -44,8 +44,8 @@ double kd_div_row_scalar(const kd_ew_job *job, int64_t row);
 double kd_div_row_avx2(const kd_ew_job *job, int64_t row);
 double kd_div_row_avx512(const kd_ew_job *job, int64_t row);
 
-/* Gradients above this many bytes are streamed (non-temporal stores): larger than this CPU
- * family's last-level cache, they would be evicted before anyone reads them anyway. */
+/* Gradients above this many bytes are streamed (non-temporal stores): larger than a typical
+ * last-level cache, they would be evicted before anyone reads them anyway. */
 #define KD_STREAM_BYTES ((int64_t)32 << 20)
 
 /* Runs fn over rows [0, bt) on OpenMP threads and returns the sum of the row values, added in

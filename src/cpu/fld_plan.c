@@ -93,10 +93,9 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
     if (budget < min_budget) budget = min_budget;
 
     /* Whole fp32 copies of bf16 weights only when the budget holds them AND a chunk of every
-     * row (or of chunk_size rows): they never shrink the chunk. At BT 2048, V 32768, bf16 with
-     * 688-row chunks, panels and whole copies measured the same (11.21 s and 11.28 s a call,
-     * 1.09x and 1.12x the GEMM floor), while the chunk matters: 224-row GEMMs ran 14% slower
-     * than one 1792-row GEMM here, and 30% with their panels' bf16 conversion. */
+     * row (or of chunk_size rows): they never shrink the chunk, because the chunk matters more
+     * than the copies (taller GEMMs run faster; panels and whole copies measured the same:
+     * BENCHMARKS.md, "Fused-linear distillation loss"). */
     size_t need_whole;
     plan->whole = sb && !__builtin_mul_overflow(per_row, (size_t)want_rows, &need_whole) &&
                   !__builtin_add_overflow(need_whole, copies, &need_whole) &&

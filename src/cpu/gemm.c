@@ -16,7 +16,7 @@
  * independent of it. The grid splits the dimension whose operand is cheaper to read again: a
  * split of N re-reads (packs) A once per column of tiles, a split of M re-reads B once per row.
  *
- * Memory (issue 12, defect 7): dnnl_sgemm allocates its packing buffers inside every call (one
+ * Memory: dnnl_sgemm allocates its packing buffers inside every call (one
  * malloc a single-threaded call; when it fails the call returns dnnl_out_of_memory before it has
  * written any of C: tests/fault/test_fault_gemm.c checks both). A loss that has already written
  * outputs must not fail then, so a tile whose dnnl_sgemm ran out of memory is computed again by
@@ -395,7 +395,7 @@ kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, i
 }
 
 /* ---- bf16 x bf16 -> fp32 (oneDNN matmul primitive) ----------------------------------------
- * Native or widened, chosen by measurement (issue 23), not by CPU feature: the first time a
+ * Native or widened, chosen by measurement, not by CPU feature: the first time a
  * bf16 product needs the choice (kd_gemm_bf16_native with mode AUTO), the process times
  * oneDNN's bf16 x bf16 -> fp32 matmul against dnnl_sgemm on the same product widened to fp32,
  * on one thread (every tile of kd_gemm_bf16_run and kd_sgemm runs on one thread, so the
@@ -404,11 +404,10 @@ kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, i
  * KD_B16_REPS timed runs of each, alternated, best of each. Native wins when it is at least
  * KD_B16_MARGIN times faster. The widening itself is not timed (its cost is spread over a call's
  * chunks), which leans towards widen: native is chosen only where it clearly wins.
- * Where oneDNN has no bf16 matmul for the CPU (oneDNN 2.6 needs AVX-512; e.g. AVX2-only Zen 3),
- * or only its reference implementation, the choice is widen without timing anything.
- * Measured so far (BENCHMARKS.md): Emerald Rapids without AMX, bf16 about half of sgemm (widen);
- * Zen 5 with AVX512_BF16, 1.8-2.0x sgemm (native); Zen 3, no bf16 matmul (widen). The result is
- * cached for the process (pthread_once: several threads asking at once wait for one timing). */
+ * Where oneDNN has no bf16 matmul for the CPU (oneDNN 2.6 needs AVX-512), or only its reference
+ * implementation, the choice is widen without timing anything. What each machine measured and
+ * chose is in BENCHMARKS.md. The result is cached for the process (pthread_once: several
+ * threads asking at once wait for one timing). */
 
 #define KD_B16_M 256
 #define KD_B16_N 1024

@@ -2,8 +2,8 @@
  * (16 lanes). Include it after defining KD_ISA_AVX2 or KD_ISA_AVX512; each kernel file
  * `foo_avx2.c` / `foo_avx512.c` does just that and then includes `foo_impl.h`.
  * vf_exp / vf_log / vf_log1p_unit are kdloss's own inlined functions (vmath.h, error bounds
- * stated there and checked by tests/test_vmath_*.c): measured 3-4x faster than SLEEF's 1-ULP
- * out-of-line calls here, which made the kernels compute-bound; kdloss no longer uses SLEEF.
+ * stated there and checked by tests/test_vmath_*.c), which replaced SLEEF's out-of-line calls
+ * (slower, by BENCHMARKS.md's measurements).
  * Tails: vf_load_n / vf_store_n move n < VL elements through a zero-filled buffer, so the
  * tail of a row runs the very same arithmetic as its body. */
 #ifndef KDLOSS_SIMD_H

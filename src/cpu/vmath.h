@@ -37,11 +37,9 @@
  * minimax) on [-ln2/2, ln2/2] with the coefficients rounded to float: truncation 0.075 ULP,
  * Horner (6 FMAs; the last two add r and 1 exactly where Estrin's 1 + r would round: 0.9
  * ULP against 1.7). x must already lie in [-110, 89] or be NaN.
- * Cost of subnormal results (x < -87.3): vscalefps takes a microcode assist when its result is
- * subnormal (measured ~70 ns per instruction here, where a multiply of normal operands into a
- * subnormal costs nothing; multiplies and FMAs *reading* a subnormal take ~45 ns). Inputs whose
- * exps land there (log-probs below -87) run the JSD 12-18x slower on every path, this one ~9%
- * slower than the two-multiply scaling. */
+ * Cost of subnormal results (x < -87.3): vscalefps takes a microcode assist on some CPUs when
+ * its result is subnormal, as do multiplies and FMAs reading a subnormal; inputs whose exps land
+ * there (log-probs below -87) run much slower on every path (figures: BENCHMARKS.md). */
 KD_INLINE vf kd_vexp_clamped(vf x) {
     vf sh = vf_set1(0x1.8p23f);
     vf n = vf_sub(vf_fmadd(x, vf_set1(1.44269504088896341f), sh), sh);

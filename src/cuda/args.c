@@ -1,5 +1,5 @@
 /* Host-side argument checks of the CUDA entry points (see args.h). The order of the checks is
- * the CPU functions' (src/cpu/kl_div.c, jsd.c, distill_logits.c, fld_check.c), so that a call
+ * the CPU functions' (src/cpu/kl_div.c, distill.c, distill_logits.c, fld_check.c), so that a call
  * with several faults gets the same code from both backends; the CUDA-only faults (context,
  * workspace alignment, a NULL workspace) come where the CPU checks its own workspace, or last.
  * Label values are device memory and are checked on the device (kdloss.h). */
