@@ -702,6 +702,35 @@ static void d7_topk_fused(void) {
                  "D7 renorm_both, student -inf at S: row_soft %g / %g, dws[0] single %g vp %g (want NaN)", a.rs[1],
                  b.rs[1], a.dws[0], b.dws[0]);
     }
+    /* (3f) every row's S = {5, 2}; the other weight rows hold +inf times a negative hidden
+     * state (their logits -inf, so no column outside S is above -inf), and row 1 a NaN used
+     * log-prob: the poisoned row's gradient is NaN outside S too, so dws / dbs are NaN in every
+     * element on every path (the full-vocabulary phases skipped those columns and left dws 0
+     * there; fuzz artifact tri-crash-93f302a6, issue 25) */
+    {
+        float x2[D7_BT * D7_HS] = {-1.0f, 0.5f, -0.5f, 0.25f, -0.75f, -1.0f}, w2[D7_V * D7_HS];
+        int32_t id1[D7_BT * D7_K] = {5, 2, 5, 2, 2, 5};
+        float lp2[D7_BT * D7_K];
+        memcpy(w2, ws, sizeof w2);
+        memcpy(lp2, lp, sizeof lp2);
+        for (int j = 0; j < D7_V; j++)
+            if (j != 2 && j != 5) w2[j * D7_HS] = INFINITY, w2[j * D7_HS + 1] = 0.0f;
+        lp2[1 * D7_K + 1] = NAN;
+        for (int tail = 0; tail < 3; tail++)
+            for (int mode = 0; mode < 3; mode++) { /* single sparse / single full / _vp */
+                kdloss_fused_linear_topk_distill_params q;
+                kdloss_fused_linear_topk_distill_params_default(&q);
+                q.tail = (kdloss_topk_tail)tail;
+                q.temperature = 1.5;
+                d7_fused(&q, mode == 2, mode == 1, x2, w2, bs, id1, lp2, &a);
+                KT_CHECK(a.st == KDLOSS_OK && isnan(a.loss) && isnan(a.rs[1]) && isfinite(a.rs[0]) &&
+                             isfinite(a.rs[2]) && all_nan(a.dxs + D7_HS, D7_HS) &&
+                             all_nan(a.dws, D7_V * D7_HS) && all_nan(a.dbs, D7_V),
+                         "D7 tail %d mode %d, +inf weights (logits -inf outside S), NaN used log-prob: "
+                         "row_soft %g %g, dws[0] %g dbs[0] %g (want NaN)", tail, mode, a.rs[1], a.rs[0],
+                         a.dws[0], a.dbs[0]);
+            }
+    }
     /* (3c): vocabulary row 3 is in row 0's S */
     p.weight_soft_loss = 0.0, p.weight_hard_loss = 0.0;
     memcpy(w1, ws, sizeof w1);

@@ -280,7 +280,13 @@ static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
     int none = mr == -INFINITY;
     float c1 = soft && !none ? (float)(a->gs * dv[0]) : 0.0f;
     float lr = !none ? (float)log(sm[0]) : 0.0f, l2 = (float)(lse1 - (double)m);
-    if (kd_row_wide(mr) && !none) { /* the careful form (row_special.h) */
+    if (soft && isnan(dv[0])) {
+        /* a poisoned row (kd_topk_row's c_rest NaN): NaN in every column outside S (the NaN
+         * policy) also where no column outside S is above -inf (none, e.g. an infinite weight
+         * row times a negative hidden state), which would otherwise skip them and leave 0 there
+         * where the sparse renorm_both path and CUDA give NaN */
+        for (int64_t c = 0; c < a->v; c++) z[c] = NAN;
+    } else if (kd_row_wide(mr) && !none) { /* the careful form (row_special.h) */
         for (int64_t c = 0; c < a->v; c++) {
             double d = 0.0;
             if (c1 != 0.0f) d = (double)c1 * exp(((double)z[c] - mr) * a->inv_t64 - lr);

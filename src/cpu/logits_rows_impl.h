@@ -353,14 +353,10 @@ static double KD_SFX(lr_special_row)(kd_lrow *a) {
     return loss;
 }
 
-double KD_SFX(kd_logits_step)(kd_lrow *d, kd_lrow *nx) {
-    const kd_lrow *a = d ? d : nx;
-    if (!a) return 0.0;
-    if (d && KD_SFX(lr_special)(d)) { /* d alone, then nx's pass 1 alone */
-        double l = KD_SFX(lr_special_row)(d);
-        if (nx) KD_SFX(kd_logits_step)(NULL, nx);
-        return l;
-    }
+/* The fast passes of kd_logits_step (a, d or nx, not NULL). A function of its own, not the
+ * step calling itself: unoptimized builds (the fuzzer's -O0 + ASan) give the switch's inlined
+ * lr_step instances one stack frame of several MiB, and two nested would overflow the stack. */
+static double KD_SFX(lr_fast)(const kd_lrow *a, kd_lrow *d, kd_lrow *nx) {
     kd_vdiv k = kd_vdiv_make(a->coef);
     int unit = a->inv_t == 1.0f; /* T = 1: its own instantiation (lr_mul_it) */
     switch (k.op) {
@@ -372,4 +368,15 @@ double KD_SFX(kd_logits_step)(kd_lrow *d, kd_lrow *nx) {
 #undef KD_STEP
     default: return 0.0;
     }
+}
+
+double KD_SFX(kd_logits_step)(kd_lrow *d, kd_lrow *nx) {
+    const kd_lrow *a = d ? d : nx;
+    if (!a) return 0.0;
+    if (d && KD_SFX(lr_special)(d)) { /* d alone, then nx's pass 1 alone */
+        double l = KD_SFX(lr_special_row)(d);
+        if (nx) KD_SFX(lr_fast)(nx, NULL, nx);
+        return l;
+    }
+    return KD_SFX(lr_fast)(a, d, nx);
 }

@@ -102,7 +102,9 @@ __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
                 float gj;
                 ck = fmaf(y[g][j], KD_CK_SCALE, fmaf(x[g][j], KD_CK_SCALE, ck)); /* tail: 0s */
                 float l = kd_div_elem(&a.coef, x[g][j], y[g][j], &gj);
-                gr[j] = gj * gscale;
+                /* a factor of 0 writes zeros (kdloss.h), also where gj is infinite (reverse KL at
+                 * a -inf teacher log-prob: inf x 0 would be NaN on a row nothing flags) */
+                gr[j] = gscale == 0.0f ? 0.0f : gj * gscale;
                 if (j < n[g]) acc += l;
             }
             if (a.grad) {

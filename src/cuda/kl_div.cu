@@ -68,7 +68,9 @@ __global__ void __launch_bounds__(KD_EW_THREADS) kl_kernel(kl_args a) {
                 float gj;
                 ck = fmaf(t[g][j], KD_CK_SCALE, fmaf(y[g][j], KD_CK_SCALE, ck)); /* tail: 0s */
                 el[j] = kd_kl_elem(a.log_target, a.eps, y[g][j], t[g][j], &gj);
-                gr[j] = gj * a.gscale;
+                /* a factor of 0 writes zeros (kdloss.h), also where gj is infinite (a log target
+                 * of 100: -e^100 x 0 would be NaN on a row nothing flags) */
+                gr[j] = a.gscale == 0.0f ? 0.0f : gj * a.gscale;
                 if (j < n[g]) acc += el[j];
             }
             if (a.grad) {

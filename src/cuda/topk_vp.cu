@@ -68,8 +68,23 @@ __device__ void tkvp_pass_max(const tkvp_args &a, int64_t r, const uint32_t *bit
         xa = fmaxf(xa, z);
         if (!in_s) xr = fmaxf(xr, z);
     });
-    *mr = kd_block_max(xr, red);
+    float vr = kd_block_max(xr, red);
     *m = kd_block_max(xa, red);
+    /* the NaN policy, as the CPU's ph_keep_nan (fld_row_phases.h): fmaxf drops NaN, and a -inf
+     * maximum outside S would skip the row's sums (the NaN lost: a row of NaN logits, from a NaN
+     * in its xs, then got a finite row_lse). So a -inf or NaN maximum (uniform over the block:
+     * a pass only on such rows) is checked for a NaN outside S, and a NaN maximum, or one found,
+     * is sent as +inf: the sums at +inf are NaN where a NaN or +inf is, and the MAX all-reduce
+     * cannot drop it as it may a NaN */
+    if (!(vr > -INFINITY)) {
+        float f = isnan(vr) ? INFINITY : -INFINITY;
+        tkvp_each<DG>(a, r, bits, [&](float z, bool in_s) {
+            if (!in_s && isnan(z)) f = INFINITY;
+        });
+        vr = kd_block_max(f, red);
+        *m = fmaxf(*m, vr);
+    }
+    *mr = vr;
 }
 
 /* Sum over local row r's columns outside S of exp((z - mr) s), in double (thread 0). */

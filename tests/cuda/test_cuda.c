@@ -4138,6 +4138,114 @@ static void nan_vp_cases(kt_rng *rng) {
     }
 }
 
+/* The vocabulary-parallel top-k loss, 2 ranks, a NaN in row 1's xs (every logit of the row NaN)
+ * and row 1 without a used slot, weight_hard_loss 0.5 (row_lse, cross-entropy): row_lse and
+ * row_hard NaN on every rank, as the single-process call's and the CPU's. The ranks' maxima
+ * outside S were fmaxf's, which drop NaN: -inf, the row's sums skipped, row_lse -inf. */
+static void nan_vp_topk(kt_rng *rng) {
+    enum { V = 300, HS = 4, K = 3 };
+    float xs[NB * HS], ws[V * HS], lp[NB * K];
+    const int32_t ids[NB * K] = {5, 40, 250, -1, -1, -1, 7, 180, 299};
+    const int64_t lab[NB] = {3, 7, 11};
+    for (int64_t i = 0; i < NB * HS; i++) xs[i] = (float)(kt_uniform(rng) - 0.5);
+    for (int64_t i = 0; i < V * HS; i++) ws[i] = (float)(2 * kt_uniform(rng) - 1);
+    for (int64_t i = 0; i < NB * K; i++) lp[i] = (float)(-0.5 - 2 * kt_uniform(rng));
+    xs[1 * HS + 2] = NAN;
+    for (int tail = 0; tail < 3; tail++) {
+        vp_case c;
+        memset(&c, 0, sizeof c);
+        c.tag = "nan vp top-k";
+        c.topk = 1, c.bt = NB, c.hs = HS, c.v = V, c.k = K, c.dt = KDLOSS_F32, c.labels = 1;
+        kdloss_fused_linear_topk_distill_params_default(&c.tp);
+        c.tp.tail = (kdloss_topk_tail)tail;
+        c.tp.weight_hard_loss = 0.5;
+        vp_data d;
+        memset(&d, 0, sizeof d);
+        d.xs = nan_up(xs, sizeof xs), d.ws = nan_up(ws, sizeof ws), d.lab = nan_up(lab, sizeof lab);
+        d.ids = nan_up(ids, sizeof ids), d.lp = nan_up(lp, sizeof lp);
+        d.bs = dalloc(4), d.xt = dalloc(4), d.wt = dalloc(4), d.bt = dalloc(4);
+        vp_out whole;
+        vp_out_alloc(&whole, &c, V);
+        KT_CHECK(vp_whole(&c, &d, &whole) == KDLOSS_OK, "nan vp top-k tail %d: whole call", tail);
+        vp_out_fetch(&whole, &c, V);
+        KT_CHECK(isnan(whole.rows[2 * NB + 1]) && isnan(whole.rows[NB + 1]) && isfinite(whole.rows[2 * NB]),
+                 "nan vp top-k tail %d: the whole call's row_lse %g (want NaN)", tail, whole.rows[2 * NB + 1]);
+        vp_job jobs[VP_MAX_RANKS];
+        vp_rank ranks[VP_MAX_RANKS];
+        vp_world w;
+        vp_jobs_init(jobs, 2, &c, &d);
+        vp_run_ranks(jobs, 2, &w, ranks, NULL);
+        for (int r = 0; r < 2; r++) {
+            vp_job *j = &jobs[r];
+            KT_CHECK(j->status == KDLOSS_OK, "nan vp top-k tail %d rank %d: %s", tail, r,
+                     kdloss_status_string(j->status));
+            vp_out_fetch(&j->o, &c, j->n);
+            int bad = 0;
+            for (int64_t i = 0; i < 3 * NB; i++) bad |= !close1(j->o.rows[i], whole.rows[i], 1e-6, 1e-5);
+            KT_CHECK(!bad, "nan vp top-k tail %d rank %d: row outputs differ from the whole call "
+                     "(row_lse[1] %g vs %g, row_hard[1] %g vs %g)", tail, r, j->o.rows[2 * NB + 1],
+                     whole.rows[2 * NB + 1], j->o.rows[NB + 1], whole.rows[NB + 1]);
+            vp_out_free(&j->o);
+        }
+        vp_out_free(&whole);
+        vp_data_free(&d);
+    }
+}
+
+/* A gradient factor of 0 writes zeros on rows nothing flags (kdloss.h), also where the unscaled
+ * element is infinite: kdloss_cuda_distill reverse KL at a teacher's -inf log-prob (e^x (x - y +
+ * 1) = inf), kdloss_cuda_jsd at beta 1 there, kdloss_cuda_kl_div with a log target of 100
+ * (-e^100 overflows), loss and gradient or the gradient alone. The kernels formed inf x 0 = NaN. */
+static void nan_grad_scale_zero(void) {
+    enum { V = 37 };
+    float x[NB * V], y[NB * V], g[NB * V], l, rl[NB];
+    for (int64_t i = 0; i < NB * V; i++) x[i] = -0.5f - 0.5f * (float)(i % 3), y[i] = i % 2 ? -0.1f : -INFINITY;
+    for (int jsd = 0; jsd < 2; jsd++) {
+        kdloss_distill_params p;
+        kdloss_distill_params_default(&p);
+        p.div.divergence = KDLOSS_DIV_REVERSE_KL;
+        p.grad_scale = 0.0;
+        kdloss_status st;
+        if (jsd) { /* kdloss_cuda_jsd: beta 0.5 in nan_distill; here beta 1 by hand */
+            const size_t n = sizeof x;
+            void *ds = nan_up(x, n), *dt_ = nan_up(y, n), *dg = dalloc(n);
+            float *dl = dalloc(4 * (1 + NB));
+            size_t wsb = 0;
+            kdloss_cuda_distill_workspace_size(NB, V, &wsb);
+            void *wk = dalloc(wsb);
+            kdloss_jsd_params jp;
+            kdloss_jsd_params_default(&jp);
+            jp.beta = 1.0, jp.grad_scale = 0.0;
+            st = kdloss_cuda_jsd(g_ctx, g_st, &jp, NB, V, (kdloss_cmat){ds, KDLOSS_F32, 0},
+                                 (kdloss_cmat){dt_, KDLOSS_F32, 0}, (kdloss_labels){NULL, KDLOSS_I64},
+                                 dl, dl + 1, (kdloss_mat){dg, KDLOSS_F32, 0}, wk, wsb);
+            nan_down(g, dg, n);
+            CK(cudaFree(ds));
+            CK(cudaFree(dt_));
+            CK(cudaFree(dl));
+            CK(cudaFree(wk));
+        } else {
+            st = nan_distill(&p, 0, V, KDLOSS_F32, x, y, NULL, &l, rl, g);
+        }
+        int zero = 1;
+        for (int64_t r = 0; r < NB; r++) zero &= nan_row_zero(g, KDLOSS_F32, V, r);
+        KT_CHECK(st == KDLOSS_OK && zero, "nan %s reverse KL at a -inf teacher, grad_scale 0: "
+                 "gradient %g %g, want zeros", jsd ? "jsd beta 1" : "distill", g[0], g[1]);
+    }
+    for (int mode = 0; mode < 2; mode++) { /* 1: loss and gradient, 0: the gradient alone */
+        for (int64_t i = 0; i < NB * V; i++) x[i] = -1.0f, y[i] = i % 5 ? -2.0f : 100.0f;
+        kdloss_kl_params kp;
+        kdloss_kl_params_default(&kp);
+        kp.log_target = 1;
+        kp.grad_scale = 0.0;
+        nan_kl_call(&kp, V, x, y, mode, mode ? &l : NULL, mode ? rl : NULL, NULL, g);
+        int zero = 1;
+        for (int64_t r = 0; r < NB; r++) zero &= nan_row_zero(g, KDLOSS_F32, V, r);
+        KT_CHECK(zero, "nan kl_div log target 100, grad_scale 0 (mode %d): gradient %g, want zeros",
+                 mode, g[0]);
+    }
+}
+
 static void nan_wide(void) {
     if (!kdloss_distill_logits || !kdloss_fused_linear_distill || !kdloss_topk_distill_logits) {
         printf("nan wide: skipped (this build has no CPU functions)\n");
@@ -4245,6 +4353,8 @@ static void test_nan(kt_rng *rng) {
     nan_topk(rng);
     nan_fused(rng);
     nan_vp_cases(rng);
+    nan_vp_topk(rng);
+    nan_grad_scale_zero();
     nan_wide();
     printf("nan: the NaN policy and wide rows, %d checks: %d failures\n", kt_checks - checks,
            kt_failures - fails);
