@@ -480,13 +480,17 @@ class VocabParallel(CpuBackend):
         self._errors.clear()
 
 
-@contextlib.contextmanager
 def vocab_parallel(group, c_name):
     """A VocabParallel for `group` (None without one) around the code that prepares and makes a
-    vocabulary-parallel call: whatever that code raises first lets the peers know."""
+    vocabulary-parallel call: whatever that code raises first lets the peers know. Without a
+    group a nullcontext (yielding None), which torch.compile traces."""
     if group is None:
-        yield None
-        return
+        return contextlib.nullcontext()
+    return _vocab_parallel(group, c_name)
+
+
+@contextlib.contextmanager
+def _vocab_parallel(group, c_name):
     vp = VocabParallel(group, c_name)
     try:
         yield vp

@@ -104,6 +104,14 @@ def _gathered(t, what):
     return t.full_tensor()
 
 
+def _refuse_dtensors(*named):
+    """KdlossError naming the DTensor among (name, tensor) pairs (as_rows's message), before an
+    op would see it: the autograd Functions do not gather (the functional forms do)."""
+    for name, t in named:
+        if t is not None and is_dtensor(t):
+            as_rows(t, name)
+
+
 def _promoted(*tensors):
     """torch's type promotion over the given float tensors (None skipped)."""
     dt = None
@@ -117,11 +125,43 @@ def _needs_grad(*tensors):
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _detached(t):
+    """A tensor that receives no gradient (teachers, targets) as the ops get it: detached, so
+    that one requiring grad neither records a graph nor gets a gradient (None stays None)."""
+    return None if t is None else t.detach()
+
+
+_NO_TAIL = object()
+
+
+def _check_names(divergence, beta, alpha, tail=_NO_TAIL):
+    """An unknown divergence (or tail) name raises KdlossError here, through the C lookup, as
+    before the ops were there. Skipped while torch.compile / torch.export trace (no ctypes call
+    in a graph): the op's implementation makes the same lookup and raises at run time."""
+    if torch.compiler.is_compiling():
+        return
+    _lib.div_params(divergence, beta, alpha)
+    if tail is not _NO_TAIL:
+        _lib.topk_tail(tail)
+
+
+def _traced(t):
+    """True while `t` is being traced (torch.compile, torch.export, make_fx, FakeTensor): its
+    value is then unknown, or reading it would freeze one value into the graph."""
+    if torch.compiler.is_compiling() or type(t) is not torch.Tensor:
+        return True
+    if torch._is_functional_tensor(t):
+        return True
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    return get_proxy_mode() is not None
+
+
 def _scale(saved, grad_output):
-    """saved * grad_output for a scalar loss, without a pass over `saved` when grad_output == 1."""
+    """saved * grad_output for a scalar loss, without a pass over `saved` when grad_output == 1
+    (eager only: a traced grad_output is always multiplied)."""
     if saved is None:
         return None
-    if grad_output.numel() == 1 and float(grad_output) == 1.0:
+    if grad_output.numel() == 1 and not _traced(grad_output) and float(grad_output) == 1.0:
         return saved
     return saved * grad_output.to(saved.dtype)
 
@@ -214,8 +254,11 @@ class KLDivFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
-        out, grad = _kl_compute(y_pred, y_true, reduction, log_target, eps,
-                                want_grad=ctx.needs_input_grad[0])
+        reduction_code(reduction)
+        _refuse_dtensors(("input", y_pred), ("target", y_true))
+        out, grad = _ops.kl_div(y_pred, y_true, reduction, bool(log_target), float(eps),
+                                ctx.needs_input_grad[0])  # the op: torch.compile traces it
+        grad = _ops._saved(grad)
         ctx.elementwise = reduction == "none"
         ctx.save_for_backward(grad, y_pred)  # y_pred: for _first_order_only's error node
         return out
@@ -274,9 +317,9 @@ def kl_div(input=None, target=None, size_average=None, reduce=None, reduction="m
     elif size_average is False or reduce is False:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
     input, target = _gathered(input, "input"), _gathered(target, "target")
-    if _needs_grad(input):
-        return KLDivFunction.apply(input, target, reduction, log_target, eps)
-    return _kl_compute(input, target, reduction, log_target, eps, want_grad=False)[0]
+    reduction_code(reduction)  # an unknown reduction: KdlossError, before the op's str check
+    return _ops.kl_div(input, _detached(target), reduction, bool(log_target), float(eps),
+                       _needs_grad(input))[0]
 
 
 # ---- JSD ----------------------------------------------------------------------------------------
@@ -307,8 +350,10 @@ class JSDFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, target, shift_labels=None, beta=0.5, ignore_index=-100,
                 jsd_impl=None, jsd_mode=None):
-        out, grad = _jsd_compute(input, target, shift_labels, beta, ignore_index,
-                                 want_grad=ctx.needs_input_grad[0])
+        _refuse_dtensors(("input (log_q)", input), ("target (log_p)", target))
+        out, grad = _ops.jsd(input, target, shift_labels, float(beta), int(ignore_index),
+                             ctx.needs_input_grad[0])  # the op: torch.compile traces it
+        grad = _ops._saved(grad)
         ctx.save_for_backward(grad, input)  # input: for _first_order_only's error node
         return out
 
@@ -343,9 +388,8 @@ def jsd(input=None, target=None, shift_labels=None, beta=0.5, ignore_index=-100,
     if input is None or target is None:
         raise TypeError("jsd() needs input and target")
     input, target = _gathered(input, "input"), _gathered(target, "target")
-    if _needs_grad(input):
-        return JSDFunction.apply(input, target, shift_labels, beta, ignore_index)
-    return _jsd_compute(input, target, shift_labels, beta, ignore_index, want_grad=False)[0]
+    return _ops.jsd(input, _detached(target), shift_labels, float(beta), int(ignore_index),
+                    _needs_grad(input))[0]
 
 
 # ---- fused linear JSD -----------------------------------------------------------------------------
@@ -481,12 +525,18 @@ class _FusedLinearFunction(torch.autograd.Function):
         return _scale(dxs, grad_loss), _scale(dws, grad_loss), _scale(dbs, grad_loss), None, None
 
 
+def _wanted(xs, ws, bs):
+    """Which of (dxs, dws, dbs) a fused loss must form: those of the student tensors that
+    require grad, when grad mode is on."""
+    grad_on = torch.is_grad_enabled()
+    return (grad_on and xs.requires_grad, grad_on and ws.requires_grad,
+            grad_on and bs is not None and bs.requires_grad)
+
+
 def _fused_apply(xs, ws, bs, compute):
     """(loss, soft, hard) of compute(want), through autograd when a student tensor needs a
-    gradient; want = which of (dxs, dws, dbs) to form."""
-    grad_on = torch.is_grad_enabled()
-    want = (grad_on and xs.requires_grad, grad_on and ws.requires_grad,
-            grad_on and bs is not None and bs.requires_grad)
+    gradient; want = which of (dxs, dws, dbs) to form (the vocabulary-parallel calls)."""
+    want = _wanted(xs, ws, bs)
     if any(want):
         return _FusedLinearFunction.apply(xs, ws, bs, compute, want)
     return compute(want)[:3]
@@ -494,6 +544,12 @@ def _fused_apply(xs, ws, bs, compute):
 
 def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
          chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None):
+    if vp is None:  # one process: the custom op (torch.compile, torch.export, FakeTensor)
+        _check_names(divergence, beta, alpha)
+        return _ops.fused_linear_distill(
+            xs, ws, _detached(xt), _detached(wt), labels, bs, _detached(bt_bias), divergence,
+            float(beta), float(alpha), float(temperature), float(w_hard), float(w_soft),
+            int(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs))[:3]
     div = _lib.div_params(divergence, beta, alpha)
     return _fused_apply(xs, ws, bs, functools.partial(
         _fld_compute, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
@@ -554,11 +610,13 @@ class FusedLinearJSDFunction(torch.autograd.Function):
                 shift_labels=None, jsd_beta=0.5, ignore_index=-100, temperature=1.0,
                 accum_dtype=None, jsd_impl=None, jsd_mode=None):
         _check_accum_dtype(accum_dtype)
-        want = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
-        div = _lib.div_params("jsd", jsd_beta, 0.1)
-        loss, _, _, dxs, dws, _ = _fld_compute(
+        _refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
+                         ("teacher_input", teacher_input), ("teacher_weight", teacher_weight))
+        loss, _, _, dxs, dws, _ = _ops.fused_linear_distill(  # the op: torch.compile traces it
             student_input, student_weight, teacher_input, teacher_weight, shift_labels, None,
-            None, div, temperature, 0.0, 1.0, ignore_index, 0, False, None, want)
+            None, "jsd", float(jsd_beta), 0.1, float(temperature), 0.0, 1.0, int(ignore_index),
+            0, False, ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
+        dxs, dws = _ops._saved(dxs), _ops._saved(dws)
         ctx.save_for_backward(dxs, dws, student_input, student_weight)
         return loss
 
@@ -625,12 +683,15 @@ class FusedLinearJSDLossFunction(torch.autograd.Function):
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
         _require_labels(true_labels, weight_hard_loss)
         need = ctx.needs_input_grad
-        want = (need[0], need[1], student_bias is not None and need[5])
-        div = _lib.div_params("jsd", beta, 0.1)
-        loss, soft, hard, dxs, dws, dbs = _fld_compute(
+        _refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
+                         ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
+                         ("student_bias", student_bias), ("teacher_bias", teacher_bias))
+        loss, soft, hard, dxs, dws, dbs = _ops.fused_linear_distill(  # torch.compile traces it
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
-            student_bias, teacher_bias, div, temperature, weight_hard_loss, weight_soft_loss,
-            ignore_index, chunk_size, False, None, want)
+            student_bias, teacher_bias, "jsd", float(beta), 0.1, float(temperature),
+            float(weight_hard_loss), float(weight_soft_loss), int(ignore_index),
+            int(chunk_size or 0), False, need[0], need[1], student_bias is not None and need[5])
+        dxs, dws, dbs = _ops._saved(dxs), _ops._saved(dws), _ops._saved(dbs)
         ctx.save_for_backward(dxs, dws, dbs, student_input, student_weight, student_bias)
         if not return_soft_hard_loss:
             return loss
@@ -674,6 +735,12 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
 _DISTILL_REDUCTIONS = ("batchmean", "sum", "mean", "none")
 
 
+def _check_distill_reduction(reduction, fname):
+    if not (isinstance(reduction, str) and reduction in _DISTILL_REDUCTIONS):
+        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
+                          f"({fname} takes batchmean, sum, mean or none)")
+
+
 def _logits_frame(zs, labels, ignore_index, reduction, device, fname):
     """The part every loss on student logits shares: the reduction check, the logits as a
     (bt x v) view, the labels, the reduction's divisor (None: the C call's own, max(1, n_kept))
@@ -685,9 +752,7 @@ def _logits_frame(zs, labels, ignore_index, reduction, device, fname):
     TRL's generalized_jsd_loss), without labels student_logits.size(0) (torch's batchmean: B for
     (B, T, V) logits, the rows for 2-D, 1 for 1-D); mean: the kept rows times V (every element, as torch's
     and TRL's mean); sum 1; none: per row, unscaled."""
-    if reduction not in _DISTILL_REDUCTIONS:
-        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
-                          f"({fname} takes batchmean, sum, mean or none)")
+    _check_distill_reduction(reduction, fname)
     zc = float_code(zs, "student_logits")
     zs2, bt, v, ldz = as_rows(zs.detach(), "student_logits")
     labels, lview = labels_view(labels, bt, device, "labels")
@@ -751,35 +816,6 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
     return _reduced(loss, rows, reduction, divisor, zs), dz
 
 
-class _LogitsLossFunction(torch.autograd.Function):
-    """Autograd of a loss on student logits whose gradient `compute(want_grad)` forms in
-    forward: compute returns (loss, dz), dz per row (unscaled) when `rowwise` (reduction none)."""
-
-    @staticmethod
-    def forward(ctx, zs, compute, rowwise):
-        out, dz = compute(True)
-        ctx.rowwise = rowwise
-        ctx.save_for_backward(dz, zs)  # zs: for _first_order_only's error node
-        return out
-
-    @staticmethod
-    @_first_order_only  # the saved gradient is a constant: no double backward
-    def backward(ctx, grad_output):
-        dz = ctx.saved_tensors[0]
-        if ctx.rowwise:
-            dz = dz * grad_output.to(dz.dtype).unsqueeze(-1)
-        else:
-            dz = _scale(dz, grad_output)
-        return dz, None, None
-
-
-def _logits_apply(zs, reduction, compute):
-    """compute(want_grad)'s loss, through autograd when zs needs a gradient."""
-    if _needs_grad(zs):
-        return _LogitsLossFunction.apply(zs, compute, reduction == "none")
-    return compute(False)[0]
-
-
 def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="forward_kl", beta=0.5,
                  alpha=0.1, temperature=1.0, ignore_index=-100, reduction="batchmean"):
     """A divergence of the family (docs/MATH.md section 7) between softmax(teacher_logits / T)
@@ -793,12 +829,13 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     0 for skipped rows). Each operand float32, bfloat16 or float16; the loss (and the per-row
     losses of "none") float32. Gradient to student_logits only, in its dtype, formed in the
     forward pass."""
-    div = _lib.div_params(divergence, beta, alpha)
+    _check_names(divergence, beta, alpha)
     student_logits = _gathered(student_logits, "student_logits")
     teacher_logits = _gathered(teacher_logits, "teacher_logits")
-    return _logits_apply(student_logits, reduction, functools.partial(
-        _distill_compute, student_logits, teacher_logits, labels, div, temperature, ignore_index,
-        reduction))
+    _check_distill_reduction(reduction, "distill_loss")
+    return _ops.distill_loss(student_logits, _detached(teacher_logits), labels, divergence,
+                             float(beta), float(alpha), float(temperature), int(ignore_index),
+                             reduction, _needs_grad(student_logits))[0]
 
 
 # ---- sparse top-k teacher ------------------------------------------------------------------------
@@ -836,12 +873,13 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     with no used slot contributes 0. Gradient to student_logits only, formed in the forward pass.
     Invalid ids or shapes raise KdlossError before anything is computed (on CUDA the ids are
     checked on the device instead: the loss is NaN, include/kdloss.h)."""
-    div = _lib.div_params(divergence, beta, alpha)
-    code = _lib.topk_tail(tail)
+    _check_names(divergence, beta, alpha, tail)
     student_logits = _gathered(student_logits, "student_logits")
-    return _logits_apply(student_logits, reduction, functools.partial(
-        _topk_compute, student_logits, teacher_ids, teacher_logprobs, labels, div, code,
-        temperature, ignore_index, reduction))
+    _check_distill_reduction(reduction, "topk_distill_loss")
+    return _ops.topk_distill_loss(student_logits, teacher_ids, _detached(teacher_logprobs),
+                                  labels, divergence, tail, float(beta), float(alpha),
+                                  float(temperature), int(ignore_index), reduction,
+                                  _needs_grad(student_logits))[0]
 
 
 def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
@@ -882,15 +920,26 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     process_group: vocabulary-parallel LM heads (see the module docstring; teacher_ids are
     global token ids, the same on every rank)."""
     with vocab_parallel(process_group, _VP_TOPK) as vp:
-        div = _lib.div_params(divergence, beta, alpha)
-        code = _lib.topk_tail(tail)
+        _check_names(divergence, beta, alpha, tail)
         xs, ws, bs, ids, lps = _gather_all(process_group, [
             ("student_input", student_input), ("student_weight", student_weight),
             ("student_bias", student_bias), ("teacher_ids", teacher_ids),
             ("teacher_logprobs", teacher_logprobs)])
+        if vp is None:  # one process: the custom op (torch.compile, torch.export, FakeTensor)
+            loss, soft, hard = _ops.fused_linear_topk_distill(
+                xs, ws, ids, _detached(lps), true_labels, bs, divergence, tail, float(beta),
+                float(alpha), float(temperature), float(weight_hard_loss),
+                float(weight_soft_loss), int(ignore_index), int(chunk_size or 0),
+                bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs))[:3]
+            return (loss, soft, hard) if return_soft_hard_loss else loss
+        div = _lib.div_params(divergence, beta, alpha)
+        code = _lib.topk_tail(tail)
         compute = functools.partial(
             _fltd_compute, xs, ws, ids, lps, true_labels, bs, div, code, temperature,
             weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
             return_soft_hard_loss, vp)
         loss, soft, hard = _fused_apply(xs, ws, bs, compute)
     return (loss, soft, hard) if return_soft_hard_loss else loss
+
+
+from . import _ops  # noqa: E402  (the custom ops call this module's compute functions)

@@ -129,7 +129,7 @@ class DistillLoss(torch.nn.Module):
     def __init__(self, divergence="forward_kl", beta=0.5, alpha=0.1, temperature=1.0,
                  ignore_index=-100, reduction="batchmean"):
         super().__init__()
-        _lib.div_params(divergence, beta, alpha)  # an unknown divergence fails here
+        F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
         self.beta = beta
         self.alpha = alpha
@@ -160,7 +160,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
                  return_soft_hard_loss=False, chunk_size=None, process_group=None):
         super().__init__()
-        _lib.div_params(divergence, beta, alpha)  # an unknown divergence fails here
+        F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
         self.beta = beta
         self.alpha = alpha
@@ -198,8 +198,7 @@ class _TopKModule(torch.nn.Module):
 
     def __init__(self, **args):
         super().__init__()
-        _lib.div_params(args["divergence"], args["beta"], args["alpha"])
-        _lib.topk_tail(args["tail"])
+        F._check_names(args["divergence"], args["beta"], args["alpha"], args["tail"])
         self._arg_names = tuple(args)
         for name, value in args.items():
             setattr(self, name, value)
