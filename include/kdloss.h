@@ -100,6 +100,13 @@ typedef enum kdloss_status {
 
 /* A static, human-readable message for a status code ("invalid size: ..."). Never NULL. */
 KDLOSS_API const char *kdloss_status_string(kdloss_status status);
+/* After a kdloss call on this thread returned an error status: which argument, and where the
+ * check can tell, which row and value failed ("labels[17] = 40000 is neither ignore_index (-100)
+ * nor in [0, 32768)", "teacher_weight: dtype fp16, expected fp32 or bf16 like teacher_input
+ * (fp32)"); "" when the check has nothing to add to kdloss_status_string. Thread-local, valid
+ * until the thread's next kdloss call; unspecified after a call that succeeded. Argument checks
+ * of the CPU entry points and of the parameters shared with CUDA set it. */
+KDLOSS_API const char *kdloss_error_detail(void);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Data types and matrix views                                                                 */

@@ -1,6 +1,7 @@
 /* Bad input: every error code of the elementwise losses is returned, and every output is left
  * exactly as it was (outputs are poisoned first and checked byte for byte afterwards). */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -219,8 +220,97 @@ static void misc(void) {
     }
 }
 
+/* kdloss_error_detail names the failing argument, row and value (issue 24): `want` must appear
+ * in it after a call that failed with `st_want`. */
+static void detail_is(const char *what, kdloss_status st, kdloss_status st_want, const char *want) {
+    const char *d = kdloss_error_detail();
+    KT_CHECK(st == st_want && d && strstr(d, want), "%s: status %d (want %d), detail \"%s\" lacks \"%s\"",
+             what, st, st_want, d ? d : "(null)", want);
+}
+
+static void details(void) {
+    float lz = 7.0f;
+    kdloss_labels lab = {labels, KDLOSS_I64};
+    kdloss_distill_params dp;
+    kdloss_distill_params_default(&dp);
+    kdloss_cmat a = {x, KDLOSS_F32, 0}, b = {t, KDLOSS_F32, 0};
+    for (int i = 0; i < BT; i++) labels[i] = i;
+    labels[4] = 4000;
+    detail_is("label out of range", kdloss_distill(&dp, BT, V, a, b, lab, &lz, NULL, NOMAT),
+              KDLOSS_ERR_LABEL_OUT_OF_RANGE, "labels[4] = 4000 is neither ignore_index (-100) nor in [0, 10)");
+    labels[4] = 4;
+    dp.div.alpha = 2.5;
+    detail_is("alpha", kdloss_distill(&dp, BT, V, a, b, lab, &lz, NULL, NOMAT),
+              KDLOSS_ERR_INVALID_PARAM, "alpha 2.5");
+    kdloss_distill_params_default(&dp);
+    kdloss_cmat bad_ld = {t, KDLOSS_F32, 3};
+    detail_is("teacher ld", kdloss_distill(&dp, BT, V, a, bad_ld, lab, &lz, NULL, NOMAT),
+              KDLOSS_ERR_INVALID_STRIDE, "teacher: ld 3 below its row length 10");
+    kdloss_cmat i32 = {t, KDLOSS_I32, 0};
+    detail_is("student dtype", kdloss_distill(&dp, BT, V, i32, b, lab, &lz, NULL, NOMAT),
+              KDLOSS_ERR_INVALID_DTYPE, "student: dtype int32");
+    /* the fused loss: operand names, dtype pairs, the workspace */
+    enum { H = 4 };
+    static float xs[BT * H], ws[V * H], xt[BT * H], wt[V * H], dxs[BT * H];
+    static uint16_t wt16[V * H];
+    kdloss_fused_linear_distill_params fp;
+    kdloss_fused_linear_distill_params_default(&fp);
+    kdloss_fused_linear_distill_out o;
+    memset(&o, 0, sizeof o);
+    o.loss = &lz;
+    kdloss_cmat cxs = {xs, KDLOSS_F32, 0}, cws = {ws, KDLOSS_F32, 0}, cxt = {xt, KDLOSS_F32, 0};
+    kdloss_cmat cwt16 = {wt16, KDLOSS_BF16, 0}, cwt = {wt, KDLOSS_F32, 0};
+    detail_is("teacher pair", kdloss_fused_linear_distill(&fp, BT, H, H, V, cxs, cws, NULL, cxt, cwt16,
+                                                          NULL, lab, &o, NULL, 0),
+              KDLOSS_ERR_INVALID_DTYPE, "teacher_input is fp32 and teacher_weight bf16");
+    fp.temperature = -1.0;
+    detail_is("temperature", kdloss_fused_linear_distill(&fp, BT, H, H, V, cxs, cws, NULL, cxt, cwt,
+                                                         NULL, lab, &o, NULL, 0),
+              KDLOSS_ERR_INVALID_PARAM, "temperature = -1");
+    kdloss_fused_linear_distill_params_default(&fp);
+    o.dxs = (kdloss_mat){dxs, KDLOSS_BF16, 0};
+    detail_is("dxs dtype", kdloss_fused_linear_distill(&fp, BT, H, H, V, cxs, cws, NULL, cxt, cwt,
+                                                       NULL, lab, &o, NULL, 0),
+              KDLOSS_ERR_INVALID_DTYPE, "dxs: dtype bf16, expected fp32");
+    o.dxs = (kdloss_mat){NULL, KDLOSS_F32, 0};
+    static char ws_small[64];
+    detail_is("workspace", kdloss_fused_linear_distill(&fp, BT, H, H, V, cxs, cws, NULL, cxt, cwt,
+                                                       NULL, lab, &o, ws_small, sizeof ws_small),
+              KDLOSS_ERR_WORKSPACE_TOO_SMALL, "workspace of 64 bytes");
+    /* a sparse teacher: a repeated id names its row and slot */
+    static int64_t ids[BT * 2];
+    static float lp[BT * 2];
+    for (int i = 0; i < BT * 2; i++) ids[i] = i % V, lp[i] = -3.0f;
+    ids[2 * 3 + 1] = ids[2 * 3];
+    kdloss_topk_distill_params tp;
+    kdloss_topk_distill_params_default(&tp);
+    kdloss_topk_teacher te = {2, {ids, KDLOSS_I64, 0}, {lp, KDLOSS_F32, 0}};
+    detail_is("repeated id", kdloss_topk_distill_logits(&tp, BT, V, a, te, lab, &lz, NULL, NOMAT),
+              KDLOSS_ERR_INVALID_ID, "teacher ids[3][1]");
+    tp.div.divergence = KDLOSS_DIV_JSD;
+    tp.tail = KDLOSS_TAIL_RENORM_TEACHER;
+    detail_is("renorm_teacher", kdloss_topk_distill_logits(&tp, BT, V, a, te, lab, &lz, NULL, NOMAT),
+              KDLOSS_ERR_INVALID_PARAM, "renorm_teacher takes forward_kl only, not jsd");
+    KT_CHECK(lz == 7.0f, "a failing call wrote the loss");
+    /* the detail is per thread: another thread's failure does not change this one's */
+    const char *mine = kdloss_error_detail();
+    char copy[400];
+    snprintf(copy, sizeof copy, "%s", mine);
+#pragma omp parallel num_threads(2)
+    {
+        if (omp_get_thread_num() == 1) {
+            kdloss_distill_params q;
+            kdloss_distill_params_default(&q);
+            q.div.beta = -1;
+            kdloss_distill(&q, BT, V, a, b, lab, NULL, NULL, NOMAT);
+        }
+    }
+    KT_CHECK(!strcmp(kdloss_error_detail(), copy), "another thread's failure changed this one's detail");
+}
+
 int main(void) {
     for (int i = 0; i < BT * V; i++) x[i] = -2.3f, t[i] = 0.1f;
+    details();
     kl_errors();
     jsd_errors();
     issue12_errors();

@@ -206,12 +206,17 @@ class KdlossError(ValueError, RuntimeError):
     the message starts with kdloss_status_string(status). Subclasses both ValueError (bad
     arguments are the usual cause) and RuntimeError (what torch code tends to catch)."""
 
-    def __init__(self, status, detail=""):
+    def __init__(self, status, detail="", c_detail=""):
         self.status = int(status)
         self.status_name = STATUS_NAMES.get(self.status, "unknown")
+        # kdloss_error_detail() of the failing call: the argument, row and value the C check
+        # names ("labels[17] = 40000 is neither ignore_index (-100) nor in [0, 32768)")
+        self.c_detail = c_detail
         msg = status_string(self.status)
         if detail:
             msg = f"{detail}: {msg}"
+        if c_detail:
+            msg = f"{msg} [{c_detail}]"
         super().__init__(msg)
 
 
@@ -226,6 +231,7 @@ _ST = ctypes.c_int
 _PROTOTYPES = {
     "kdloss_version": (ctypes.c_char_p, []),
     "kdloss_status_string": (ctypes.c_char_p, [ctypes.c_int]),
+    "kdloss_error_detail": (ctypes.c_char_p, []),
     "kdloss_dtype_size": (ctypes.c_size_t, [ctypes.c_int]),
     "kdloss_cpu_isa_supported": (ctypes.c_int, [ctypes.c_int]),
     "kdloss_cpu_set_isa": (_ST, [ctypes.c_int]),
@@ -408,10 +414,20 @@ def status_string(status):
         return f"kdloss status {int(status)}"
 
 
+def error_detail():
+    """kdloss_error_detail() of this thread's last failing call ("" if the library has none)."""
+    try:
+        d = fn("kdloss_error_detail")()
+    except KdlossError:
+        return ""
+    return d.decode(errors="replace") if d else ""
+
+
 def check(status, where):
-    """Raise KdlossError unless status is KDLOSS_OK."""
+    """Raise KdlossError unless status is KDLOSS_OK; the message ends with the C check's detail
+    (which argument, row and value), read right after the call on the same thread."""
     if status != OK:
-        raise KdlossError(status, where)
+        raise KdlossError(status, where, error_detail())
 
 
 def version():

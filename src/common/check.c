@@ -11,27 +11,43 @@ int kd_is_float_dtype(kdloss_dtype dt) {
 
 kdloss_status kd_check_fmat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
                             int64_t ld, int64_t *ld_out, kd_span *span) {
-    if (!data) return KDLOSS_ERR_NULL_POINTER;
-    if (rows <= 0 || cols <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (!kd_is_float_dtype(dt)) return KDLOSS_ERR_INVALID_DTYPE;
+    if (data && rows > 0 && cols > 0 && !kd_is_float_dtype(dt)) {
+        kd_detail("dtype %s (%d), expected fp32, bf16 or fp16", kd_dtype_name(dt), (int)dt);
+        return KDLOSS_ERR_INVALID_DTYPE;
+    }
     return kd_check_mat(rows, cols, data, dt, ld, ld_out, span);
 }
 
 kdloss_status kd_check_mat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
                            int64_t ld, int64_t *ld_out, kd_span *span) {
     if (!data) return KDLOSS_ERR_NULL_POINTER;
-    if (rows <= 0 || cols <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (kdloss_dtype_size(dt) == 0) return KDLOSS_ERR_INVALID_DTYPE;
-    if (!kd_aligned(data, kdloss_dtype_size(dt))) return KDLOSS_ERR_MISALIGNED;
+    if (rows <= 0 || cols <= 0) {
+        kd_detail("%lld x %lld: sizes must be positive", (long long)rows, (long long)cols);
+        return KDLOSS_ERR_INVALID_SIZE;
+    }
+    if (kdloss_dtype_size(dt) == 0) {
+        kd_detail("unknown dtype %d", (int)dt);
+        return KDLOSS_ERR_INVALID_DTYPE;
+    }
+    if (!kd_aligned(data, kdloss_dtype_size(dt))) {
+        kd_detail("address %p is not a multiple of its %s element size %zu", data,
+                  kd_dtype_name(dt), kdloss_dtype_size(dt));
+        return KDLOSS_ERR_MISALIGNED;
+    }
     if (ld == 0) ld = cols;
-    if (ld < cols) return KDLOSS_ERR_INVALID_STRIDE;
+    if (ld < cols) {
+        kd_detail("ld %lld below its row length %lld", (long long)ld, (long long)cols);
+        return KDLOSS_ERR_INVALID_STRIDE;
+    }
     int64_t es = (int64_t)kdloss_dtype_size(dt);
     /* elements spanned = (rows - 1) * ld + cols; it and its byte count must fit in int64 */
-    if (rows - 1 > (INT64_MAX - cols) / ld) return KDLOSS_ERR_INVALID_SIZE;
-    int64_t n = (rows - 1) * ld + cols;
-    if (n > INT64_MAX / es) return KDLOSS_ERR_INVALID_SIZE;
-    if ((uint64_t)(n * es) > (uint64_t)(UINTPTR_MAX - (uintptr_t)data))
+    int64_t n = 0;
+    if (rows - 1 > (INT64_MAX - cols) / ld || (n = (rows - 1) * ld + cols) > INT64_MAX / es ||
+        (uint64_t)(n * es) > (uint64_t)(UINTPTR_MAX - (uintptr_t)data)) {
+        kd_detail("%lld x %lld with ld %lld spans beyond the address space", (long long)rows,
+                  (long long)cols, (long long)ld);
         return KDLOSS_ERR_INVALID_SIZE;
+    }
     *ld_out = ld;
     span->lo = (const char *)data;
     span->hi = (const char *)data + n * es;
@@ -51,14 +67,25 @@ int kd_spans_overlap(kd_span a, kd_span b) {
 
 kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64_t ignore_index,
                               int64_t *n_valid) {
-    if (!labels.data) return KDLOSS_ERR_NULL_POINTER;
-    if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) return KDLOSS_ERR_INVALID_DTYPE;
-    if (!kd_aligned(labels.data, kdloss_dtype_size(labels.dtype))) return KDLOSS_ERR_MISALIGNED;
+    if (!labels.data) return kd_named("labels", KDLOSS_ERR_NULL_POINTER);
+    if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) {
+        kd_detail("labels: dtype %s, expected int64 or int32", kd_dtype_name(labels.dtype));
+        return KDLOSS_ERR_INVALID_DTYPE;
+    }
+    if (!kd_aligned(labels.data, kdloss_dtype_size(labels.dtype))) {
+        kd_detail("labels: address %p is not a multiple of %zu", labels.data,
+                  kdloss_dtype_size(labels.dtype));
+        return KDLOSS_ERR_MISALIGNED;
+    }
     int64_t n = 0;
     for (int64_t r = 0; r < bt; r++) {
         int64_t y = kd_label_at(labels, r);
         if (y == ignore_index) continue;
-        if (y < 0 || y >= v) return KDLOSS_ERR_LABEL_OUT_OF_RANGE;
+        if (y < 0 || y >= v) {
+            kd_detail("labels[%lld] = %lld is neither ignore_index (%lld) nor in [0, %lld)",
+                      (long long)r, (long long)y, (long long)ignore_index, (long long)v);
+            return KDLOSS_ERR_LABEL_OUT_OF_RANGE;
+        }
         n++;
     }
     *n_valid = n;
@@ -67,6 +94,7 @@ kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64
 
 kdloss_status kd_kl_check_args(const kdloss_kl_params *p, int64_t bt, int64_t v, int has_loss,
                                int has_elem) {
+    kd_detail_clear();
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
     if (p->reduction < KDLOSS_REDUCTION_NONE || p->reduction > KDLOSS_REDUCTION_BATCHMEAN)
@@ -92,29 +120,42 @@ double kd_kl_reduction_scale(kdloss_reduction r, int64_t bt, int64_t v) {
 
 /* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
  * queries and calls), so both return the same codes. */
+/* KDLOSS_ERR_INVALID_PARAM with its detail. */
+static kdloss_status bad_param(const char *what, double value, const char *want) {
+    kd_detail("%s = %g: %s", what, value, want);
+    return KDLOSS_ERR_INVALID_PARAM;
+}
+
 kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
     kdloss_status st = kd_div_check(&p->div);
     if (st != KDLOSS_OK) return st;
-    if (!(p->temperature > 0.0) || !isfinite(p->temperature)) return KDLOSS_ERR_INVALID_PARAM;
+    if (!(p->temperature > 0.0) || !isfinite(p->temperature))
+        return bad_param("temperature", p->temperature, "must be > 0 and finite");
     if (!(p->weight_hard_loss >= 0.0) || !isfinite(p->weight_hard_loss))
-        return KDLOSS_ERR_INVALID_PARAM;
+        return bad_param("weight_hard_loss", p->weight_hard_loss, "must be >= 0 and finite");
     if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
-        return KDLOSS_ERR_INVALID_PARAM;
-    if (p->t2_scale != 0 && p->t2_scale != 1) return KDLOSS_ERR_INVALID_PARAM;
+        return bad_param("weight_soft_loss", p->weight_soft_loss, "must be >= 0 and finite");
+    if (p->t2_scale != 0 && p->t2_scale != 1)
+        return bad_param("t2_scale", p->t2_scale, "must be 0 or 1");
     /* T^2 times a divergence of ~1/T^2 formed in fp32: beyond KD_T2_SCALE_MAX_T the rounding of
      * the log-probs (~1e-7 absolute, random per element) times T^2 is no longer small against
-     * the loss (issue 25, D5; kdloss.h) */
-    if (p->t2_scale && p->temperature > KD_T2_SCALE_MAX_T) return KDLOSS_ERR_INVALID_PARAM;
-    if (!kd_fp32_finite(p->grad_scale) || p->chunk_size < 0) return KDLOSS_ERR_INVALID_PARAM;
+     * the loss (kdloss.h) */
+    if (p->t2_scale && p->temperature > KD_T2_SCALE_MAX_T)
+        return bad_param("temperature", p->temperature,
+                         "with t2_scale must be at most KD_T2_SCALE_MAX_T (kdloss.h)");
+    if (!kd_fp32_finite(p->grad_scale))
+        return bad_param("grad_scale", p->grad_scale, "must be a finite fp32");
+    if (p->chunk_size < 0) return bad_param("chunk_size", (double)p->chunk_size, "must be >= 0");
     /* T must be a normal fp32 (a subnormal T makes logit gaps / T overflow) and 1/T finite */
     if (!((float)p->temperature >= FLT_MIN) || !kd_fp32_finite(1.0 / p->temperature))
-        return KDLOSS_ERR_INVALID_PARAM;
+        return bad_param("temperature", p->temperature, "must be a normal fp32 with 1/T finite");
     /* the gradient factors the row kernels use in fp32, at their largest (n_valid = 1):
      * grad_scale w_soft (T^2 or 1) / (n_valid T) and grad_scale w_hard / n_valid */
     double t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
     if (!kd_fp32_finite(p->grad_scale * p->weight_soft_loss * t_fac) ||
         !kd_fp32_finite(p->grad_scale * p->weight_hard_loss))
-        return KDLOSS_ERR_INVALID_PARAM;
+        return bad_param("grad_scale", p->grad_scale,
+                         "times the loss weights and temperature factor must stay a finite fp32");
     return KDLOSS_OK;
 }
 
@@ -141,8 +182,16 @@ kdloss_fused_linear_distill_out kd_fld_out_from_jsd(const kdloss_fljsd_out *o) {
 }
 
 kdloss_status kd_fld_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
-    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) {
+        kd_detail("bt %lld, hs %lld, ht %lld, v %lld: every size must be positive", (long long)bt,
+                  (long long)hs, (long long)ht, (long long)v);
+        return KDLOSS_ERR_INVALID_SIZE;
+    }
     /* GEMM dimensions are CBLAS ints */
-    if (hs > INT32_MAX || ht > INT32_MAX || v > INT32_MAX) return KDLOSS_ERR_UNSUPPORTED;
+    if (hs > INT32_MAX || ht > INT32_MAX || v > INT32_MAX) {
+        kd_detail("hs %lld, ht %lld, v %lld: GEMM dimensions must fit a 32-bit int",
+                  (long long)hs, (long long)ht, (long long)v);
+        return KDLOSS_ERR_UNSUPPORTED;
+    }
     return KDLOSS_OK;
 }

@@ -48,10 +48,18 @@ kdloss_status kdloss_divergence_from_name(const char *name, kdloss_divergence *d
 }
 
 kdloss_status kd_div_check(const kdloss_div_params *d) {
-    if ((int)d->divergence < 0 || (int)d->divergence >= N_DIV) return KDLOSS_ERR_INVALID_PARAM;
-    /* both are checked whatever the divergence, so a bad value never hides (NaN fails too) */
-    if (!(d->beta >= 0.0 && d->beta <= 1.0) || !(d->alpha >= 0.0 && d->alpha <= 1.0))
+    kd_detail_clear(); /* the first check of every entry point that takes a divergence */
+    if ((int)d->divergence < 0 || (int)d->divergence >= N_DIV) {
+        kd_detail("divergence %d is not one of the %d (kdloss_divergence_name)", (int)d->divergence,
+                  N_DIV);
         return KDLOSS_ERR_INVALID_PARAM;
+    }
+    /* both are checked whatever the divergence, so a bad value never hides (NaN fails too) */
+    if (!(d->beta >= 0.0 && d->beta <= 1.0) || !(d->alpha >= 0.0 && d->alpha <= 1.0)) {
+        kd_detail("beta %g and alpha %g must both lie in [0, 1] (whichever divergence)", d->beta,
+                  d->alpha);
+        return KDLOSS_ERR_INVALID_PARAM;
+    }
     return KDLOSS_OK;
 }
 
@@ -67,7 +75,9 @@ kdloss_status kd_distill_check_params(const kdloss_distill_params *p) {
     kdloss_status st = kd_div_check(&p->div);
     if (st != KDLOSS_OK) return st;
     /* grad_scale / n_valid is used as an fp32: grad_scale must be one */
-    return kd_fp32_finite(p->grad_scale) ? KDLOSS_OK : KDLOSS_ERR_INVALID_PARAM;
+    if (kd_fp32_finite(p->grad_scale)) return KDLOSS_OK;
+    kd_detail("grad_scale = %g: must be a finite fp32", p->grad_scale);
+    return KDLOSS_ERR_INVALID_PARAM;
 }
 
 /* Here rather than with the CPU function: the CUDA entry takes the same parameters, and a
@@ -85,7 +95,10 @@ kdloss_status kd_distill_logits_check_params(const kdloss_distill_logits_params 
     const kdloss_distill_params dp = {p->div, p->ignore_index, p->grad_scale};
     kdloss_status st = kd_distill_check_params(&dp);
     if (st != KDLOSS_OK) return st;
-    return kd_temperature_ok(p->temperature, p->grad_scale) ? KDLOSS_OK : KDLOSS_ERR_INVALID_PARAM;
+    if (kd_temperature_ok(p->temperature, p->grad_scale)) return KDLOSS_OK;
+    kd_detail("temperature %g with grad_scale %g: T > 0, T, 1/T and grad_scale / T finite fp32",
+              p->temperature, p->grad_scale);
+    return KDLOSS_ERR_INVALID_PARAM;
 }
 
 kdloss_distill_params kd_distill_from_jsd(const kdloss_jsd_params *p) {

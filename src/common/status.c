@@ -1,6 +1,45 @@
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "check.h"
 #include "kdloss.h"
 
 const char *kdloss_version(void) { return "0.1.0"; }
+
+static _Thread_local char g_detail[384];
+
+void kd_detail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_detail, sizeof g_detail, fmt, ap);
+    va_end(ap);
+}
+
+void kd_detail_clear(void) { g_detail[0] = 0; }
+
+kdloss_status kd_named(const char *name, kdloss_status st) {
+    if (st == KDLOSS_OK) return st;
+    char tmp[sizeof g_detail + 64];
+    snprintf(tmp, sizeof tmp, "%.48s: %s", name, g_detail[0] ? g_detail : kdloss_status_string(st));
+    memcpy(g_detail, tmp, sizeof g_detail - 1);
+    g_detail[sizeof g_detail - 1] = 0;
+    return st;
+}
+
+const char *kdloss_error_detail(void) { return g_detail; }
+
+const char *kd_dtype_name(kdloss_dtype dt) {
+    switch (dt) {
+    case KDLOSS_F32: return "fp32";
+    case KDLOSS_BF16: return "bf16";
+    case KDLOSS_F16: return "fp16";
+    case KDLOSS_I32: return "int32";
+    case KDLOSS_I64: return "int64";
+    case KDLOSS_F64: return "fp64";
+    }
+    return "unknown";
+}
 
 const char *kdloss_status_string(kdloss_status status) {
     switch (status) {

@@ -50,10 +50,16 @@ void kdloss_fused_linear_topk_distill_params_default(kdloss_fused_linear_topk_di
 kdloss_status kd_topk_check_tail(const kdloss_div_params *d, kdloss_topk_tail tail) {
     kdloss_status st = kd_div_check(d);
     if (st != KDLOSS_OK) return st;
-    if ((int)tail < 0 || (int)tail >= N_TAIL) return KDLOSS_ERR_INVALID_PARAM;
-    /* renorm_teacher is a forward-KL convention, not a pair of distributions */
-    if (tail == KDLOSS_TAIL_RENORM_TEACHER && d->divergence != KDLOSS_DIV_FORWARD_KL)
+    if ((int)tail < 0 || (int)tail >= N_TAIL) {
+        kd_detail("tail %d is not one of the %d (kdloss_topk_tail_name)", (int)tail, N_TAIL);
         return KDLOSS_ERR_INVALID_PARAM;
+    }
+    /* renorm_teacher is a forward-KL convention, not a pair of distributions */
+    if (tail == KDLOSS_TAIL_RENORM_TEACHER && d->divergence != KDLOSS_DIV_FORWARD_KL) {
+        kd_detail("tail renorm_teacher takes forward_kl only, not %s",
+                  kdloss_divergence_name(d->divergence));
+        return KDLOSS_ERR_INVALID_PARAM;
+    }
     return KDLOSS_OK;
 }
 
@@ -82,10 +88,17 @@ kdloss_status kd_topk_check_fused_params(const kdloss_fused_linear_topk_distill_
 
 kdloss_status kd_topk_check_teacher(kdloss_topk_teacher t, int64_t bt, kd_span *ids_span,
                                     kd_span *lp_span, int64_t *ld_ids, int64_t *ld_lp) {
-    if (t.k <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (t.ids.dtype != KDLOSS_I32 && t.ids.dtype != KDLOSS_I64) return KDLOSS_ERR_INVALID_DTYPE;
-    kdloss_status st = kd_check_mat(bt, t.k, t.ids.data, t.ids.dtype, t.ids.ld, ld_ids, ids_span);
+    if (t.k <= 0) {
+        kd_detail("teacher k = %lld: must be positive", (long long)t.k);
+        return KDLOSS_ERR_INVALID_SIZE;
+    }
+    if (t.ids.dtype != KDLOSS_I32 && t.ids.dtype != KDLOSS_I64) {
+        kd_detail("teacher ids: dtype %s, expected int32 or int64", kd_dtype_name(t.ids.dtype));
+        return KDLOSS_ERR_INVALID_DTYPE;
+    }
+    kdloss_status st = kd_named(
+        "teacher ids", kd_check_mat(bt, t.k, t.ids.data, t.ids.dtype, t.ids.ld, ld_ids, ids_span));
     if (st != KDLOSS_OK) return st;
-    return kd_check_fmat(bt, t.k, t.logprobs.data, t.logprobs.dtype, t.logprobs.ld, ld_lp,
-                         lp_span);
+    return kd_named("teacher logprobs", kd_check_fmat(bt, t.k, t.logprobs.data, t.logprobs.dtype,
+                                                     t.logprobs.ld, ld_lp, lp_span));
 }

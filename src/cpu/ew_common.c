@@ -5,8 +5,11 @@
 kdloss_status kd_ew_check_pair(int64_t bt, int64_t v, kdloss_cmat x, kdloss_cmat t, kdloss_mat g,
                                kd_ew_job *job, kd_span spans[3]) {
     kdloss_status st;
-    if ((st = kd_check_fmat(bt, v, x.data, x.dtype, x.ld, &job->ldx, &spans[0]))) return st;
-    if ((st = kd_check_fmat(bt, v, t.data, t.dtype, t.ld, &job->ldt, &spans[1]))) return st;
+    kd_detail_clear();
+    if ((st = kd_named("input", kd_check_fmat(bt, v, x.data, x.dtype, x.ld, &job->ldx, &spans[0]))))
+        return st;
+    if ((st = kd_named("target", kd_check_fmat(bt, v, t.data, t.dtype, t.ld, &job->ldt, &spans[1]))))
+        return st;
     job->v = v;
     job->x = x.data;
     job->xdt = x.dtype;
@@ -16,8 +19,13 @@ kdloss_status kd_ew_check_pair(int64_t bt, int64_t v, kdloss_cmat x, kdloss_cmat
     job->ldg = 0;
     spans[2].lo = spans[2].hi = NULL;
     if (g.data) {
-        if (g.dtype != x.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        if ((st = kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &spans[2]))) return st;
+        if (g.dtype != x.dtype) {
+            kd_detail("grad: dtype %s, expected %s like the input", kd_dtype_name(g.dtype),
+                      kd_dtype_name(x.dtype));
+            return KDLOSS_ERR_INVALID_DTYPE;
+        }
+        if ((st = kd_named("grad", kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &spans[2]))))
+            return st;
         job->g = g.data;
     }
     return KDLOSS_OK;
@@ -44,7 +52,8 @@ kd_row_fn kd_div_row_fn(void) { return kd_cpu_kernels()->div_row; }
 static kdloss_status check_student(int64_t bt, int64_t v, kdloss_cmat x, kdloss_mat g,
                                    kd_ew_job *job, kd_span sp[2]) {
     kdloss_status st;
-    if ((st = kd_check_fmat(bt, v, x.data, x.dtype, x.ld, &job->ldx, &sp[0]))) return st;
+    if ((st = kd_named("student", kd_check_fmat(bt, v, x.data, x.dtype, x.ld, &job->ldx, &sp[0]))))
+        return st;
     job->v = v;
     job->x = x.data;
     job->xdt = x.dtype;
@@ -52,8 +61,13 @@ static kdloss_status check_student(int64_t bt, int64_t v, kdloss_cmat x, kdloss_
     job->ldg = 0;
     sp[1].lo = sp[1].hi = NULL;
     if (g.data) {
-        if (g.dtype != x.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        if ((st = kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &sp[1]))) return st;
+        if (g.dtype != x.dtype) {
+            kd_detail("grad: dtype %s, expected %s like the student", kd_dtype_name(g.dtype),
+                      kd_dtype_name(x.dtype));
+            return KDLOSS_ERR_INVALID_DTYPE;
+        }
+        if ((st = kd_named("grad", kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &sp[1]))))
+            return st;
         job->g = g.data;
     }
     return KDLOSS_OK;
@@ -91,10 +105,12 @@ kdloss_status kd_ew_check_distill(int64_t bt, int64_t v, kdloss_cmat student, kd
                                   const float *row_loss, kdloss_mat grad, kd_ew_job *job,
                                   int64_t *n_valid) {
     kd_span tsp;
-    kdloss_status st = kd_check_fmat(bt, v, student.data, student.dtype, student.ld, &job->ldx,
-                                     &tsp); /* the student first, as kd_ew_check_pair reports */
-    if (st) return st;
-    if ((st = kd_check_fmat(bt, v, teacher.data, teacher.dtype, teacher.ld, &job->ldt, &tsp)))
+    kd_detail_clear();
+    kdloss_status st = kd_named("student", kd_check_fmat(bt, v, student.data, student.dtype,
+                                                        student.ld, &job->ldx, &tsp));
+    if (st) return st; /* the student first, as kd_ew_check_pair reports */
+    if ((st = kd_named("teacher", kd_check_fmat(bt, v, teacher.data, teacher.dtype, teacher.ld,
+                                                &job->ldt, &tsp))))
         return st;
     job->t = teacher.data;
     job->tdt = teacher.dtype;

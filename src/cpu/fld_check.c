@@ -5,19 +5,26 @@
 #include "fld.h"
 #include "topk.h"
 
-/* A student or teacher operand pair: F32 or BF16, both the same. */
-static kdloss_status check_pair_dtype(kdloss_dtype x, kdloss_dtype w) {
-    if (x != KDLOSS_F32 && x != KDLOSS_BF16) return KDLOSS_ERR_INVALID_DTYPE;
-    return w == x ? KDLOSS_OK : KDLOSS_ERR_INVALID_DTYPE;
+/* A student or teacher operand pair (hidden states x, LM head w): F32 or BF16, both the same. */
+static kdloss_status check_pair_dtype(const char *xn, kdloss_dtype x, const char *wn,
+                                      kdloss_dtype w) {
+    if ((x == KDLOSS_F32 || x == KDLOSS_BF16) && w == x) return KDLOSS_OK;
+    kd_detail("%s is %s and %s %s: both fp32 or both bf16", xn, kd_dtype_name(x), wn,
+              kd_dtype_name(w));
+    return KDLOSS_ERR_INVALID_DTYPE;
 }
 
-/* A (rows x cols) matrix read or written through a GEMM: kd_check_fmat, and ld within a CBLAS
- * int. Writes the effective ld into *ld. */
-static kdloss_status check_gemm_mat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
-                                    int64_t *ld, kd_span *span) {
+/* A (rows x cols) matrix `name` read or written through a GEMM: kd_check_fmat, and ld within a
+ * CBLAS int. Writes the effective ld into *ld. */
+static kdloss_status check_gemm_mat(const char *name, int64_t rows, int64_t cols,
+                                    const void *data, kdloss_dtype dt, int64_t *ld,
+                                    kd_span *span) {
     kdloss_status st = kd_check_fmat(rows, cols, data, dt, *ld, ld, span);
-    if (st != KDLOSS_OK) return st;
-    return *ld > INT32_MAX ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_OK;
+    if (st == KDLOSS_OK && *ld > INT32_MAX) {
+        kd_detail("ld %lld does not fit a 32-bit int (a GEMM operand)", (long long)*ld);
+        st = KDLOSS_ERR_UNSUPPORTED;
+    }
+    return kd_named(name, st);
 }
 
 /* The teacher's operands into spans in[3..5] (dense: xt, wt, bt; sparse: ids, log-probs) and the
@@ -38,12 +45,16 @@ static kdloss_status check_teacher(const kd_fl_teacher *t, int64_t bt, int64_t v
         call->topk = k;
         return st;
     }
-    st = check_pair_dtype(t->xt.dtype, t->wt.dtype);
-    if (st == KDLOSS_OK) st = check_gemm_mat(bt, t->ht, t->xt.data, t->xt.dtype, &call->xt.ld, &in[0]);
-    if (st == KDLOSS_OK) st = check_gemm_mat(v, t->ht, t->wt.data, t->wt.dtype, &call->wt.ld, &in[1]);
+    st = check_pair_dtype("teacher_input", t->xt.dtype, "teacher_weight", t->wt.dtype);
+    if (st == KDLOSS_OK)
+        st = check_gemm_mat("teacher_input", bt, t->ht, t->xt.data, t->xt.dtype, &call->xt.ld,
+                            &in[0]);
+    if (st == KDLOSS_OK)
+        st = check_gemm_mat("teacher_weight", v, t->ht, t->wt.data, t->wt.dtype, &call->wt.ld,
+                            &in[1]);
     if (st != KDLOSS_OK) return st;
     size_t et = kdloss_dtype_size(t->xt.dtype);
-    if (!kd_aligned(t->bias, et)) return KDLOSS_ERR_MISALIGNED;
+    if (!kd_aligned(t->bias, et)) return kd_named("teacher_bias", KDLOSS_ERR_MISALIGNED);
     in[2] = kd_vec_span(t->bias, v, et);
     return KDLOSS_OK;
 }
@@ -54,7 +65,11 @@ static kdloss_status check_labels(const kdloss_fused_linear_distill_params *p, i
                                   kdloss_labels labels, const kdloss_fused_linear_distill_out *o,
                                   int64_t bt, int64_t v, int64_t *n_valid) {
     if (labels.data || !sparse) return kd_check_labels(labels, bt, v, p->ignore_index, n_valid);
-    if (p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard) return KDLOSS_ERR_INVALID_PARAM;
+    if (p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard) {
+        kd_detail("no labels: weight_hard_loss (%g), hard_loss and row_hard need them",
+                  p->weight_hard_loss);
+        return KDLOSS_ERR_INVALID_PARAM;
+    }
     *n_valid = bt;
     return KDLOSS_OK;
 }
@@ -75,16 +90,27 @@ static kdloss_status check_outputs(kdloss_fused_linear_distill_out *o, int64_t b
         !o->row_lse)
         return KDLOSS_ERR_NO_OUTPUT;
     if (o->dxs.data) {
-        if (o->dxs.dtype != xs.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = check_gemm_mat(bt, hs, o->dxs.data, o->dxs.dtype, &o->dxs.ld, &os[3]);
+        if (o->dxs.dtype != xs.dtype) {
+            kd_detail("dxs: dtype %s, expected %s like student_input", kd_dtype_name(o->dxs.dtype),
+                      kd_dtype_name(xs.dtype));
+            return KDLOSS_ERR_INVALID_DTYPE;
+        }
+        st = check_gemm_mat("dxs", bt, hs, o->dxs.data, o->dxs.dtype, &o->dxs.ld, &os[3]);
         if (st != KDLOSS_OK) return st;
     }
     if (o->dws.data) {
-        if (o->dws.dtype != ws.dtype) return KDLOSS_ERR_INVALID_DTYPE;
-        st = check_gemm_mat(v, hs, o->dws.data, o->dws.dtype, &o->dws.ld, &os[4]);
+        if (o->dws.dtype != ws.dtype) {
+            kd_detail("dws: dtype %s, expected %s like student_weight", kd_dtype_name(o->dws.dtype),
+                      kd_dtype_name(ws.dtype));
+            return KDLOSS_ERR_INVALID_DTYPE;
+        }
+        st = check_gemm_mat("dws", v, hs, o->dws.data, o->dws.dtype, &o->dws.ld, &os[4]);
         if (st != KDLOSS_OK) return st;
     }
-    if (o->dbs && !bs) return KDLOSS_ERR_SHAPE_MISMATCH;
+    if (o->dbs && !bs) {
+        kd_detail("dbs asked for, but the student has no bias");
+        return KDLOSS_ERR_SHAPE_MISMATCH;
+    }
     if (!kd_aligned(o->dbs, es) || !kd_aligned(o->loss, sizeof(float)) ||
         !kd_aligned(o->soft_loss, sizeof(float)) || !kd_aligned(o->hard_loss, sizeof(float)) ||
         !kd_aligned(o->row_soft, sizeof(float)) || !kd_aligned(o->row_hard, sizeof(float)) ||
@@ -102,20 +128,24 @@ kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int
                            const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
                            const kdloss_fused_linear_distill_out *out, const void *workspace,
                            size_t workspace_bytes, kd_fld_call *call, kd_fld_plan *plan) {
-    if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
+    kd_detail_clear();
+    if (!params || !out) return kd_named(!params ? "params" : "out", KDLOSS_ERR_NULL_POINTER);
     int sparse = t->topk != NULL;
     kdloss_status st = kd_fld_check_params(params);
     if (st == KDLOSS_OK) st = kd_fld_check_sizes(bt, hs, sparse ? hs : t->ht, v);
-    if (st == KDLOSS_OK) st = check_pair_dtype(xs.dtype, ws.dtype);
+    if (st == KDLOSS_OK)
+        st = check_pair_dtype("student_input", xs.dtype, "student_weight", ws.dtype);
     if (st != KDLOSS_OK) return st;
 
     /* inputs: spans 0..6 = xs, ws, bs, teacher (3), labels; 7 = the workspace */
     kd_span in[8];
-    st = check_gemm_mat(bt, hs, xs.data, xs.dtype, &xs.ld, &in[0]);
-    if (st == KDLOSS_OK) st = check_gemm_mat(v, hs, ws.data, ws.dtype, &ws.ld, &in[1]);
+    st = check_gemm_mat("student_input", bt, hs, xs.data, xs.dtype, &xs.ld, &in[0]);
+    if (st == KDLOSS_OK)
+        st = check_gemm_mat("student_weight", v, hs, ws.data, ws.dtype, &ws.ld, &in[1]);
     if (st == KDLOSS_OK) st = check_teacher(t, bt, v, v_ids, &in[3], call);
     if (st != KDLOSS_OK) return st;
-    if (!kd_aligned(bs, kdloss_dtype_size(xs.dtype))) return KDLOSS_ERR_MISALIGNED;
+    if (!kd_aligned(bs, kdloss_dtype_size(xs.dtype)))
+        return kd_named("student_bias", KDLOSS_ERR_MISALIGNED);
     in[2] = kd_vec_span(bs, v, kdloss_dtype_size(xs.dtype));
     int64_t n_valid = 0;
     st = check_labels(params, sparse, labels, out, bt, v_ids, &n_valid);
@@ -130,7 +160,10 @@ kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int
     st = kd_fld_plan_make(params, bt, hs, sparse ? 0 : t->ht, v, sparse ? t->topk->k : 0,
                           xs.dtype, grad, plan);
     if (st != KDLOSS_OK) return st;
-    if (workspace && workspace_bytes < plan->bytes) return KDLOSS_ERR_WORKSPACE_TOO_SMALL;
+    if (workspace && workspace_bytes < plan->bytes) {
+        kd_detail("workspace of %zu bytes, this call needs %zu", workspace_bytes, plan->bytes);
+        return KDLOSS_ERR_WORKSPACE_TOO_SMALL;
+    }
     in[7] = kd_vec_span(workspace, workspace ? (int64_t)plan->bytes : 0, 1);
     /* the workspace is written too: it may overlap neither inputs nor outputs */
     st = kd_ew_check_overlap(in, 8, os, 9, 0);

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "topk.h"
 #include "topk_row.h"
 
@@ -14,6 +15,12 @@ static int row_ok(const void *ids, int is64, int64_t ld, int64_t r, int64_t k, i
         int64_t id = kd_topk_id(ids, is64, ld, r, j);
         if (id == -1) continue;
         if (id < 0 || id >= v || (seen[id >> 6] >> (id & 63) & 1)) {
+            if (id < 0 || id >= v)
+                kd_detail("teacher ids[%lld][%lld] = %lld is neither -1 nor in [0, %lld)",
+                          (long long)r, (long long)j, (long long)id, (long long)v);
+            else
+                kd_detail("teacher ids[%lld][%lld] = %lld repeats an id of the same row",
+                          (long long)r, (long long)j, (long long)id);
             ok = 0;
             break;
         }
