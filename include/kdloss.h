@@ -107,6 +107,12 @@ KDLOSS_API const char *kdloss_status_string(kdloss_status status);
  * until the thread's next kdloss call; unspecified after a call that succeeded. Argument checks
  * of the CPU entry points and of the parameters shared with CUDA set it. */
 KDLOSS_API const char *kdloss_error_detail(void);
+/* The layout of public struct `type` ("kdloss_cmat", ...) as this build compiled it, for
+ * bindings that mirror the structs: index 0 gives *field NULL and *size = sizeof the struct;
+ * index i >= 1 its i-th field in declaration order (name, offset, size).
+ * KDLOSS_ERR_INVALID_PARAM past the last field or for an unknown type. */
+KDLOSS_API kdloss_status kdloss_abi_layout(const char *type, int index, const char **field,
+                                           size_t *offset, size_t *size);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Data types and matrix views                                                                 */

@@ -220,6 +220,33 @@ class KdlossError(ValueError, RuntimeError):
         super().__init__(msg)
 
 
+# The C struct each ctypes Structure above mirrors (tests/python/test_abi.py compares their
+# layouts with kdloss_abi_layout of the loaded library).
+C_STRUCTS = {CMat: "kdloss_cmat", Mat: "kdloss_mat", Labels: "kdloss_labels",
+             KlParams: "kdloss_kl_params", JsdParams: "kdloss_jsd_params",
+             FldJsdParams: "kdloss_fljsd_params", DivParams: "kdloss_div_params",
+             DistillParams: "kdloss_distill_params",
+             DistillLogitsParams: "kdloss_distill_logits_params",
+             FldParams: "kdloss_fused_linear_distill_params",
+             FldOut: "kdloss_fused_linear_distill_out", TopkTeacher: "kdloss_topk_teacher",
+             TopkDistillParams: "kdloss_topk_distill_params",
+             FltdParams: "kdloss_fused_linear_topk_distill_params", FldJsdOut: "kdloss_fljsd_out",
+             Comm: "kdloss_comm", VocabShard: "kdloss_vocab_shard",
+             Bf16GemmInfo: "kdloss_bf16_gemm_info"}
+
+
+def abi_layout(c_name):
+    """[(field or None, offset, size)] of C struct c_name as the loaded library was compiled:
+    first the struct itself (None, 0, sizeof), then its fields in declaration order."""
+    out, f = [], fn("kdloss_abi_layout")
+    while True:
+        name, off, size = ctypes.c_char_p(), ctypes.c_size_t(), ctypes.c_size_t()
+        if f(c_name.encode(), len(out), ctypes.byref(name), ctypes.byref(off),
+             ctypes.byref(size)) != OK:
+            return out
+        out.append((name.value.decode() if name.value else None, off.value, size.value))
+
+
 # ---- loading --------------------------------------------------------------------------------------
 
 _P = ctypes.c_void_p
@@ -232,6 +259,8 @@ _PROTOTYPES = {
     "kdloss_version": (ctypes.c_char_p, []),
     "kdloss_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "kdloss_error_detail": (ctypes.c_char_p, []),
+    "kdloss_abi_layout": (_ST, [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                                ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
     "kdloss_dtype_size": (ctypes.c_size_t, [ctypes.c_int]),
     "kdloss_cpu_isa_supported": (ctypes.c_int, [ctypes.c_int]),
     "kdloss_cpu_set_isa": (_ST, [ctypes.c_int]),
