@@ -11,7 +11,7 @@ FUZZ_LONG  ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build install test test-c test-install test-san test-cuda test-cuda-sim test-py test-fuzz fuzz fuzz-build test-fault bench bench-check cuda clean
+.PHONY: all deps build install test test-c test-install test-san test-cuda test-cuda-sim test-py test-fuzz fuzz fuzz-build test-fault bench bench-check cuda clean wheel test-wheel
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 all: build
@@ -33,6 +33,14 @@ install: build
 
 test-install: build
 	cd $(BUILD) && ctest --output-on-failure -R test_install
+
+# `make wheel`: dist/kdloss-*-manylinux_*.whl, oneDNN inside, libgomp shared with the process
+# (scripts/wheel.sh says why); test-wheel installs it in a fresh venv (tests/install/test_wheel.sh).
+wheel: deps
+	bash scripts/wheel.sh
+
+test-wheel: wheel
+	bash tests/install/test_wheel.sh
 
 # The sanitizer build carries the CUDA backend on the simulator (cudasim/): its test_cuda runs the
 # quick subset of every CUDA kernel under ASan + UBSan.
@@ -93,7 +101,7 @@ fuzz: fuzz-build
 test-fault: build
 	cd $(BUILD) && ctest --output-on-failure -L fault
 
-test: test-c test-san test-fuzz test-cuda test-cuda-sim test-py
+test: test-c test-san test-fuzz test-cuda test-cuda-sim test-py test-wheel
 
 # The environment stays as the user has it (OPENBLAS_* included); the last lines say which
 # targets were met. bench exits 1 only when a benchmark failed to run; bench-check runs the same
