@@ -40,3 +40,41 @@ def test_topk_example_runs_and_learns(tmp_path, monkeypatch, capsys):
     assert len(losses) == 20 and all(map(lambda x: x == x and abs(x) < 1e3, losses))
     assert losses[-1] < losses[0]
     assert "loss" in capsys.readouterr().out
+
+
+def _importable(*names):
+    import importlib.util
+    try:
+        return all(importlib.util.find_spec(n) is not None for n in names)
+    except (ImportError, ValueError):
+        return False
+
+
+@require("kdloss_fused_linear_distill")
+@pytest.mark.skipif(not _importable("trl", "transformers", "datasets"),
+                    reason="trl (with transformers, datasets) is not installed")
+def test_trl_gkd_example_runs_with_trl(monkeypatch, capsys):
+    """examples/trl_gkd.py with TRL's GKDTrainer: kdloss's losses in place of
+    generalized_jsd_loss / compute_loss, num_items_in_batch passed through."""
+    monkeypatch.delenv("KDLOSS_EXAMPLE_NO_TRL", raising=False)
+    path, _ = _script("trl_gkd.py")
+    env = runpy.run_path(path, run_name="__main__")
+    losses = env["losses"]
+    assert len(losses) == env["STEPS"] and all(x == x and abs(x) < 1e3 for x in losses)
+    seen = env["num_items_seen"]
+    assert len(seen) == env["STEPS"] * env["ACCUM"]
+    assert all(n is not None and int(n) > 0 for n in seen)
+    out = capsys.readouterr().out
+    assert "generalized_jsd_loss" in out and "steps, loss" in out
+
+
+@require("kdloss_fused_linear_distill")
+@pytest.mark.skipif(not _importable("transformers"), reason="transformers is not installed")
+def test_trl_gkd_example_plain_loop(monkeypatch, capsys):
+    """The example's fallback without trl: the same loss in a plain accumulation loop."""
+    monkeypatch.setenv("KDLOSS_EXAMPLE_NO_TRL", "1")
+    path, _ = _script("trl_gkd.py")
+    env = runpy.run_path(path, run_name="__main__")
+    losses = env["losses"]
+    assert len(losses) == env["STEPS"] and all(x == x and 0 <= x < 1e3 for x in losses)
+    assert "steps, loss" in capsys.readouterr().out

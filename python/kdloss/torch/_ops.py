@@ -176,9 +176,7 @@ def _(student_logits, teacher_logits, labels, divergence, beta, alpha, temperatu
       ignore_index, reduction, want_grad):
     _check_reduction(reduction, "distill_loss")
     F.float_code(student_logits, "student_logits")
-    if student_logits.shape != teacher_logits.shape:
-        raise F._shape_error(f"distill_loss: student_logits {tuple(student_logits.shape)} vs "
-                             f"teacher_logits {tuple(teacher_logits.shape)}")
+    F._teacher_logits(student_logits, teacher_logits, "distill_loss")  # more columns: sliced
     F.float_code(teacher_logits, "teacher_logits")
     return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
 
@@ -279,10 +277,9 @@ def fused_linear_distill(student_input: torch.Tensor, student_weight: torch.Tens
 def _(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
       teacher_bias, divergence, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
       ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db):
-    v = _lm_head_fake(student_input, student_weight, student_bias, "student")
-    vt = _lm_head_fake(teacher_input, teacher_weight, teacher_bias, "teacher")
-    if vt != v:
-        raise F._shape_error(f"student_weight has V={v} rows, teacher_weight {vt}")
+    _lm_head_fake(student_input, student_weight, student_bias, "student")
+    _lm_head_fake(teacher_input, teacher_weight, teacher_bias, "teacher")
+    F._teacher_head(student_weight, teacher_weight, teacher_bias)  # more rows: the first V
     if student_input.shape[:-1] != teacher_input.shape[:-1]:
         raise F._shape_error(f"student_input {tuple(student_input.shape)} and teacher_input "
                              f"{tuple(teacher_input.shape)} have different token counts")

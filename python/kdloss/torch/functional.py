@@ -207,6 +207,92 @@ def _shape_error(what):
     return KdlossError(_lib.ERR_SHAPE_MISMATCH, what)
 
 
+# ---- a teacher with a larger (padded) vocabulary -------------------------------------------------
+
+def _teacher_head(ws, wt, bt, vp=None):
+    """(teacher_weight, teacher_bias) cut to the student's V rows. A teacher head with MORE rows
+    than the student's (a padded vocabulary: Qwen2.5's 152064 against 151936) is used through
+    its first V rows, as TRL slices the teacher's logits (TRL #3028): wt[:V] and bt[:V] are views
+    (contiguous for a contiguous head), never copies. Fewer rows: KdlossError naming both shapes.
+    With process_group (vocabulary-parallel blocks) the rows must match per rank: the blocks'
+    split of a padded head need not be the student's."""
+    _check_weight(ws, "student")
+    _check_weight(wt, "teacher")
+    v, vt = ws.shape[0], wt.shape[0]
+    if vt == v:
+        return wt, bt
+    if vt < v or vp is not None:
+        why = ("fewer rows: the teacher's head must cover the student's vocabulary (a teacher "
+               "with MORE rows, a padded vocabulary, is used through its first V rows)"
+               if vt < v else
+               "different rows: with process_group each rank's teacher block must have its "
+               "student block's rows (slice a padded teacher head before splitting it)")
+        raise _shape_error(f"teacher_weight {tuple(wt.shape)} and student_weight "
+                           f"{tuple(ws.shape)}: {why}")
+    if bt is not None:
+        if bt.numel() != vt:
+            raise _shape_error(f"teacher_bias has {bt.numel()} elements, expected one per row "
+                               f"of teacher_weight {tuple(wt.shape)}")
+        bt = bt.reshape(vt)[:v]
+    return wt[:v], bt
+
+
+def _teacher_logits(zs, zt, fname):
+    """teacher_logits cut to the student's V columns: teacher logits with MORE columns (a
+    padded vocabulary) are used through their first V, as TRL slices them (TRL #3028). The slice
+    zt[..., :V] is a strided view that goes to C with the teacher's own row stride (ld = its
+    padded width), without a copy. Other shape differences: KdlossError naming both shapes."""
+    if zs.shape == zt.shape:
+        return zt
+    if (zs.dim() == zt.dim() and zs.dim() > 0 and zs.shape[:-1] == zt.shape[:-1]
+            and zt.shape[-1] > zs.shape[-1]):
+        return zt[..., :zs.shape[-1]]
+    raise _shape_error(f"{fname}: student_logits {tuple(zs.shape)} vs teacher_logits "
+                       f"{tuple(zt.shape)} (the teacher may have more columns, a padded "
+                       "vocabulary: its first V are used; nothing else may differ)")
+
+
+# ---- gradient accumulation: num_items_in_batch ---------------------------------------------------
+
+def _check_items(num_items_in_batch):
+    """KdlossError for a Python number that is not > 0 (a tensor is not read: no sync)."""
+    n = num_items_in_batch
+    if n is None or isinstance(n, torch.Tensor):
+        return
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not n > 0:
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"num_items_in_batch={n!r}: a number > 0 "
+                          "(or a tensor holding one), the non-ignored tokens of every "
+                          "accumulation micro-batch together")
+
+
+def _over_items(loss, num_items_in_batch, times=1.0):
+    """loss / (num_items_in_batch * times), computed in double and returned in float32;
+    differentiable (backward scales the saved gradient once)."""
+    n = num_items_in_batch
+    if isinstance(n, torch.Tensor):
+        d = n.detach().to(device=loss.device, dtype=torch.float64) * times
+    else:
+        d = float(n) * times
+    return (loss.double() / d).float()
+
+
+def _kept_rows(labels, ignore_index, rows):
+    """max(1, rows whose label != ignore_index) (all rows without labels): the divisor the fused
+    losses' per-call mean used; a tensor (no sync) when labels are given."""
+    if labels is None:
+        return float(max(1, rows))
+    return (labels.detach() != ignore_index).sum().clamp(min=1).double()
+
+
+def _fused_over_items(results, labels, ignore_index, xs, num_items_in_batch):
+    """The fused losses' (loss, soft, hard), each a per-call mean over the kept rows, turned
+    into sums / num_items_in_batch (gradient accumulation: TRL #6006)."""
+    if num_items_in_batch is None:
+        return results
+    kept = _kept_rows(labels, ignore_index, xs.numel() // max(1, xs.shape[-1]))
+    return tuple(_over_items(r.double() * kept, num_items_in_batch) for r in results)
+
+
 # ---- KL divergence ------------------------------------------------------------------------------
 
 def reduction_code(reduction):
@@ -489,6 +575,7 @@ def _fld_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, 
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
                           ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
     backend = backend_for(device, vp)
+    wt, bt_bias = _teacher_head(ws, wt, bt_bias, vp)  # a padded teacher: its first V rows
     keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
     keep_t, xt_v, wt_v, bt2, _, ht, vt = _lm_head(xt, wt, bt_bias, "teacher")
     if vt != v:
@@ -581,20 +668,29 @@ def _gather_all(process_group, named):
 
 def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
                      shift_labels=None, jsd_beta=0.5, ignore_index=-100, temperature=1.0,
-                     accum_dtype=None):
+                     accum_dtype=None, *, num_items_in_batch=None):
     """Pure soft distillation loss (Liger's liger_fused_linear_jsd / LigerFusedLinearJSD, same
     signature): JSD(jsd_beta) between log_softmax(student_input @ student_weight.T / T) and the
     teacher's, averaged over the rows whose shift_labels != ignore_index, without ever forming
     the full logits. Gradients for student_input and student_weight. accum_dtype: accepted for
     Liger's signature; kdloss accumulates in fp32 or better anyway (_check_accum_dtype). The
-    loss is float32; dtypes, mixed operands and DTensors as in the module docstring."""
+    loss is float32; dtypes, mixed operands and DTensors as in the module docstring. A teacher
+    head with more rows than the student's (a padded vocabulary) is used through its first V
+    rows (a view).
+    num_items_in_batch (gradient accumulation, TRL #6006): the non-ignored tokens of ALL the
+    micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
+    it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
+    call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
     _check_accum_dtype(accum_dtype)
+    _check_items(num_items_in_batch)
     xs, ws, xt, wt = _gather_all(None, [("student_input", student_input),
                                         ("student_weight", student_weight),
                                         ("teacher_input", teacher_input),
                                         ("teacher_weight", teacher_weight)])
-    return _fld(xs, ws, xt, wt, shift_labels, None, None, jsd_beta, temperature, 0.0, 1.0,
+    loss = _fld(xs, ws, xt, wt, shift_labels, None, None, jsd_beta, temperature, 0.0, 1.0,
                 ignore_index, 0)[0]
+    return _fused_over_items((loss,), shift_labels, ignore_index, xs, num_items_in_batch)[0]
 
 
 class FusedLinearJSDFunction(torch.autograd.Function):
@@ -641,7 +737,7 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
                           true_labels, student_bias=None, teacher_bias=None, weight_hard_loss=0.5,
                           weight_soft_loss=0.5, beta=0.5, ignore_index=-100, temperature=1.0,
                           compiled=True, chunk_size=None, return_soft_hard_loss=False,
-                          process_group=None):
+                          process_group=None, *, num_items_in_batch=None):
     """Chunked fused-linear distillation loss (Liger's chunked LigerFusedLinearJSDLoss and its
     functional liger_kernel.chunked_loss.functional.liger_fused_linear_jsd, same positional
     order; docs/MATH.md section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of
@@ -650,11 +746,18 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
     `chunk_size` rows per chunk; None or 0 (the default: Liger's is 1024) lets the library pick
     it from its 256 MiB budget, a number given here wins. Returns the loss (float32), or (loss,
     soft_loss, hard_loss) when return_soft_hard_loss. process_group: vocabulary-parallel LM heads
-    (see the module docstring)."""
+    (see the module docstring). A teacher head (and bias) with more rows than the student's (a
+    padded vocabulary) is used through its first V rows (a view).
+    num_items_in_batch (gradient accumulation, TRL #6006): the non-ignored tokens of ALL the
+    micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
+    it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
+    call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
         _require_labels(true_labels, weight_hard_loss)
+        _check_items(num_items_in_batch)
         xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, [
             ("student_input", student_input), ("student_weight", student_weight),
             ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
@@ -662,6 +765,8 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
         loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
                                 weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
                                 vp=vp)
+    loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
+                                         num_items_in_batch)
     return (loss, soft, hard) if return_soft_hard_loss else loss
 
 
@@ -711,15 +816,22 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
                               divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                               weight_soft_loss=0.5, ignore_index=-100, temperature=1.0,
                               t2_scale=False, chunk_size=None, return_soft_hard_loss=False,
-                              process_group=None):
+                              process_group=None, num_items_in_batch=None):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
     over the rows whose label is not ignore_index. Returns the loss (float32), or (loss, soft,
     hard). chunk_size None or 0: the library's budgeted chunk. process_group:
-    vocabulary-parallel LM heads (see the module docstring)."""
+    vocabulary-parallel LM heads (see the module docstring). A teacher head (and bias) with more
+    rows than the student's (a padded vocabulary) is used through its first V rows (a view).
+    num_items_in_batch (gradient accumulation, TRL #6006): the non-ignored tokens of ALL the
+    micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
+    it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
+    call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         _require_labels(true_labels, weight_hard_loss)
+        _check_items(num_items_in_batch)
         xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, [
             ("student_input", student_input), ("student_weight", student_weight),
             ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
@@ -727,6 +839,8 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
         loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
                                 weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
                                 divergence, alpha, t2_scale, vp)
+    loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
+                                         num_items_in_batch)
     return (loss, soft, hard) if return_soft_hard_loss else loss
 
 
@@ -767,6 +881,18 @@ def _logits_frame(zs, labels, ignore_index, reduction, device, fname):
     return (zs2, labels), cmat(zs2, ldz, zc), bt, v, lview, gscale, divisor
 
 
+def _items_reduction(reduction, num_items_in_batch, zs, fname):
+    """(the reduction the op computes, the factor of num_items_in_batch in the divisor, None
+    when no num_items_in_batch): with one, the op sums and the caller divides."""
+    if num_items_in_batch is None:
+        return reduction, None
+    _check_items(num_items_in_batch)
+    if reduction == "none":
+        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"{fname}: num_items_in_batch with "
+                          "reduction='none' (per-row losses have no divisor)")
+    return "sum", float(zs.shape[-1]) if reduction == "mean" else 1.0
+
+
 def _reduced(loss, rows, reduction, divisor, zs):
     """The loss, float32 whatever zs's dtype, from the C call's loss (sum / max(1, kept)) or
     the row losses (reduced in double)."""
@@ -785,9 +911,7 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
     device = same_device([("student_logits", zs), ("teacher_logits", zt)])
     keep, zs_v, bt, v, lview, gscale, divisor = _logits_frame(zs, labels, ignore_index,
                                                               reduction, device, "distill_loss")
-    if zs.shape != zt.shape:
-        raise _shape_error(f"distill_loss: student_logits {tuple(zs.shape)} vs teacher_logits "
-                           f"{tuple(zt.shape)}")
+    zt = _teacher_logits(zs, zt, "distill_loss")  # a padded teacher: its first V columns
     tc = float_code(zt, "teacher_logits")
     backend = backend_for(device)
     zt2, _, _, ldt = as_rows(zt.detach(), "teacher_logits")
@@ -817,7 +941,8 @@ def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, 
 
 
 def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="forward_kl", beta=0.5,
-                 alpha=0.1, temperature=1.0, ignore_index=-100, reduction="batchmean"):
+                 alpha=0.1, temperature=1.0, ignore_index=-100, reduction="batchmean",
+                 num_items_in_batch=None):
     """A divergence of the family (docs/MATH.md section 7) between softmax(teacher_logits / T)
     (P) and softmax(student_logits / T) (Q), per row over the last dim. divergence: forward_kl,
     reverse_kl, jsd (beta), skew_forward_kl, skew_reverse_kl (alpha), tvd. Rows whose label
@@ -828,14 +953,26 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     "mean": sum / (kept rows * V), the mean over every element; "sum"; "none" (one loss per row,
     0 for skipped rows). Each operand float32, bfloat16 or float16; the loss (and the per-row
     losses of "none") float32. Gradient to student_logits only, in its dtype, formed in the
-    forward pass."""
+    forward pass. teacher_logits with more columns than the student's (a padded vocabulary, as
+    Qwen2.5's 152064 against 151936) are used through their first V columns, as TRL slices them
+    (TRL #3028): a strided view, passed with its row stride, no copy.
+    num_items_in_batch (gradient accumulation, TRL #6006; TRL's generalized_jsd_loss takes the
+    same): the non-ignored tokens of ALL the micro-batches of one optimizer step together (an
+    int, or a tensor as the HF Trainer passes it). Given, it replaces this call's divisor: the
+    loss is (sum over the kept rows) / num_items_in_batch for reduction "batchmean" (the
+    default) and "sum" alike, (sum) / (num_items_in_batch * V) for "mean"; "none" refuses it.
+    The micro-batches' losses and gradients then add up to the full batch's. Cost: one multiply
+    over the saved gradient in backward."""
     _check_names(divergence, beta, alpha)
     student_logits = _gathered(student_logits, "student_logits")
     teacher_logits = _gathered(teacher_logits, "teacher_logits")
     _check_distill_reduction(reduction, "distill_loss")
-    return _ops.distill_loss(student_logits, _detached(teacher_logits), labels, divergence,
+    reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
+                                        "distill_loss")
+    loss = _ops.distill_loss(student_logits, _detached(teacher_logits), labels, divergence,
                              float(beta), float(alpha), float(temperature), int(ignore_index),
                              reduction, _needs_grad(student_logits))[0]
+    return loss if times is None else _over_items(loss, num_items_in_batch, times)
 
 
 # ---- sparse top-k teacher ------------------------------------------------------------------------
@@ -859,7 +996,8 @@ def _topk_compute(zs, ids, lps, labels, div, tail, temperature, ignore_index, re
 
 def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None, *,
                       divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
-                      temperature=1.0, ignore_index=-100, reduction="batchmean"):
+                      temperature=1.0, ignore_index=-100, reduction="batchmean",
+                      num_items_in_batch=None):
     """A divergence of the family between a sparse top-k teacher and softmax(student_logits / T)
     (docs/MATH.md section 8), per row over the last dim.
 
@@ -872,14 +1010,18 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     only). divergence, beta, alpha, labels / ignore_index and reduction as distill_loss's. A row
     with no used slot contributes 0. Gradient to student_logits only, formed in the forward pass.
     Invalid ids or shapes raise KdlossError before anything is computed (on CUDA the ids are
-    checked on the device instead: the loss is NaN, include/kdloss.h)."""
+    checked on the device instead: the loss is NaN, include/kdloss.h). num_items_in_batch: as
+    distill_loss's (gradient accumulation)."""
     _check_names(divergence, beta, alpha, tail)
     student_logits = _gathered(student_logits, "student_logits")
     _check_distill_reduction(reduction, "topk_distill_loss")
-    return _ops.topk_distill_loss(student_logits, teacher_ids, _detached(teacher_logprobs),
+    reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
+                                        "topk_distill_loss")
+    loss = _ops.topk_distill_loss(student_logits, teacher_ids, _detached(teacher_logprobs),
                                   labels, divergence, tail, float(beta), float(alpha),
                                   float(temperature), int(ignore_index), reduction,
                                   _needs_grad(student_logits))[0]
+    return loss if times is None else _over_items(loss, num_items_in_batch, times)
 
 
 def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
@@ -908,7 +1050,8 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
                                    divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                                    weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100,
                                    temperature=1.0, t2_scale=False, chunk_size=None,
-                                   return_soft_hard_loss=False, process_group=None):
+                                   return_soft_hard_loss=False, process_group=None,
+                                   num_items_in_batch=None):
     """The fused LM head + sparse top-k teacher loss (docs/MATH.md sections 4 and 8): student
     logits zs = student_input @ student_weight.T + student_bias formed chunk by chunk, never in
     full; (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept), CE on
@@ -918,9 +1061,15 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     Returns the loss (float32), or (loss, soft_loss, hard_loss) when return_soft_hard_loss
     (hard_loss 0 without labels). chunk_size None or 0: the library's budgeted chunk.
     process_group: vocabulary-parallel LM heads (see the module docstring; teacher_ids are
-    global token ids, the same on every rank)."""
+    global token ids, the same on every rank).
+    num_items_in_batch (gradient accumulation, TRL #6006): the non-ignored tokens of ALL the
+    micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
+    it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
+    call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
     with vocab_parallel(process_group, _VP_TOPK) as vp:
         _check_names(divergence, beta, alpha, tail)
+        _check_items(num_items_in_batch)
         xs, ws, bs, ids, lps = _gather_all(process_group, [
             ("student_input", student_input), ("student_weight", student_weight),
             ("student_bias", student_bias), ("teacher_ids", teacher_ids),
@@ -931,6 +1080,8 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
                 float(alpha), float(temperature), float(weight_hard_loss),
                 float(weight_soft_loss), int(ignore_index), int(chunk_size or 0),
                 bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs))[:3]
+            loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index,
+                                                 xs, num_items_in_batch)
             return (loss, soft, hard) if return_soft_hard_loss else loss
         div = _lib.div_params(divergence, beta, alpha)
         code = _lib.topk_tail(tail)
@@ -939,6 +1090,8 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
             weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
             return_soft_hard_loss, vp)
         loss, soft, hard = _fused_apply(xs, ws, bs, compute)
+    loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
+                                         num_items_in_batch)
     return (loss, soft, hard) if return_soft_hard_loss else loss
 
 

@@ -4,7 +4,12 @@ so `from kdloss.torch import JSD as LigerJSD` is a drop-in swap. See functional.
 The fused-linear loss modules take `process_group=None`: given a torch.distributed group, the
 weights (and biases) passed to forward are this rank's block of a vocabulary-parallel LM head
 (functional.py's module docstring has the contract). It is an attribute, not a constructor-only
-setting: it can be changed later, and nothing about the group is cached."""
+setting: it can be changed later, and nothing about the group is cached.
+
+The forward of every module here but KLDivLoss and JSD also takes `num_items_in_batch=`
+(keyword): the non-ignored tokens of all the gradient-accumulation micro-batches of one step;
+given, the loss is this call's sum divided by it (functional.py's docstrings; the HF Trainer
+passes it to compute_loss)."""
 
 import torch
 
@@ -72,10 +77,10 @@ class FusedLinearJSD(torch.nn.Module):
         self.accum_dtype = accum_dtype
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight,
-                shift_labels=None):
+                shift_labels=None, *, num_items_in_batch=None):
         return F.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
                                   shift_labels, self.jsd_beta, self.ignore_index, self.temperature,
-                                  self.accum_dtype)
+                                  self.accum_dtype, num_items_in_batch=num_items_in_batch)
 
     def extra_repr(self):
         return (f"jsd_beta={self.jsd_beta}, ignore_index={self.ignore_index}, "
@@ -108,12 +113,13 @@ class FusedLinearJSDLoss(torch.nn.Module):
         self.process_group = process_group
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
-                student_bias=None, teacher_bias=None):
+                student_bias=None, teacher_bias=None, *, num_items_in_batch=None):
         return F.fused_linear_jsd_loss(
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias, teacher_bias, self.weight_hard_loss, self.weight_soft_loss, self.beta,
             self.ignore_index, self.temperature, self.compiled, self.chunk_size,
-            self.return_soft_hard_loss, self.process_group)
+            self.return_soft_hard_loss, self.process_group,
+            num_items_in_batch=num_items_in_batch)
 
     def extra_repr(self):
         return (f"weight_hard_loss={self.weight_hard_loss}, "
@@ -137,10 +143,11 @@ class DistillLoss(torch.nn.Module):
         self.ignore_index = ignore_index
         self.reduction = reduction
 
-    def forward(self, student_logits, teacher_logits, labels=None):
+    def forward(self, student_logits, teacher_logits, labels=None, *, num_items_in_batch=None):
         return F.distill_loss(student_logits, teacher_logits, labels, divergence=self.divergence,
                               beta=self.beta, alpha=self.alpha, temperature=self.temperature,
-                              ignore_index=self.ignore_index, reduction=self.reduction)
+                              ignore_index=self.ignore_index, reduction=self.reduction,
+                              num_items_in_batch=num_items_in_batch)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -174,14 +181,15 @@ class FusedLinearDistillLoss(torch.nn.Module):
         self.process_group = process_group
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
-                student_bias=None, teacher_bias=None):
+                student_bias=None, teacher_bias=None, *, num_items_in_batch=None):
         return F.fused_linear_distill_loss(
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias, teacher_bias, divergence=self.divergence, beta=self.beta,
             alpha=self.alpha, weight_hard_loss=self.weight_hard_loss,
             weight_soft_loss=self.weight_soft_loss, ignore_index=self.ignore_index,
             temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
-            return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group)
+            return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group,
+            num_items_in_batch=num_items_in_batch)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -220,9 +228,10 @@ class TopKDistillLoss(_TopKModule):
         super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
                          temperature=temperature, ignore_index=ignore_index, reduction=reduction)
 
-    def forward(self, student_logits, teacher_ids, teacher_logprobs, labels=None):
+    def forward(self, student_logits, teacher_ids, teacher_logprobs, labels=None, *,
+                num_items_in_batch=None):
         return F.topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels,
-                                   **self._args())
+                                   num_items_in_batch=num_items_in_batch, **self._args())
 
 
 class FusedLinearTopKDistillLoss(_TopKModule):
@@ -243,7 +252,9 @@ class FusedLinearTopKDistillLoss(_TopKModule):
         self.process_group = process_group  # not one of _args(): a group has no useful repr
 
     def forward(self, student_input, student_weight, teacher_ids, teacher_logprobs,
-                true_labels=None, student_bias=None):
+                true_labels=None, student_bias=None, *, num_items_in_batch=None):
         return F.fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids,
                                                 teacher_logprobs, true_labels, student_bias,
-                                                process_group=self.process_group, **self._args())
+                                                process_group=self.process_group,
+                                                num_items_in_batch=num_items_in_batch,
+                                                **self._args())

@@ -1,0 +1,163 @@
+"""Stored top-k teachers from other tools, as kdloss's sparse teacher (issue 24 item 5).
+
+kdloss's top-k losses (topk_distill_loss, TopKDistillLoss, FusedLinearTopKDistillLoss) take
+teacher_ids (..., K), int32/int64, -1 for an unused slot, and teacher_logprobs (..., K): the
+teacher's log-probs at those ids AT THE TRAINING TEMPERATURE. The functions here turn other
+tools' stored formats into that:
+
+    from_axolotl(target_token_ids, target_logprobs, target_mask, ...)   axolotl's KD datasets
+    from_sparse(ids, values, ...)                                       DistillKit-style sparse
+                                                                        ids / values
+    retemper(logprobs, valid, generation_temperature, training_temperature)
+
+Re-tempering (what is done, and why). A stored log-prob generated at temperature T_gen is
+lp_gen(i) = z_i / T_gen - log Z_gen, with z the teacher's logits. At the training temperature
+T_train, lp(i) = z_i / T_train - log Z_train = s * lp_gen(i) + c with s = T_gen / T_train
+(p_train is proportional to p_gen ** (T_gen / T_train)) and c a per-row constant. c depends on
+the whole vocabulary (log Z_train), which K stored values do not determine. So, when T_gen !=
+T_train, retemper returns s * lp_gen renormalized over the row's kept slots, in log space and in
+float64: lp(i) = s * lp_gen(i) - logsumexp_{kept j}(s * lp_gen(j)). These are EXACT log-probs of
+the teacher's distribution conditioned on the kept ids (the constant c cancels), and they sum to
+1 over the kept slots. Consequences for kdloss's tail modes: "renorm_teacher" and "renorm_both"
+renormalize over the kept ids anyway, so their losses are exactly those of the true T_train
+teacher (this is the recommended use of a re-tempered teacher); "bucket" sees an empty tail bin
+(the teacher's missing mass is unknown after re-tempering and is taken as 0). When T_gen ==
+T_train nothing is changed (the stored values keep their full-vocabulary normalization, and
+"bucket" its tail) unless renormalize=True is asked for.
+
+Unused slots (masked, or ids < 0) come back with id -1 and log-prob 0 (kdloss ignores both);
+rows without any kept slot contribute 0 to kdloss's losses. Ids repeated within a row among the
+kept slots raise ValueError naming the row (kdloss refuses duplicates). The log-probs come back
+in float32 (computed in float64), on the input's device; ids keep their integer dtype (int32 or
+int64; others widened to int64).
+"""
+
+import math
+
+import torch
+
+__all__ = ["retemper", "from_axolotl", "from_sparse"]
+
+
+def _check_temperature(t, what):
+    t = float(t)
+    if not (t > 0.0 and math.isfinite(t)):
+        raise ValueError(f"{what}={t!r}: a finite temperature > 0")
+    return t
+
+
+def retemper(logprobs, valid, generation_temperature=1.0, training_temperature=1.0, *,
+             renormalize=None):
+    """Stored log-probs (..., K) generated at generation_temperature, as log-probs at
+    training_temperature (module docstring): s * logprobs renormalized over the row's `valid`
+    slots in log space, s = generation_temperature / training_temperature. renormalize: None
+    (renormalize exactly when the temperatures differ), True or False (False with different
+    temperatures raises: the result would not be log-probs of anything). Invalid slots get 0.
+    Returns float32 (..., K)."""
+    t_gen = _check_temperature(generation_temperature, "generation_temperature")
+    t_train = _check_temperature(training_temperature, "training_temperature")
+    if logprobs.shape != valid.shape:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)} and mask {tuple(valid.shape)} "
+                         "differ")
+    if renormalize is None:
+        renormalize = t_gen != t_train
+    elif not renormalize and t_gen != t_train:
+        raise ValueError("renormalize=False with generation_temperature != "
+                         "training_temperature: the full-vocabulary normalizer of the "
+                         "re-tempered log-probs is not known from K stored values")
+    valid = valid.to(torch.bool)
+    x = logprobs.double()
+    if not renormalize:
+        return torch.where(valid, x, torch.zeros_like(x)).float()
+    x = torch.where(valid, x * (t_gen / t_train), torch.full_like(x, -math.inf))
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    out = torch.where(valid, x - lse, torch.zeros_like(x))  # rows with no valid slot: all 0
+    return out.float()
+
+
+def _ids(ids):
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise ValueError(f"token ids are {ids.dtype}; use an integer dtype")
+    return ids if ids.dtype in (torch.int32, torch.int64) else ids.to(torch.int64)
+
+
+def _check_unique(ids):
+    """ValueError naming the first row (flat index over the leading dims) where a kept id
+    repeats."""
+    if ids.numel() == 0 or ids.shape[-1] < 2:
+        return
+    flat = ids.reshape(-1, ids.shape[-1])
+    s, _ = flat.sort(dim=-1)
+    dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+    rows = dup.any(dim=-1).nonzero()
+    if rows.numel():
+        r = int(rows[0])
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(r), ids.shape[:-1]))
+        raise ValueError(f"row {r} (index {idx}) repeats token id "
+                         f"{int(s[r, 1:][dup[r]][0])}: kdloss takes each id once per row "
+                         f"(ids {flat[r].tolist()})")
+
+
+def _topk(ids, logprobs, valid, generation_temperature, training_temperature, renormalize,
+          vocab_size):
+    if ids.shape != logprobs.shape:
+        raise ValueError(f"ids {tuple(ids.shape)} and log-probs {tuple(logprobs.shape)} differ")
+    ids = _ids(ids)
+    valid = valid.to(torch.bool) & (ids >= 0)
+    if vocab_size is not None:
+        bad = valid & (ids >= vocab_size)
+        if bool(bad.any()):
+            r = int(bad.reshape(-1, ids.shape[-1]).any(-1).nonzero()[0])
+            raise ValueError(f"row {r}: token id >= vocab_size {vocab_size} "
+                             f"(ids {ids.reshape(-1, ids.shape[-1])[r].tolist()})")
+    out_ids = torch.where(valid, ids, torch.full_like(ids, -1))
+    _check_unique(out_ids)
+    lps = retemper(logprobs, valid, generation_temperature, training_temperature,
+                   renormalize=renormalize)
+    return out_ids, lps
+
+
+def from_axolotl(target_token_ids, target_logprobs, target_mask, *, generation_temperature=1.0,
+                 training_temperature=1.0, renormalize=None, vocab_size=None):
+    """axolotl's stored KD teacher, (B, T, K) each: target_token_ids (int), target_logprobs
+    (the teacher's log-probs at those ids, generated at generation_temperature) and target_mask
+    (nonzero = a slot to use), as (teacher_ids, teacher_logprobs) for kdloss's top-k losses at
+    training_temperature (the temperature= given to the kdloss loss). Masked slots get id -1.
+    Re-tempering and renormalize: module docstring. vocab_size: when given, kept ids >= it
+    raise ValueError naming the row. Align positions as for the student's logits (axolotl's
+    targets are per label position)."""
+    if target_mask.shape != target_token_ids.shape:
+        raise ValueError(f"target_mask {tuple(target_mask.shape)} and target_token_ids "
+                         f"{tuple(target_token_ids.shape)} differ")
+    return _topk(target_token_ids, target_logprobs, target_mask != 0, generation_temperature,
+                 training_temperature, renormalize, vocab_size)
+
+
+def from_sparse(ids, values, mask=None, *, values_are="logprobs", generation_temperature=1.0,
+                training_temperature=1.0, renormalize=None, vocab_size=None, pad_id=None):
+    """A sparse top-k teacher as DistillKit-style tools store it: ids (..., K) and values
+    (..., K) per position, unused slots marked by `mask` (nonzero = used), by ids < 0, or by
+    `pad_id`. values_are: "logprobs" (the teacher's log-probs at generation_temperature, as
+    from_axolotl) or "logits" (the teacher's raw logits at those ids: log-probs at
+    training_temperature are then log_softmax(values / training_temperature) over the kept
+    slots, the same renormalization over the kept ids, exact for the teacher conditioned on
+    them; generation_temperature is not used). Returns (teacher_ids, teacher_logprobs) for
+    kdloss's top-k losses at training_temperature."""
+    if ids.shape != values.shape:
+        raise ValueError(f"ids {tuple(ids.shape)} and values {tuple(values.shape)} differ")
+    valid = torch.ones(ids.shape, dtype=torch.bool, device=ids.device) if mask is None \
+        else mask != 0
+    if pad_id is not None:
+        valid = valid & (ids != pad_id)
+    if values_are == "logprobs":
+        return _topk(ids, values, valid, generation_temperature, training_temperature,
+                     renormalize, vocab_size)
+    if values_are == "logits":
+        if renormalize is False:
+            raise ValueError("values_are='logits' needs renormalize (the normalizer of K "
+                             "logits is only known over the kept ids)")
+        t_train = _check_temperature(training_temperature, "training_temperature")
+        # logits / T = log-probs at T up to a per-row constant: retemper's renormalization with
+        # s = 1 on values / T gives log_softmax over the kept slots
+        return _topk(ids, values.double() / t_train, valid, 1.0, 1.0, True, vocab_size)
+    raise ValueError(f"values_are={values_are!r}: 'logprobs' or 'logits'")
