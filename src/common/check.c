@@ -120,6 +120,34 @@ double kd_kl_reduction_scale(kdloss_reduction r, int64_t bt, int64_t v) {
 
 /* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
  * queries and calls), so both return the same codes. */
+/* The fused losses' defaults, here beside their checks: both backends (and a CUDA-only build)
+ * take them from src/common. */
+void kdloss_fljsd_params_default(kdloss_fljsd_params *p) {
+    if (!p) return;
+    p->beta = 0.5;
+    p->temperature = 1.0;
+    p->weight_hard_loss = 0.5;
+    p->weight_soft_loss = 0.5;
+    p->ignore_index = -100;
+    p->chunk_size = 0;
+    p->memory_budget = 0;
+    p->grad_scale = 1.0;
+}
+
+void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_params *p) {
+    if (!p) return;
+    kdloss_div_params_default(&p->div);
+    p->div.divergence = KDLOSS_DIV_JSD;
+    p->temperature = 1.0;
+    p->weight_hard_loss = 0.5;
+    p->weight_soft_loss = 0.5;
+    p->t2_scale = 0;
+    p->ignore_index = -100;
+    p->chunk_size = 0;
+    p->memory_budget = 0;
+    p->grad_scale = 1.0;
+}
+
 /* KDLOSS_ERR_INVALID_PARAM with its detail. */
 static kdloss_status bad_param(const char *what, double value, const char *want) {
     kd_detail("%s = %g: %s", what, value, want);

@@ -14,18 +14,6 @@
  * conversion within the noise of the GEMM that reads it (BENCHMARKS.md, "bf16 weights"). */
 #define KD_PANEL_BYTES ((size_t)16 << 20)
 
-void kdloss_fljsd_params_default(kdloss_fljsd_params *p) {
-    if (!p) return;
-    p->beta = 0.5;
-    p->temperature = 1.0;
-    p->weight_hard_loss = 0.5;
-    p->weight_soft_loss = 0.5;
-    p->ignore_index = -100;
-    p->chunk_size = 0;
-    p->memory_budget = 0;
-    p->grad_scale = 1.0;
-}
-
 /* a * b * c bytes, 0 on overflow (every caller's count is positive when valid). */
 static size_t mul3(size_t a, size_t b, size_t c) {
     size_t ab, abc;
@@ -133,20 +121,6 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
     if (!ok || __builtin_add_overflow(end, (size_t)KD_FLD_ALIGN - 1, &plan->bytes))
         return KDLOSS_ERR_INVALID_SIZE;
     return KDLOSS_OK;
-}
-
-void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_params *p) {
-    if (!p) return;
-    kdloss_div_params_default(&p->div);
-    p->div.divergence = KDLOSS_DIV_JSD;
-    p->temperature = 1.0;
-    p->weight_hard_loss = 0.5;
-    p->weight_soft_loss = 0.5;
-    p->t2_scale = 0;
-    p->ignore_index = -100;
-    p->chunk_size = 0;
-    p->memory_budget = 0;
-    p->grad_scale = 1.0;
 }
 
 /* Shared checks of the size queries. */
