@@ -204,6 +204,38 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
 
 /* Runs a checked call (job.ew and job.topk filled): per-thread buffers, the row template, the
  * rows. tail is the sparse teacher's KD_TAIL_* (unused when dense). */
+/* The row template every row copies (job->tmpl, and the pipelined kernel's job->ltmpl): one
+ * row of v logits at temperature t, the soft part alone, gradient factor gs (grad_scale / (T
+ * denom): the 1/T of d(z/T)/dz folded in) where a gradient is wanted. */
+static void rows_template(dl_job *job, const kdloss_div_params *div, int tail, double t,
+                          double gs, int64_t v, kdloss_labels labels, int64_t ignore_index,
+                          kdloss_mat grad) {
+    kd_fld_rows *a = &job->tmpl;
+    a->n = 1;
+    a->v = v;
+    a->bs = a->bt = NULL;
+    a->labels = labels; /* data NULL: every row kept */
+    a->ignore_index = ignore_index;
+    a->coef = kd_div_coef_make(div);
+    a->inv_t = (float)(1.0 / t);
+    a->inv_t64 = (double)a->inv_t; /* fp32-exact: topk_row.h */
+    a->soft = 1;
+    a->hard = 0;
+    a->grad = grad.data != NULL;
+    a->gs = grad.data ? (float)gs : 0.0f;
+    a->gh = 0.0f;
+    a->row_lse = NULL;
+    a->topk = job->topk.k ? &job->topk : NULL;
+    a->tail = tail;
+    a->v_lo = 0;
+    a->n_sum = kd_fld_n_sum(job->topk.k);
+    job->rows = kd_cpu_kernels()->fld_rows;
+    job->ltmpl.v = v;
+    job->ltmpl.coef = a->coef;
+    job->ltmpl.inv_t = a->inv_t;
+    job->ltmpl.gs = a->gs;
+}
+
 static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, double t,
                          double grad_scale, int64_t bt, int64_t v, int64_t n_valid,
                          kdloss_labels labels, int64_t ignore_index, float *loss, float *row_loss,
@@ -231,31 +263,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
     }
 
     double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
-    kd_fld_rows *a = &job->tmpl;
-    a->n = 1;
-    a->v = v;
-    a->bs = a->bt = NULL;
-    a->labels = labels; /* data NULL: every row kept */
-    a->ignore_index = ignore_index;
-    a->coef = kd_div_coef_make(div);
-    a->inv_t = (float)(1.0 / t);
-    a->inv_t64 = (double)a->inv_t; /* fp32-exact: topk_row.h */
-    a->soft = 1;
-    a->hard = 0;
-    a->grad = grad.data != NULL;
-    /* d loss / d zs = grad_scale / (T denom) (g - q sum g): the 1/T of d(z/T)/dz folded in */
-    a->gs = grad.data ? (float)(grad_scale / (t * denom)) : 0.0f;
-    a->gh = 0.0f;
-    a->row_lse = NULL;
-    a->topk = job->topk.k ? &job->topk : NULL;
-    a->tail = tail;
-    a->v_lo = 0;
-    a->n_sum = kd_fld_n_sum(job->topk.k);
-    job->rows = kd_cpu_kernels()->fld_rows;
-    job->ltmpl.v = v;
-    job->ltmpl.coef = a->coef;
-    job->ltmpl.inv_t = a->inv_t;
-    job->ltmpl.gs = a->gs;
+    rows_template(job, div, tail, t, grad_scale / (t * denom), v, labels, ignore_index, grad);
     job->ew.stream_grad =
         grad.data && bt * v * (int64_t)kdloss_dtype_size(job->ew.xdt) > KD_STREAM_BYTES;
     job->ew.want_loss = 1;

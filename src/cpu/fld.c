@@ -424,74 +424,87 @@ kdloss_status kd_fld_prepare(const kd_fld_call *k, const kd_fld_plan *pl) {
 
 /* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
  * it with that status (outputs may then be partly written; kdloss.h says so). */
-static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
-    const kdloss_fused_linear_distill_params *p = &k->p;
-    const kdloss_fused_linear_distill_out *o = &k->out;
-    int64_t bt = k->bt, hs = k->hs, v = k->v;
-    /* A loss part is computed when it is weighted or asked for: weight_hard_loss = 0 skips all
-     * cross-entropy work unless the caller wants hard_loss itself (its gradient is skipped
-     * then too); the same for the soft part, which also skips the teacher GEMM. */
-    int soft = p->weight_soft_loss > 0.0 || o->soft_loss || o->row_soft;
-    int hard = p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard || o->row_lse;
-    if (k->n_valid == 0 || (!soft && !hard)) {
-        write_zero(k);
-        return KDLOSS_OK;
-    }
-    if (kd_fld_prepare(k, pl) != KDLOSS_OK) return KDLOSS_ERR_OUT_OF_MEMORY;
-    int native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
-    int native_t = k->xt.dtype == KDLOSS_BF16 && native_s;
-    int native_g = k->grad && native_s && kd_gemm_bf16_grad_native(); /* gradient GEMMs */
-    int dense_t = soft && !k->topk.k; /* the teacher's logits are computed */
-    float *panel = (float *)(base + pl->off_panel);
-    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, v, hs, NULL, panel, pl->vp, pl->panel_floats};
-    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, v, k->ht, NULL, panel, pl->vp,
-                pl->panel_floats};
-    /* the student's weights in fp32: for the widened logits, or for dxs from an fp32 dz */
-    int need_ws32 = !native_s || (o->dxs.data && !native_g);
-    widen_whole(pl, base, dense_t, native_t, need_ws32, &w_s, &w_t);
+/* The state of one dense call (run): which parts are computed, the GEMM kinds, the weights'
+ * sources, the row arguments and the row-ordered loss sums. */
+typedef struct fld_run {
+    int soft, hard;       /* the loss parts computed (weighted or asked for) */
+    int native_s, native_t, native_g; /* bf16 GEMMs natively: student / teacher logits, grads */
+    int dense_t;          /* the teacher's logits are computed */
+    int zero_g;           /* both gradient factors 0: zeros written at the end, no GEMM */
+    wsrc w_s, w_t;
     kd_fld_rows r;
-    rows_setup(k, pl, base, soft, hard, &r);
-    void (*rows)(const kd_fld_rows *) = kd_cpu_kernels()->fld_rows;
+    double soft_sum, hard_sum;
+} fld_run;
+
+/* The GEMM kinds, the weights (widened whole where the plan has room) and the row arguments. */
+static void run_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, fld_run *u) {
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    u->native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
+    u->native_t = k->xt.dtype == KDLOSS_BF16 && u->native_s;
+    u->native_g = k->grad && u->native_s && kd_gemm_bf16_grad_native(); /* gradient GEMMs */
+    u->dense_t = u->soft && !k->topk.k;
+    float *panel = (float *)(base + pl->off_panel);
+    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, k->v, k->hs, NULL, panel, pl->vp,
+                pl->panel_floats};
+    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, k->v, k->ht, NULL, panel, pl->vp,
+                pl->panel_floats};
+    u->w_s = w_s;
+    u->w_t = w_t;
+    /* the student's weights in fp32: for the widened logits, or for dxs from an fp32 dz */
+    int need_ws32 = !u->native_s || (o->dxs.data && !u->native_g);
+    widen_whole(pl, base, u->dense_t, u->native_t, need_ws32, &u->w_s, &u->w_t);
+    rows_setup(k, pl, base, u->soft, u->hard, &u->r);
     /* both gradient factors 0: the gradients are zeros (kdloss.h), written once at the end; no
      * gradient GEMM (0 x a NaN weight or input would be NaN) */
-    int zero_g = k->grad && r.gs == 0.0f && r.gh == 0.0f;
-    if (zero_g) r.grad = 0;
+    u->zero_g = k->grad && u->r.gs == 0.0f && u->r.gh == 0.0f;
+    if (u->zero_g) u->r.grad = 0;
+    u->soft_sum = u->hard_sum = 0.0;
+}
 
-    double soft_sum = 0.0, hard_sum = 0.0;
+/* Rows [r0, r0 + n): the logits GEMMs, the row pass (or its vocabulary-parallel phases), the
+ * row outputs and sums in row order (so they do not depend on the chunk), the gradient GEMMs. */
+static kdloss_status run_chunk(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
+                               fld_run *u, int64_t r0, int64_t n) {
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    kd_fld_rows *r = &u->r;
+    int64_t lda;
+    const float *at, *as;
     kdloss_status st = KDLOSS_OK;
-    for (int64_t r0 = 0; r0 < bt && st == KDLOSS_OK; r0 += pl->chunk) {
-        int64_t n = min64(pl->chunk, bt - r0), lda;
-        const float *at, *as;
-        if (dense_t)
-            st = chunk_logits(k->xt, r0, n, &w_t, native_t, (float *)(base + pl->off_xconv), r.zt,
-                              &at, &lda);
-        if (st == KDLOSS_OK)
-            st = chunk_logits(k->xs, r0, n, &w_s, native_s, (float *)(base + pl->off_xs32), r.zs,
-                              &as, &lda);
-        if (st != KDLOSS_OK) break;
-        if (!as && o->dws.data && !native_g) /* dWs from fp32 dz needs fp32 xs rows */
-            as = x_rows(k->xs, r0, n, hs, (float *)(base + pl->off_xs32), &lda);
-        r.n = n;
-        r.row0 = r0;
-        r.row_lse = o->row_lse ? o->row_lse + r0 : NULL;
-        if (k->comm) {
-            st = rows_vp(k->comm, &r);
-            if (st != KDLOSS_OK) break;
-        } else {
-            rows(&r);
-        }
-        for (int64_t i = 0; i < n; i++) { /* row order: the sums do not depend on the chunk */
-            soft_sum += r.row_soft[i];
-            hard_sum += r.row_hard[i];
-            if (o->row_soft) o->row_soft[r0 + i] = (float)r.row_soft[i];
-            if (o->row_hard) o->row_hard[r0 + i] = (float)r.row_hard[i];
-        }
-        if (k->grad && !zero_g)
-            st = chunk_grads(k, pl, base, &w_s, &r, r.zs, as, lda, r0, n, native_g);
-    }
+    if (u->dense_t)
+        st = chunk_logits(k->xt, r0, n, &u->w_t, u->native_t, (float *)(base + pl->off_xconv),
+                          r->zt, &at, &lda);
+    if (st == KDLOSS_OK)
+        st = chunk_logits(k->xs, r0, n, &u->w_s, u->native_s, (float *)(base + pl->off_xs32),
+                          r->zs, &as, &lda);
     if (st != KDLOSS_OK) return st;
-    if (zero_g) {
-        if (o->dxs.data) zero_mat(o->dxs, bt, hs);
+    if (!as && o->dws.data && !u->native_g) /* dWs from fp32 dz needs fp32 xs rows */
+        as = x_rows(k->xs, r0, n, k->hs, (float *)(base + pl->off_xs32), &lda);
+    r->n = n;
+    r->row0 = r0;
+    r->row_lse = o->row_lse ? o->row_lse + r0 : NULL;
+    if (k->comm) st = rows_vp(k->comm, r);
+    else kd_cpu_kernels()->fld_rows(r);
+    if (st != KDLOSS_OK) return st;
+    for (int64_t i = 0; i < n; i++) {
+        u->soft_sum += r->row_soft[i];
+        u->hard_sum += r->row_hard[i];
+        if (o->row_soft) o->row_soft[r0 + i] = (float)r->row_soft[i];
+        if (o->row_hard) o->row_hard[r0 + i] = (float)r->row_hard[i];
+    }
+    if (k->grad && !u->zero_g)
+        st = chunk_grads(k, pl, base, &u->w_s, r, r->zs, as, lda, r0, n, u->native_g);
+    return st;
+}
+
+/* After the last chunk: the gradients' final form (zeros, or the fp32 accumulators cast) and the
+ * three losses. */
+static void run_finish(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
+                       const fld_run *u) {
+    const kdloss_fused_linear_distill_params *p = &k->p;
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    int64_t hs = k->hs, v = k->v;
+    if (u->zero_g) {
+        if (o->dxs.data) zero_mat(o->dxs, k->bt, hs);
         if (o->dws.data) zero_mat(o->dws, v, hs);
         if (o->dbs) memset(o->dbs, 0, (size_t)v * kdloss_dtype_size(k->ws.dtype));
     } else {
@@ -501,10 +514,33 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
         if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
     }
     double nv = (double)k->n_valid, t2 = p->t2_scale ? p->temperature * p->temperature : 1.0;
-    double soft_mean = soft ? soft_sum * t2 / nv : 0.0, hard_mean = hard ? hard_sum / nv : 0.0;
+    double soft_mean = u->soft ? u->soft_sum * t2 / nv : 0.0;
+    double hard_mean = u->hard ? u->hard_sum / nv : 0.0;
     write_losses(o,
                  (float)(p->weight_hard_loss * hard_mean + p->weight_soft_loss * soft_mean),
                  (float)soft_mean, (float)hard_mean);
+}
+
+static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
+    const kdloss_fused_linear_distill_params *p = &k->p;
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    fld_run u;
+    /* A loss part is computed when it is weighted or asked for: weight_hard_loss = 0 skips all
+     * cross-entropy work unless the caller wants hard_loss itself (its gradient is skipped
+     * then too); the same for the soft part, which also skips the teacher GEMM. */
+    u.soft = p->weight_soft_loss > 0.0 || o->soft_loss || o->row_soft;
+    u.hard = p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard || o->row_lse;
+    if (k->n_valid == 0 || (!u.soft && !u.hard)) {
+        write_zero(k);
+        return KDLOSS_OK;
+    }
+    if (kd_fld_prepare(k, pl) != KDLOSS_OK) return KDLOSS_ERR_OUT_OF_MEMORY;
+    run_setup(k, pl, base, &u);
+    for (int64_t r0 = 0; r0 < k->bt; r0 += pl->chunk) {
+        kdloss_status st = run_chunk(k, pl, base, &u, r0, min64(pl->chunk, k->bt - r0));
+        if (st != KDLOSS_OK) return st;
+    }
+    run_finish(k, pl, base, &u);
     return KDLOSS_OK;
 }
 
@@ -542,6 +578,23 @@ static size_t sparse_layout(const kd_fld_call *k, const kd_fld_plan *pl, char *b
     a->ldd = sb ? k->hs : k->out.dws.ld;
     a->bs = bias_f32(k->bs, k->ws.dtype, k->v, (float *)r[6]);
     return end;
+}
+
+/* The sparse path's dws and dbs after the last chunk: NaN everywhere when a row was poisoned
+ * (the NaN policy, kdloss.h: a poisoned row's gradient is NaN in every element, outside S too,
+ * as the full-vocabulary path's dz row; one fill a call, only then), then cast or stored. */
+static void sparse_store_grads(const kd_fld_call *k, const kd_topk_sparse *a, int nan_row) {
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    if (nan_row) {
+        if (a->dws)
+            for (int64_t c = 0; c < k->v; c++)
+                for (int64_t h = 0; h < k->hs; h++) a->dws[c * a->ldd + h] = NAN;
+        if (a->dbs)
+            for (int64_t c = 0; c < k->v; c++) a->dbs[c] = NAN;
+    }
+    if (a->dws && k->xs.dtype == KDLOSS_BF16)
+        kd_f32_rows_to_bf16(a->dws, k->hs, k->v, k->hs, (uint16_t *)o->dws.data, o->dws.ld, 1);
+    if (a->dbs) store_vec(a->dbs, k->v, k->ws.dtype, o->dbs);
 }
 
 static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
@@ -588,19 +641,7 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
                                 (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld, 1);
         if (k->grad && a.gs != 0.0f) scatter(&a); /* a factor of 0: the zeros written above */
     }
-    /* the NaN policy (kdloss.h): a poisoned row's gradient is NaN in every element, outside S
-     * too (as the full-vocabulary path's dz row), so dws and dbs hold NaN everywhere: one fill
-     * a call, only then */
-    if (nan_row) {
-        if (a.dws)
-            for (int64_t c = 0; c < k->v; c++)
-                for (int64_t h = 0; h < k->hs; h++) a.dws[c * a.ldd + h] = NAN;
-        if (a.dbs)
-            for (int64_t c = 0; c < k->v; c++) a.dbs[c] = NAN;
-    }
-    if (a.dws && sb)
-        kd_f32_rows_to_bf16(a.dws, k->hs, k->v, k->hs, (uint16_t *)o->dws.data, o->dws.ld, 1);
-    if (a.dbs) store_vec(a.dbs, k->v, k->ws.dtype, o->dbs);
+    sparse_store_grads(k, &a, nan_row);
     double t2 = p->t2_scale ? p->temperature * p->temperature : 1.0, soft = soft_sum * t2 / nv;
     write_losses(o, (float)(p->weight_soft_loss * soft), (float)soft, 0.0f);
     return KDLOSS_OK;

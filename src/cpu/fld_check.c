@@ -123,6 +123,22 @@ static kdloss_status check_outputs(kdloss_fused_linear_distill_out *o, int64_t b
     return KDLOSS_OK;
 }
 
+/* The student's operands (xs, ws, bs into spans in[0..2], their effective lds into *xs, *ws)
+ * and the teacher's (in[3..5]). */
+static kdloss_status check_student(int64_t bt, int64_t hs, int64_t v, int64_t v_ids,
+                                   kdloss_cmat *xs, kdloss_cmat *ws, const void *bs,
+                                   const kd_fl_teacher *t, kd_span in[8], kd_fld_call *call) {
+    kdloss_status st = check_gemm_mat("student_input", bt, hs, xs->data, xs->dtype, &xs->ld, &in[0]);
+    if (st == KDLOSS_OK)
+        st = check_gemm_mat("student_weight", v, hs, ws->data, ws->dtype, &ws->ld, &in[1]);
+    if (st == KDLOSS_OK) st = check_teacher(t, bt, v, v_ids, &in[3], call);
+    if (st != KDLOSS_OK) return st;
+    if (!kd_aligned(bs, kdloss_dtype_size(xs->dtype)))
+        return kd_named("student_bias", KDLOSS_ERR_MISALIGNED);
+    in[2] = kd_vec_span(bs, v, kdloss_dtype_size(xs->dtype));
+    return KDLOSS_OK;
+}
+
 kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
                            int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
                            const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
@@ -139,14 +155,8 @@ kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int
 
     /* inputs: spans 0..6 = xs, ws, bs, teacher (3), labels; 7 = the workspace */
     kd_span in[8];
-    st = check_gemm_mat("student_input", bt, hs, xs.data, xs.dtype, &xs.ld, &in[0]);
-    if (st == KDLOSS_OK)
-        st = check_gemm_mat("student_weight", v, hs, ws.data, ws.dtype, &ws.ld, &in[1]);
-    if (st == KDLOSS_OK) st = check_teacher(t, bt, v, v_ids, &in[3], call);
+    st = check_student(bt, hs, v, v_ids, &xs, &ws, bs, t, in, call);
     if (st != KDLOSS_OK) return st;
-    if (!kd_aligned(bs, kdloss_dtype_size(xs.dtype)))
-        return kd_named("student_bias", KDLOSS_ERR_MISALIGNED);
-    in[2] = kd_vec_span(bs, v, kdloss_dtype_size(xs.dtype));
     int64_t n_valid = 0;
     st = check_labels(params, sparse, labels, out, bt, v_ids, &n_valid);
     if (st != KDLOSS_OK) return st;

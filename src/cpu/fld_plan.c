@@ -42,13 +42,57 @@ static int64_t auto_chunk(int64_t bt, size_t avail, size_t per_row) {
     return c < ubt ? (int64_t)c : bt;
 }
 
+/* The workspace's regions for plan->chunk rows (plan->xconv_cols, whole, panel_floats set):
+ * their offsets and plan->bytes; 0 when a size overflows. */
+static int plan_layout(kd_fld_plan *plan, int64_t v, int64_t hs, int64_t ht, size_t zt_cols,
+                       size_t tk_row, int64_t topk_k, int sb, int want_grad) {
+    const size_t f4 = sizeof(float);
+    size_t end = 0, c = (size_t)plan->chunk;
+    int ok = 1;
+    plan->off_zs = take(&end, mul3(c, (size_t)v, f4), &ok);
+    plan->off_zt = take(&end, mul3(c, zt_cols, f4), &ok);
+    plan->off_xconv = take(&end, mul3(c, (size_t)plan->xconv_cols, f4), &ok);
+    plan->off_xs32 = take(&end, sb ? mul3(c, (size_t)hs, f4) : 0, &ok);
+    plan->off_panel = take(&end, plan->panel_floats * f4, &ok);
+    plan->off_ws32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
+    plan->off_wt32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)ht, f4) : 0, &ok);
+    plan->off_bias = take(&end, mul3((size_t)v, 2, f4), &ok);
+    plan->off_dbs = take(&end, want_grad ? mul3((size_t)v, 1, f4) : 0, &ok);
+    plan->off_rows = take(&end, mul3(c, 2, sizeof(double)), &ok);
+    plan->off_dws = take(&end, sb && want_grad ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
+    plan->off_tk = take(&end, mul3(c, tk_row, 1), &ok);
+    plan->off_st = take(&end, mul3(c, (size_t)kd_fld_n_stats(topk_k), sizeof(double)), &ok);
+    if (topk_k > 0 && !mul3(c, tk_row, 1)) ok = 0;
+    /* a zero from mul3 where a region must be non-empty means overflow */
+    if (!mul3(c, (size_t)v, f4) || (sb && want_grad && !mul3((size_t)v, (size_t)hs, f4))) ok = 0;
+    return ok && !__builtin_add_overflow(end, (size_t)KD_FLD_ALIGN - 1, &plan->bytes);
+}
+
+/* The smallest budget that holds a one-row chunk: the fixed part `base` with the smallest
+ * panel (16 weight rows of h, or V when fewer) plus one row (per_row bytes), into
+ * plan->min_budget. A given budget below it is an error; the default (0) is 256 MiB, or this
+ * minimum when shapes need more: *budget. */
+static kdloss_status plan_budget(const kdloss_fused_linear_distill_params *p, int64_t v,
+                                 int64_t h, size_t base, size_t per_row, kd_fld_plan *plan,
+                                 size_t *budget) {
+    size_t min_budget;
+    if (__builtin_add_overflow(base, mul3((size_t)(v < 16 ? v : 16), (size_t)h, sizeof(float)),
+                               &min_budget) ||
+        __builtin_add_overflow(min_budget, per_row, &min_budget) || !per_row)
+        return KDLOSS_ERR_INVALID_SIZE;
+    plan->min_budget = min_budget;
+    if (p->memory_budget && p->memory_budget < min_budget) return KDLOSS_ERR_BUDGET_TOO_SMALL;
+    *budget = p->memory_budget ? p->memory_budget : KD_DEFAULT_BUDGET;
+    if (*budget < min_budget) *budget = min_budget;
+    return KDLOSS_OK;
+}
+
 kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
                                int64_t v, int64_t topk_k, kdloss_dtype student_dtype,
                                int want_grad, kd_fld_plan *plan) {
     const size_t f4 = sizeof(float);
     int sb = student_dtype == KDLOSS_BF16;
     int64_t h = hs > ht ? hs : ht;
-    int ok = 1;
 
     /* a sparse teacher: no teacher logits, K slots of scratch a row instead */
     size_t zt_cols = topk_k > 0 ? 0 : (size_t)v;
@@ -67,18 +111,9 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
     size_t copies = mul3((size_t)v, (size_t)(hs + ht), f4);
     if (!copies) return KDLOSS_ERR_INVALID_SIZE; /* v (hs + ht) 4 overflows; the rest cannot */
     int64_t want_rows = p->chunk_size > 0 && p->chunk_size < bt ? p->chunk_size : bt;
-    /* The smallest budget that holds a one-row chunk: the fixed part with the smallest panel
-     * (16 weight rows, or V when fewer) plus one row. A given budget below it is an error; the
-     * default (0) is 256 MiB, or this minimum when shapes need more. */
-    size_t min_budget;
-    if (__builtin_add_overflow(base, mul3((size_t)(v < 16 ? v : 16), (size_t)h, f4),
-                               &min_budget) ||
-        __builtin_add_overflow(min_budget, per_row, &min_budget) || !per_row)
-        return KDLOSS_ERR_INVALID_SIZE;
-    plan->min_budget = min_budget;
-    if (p->memory_budget && p->memory_budget < min_budget) return KDLOSS_ERR_BUDGET_TOO_SMALL;
-    size_t budget = p->memory_budget ? p->memory_budget : KD_DEFAULT_BUDGET;
-    if (budget < min_budget) budget = min_budget;
+    size_t budget;
+    kdloss_status st = plan_budget(p, v, h, base, per_row, plan, &budget);
+    if (st != KDLOSS_OK) return st;
 
     /* Whole fp32 copies of bf16 weights only when the budget holds them AND a chunk of every
      * row (or of chunk_size rows): they never shrink the chunk, because the chunk matters more
@@ -101,24 +136,7 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
     if (chunk > INT32_MAX) chunk = INT32_MAX; /* a GEMM dimension (CBLAS int) */
     plan->chunk = chunk;
 
-    size_t end = 0, c = (size_t)chunk;
-    plan->off_zs = take(&end, mul3(c, (size_t)v, f4), &ok);
-    plan->off_zt = take(&end, mul3(c, zt_cols, f4), &ok);
-    plan->off_xconv = take(&end, mul3(c, (size_t)plan->xconv_cols, f4), &ok);
-    plan->off_xs32 = take(&end, sb ? mul3(c, (size_t)hs, f4) : 0, &ok);
-    plan->off_panel = take(&end, plan->panel_floats * f4, &ok);
-    plan->off_ws32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
-    plan->off_wt32 = take(&end, plan->whole ? mul3((size_t)v, (size_t)ht, f4) : 0, &ok);
-    plan->off_bias = take(&end, mul3((size_t)v, 2, f4), &ok);
-    plan->off_dbs = take(&end, want_grad ? mul3((size_t)v, 1, f4) : 0, &ok);
-    plan->off_rows = take(&end, mul3(c, 2, sizeof(double)), &ok);
-    plan->off_dws = take(&end, sb && want_grad ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
-    plan->off_tk = take(&end, mul3(c, tk_row, 1), &ok);
-    plan->off_st = take(&end, mul3(c, (size_t)kd_fld_n_stats(topk_k), sizeof(double)), &ok);
-    if (topk_k > 0 && !mul3(c, tk_row, 1)) ok = 0;
-    /* a zero from mul3 where a region must be non-empty means overflow */
-    if (!mul3(c, (size_t)v, f4) || (sb && want_grad && !mul3((size_t)v, (size_t)hs, f4))) ok = 0;
-    if (!ok || __builtin_add_overflow(end, (size_t)KD_FLD_ALIGN - 1, &plan->bytes))
+    if (!plan_layout(plan, v, hs, ht, zt_cols, tk_row, topk_k, sb, want_grad))
         return KDLOSS_ERR_INVALID_SIZE;
     return KDLOSS_OK;
 }
