@@ -116,9 +116,18 @@ def _fake_cuda_layer(monkeypatch, calls, seen=None):
     monkeypatch.setattr(_lib, "fn", fake_fn)
     be = _backend.CudaBackend()
     monkeypatch.setattr(be, "_stream", staticmethod(lambda index: ctypes.c_void_p(None)))
-    monkeypatch.setattr(be, "_workspace", staticmethod(
-        lambda n, device: (torch.empty(n, dtype=torch.uint8), n)))
+    # host workspaces whose status word (first 4 bytes) the fake C calls leave at OK, as the real
+    # ones write it; status_word[0], when set, is written there instead
+    def workspace(n, device):
+        ws = torch.zeros(n, dtype=torch.uint8)
+        if _FAKE_STATUS[0]:
+            ws[:4].view(torch.int32)[0] = _FAKE_STATUS[0]
+        return ws, n
+    monkeypatch.setattr(be, "_workspace", staticmethod(workspace))
     return be
+
+
+_FAKE_STATUS = [0]
 
 
 def test_cuda_backend_argument_plumbing(monkeypatch):
@@ -220,3 +229,37 @@ def test_cuda_vocab_parallel_plumbing(monkeypatch):
     with pytest.raises(NotImplementedError, match="CPU or CUDA tensors"):
         _backend.VocabParallel(object(), "kdloss_fused_linear_distill_vp").bind(
             torch.device("meta"))
+
+
+def test_cuda_status_word_is_raised():
+    # CudaBackend reads the device status word after each call (kdloss.h, CUDA section) and
+    # raises it; the decision is tested here without a GPU
+    from kdloss.torch import _backend, set_cuda_status_check
+    _backend.raise_status_word(0, "kdloss_cuda_distill")  # OK: nothing raised
+    with pytest.raises(kdloss.KdlossError, match="reported by the device") as e:
+        _backend.raise_status_word(kdloss._lib.ERR_LABEL_OUT_OF_RANGE, "kdloss_cuda_distill")
+    assert e.value.status == kdloss._lib.ERR_LABEL_OUT_OF_RANGE
+    set_cuda_status_check(False)
+    assert _backend._CUDA_STATUS_CHECK[0] is False
+    set_cuda_status_check(True)
+
+
+def test_cuda_status_word_read_after_the_call(monkeypatch):
+    # the fake C layer's workspace holding a bad-label word: the call raises; switched off, not
+    from kdloss.torch import set_cuda_status_check
+    calls = []
+    be = _fake_cuda_layer(monkeypatch, calls)
+    dev = torch.device("cuda", 0)
+    x = torch.zeros(4, 6)
+    m = _lib.CMat(x.data_ptr(), _lib.F32, 6)
+    g = _lib.Mat(x.data_ptr(), _lib.F32, 6)
+    lab = _lib.Labels(None, _lib.I64)
+    _FAKE_STATUS[0] = _lib.ERR_LABEL_OUT_OF_RANGE
+    try:
+        with pytest.raises(kdloss.KdlossError, match="reported by the device"):
+            be._run(dev, "jsd", (4, 6), (None, 4, 6, m, m, lab, None, None, g))
+        set_cuda_status_check(False)
+        be._run(dev, "jsd", (4, 6), (None, 4, 6, m, m, lab, None, None, g))
+    finally:
+        _FAKE_STATUS[0] = 0
+        set_cuda_status_check(True)

@@ -9,8 +9,8 @@
 Every loss is returned in float32; dtypes, batchmean and the rest: functional's docstring.
 """
 
-from . import functional, liger
-from ._backend import register_backend
+from . import adapters, functional, liger
+from ._backend import register_backend, set_cuda_status_check
 from .functional import (FusedLinearJSDFunction, FusedLinearJSDLossFunction, JSDFunction,
                          KLDivFunction, distill_loss, fused_linear_distill_loss, fused_linear_jsd,
                          fused_linear_jsd_loss, fused_linear_topk_distill_loss, jsd, kl_div,
@@ -19,6 +19,7 @@ from .modules import (JSD, DistillLoss, FusedLinearDistillLoss, FusedLinearJSD,
                       FusedLinearJSDLoss, FusedLinearTopKDistillLoss, KLDivLoss, TopKDistillLoss)
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "functional", "kl_div",
+           "adapters", "set_cuda_status_check",
            "jsd", "fused_linear_jsd", "fused_linear_jsd_loss", "register_backend", "DistillLoss",
            "FusedLinearDistillLoss", "distill_loss", "fused_linear_distill_loss",
            "TopKDistillLoss", "FusedLinearTopKDistillLoss", "topk_distill_loss",

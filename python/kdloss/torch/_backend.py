@@ -226,11 +226,31 @@ class CpuBackend:
                     (p, bt, hs, v, xs, ws, bs, teacher, labels, ctypes.byref(out)))
 
 
+# Whether CudaBackend reads the device status word after each call (a stream sync).
+_CUDA_STATUS_CHECK = [True]
+
+
+def set_cuda_status_check(on=True):
+    """Whether CUDA calls read their status word and raise on a bad label or teacher id (default
+    True: one stream synchronization a call). Off, such a call returns NaN losses, as kdloss.h
+    describes, and nothing is raised. Process-wide."""
+    _CUDA_STATUS_CHECK[0] = bool(on)
+
+
+def raise_status_word(word, fname):
+    """KdlossError for a nonzero device status word of kdloss_cuda_`fname`."""
+    if word != _lib.OK:
+        raise _lib.KdlossError(word, f"{fname}: reported by the device (status word; the losses "
+                                     f"are NaN)")
+
+
 class CudaBackend:
     """kdloss_cuda_* on device memory: one context per device, torch's current stream, workspace
     allocated through torch's caching allocator. Only used when the library reports CUDA.
-    (The CUDA kernels are being written separately; this path follows the header and is
-    exercised by tests only on a CUDA build.)"""
+    After each call the workspace's status word (kdloss.h, CUDA section: an out-of-range label or
+    teacher id found on the device) is read and raised as KdlossError, which synchronizes the
+    stream once a call; set_cuda_status_check(False) skips it (the losses are NaN then, as the
+    header says), and it is skipped while a CUDA graph is being captured."""
 
     name = "cuda"
 
@@ -272,6 +292,9 @@ class CudaBackend:
                    fname + "_workspace_size")
         ws, n = self._workspace(size.value, device)
         _lib.check(_lib.fn(fname)(ctx, self._stream(index), *args, ptr(ws), n), fname)
+        capturing = ws is not None and ws.is_cuda and torch.cuda.is_current_stream_capturing()
+        if ws is not None and _CUDA_STATUS_CHECK[0] and not capturing:
+            raise_status_word(int(ws[:4].view(torch.int32).item()), fname)
 
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         self._run(device, "kl_div", (bt, v),
