@@ -1580,6 +1580,12 @@ static void fuzz_vp(rd *r, int topk) {
     for (int i = 0; i < 3; i++)
         for (int64_t q = 0; ((j0->want_bits >> (3 + i)) & 1) && q < bt; q++) {
             nanin |= isnan(full.rows[i * VP_BT + q]);
+            float a = j0->o.rows[i * VP_BT + q], b = full.rows[i * VP_BT + q];
+            /* an inf hidden state or weight gives +-inf or NaN logits by each GEMM's own special
+             * arithmetic (oneDNN's native bf16 matmul of the whole head gave NaN where a rank's
+             * one-column product gave the IEEE -inf; a fuzz finding: bf16, xs +inf, both logits
+             * -inf, row_lse -inf vs NaN): both non-finite then passes */
+            if ((xs_special || ws_special) && !isfinite(a) && !isfinite(b)) continue;
             if (!vp_close(j0->o.rows[i * VP_BT + q], full.rows[i * VP_BT + q], rt, rt))
                 FAIL("vp: row output %d [%lld]: ranks %.9g, single-process %.9g: %s", i, (long long)q, j0->o.rows[i * VP_BT + q], full.rows[i * VP_BT + q], vp_desc);
         }
