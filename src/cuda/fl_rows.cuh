@@ -24,8 +24,19 @@ typedef struct fl_plan {
     void *lt_ws;
     float *zs, *zt;
     float *dw_acc, *db_acc;
+    void *xm;      /* (C x hs) in the student's dtype, with gradients: the dws GEMM's xs rows
+                      (fl_mask_rows) */
     size_t total;
 } fl_plan;
+
+/* Whether both gradient factors of a fused call are 0 (the CPU's gs = gh = 0, src/cpu/fld.c):
+ * grad_scale 0, or both weights 0. Its gradients are then zeros, written by fl_zero_grads
+ * without running the gradient GEMMs (0 x a NaN weight or hidden state would be NaN). The CPU
+ * also gets 0 where a factor underflows fp32 (grad_scale near 1e-45): not decided here, where
+ * n_valid is a device value. */
+static inline int fl_zero_factors(double w_hard, double w_soft, double grad_scale) {
+    return grad_scale == 0.0 || (!(w_hard > 0.0) && !(w_soft > 0.0));
+}
 
 /* Chooses the chunk and carves the plan's regions from cv (after the header); the caller sets
  * hdr and total (kd_ws_total), so that more regions can follow. INVALID_SIZE on overflow. */
@@ -47,7 +58,7 @@ typedef struct fl_row_args {
     int same_t;           /* temperature == 1: tempered and plain student softmax coincide */
     kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
     int do_soft, do_hard; /* compute the divergence / the CE at all */
-    int do_grad;          /* write dzs (zeros when both weights are 0: the GEMMs still read it) */
+    int do_grad;          /* write dzs (not when both gradient factors are 0: fl_zero_factors) */
     int grad_soft, grad_hard; /* its terms: weight > 0 and gradients wanted */
     double w_hard, w_soft, grad_scale, temperature;
     double soft_fac;      /* T^2 with t2_scale, else 1: the soft part's factor */
@@ -311,10 +322,38 @@ kdloss_status fl_chunk_dx(const fl_gemms *g, int64_t rows, void *dx, cudaDataTyp
 /* The chunk's dws (+)= dzs^T xs[r0 ..] and dbs (+)= column sums of dzs (fixed row order), each
  * when the caller asked for it, summed in fp32: in the caller's fp32 outputs (dws with ld_dws),
  * or for a bf16 student in dw_acc (v x hs) and db_acc (fl_cast_wgrad rounds them once). r0 == 0
- * starts the sums. */
+ * starts the sums. xm: the chunk's xs rows with the zero-gradient rows zeroed (fl_mask_rows,
+ * rows x hs), which the dws GEMM then reads instead of xs. */
 kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
                              const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
-                             float *dw_acc, float *db_acc);
+                             float *dw_acc, float *db_acc, const void *xm);
+
+/* Which rows of a chunk have a gradient of 0 by the rules (src/cpu/fld.c zero_dz_row), their
+ * xs unread: rows whose label does not count (ignored, or a bad label: labels given, flags
+ * NULL), rows whose top-k flag is not TK_ROW_OK (0; flags given), and with ids (top-k without
+ * the cross-entropy's gradient) rows without a used slot (no id >= 0, on any rank). */
+typedef struct fl_mask {
+    const void *labels;   /* [bt] or NULL */
+    int lab64;
+    int64_t ignore, v_total;
+    const uint8_t *flags; /* [bt] TK_ROW_* or NULL */
+    const void *ids;      /* (bt x k, ld_ids) global ids, or NULL */
+    int ids64;
+    int64_t ld_ids, k;
+} fl_mask;
+
+/* xm (rows x hs, contiguous, the student's dtype) = xs rows [r0, r0 + rows), with zeros in the
+ * rows the mask names: the dws GEMM multiplies those rows' dz, which is 0, by xm instead of by an
+ * xs that may hold a NaN (0 x NaN; the CPU leaves such rows out of its GEMM). The same sums
+ * otherwise: a masked row added 0 x x there. */
+kdloss_status fl_mask_rows(const fl_gemms *g, const fl_mask *m, int64_t r0, int64_t rows,
+                           void *xm);
+
+/* Both gradient factors 0 (fl_zero_factors): zero dxs (bt x hs, ld_dxs), dws (v x hs, ld_dws)
+ * and dbs [v], each when asked for, in the student's dtype sdt. */
+kdloss_status fl_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_out *out,
+                            int64_t ld_dxs, int64_t ld_dws, int64_t bt, int64_t hs, int64_t v,
+                            kdloss_dtype sdt);
 
 /* bf16 student: dws and dbs were summed in fp32 across chunks; round them once into the
  * caller's outputs (ld_dws of its dws). */

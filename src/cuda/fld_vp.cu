@@ -10,7 +10,9 @@
  *   3. div   the divergence's terms and sum g over the block (the teacher's constants as the
  *            CPU's, fl_teacher_shift); the row's CE and lse  -> SUM 2              (st_div)
  *   4. grad  dzs in place (fl_dz, the single-process definition), row_soft
- *   dws, dbs of the block (fl_chunk_wgrad); dxs: the partial dzs ws_r in fp32, SUM, rounded once
+ *   dws, dbs of the block (fl_chunk_wgrad; ignored rows zeroed in its xs, fl_mask_rows); dxs:
+ *   the partial dzs ws_r in fp32, SUM, rounded once. Both gradient factors 0: none of this (no
+ *   dxs all-reduce, as the CPU's), zero gradients (fl_zero_grads)
  * One block of FL_ROW_THREADS per row in every phase (grid = the chunk's rows <= 2^30). Labels
  * are global ids, checked on the device against v_total; a row's label column is local on one
  * rank only. Nothing in this file has run on a GPU yet.
@@ -312,6 +314,7 @@ typedef struct flvp_call {
     const kdloss_fused_linear_distill_out *out;
     const kd_fl_geom *g;
     const flvp_plan *P;
+    int zero_g; /* both gradient factors 0 (fl_zero_factors) */
 } flvp_call;
 
 /* The row phases of one chunk, the statistics all-reduced between them. */
@@ -336,12 +339,17 @@ static kdloss_status flvp_chunk(const flvp_call &k, flvp_args &a, int64_t r0, in
                                       a.r.zt ? k.wt : kdloss_cmat{NULL, KDLOSS_F32, 0}, k.ht, P.zt);
     a.r.row0 = r0;
     if (s == KDLOSS_OK) s = flvp_rows(k, a, rows);
-    if (s == KDLOSS_OK && out->dxs.data) {
+    if (s != KDLOSS_OK || k.zero_g) return s;
+    if (out->dxs.data) {
         const kdloss_mat dxs = {out->dxs.data, out->dxs.dtype, k.g->ld_dxs};
         s = kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
+        if (s != KDLOSS_OK) return s;
     }
-    if (s != KDLOSS_OK) return s;
-    return fl_chunk_wgrad(&k.gm, r0, rows, out, k.g->ld_dws, P.dw_acc, P.db_acc);
+    if (out->dws.data) { /* rows that do not count out of dws (labels against v_total) */
+        const fl_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0};
+        if ((s = fl_mask_rows(&k.gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
+    }
+    return fl_chunk_wgrad(&k.gm, r0, rows, out, k.g->ld_dws, P.dw_acc, P.db_acc, P.xm);
 }
 
 /* Every chunk, then the bf16 casts and the scalar losses. On the context's device. */
@@ -350,7 +358,7 @@ static kdloss_status flvp_run(const flvp_call &k, const kdloss_fused_linear_dist
                               kdloss_labels labels, int64_t bt) {
     const fl_plan &P = k.P->fl;
     flvp_args a;
-    fl_row_setup(&a.r, p, k.out, P, bs, bt_bias, labels, k.gm.v, k.g->want_grad);
+    fl_row_setup(&a.r, p, k.out, P, bs, bt_bias, labels, k.gm.v, k.g->want_grad && !k.zero_g);
     a.v_lo = sh->v_begin;
     a.v_total = sh->v_total;
     a.st_max = k.P->st;
@@ -361,7 +369,9 @@ static kdloss_status flvp_run(const flvp_call &k, const kdloss_fused_linear_dist
                                            p->ignore_index, P.hdr);
     for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
         s = flvp_chunk(k, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk);
-    if (s == KDLOSS_OK && k.gm.sdt == KDLOSS_BF16)
+    if (s == KDLOSS_OK && k.zero_g)
+        s = fl_zero_grads(st, k.out, k.g->ld_dxs, k.g->ld_dws, bt, k.gm.hs, k.gm.v, k.gm.sdt);
+    else if (s == KDLOSS_OK && k.gm.sdt == KDLOSS_BF16)
         s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, k.out, k.g->ld_dws, k.gm.hs, k.gm.v);
     if (s == KDLOSS_OK) s = fl_final(st, P, bt, k.out, p);
     return s;
@@ -422,7 +432,10 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
         const flvp_call k = {{ctx, st, P.fl.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.fl.zs, P.fl.ldz},
                              shard->comm, {xt.data, xt.dtype, g.ld_xt}, {wt.data, wt.dtype, g.ld_wt},
-                             ht, out, &g, &P};
+                             ht, out, &g, &P,
+                             g.want_grad && fl_zero_factors(params->weight_hard_loss,
+                                                            params->weight_soft_loss,
+                                                            params->grad_scale)};
         s = flvp_run(k, params, shard, bs, bt_bias, labels, bt);
     }
     kd_dev_leave(&dg);

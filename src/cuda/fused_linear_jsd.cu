@@ -20,6 +20,8 @@
  *   zs, zt  (C x ldz) fp32 each     chunk logits, ldz = V rounded up to 64 (256-byte rows)
  *   dw_acc  (V x Hs) fp32           only for a bf16 student with gradients
  *   db_acc  [V] fp32                same
+ *   xm      (C x Hs) student dtype  with gradients: the chunk's xs for the dws GEMM, the rows
+ *                                   whose gradient is 0 (ignored) zeroed (fl_mask_rows)
  * C comes from chunk_size, or from memory_budget (0 = 256 MiB) over 2 ldz 4 bytes per row.
  * The steps shared with the other fused drivers (plan, GEMM steps, dzs) are fl_rows.cuh's. */
 #include "fl_rows.cuh"
@@ -65,6 +67,7 @@ kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t
         P->dw_acc = (float *)kd_carve(cv, (size_t)v * (size_t)hs * sizeof(float));
         P->db_acc = (float *)kd_carve(cv, (size_t)v * sizeof(float));
     }
+    P->xm = want_grad ? kd_carve(cv, (size_t)c * (size_t)hs * kdloss_dtype_size(sdt)) : NULL;
     return KDLOSS_OK;
 }
 
@@ -254,7 +257,7 @@ kdloss_status fl_chunk_dx(const fl_gemms *g, int64_t rows, void *dx, cudaDataTyp
 
 kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
                              const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
-                             float *dw_acc, float *db_acc) {
+                             float *dw_acc, float *db_acc, const void *xm) {
     const int first = r0 == 0, bf = g->sdt == KDLOSS_BF16;
     const int64_t pitch = fl_dz_pitch(g), ld_dw = bf ? g->hs : ld_dws;
     float *dw = !out->dws.data ? NULL : bf ? dw_acc : (float *)out->dws.data;
@@ -264,8 +267,9 @@ kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
         /* dws^T (hs x v) (+)= xs_c (hs x rows col-major)  (dzs^T (v x rows))^T */
         const char *xs_c = (const char *)g->xs + (size_t)(r0 * g->ld_xs) * kdloss_dtype_size(g->sdt);
         s = kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_T, g->hs,
-                    g->v, rows, xs_c, fl_cuda_type(g->sdt), g->ld_xs, g->zs,
-                    fl_cuda_type(g->sdt), pitch, first ? 0.0f : 1.0f, dw, CUDA_R_32F, ld_dw);
+                    g->v, rows, xm ? xm : (const void *)xs_c, fl_cuda_type(g->sdt),
+                    xm ? g->hs : g->ld_xs, g->zs, fl_cuda_type(g->sdt), pitch,
+                    first ? 0.0f : 1.0f, dw, CUDA_R_32F, ld_dw);
     }
     if (s != KDLOSS_OK || !db) return s;
     if (g->sdt == KDLOSS_BF16)
@@ -275,6 +279,75 @@ kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
         KD_LAUNCH(kd_grid_1d(g->v, 256), 256, 0, g->st, kd_colsum_kernel<KDLOSS_F32>)(
             g->zs, pitch, rows, g->v, db, first);
     return kd_launch_status();
+}
+
+/* One block per chunk row (grid-stride), threads over its hidden columns: the row of xs (raw
+ * elements E, 4 or 2 bytes: a copy, not a conversion), or zeros where the mask names the row. */
+template <typename E>
+static __global__ void __launch_bounds__(256)
+fl_mask_kernel(fl_mask m, const void *xs, int64_t ld_xs, int64_t r0, int64_t rows, int64_t hs,
+               void *xm) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int64_t gr = r0 + r;
+        bool zero = false;
+        if (m.flags) {
+            zero = m.flags[gr] != 0;
+        } else if (m.labels) {
+            const int64_t y = kd_label(m.labels, m.lab64, gr);
+            zero = y == m.ignore || y < 0 || y >= m.v_total;
+        }
+        if (!zero && m.ids) { /* the same slots in every thread: broadcast loads */
+            bool used = false;
+            for (int64_t j = 0; !used && j < m.k; j++) /* kd_topk_id (topk_row.h) */
+                used = (m.ids64 ? ((const int64_t *)m.ids)[gr * m.ld_ids + j]
+                                : (int64_t)((const int32_t *)m.ids)[gr * m.ld_ids + j]) >= 0;
+            zero = !used;
+        }
+        const E *x = (const E *)xs + gr * ld_xs;
+        E *o = (E *)xm + r * hs;
+        for (int64_t h = threadIdx.x; h < hs; h += blockDim.x) o[h] = zero ? (E)0 : x[h];
+    }
+}
+
+kdloss_status fl_mask_rows(const fl_gemms *g, const fl_mask *m, int64_t r0, int64_t rows,
+                           void *xm) {
+    const unsigned grid = kd_grid(rows > 65536 ? 65536 : rows);
+    if (g->sdt == KDLOSS_BF16)
+        KD_LAUNCH(grid, 256, 0, g->st, fl_mask_kernel<uint16_t>)(*m, g->xs, g->ld_xs, r0, rows,
+                                                                 g->hs, xm);
+    else
+        KD_LAUNCH(grid, 256, 0, g->st, fl_mask_kernel<uint32_t>)(*m, g->xs, g->ld_xs, r0, rows,
+                                                                 g->hs, xm);
+    return kd_launch_status();
+}
+
+/* rows x cols 2-byte units at out (pitch units between rows) = 0: +0 is all-zero bits in fp32
+ * and bf16. */
+static __global__ void __launch_bounds__(256)
+fl_zero_kernel(uint16_t *out, int64_t pitch, int64_t rows, int64_t cols) {
+    const int64_t n = rows * cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols;
+        out[r * pitch + (i - r * cols)] = 0;
+    }
+}
+
+kdloss_status fl_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_out *out,
+                            int64_t ld_dxs, int64_t ld_dws, int64_t bt, int64_t hs, int64_t v,
+                            kdloss_dtype sdt) {
+    const int64_t u = (int64_t)kdloss_dtype_size(sdt) / 2; /* 2-byte units an element */
+    struct { void *p; int64_t ld, rows, cols; } m[3] = {{out->dxs.data, ld_dxs, bt, hs},
+                                                       {out->dws.data, ld_dws, v, hs},
+                                                       {out->dbs, v, 1, v}};
+    for (int i = 0; i < 3; i++) {
+        if (!m[i].p) continue;
+        KD_LAUNCH(kd_grid_1d(m[i].rows * m[i].cols * u, 256), 256, 0, st, fl_zero_kernel)(
+            (uint16_t *)m[i].p, m[i].ld * u, m[i].rows, m[i].cols * u);
+        const kdloss_status s = kd_launch_status();
+        if (s != KDLOSS_OK) return s;
+    }
+    return KDLOSS_OK;
 }
 
 kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
@@ -359,23 +432,28 @@ void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->row_hard = P.row_hard;
 }
 
-/* One chunk: its logits, the row kernel, its gradients. */
+/* One chunk: its logits, the row kernel, its gradients (none when both factors are 0: zero_g). */
 static kdloss_status fl_chunk(const fl_gemms &gm, const kd_fl_geom &g, kdloss_cmat xt,
                               kdloss_cmat wt, int64_t ht, const kdloss_fused_linear_distill_out *out,
-                              const fl_plan &P, fl_row_args &a, int64_t r0, int64_t rows) {
+                              const fl_plan &P, fl_row_args &a, int64_t r0, int64_t rows,
+                              int zero_g) {
     const kdloss_dtype sdt = gm.sdt;
     kdloss_status s = fl_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : kdloss_cmat{NULL, KDLOSS_F32, 0},
                                       ht, P.zt);
     if (s != KDLOSS_OK) return s;
     a.row0 = r0;
     fl_row_launch(sdt, xt.dtype, rows, a, gm.st);
-    if ((s = kd_launch_status()) != KDLOSS_OK) return s;
+    if ((s = kd_launch_status()) != KDLOSS_OK || zero_g) return s;
     if (out->dxs.data) {
         char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * kdloss_dtype_size(sdt);
         s = fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(sdt), g.ld_dxs);
         if (s != KDLOSS_OK) return s;
     }
-    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc);
+    if (out->dws.data) { /* ignored rows (and bad labels) out of dws */
+        const fl_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0};
+        if ((s = fl_mask_rows(&gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
+    }
+    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc, P.xm);
 }
 
 /* Shapes: xs (bt x hs), ws (v x hs), bs [v], xt (bt x ht), wt (v x ht), bt_bias [v], labels [bt];
@@ -398,8 +476,11 @@ kdloss_status kdloss_cuda_fused_linear_distill(
         return s;
     fl_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
 
+    /* both gradient factors 0: zeros, no gradient work (fl_zero_factors) */
+    const int zero_g = g.want_grad && fl_zero_factors(params->weight_hard_loss,
+                                                      params->weight_soft_loss, params->grad_scale);
     fl_row_args a;
-    fl_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad);
+    fl_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad && !zero_g);
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
@@ -408,8 +489,11 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
     s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, P.hdr);
     for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
-        s = fl_chunk(gm, g, xt_e, wt_e, ht, out, P, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk);
-    if (s == KDLOSS_OK && xs.dtype == KDLOSS_BF16)
+        s = fl_chunk(gm, g, xt_e, wt_e, ht, out, P, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk,
+                     zero_g);
+    if (s == KDLOSS_OK && zero_g)
+        s = fl_zero_grads(st, out, g.ld_dxs, g.ld_dws, bt, hs, v, xs.dtype);
+    else if (s == KDLOSS_OK && xs.dtype == KDLOSS_BF16)
         s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, out, g.ld_dws, hs, v);
     if (s == KDLOSS_OK) s = fl_final(st, P, bt, out, params);
     kd_dev_leave(&dg);

@@ -16,7 +16,7 @@
 /* kd_ws_header's layout (status first, kdloss.h) with one more counter. */
 typedef struct tk_header {
     int32_t status;
-    int32_t reserved;
+    uint32_t poisoned;              /* sparse path: a row with a gradient is NaN (tk_sparse_math) */
     unsigned long long n_valid;     /* rows with a kept label (or no labels) and valid ids */
     unsigned long long n_bad_label; /* label neither ignore_index nor in [0, V) (any ids) */
     unsigned long long n_bad_id;    /* an id neither -1 nor in [0, V), or repeated (any label) */
@@ -301,6 +301,7 @@ typedef struct tk_plan {
     int64_t chunk, ldz;   /* dense fused */
     void *lt_ws;
     float *zs, *dw_acc, *db_acc;
+    void *xm;             /* (chunk x hs) student dtype, with gradients: fl_mask_rows */
     float *dz;            /* sparse fused */
     int32_t *pcol;
     uint32_t *count, *offs, *rank0, *e0, *e1;
@@ -325,6 +326,27 @@ tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
 /* The row kernel's teacher, label and workspace fields (v from c: set it for a block). */
 void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
                    const tk_check_args &c, const tk_plan &P);
+
+/* dx rows [0, rows) of a chunk (ld_dx, fp32 or bf16: dx_bf) = the sum over each row's used slots,
+ * in slot order, of dz[c] ws[c] for the ids this rank holds (c = id - v_lo in [0, v)); zeros on
+ * rows that do not count. renorm_both without the cross-entropy's gradient, where dz is 0
+ * outside S: the CPU's topk_dx (src/cpu/fld.c), K axpys a row instead of the V-wide GEMM, and a
+ * weight row outside S, which the loss never reads, is not read here either. dz: the chunk's
+ * (in place over its logits, pitch zs_pitch in elements of the student's dtype sdt); ws (v x hs,
+ * ld_ws) in sdt; flags, ids and labels global, rows from row0. */
+kdloss_status tk_dx_s_launch(cudaStream_t st, const tk_row_args &a, kdloss_dtype sdt,
+                             const void *dz, int64_t dz_pitch, const void *ws, int64_t ld_ws,
+                             int64_t v_lo, int64_t hs, void *dx, int64_t ld_dx, int dx_bf);
+
+/* Whether the cross-entropy's gradient factor is 0 (the CPU's gh = 0): weight_hard_loss 0 (so
+ * also every call without labels) or grad_scale 0. */
+static inline int tk_gh_zero(const kdloss_fused_linear_topk_distill_params *p) {
+    return !(p->weight_hard_loss > 0.0) || p->grad_scale == 0.0;
+}
+
+/* The zero-gradient rows of a chunk for fl_mask_rows (topk.cu): rows that do not count, and with
+ * gh0 (tk_gh_zero) rows without a used slot. */
+fl_mask tk_mask_of(const tk_row_args &a, int gh0);
 
 /* The row-kernel fields of the dense fused loss (dz in place over the chunk's logits). */
 void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params *p,

@@ -145,8 +145,11 @@ __device__ void tk_gather(const tk_row_args &a, int64_t r, int64_t gr, tk_slots 
         atomicOr(&bits[id >> 5], 1u << (id & 31)); /* shared or global: generic atomics */
     }
     if (threadIdx.x == 0) {
-        rs->y = a.do_ce ? kd_label(a.labels, a.lab64, gr) : -1;
-        rs->zy = a.do_ce ? tk_z<DZ, DG>(a, r, rs->y) : 0.0f;
+        /* the label's logit wherever the row's cross-entropy is formed (row_lse alone too, as
+         * the CPU's topk_div: a NaN there reaches row_hard, and the total loss with it) */
+        const int64_t y = a.labels && a.do_hard ? kd_label(a.labels, a.lab64, gr) : -1;
+        rs->y = a.do_ce ? y : -1;
+        rs->zy = y >= 0 ? tk_z<DZ, DG>(a, r, y) : 0.0f;
     }
 }
 
@@ -197,7 +200,7 @@ __device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float 
                                  &crest);
     /* T == 1: lse over all columns = logaddexp(R, lse over S), both parts exact */
     if (a.do_hard && a.same_t) lh = (float)kd_topk_logaddexp((double)R, kd_topk_lse(s.z, n, 1.0));
-    tk_row_finish(a, gr, d, a.do_ce ? (double)(lh - rs->zy) : 0.0, R, lh, crest, n, rs);
+    tk_row_finish(a, gr, d, a.do_hard ? (double)(lh - rs->zy) : 0.0, R, lh, crest, n, rs);
 }
 
 /* One block per row (grid-stride over the launch's rows). DZ: dtype of the logit rows; DG: of
@@ -251,7 +254,7 @@ typedef struct tk_sparse_args {
     int lpdt;
     int64_t ld_lp;
     const uint8_t *flags;
-    const tk_header *hdr;
+    tk_header *hdr;       /* n_valid; poisoned (set here, zeroed before the launch) */
     int64_t bt, hs, k;
     double inv_t64;       /* 1 / T rounded to fp32, as a double (kd_topk_row) */
     kd_div_coef coef;
@@ -314,7 +317,13 @@ __device__ void tk_sparse_math(const tk_sparse_args &a, int64_t r, tk_slots s, i
     for (int64_t k = 0; k < n; k++) s.g[k] *= cb;
     a.row_soft[r] = d;
     if (a.out_soft) a.out_soft[r] = (float)d;
-    *n_out = n;
+    /* the NaN policy: a poisoned row (kd_topk_row's NaN c_rest) with a gradient is NaN outside S
+     * too, as the full-vocabulary path's dz row, so dws and dbs are NaN everywhere
+     * (tk_dw_kernel fills them; the CPU's run_sparse likewise) */
+    if (cb != 0.0f && isnan(crest)) atomicOr(&a.hdr->poisoned, 1u);
+    /* a factor of 0 writes zeros: no slot reaches dxs, dws or dbs (0 x a NaN weight or hidden
+     * state would be NaN; the CPU's sparse rows skip their axpys and scatter) */
+    *n_out = cb != 0.0f ? n : 0;
 }
 
 /* dxs[r] = sum over the used slots, in order, of dz_k ws[id_k] (threads over hidden columns);
@@ -359,6 +368,56 @@ __global__ void __launch_bounds__(TK_SP_THREADS) tk_sparse_kernel(tk_sparse_args
         tk_sparse_dx<DS>(a, r, s, n_sh);
         __syncthreads(); /* the slots are the next row's */
     }
+}
+
+/* ---- 3a. renorm_both's dxs from the columns in S (tk_dx_s_launch, tk_rows.cuh) ---------------- */
+
+typedef struct tk_dx_args {
+    const void *ids;
+    int ids64;
+    int64_t ld_ids, k;
+    const uint8_t *flags;
+    int64_t row0, rows, v_lo, v, hs;
+    const void *dz;   /* the chunk's dz, pitch dz_pitch elements; dtype bf16 or fp32 (bf) */
+    int64_t dz_pitch;
+    const void *ws;   /* (v x hs, ld_ws), same dtype */
+    int64_t ld_ws;
+    int bf;
+    void *dx;         /* (rows x hs, ld_dx), bf16 or fp32 (dx_bf) */
+    int64_t ld_dx;
+    int dx_bf;
+} tk_dx_args;
+
+/* One block per chunk row (grid-stride), threads over the hidden columns, each summing the row's
+ * slots in slot order in fp32 (the CPU's order), rounded once. The dtypes are uniform branches. */
+__global__ void __launch_bounds__(TK_SP_THREADS) tk_dx_s_kernel(tk_dx_args a) {
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        const int64_t gr = a.row0 + r;
+        const bool ok = a.flags[gr] == TK_ROW_OK; /* the same for the whole block */
+        for (int64_t h = threadIdx.x; h < a.hs; h += blockDim.x) {
+            float acc = 0.0f;
+            for (int64_t j = 0; ok && j < a.k; j++) {
+                const int64_t id = kd_topk_id(a.ids, a.ids64, a.ld_ids, gr, j), c = id - a.v_lo;
+                if (id < 0 || c < 0 || c >= a.v) continue; /* unused, or another rank's */
+                const float d = a.bf ? kd_ld<KDLOSS_BF16>(a.dz, r * a.dz_pitch + c)
+                                     : kd_ld<KDLOSS_F32>(a.dz, r * a.dz_pitch + c);
+                const float w = a.bf ? kd_ld<KDLOSS_BF16>(a.ws, c * a.ld_ws + h)
+                                     : kd_ld<KDLOSS_F32>(a.ws, c * a.ld_ws + h);
+                acc += d * w;
+            }
+            if (a.dx_bf) kd_st<KDLOSS_BF16>(a.dx, r * a.ld_dx + h, acc);
+            else kd_st<KDLOSS_F32>(a.dx, r * a.ld_dx + h, acc);
+        }
+    }
+}
+
+kdloss_status tk_dx_s_launch(cudaStream_t st, const tk_row_args &a, kdloss_dtype sdt,
+                             const void *dz, int64_t dz_pitch, const void *ws, int64_t ld_ws,
+                             int64_t v_lo, int64_t hs, void *dx, int64_t ld_dx, int dx_bf) {
+    const tk_dx_args d = {a.ids, a.ids64, a.ld_ids, a.k, a.flags, a.row0, a.rows, v_lo, a.v, hs,
+                          dz, dz_pitch, ws, ld_ws, sdt == KDLOSS_BF16, dx, ld_dx, dx_bf};
+    KD_LAUNCH(kd_grid(a.rows > 65536 ? 65536 : a.rows), TK_SP_THREADS, 0, st, tk_dx_s_kernel)(d);
+    return kd_launch_status();
 }
 
 /* ---- 3b. the sparse weight gradient: a CSR index of the (row, slot) pairs by id ---------------
@@ -427,12 +486,22 @@ tk_rank_kernel(const int32_t *pcol, int64_t v, const uint32_t *offs, const uint3
 
 /* Per vocabulary row c (blocks, grid-stride), threads over the hidden columns:
  *   dws[c] = sum over c's pairs in row order of dz_p xs[row(p)],  dbs[c] = sum of their dz_p
- * in dtype DS, rounded once; 0 for ids no row uses. Each row of dws is written once. */
+ * in dtype DS, rounded once; 0 for ids no row uses; NaN everywhere when a row with a gradient
+ * was poisoned (*poisoned, the NaN policy). Each row of dws is written once. */
 template <int DS>
 __global__ void __launch_bounds__(256)
 tk_dw_kernel(const uint32_t *offs, const uint32_t *e1, const float *dz, int64_t k,
              const void *xs, int64_t ld_xs, int64_t hs, int64_t v, void *dws, int64_t ld_dws,
-             void *dbs) {
+             void *dbs, const uint32_t *poisoned) {
+    if (*poisoned) { /* the same in every thread */
+        const float qnan = __int_as_float(0x7fc00000);
+        for (int64_t c = blockIdx.x; c < v; c += gridDim.x) {
+            for (int64_t h = threadIdx.x; dws && h < hs; h += blockDim.x)
+                kd_st<DS>(dws, c * ld_dws + h, qnan);
+            if (dbs && threadIdx.x == 0) kd_st<DS>(dbs, c, qnan);
+        }
+        return;
+    }
     for (int64_t c = blockIdx.x; c < v; c += gridDim.x) {
         const uint32_t lo = offs[c], hi = offs[c + 1];
         for (int64_t h = threadIdx.x; dws && h < hs; h += blockDim.x) {
@@ -456,7 +525,8 @@ tk_dw_kernel(const uint32_t *offs, const uint32_t *e1, const float *dz, int64_t 
  *   flags [bt] uint8, row_soft [bt] double (and row_hard [bt] for the dense fused loss)
  *   slot / bitmap slices (TK_SLICES of them) when they do not fit in shared memory
  * dense fused: lt_ws 32 MiB (cuBLASLt scratch), zs (C x ldz) fp32 chunk logits (dz over them),
- *   dw_acc (v x hs) and db_acc [v] fp32 for a bf16 student with gradients (as fused_linear_jsd.cu);
+ *   dw_acc (v x hs) and db_acc [v] fp32 for a bf16 student with gradients (as fused_linear_jsd.cu),
+ *   xm (C x hs) in the student's dtype with gradients (fl_mask_rows);
  *   C from chunk_size, or memory_budget (0 = 256 MiB) over ldz 4 bytes per row.
  * sparse fused with gradients: dz (bt x k) fp32, pcol (bt x k) int32, and for dws / dbs
  *   count, offs [v + 1] and rank0, e0, e1 [bt k] uint32. */
@@ -527,6 +597,7 @@ kdloss_status tk_dense_carve(const kdloss_fused_linear_topk_distill_params *p, i
         P->dw_acc = (float *)kd_carve(c, (size_t)v * (size_t)hs * sizeof(float));
         P->db_acc = (float *)kd_carve(c, (size_t)v * sizeof(float));
     }
+    if (want_grad) P->xm = kd_carve(c, (size_t)P->chunk * (size_t)hs * kdloss_dtype_size(sdt));
     return KDLOSS_OK;
 }
 
@@ -750,23 +821,44 @@ void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params 
     fl_grad_fields(a, p, out, want_grad);
 }
 
-/* One chunk's backward: dxs rows, dws (+)= and dbs (+)= (fl_rows.cuh's steps). */
-static kdloss_status tk_dense_backward(const fl_gemms &gm, const kd_topk_geom &g,
-                                       const kdloss_fused_linear_distill_out *out,
-                                       const tk_plan &P, int64_t r0, int64_t rows) {
-    if (out->dxs.data) {
-        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * kdloss_dtype_size(gm.sdt);
-        kdloss_status s = fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(gm.sdt), g.ld_dxs);
-        if (s != KDLOSS_OK) return s;
-    }
-    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc);
+/* The zero-gradient rows of a top-k chunk (fl_mask): rows that do not count, and without the
+ * cross-entropy's gradient (gh0) rows without a used slot. */
+fl_mask tk_mask_of(const tk_row_args &a, int gh0) {
+    const fl_mask m = {NULL, 0, 0, 0, a.flags, gh0 ? a.ids : NULL, a.ids64, a.ld_ids, a.k};
+    return m;
 }
 
-/* Per chunk: zs = xs_c ws^T (cuBLASLt, fp32 out), the row kernel, the backward. */
+/* One chunk's backward: dxs rows (from the columns in S alone when sdx: renorm_both without the
+ * cross-entropy's gradient), dws (+)= and dbs (+)= (fl_rows.cuh's steps, the zero-gradient rows
+ * out of dws). */
+static kdloss_status tk_dense_backward(const fl_gemms &gm, const kd_topk_geom &g,
+                                       const kdloss_fused_linear_distill_out *out,
+                                       const tk_plan &P, const tk_row_args &a, int gh0, int sdx,
+                                       int64_t r0, int64_t rows) {
+    kdloss_status s = KDLOSS_OK;
+    if (out->dxs.data) {
+        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * kdloss_dtype_size(gm.sdt);
+        s = sdx ? tk_dx_s_launch(gm.st, a, gm.sdt, P.zs, gm.sdt == KDLOSS_BF16 ? 2 * P.ldz : P.ldz,
+                                 gm.ws, g.ld_ws, 0, gm.hs, dxs_c, g.ld_dxs,
+                                 gm.sdt == KDLOSS_BF16)
+                : fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(gm.sdt), g.ld_dxs);
+        if (s != KDLOSS_OK) return s;
+    }
+    if (out->dws.data) {
+        const fl_mask m = tk_mask_of(a, gh0);
+        if ((s = fl_mask_rows(&gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
+    }
+    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc, P.xm);
+}
+
+/* Per chunk: zs = xs_c ws^T (cuBLASLt, fp32 out), the row kernel, the backward (none when both
+ * gradient factors are 0: zeros then). */
 static kdloss_status tk_run_dense(kdloss_cuda_context *ctx, cudaStream_t st, int64_t bt,
                                   int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
                                   const kd_topk_geom &g, const kdloss_fused_linear_distill_out *out,
-                                  const tk_plan &P, tk_row_args a) {
+                                  const tk_plan &P, tk_row_args a,
+                                  const kdloss_fused_linear_topk_distill_params *p, int zero_g) {
+    const int gh0 = tk_gh_zero(p), sdx = gh0 && p->tail == KDLOSS_TAIL_RENORM_BOTH;
     const fl_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
                          P.zs, P.ldz};
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
@@ -779,9 +871,11 @@ static kdloss_status tk_run_dense(kdloss_cuda_context *ctx, cudaStream_t st, int
         a.rows = rows;
         tk_row_launch_fused(xs.dtype, a, P.sc, st);
         if ((s = kd_launch_status()) != KDLOSS_OK) break;
-        if (g.want_grad) s = tk_dense_backward(gm, g, out, P, r0, rows);
+        if (g.want_grad && !zero_g) s = tk_dense_backward(gm, g, out, P, a, gh0, sdx, r0, rows);
     }
-    if (s == KDLOSS_OK && g.want_grad && xs.dtype == KDLOSS_BF16)
+    if (s == KDLOSS_OK && zero_g)
+        s = fl_zero_grads(st, out, g.ld_dxs, g.ld_dws, bt, hs, v, xs.dtype);
+    else if (s == KDLOSS_OK && g.want_grad && xs.dtype == KDLOSS_BF16)
         s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, out, g.ld_dws, hs, v);
     return s;
 }
@@ -804,10 +898,12 @@ static kdloss_status tk_sparse_wgrad(cudaStream_t st, int64_t bt, int64_t hs, in
     const unsigned gv = kd_grid(v > 65536 ? 65536 : v);
     if (xs.dtype == KDLOSS_BF16)
         KD_LAUNCH(gv, 256, 0, st, tk_dw_kernel<KDLOSS_BF16>)(
-            P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs, v, out->dws.data, g.ld_dws, out->dbs);
+            P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs, v, out->dws.data, g.ld_dws, out->dbs,
+            &P.hdr->poisoned);
     else
         KD_LAUNCH(gv, 256, 0, st, tk_dw_kernel<KDLOSS_F32>)(
-            P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs, v, out->dws.data, g.ld_dws, out->dbs);
+            P.offs, P.e1, P.dz, k, xs.data, g.ld_xs, hs, v, out->dws.data, g.ld_dws, out->dbs,
+            &P.hdr->poisoned);
     return kd_launch_status();
 }
 
@@ -853,6 +949,8 @@ static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_to
     a.slot_stride = P.sc.slot_stride;
     a.slots_smem = P.sc.slots_smem;
     const unsigned grid = tk_row_grid(bt, P.sc);
+    const cudaError_t e = cudaMemsetAsync(&P.hdr->poisoned, 0, sizeof(uint32_t), st);
+    if (e != cudaSuccess) return kd_cuda_status(e);
     if (xs.dtype == KDLOSS_BF16)
         KD_LAUNCH(grid, TK_SP_THREADS, P.sc.smem, st, tk_sparse_kernel<KDLOSS_BF16>)(a);
     else
@@ -916,10 +1014,14 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     if (s == KDLOSS_OK && sparse) {
         s = tk_run_sparse(st, params, bt, hs, v, xs, ws, bs, teacher, g, out, P);
     } else if (s == KDLOSS_OK) {
+        /* both gradient factors 0: zeros, no gradient work (fl_zero_factors) */
+        const int zero_g = g.want_grad && fl_zero_factors(params->weight_hard_loss,
+                                                          params->weight_soft_loss,
+                                                          params->grad_scale);
         tk_row_args a;
         tk_row_common(&a, teacher, g, c, P);
-        tk_row_fused(&a, params, out, labels.data != NULL, bs, P, g.want_grad);
-        s = tk_run_dense(ctx, st, bt, hs, v, xs, ws, g, out, P, a);
+        tk_row_fused(&a, params, out, labels.data != NULL, bs, P, g.want_grad && !zero_g);
+        s = tk_run_dense(ctx, st, bt, hs, v, xs, ws, g, out, P, a, params, zero_g);
     }
     if (s == KDLOSS_OK) {
         const double soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;

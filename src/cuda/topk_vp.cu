@@ -10,7 +10,10 @@
  *   3+4. thread 0: the rest's log-sum-exp R, the untempered lse, kd_topk_row on all of S (the
  *        same numbers on every rank, no third all-reduce); then tk_pass_grad and tk_fixup, the
  *        single-process gradient passes, on this rank's columns and the slots it holds
- *   dws, dbs of the block (fl_chunk_wgrad); dxs: the partial in fp32, SUM, rounded once
+ *   dws, dbs of the block (fl_chunk_wgrad; the rows whose gradient is 0 zeroed in its xs,
+ *   fl_mask_rows); dxs: the partial in fp32 (renorm_both without the cross-entropy's gradient:
+ *   from this rank's columns in S alone, tk_dx_s_launch), SUM, rounded once. Both gradient
+ *   factors 0: none of this (no dxs all-reduce, as the CPU's), zero gradients.
  * Every tail mode runs this full-vocabulary path (renorm_both's sparse path is single-process).
  * S's bitmap (this rank's ids) and the slots live where tk_row_kernel keeps them (shared memory,
  * or TK_SLICES slices of the workspace, the grid then at most TK_SLICES blocks). Nothing in this
@@ -128,7 +131,8 @@ template <int DG>
 __device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double s0, double s1) {
     double *sm = a.st_sum + a.n_sum * r;
     const tk_row_args &b = a.r;
-    const int64_t y = b.do_ce ? kd_label(b.labels, b.lab64, gr) - a.v_lo : -1;
+    /* the label's logit wherever the cross-entropy is formed (row_lse alone too: the CPU's) */
+    const int64_t y = b.do_hard && b.labels ? kd_label(b.labels, b.lab64, gr) - a.v_lo : -1;
     sm[0] = s0;
     sm[1] = s1;
     sm[2] = 0.0;
@@ -200,7 +204,8 @@ __device__ void tkvp_row_math(const tkvp_args &a, int64_t r, int64_t gr, tk_slot
     const int64_t y = b.do_ce ? kd_label(b.labels, b.lab64, gr) - a.v_lo : -1;
     rs->y = y >= 0 && y < b.v ? y : -1;
     rs->zy = 0.0f;
-    tk_row_finish(b, gr, d, b.do_ce ? lse1 - sm[3] : 0.0, (float)rest, (float)lse1, crest, n, rs);
+    tk_row_finish(b, gr, d, b.do_hard ? lse1 - sm[3] : 0.0, (float)rest, (float)lse1, crest, n,
+                  rs);
 }
 
 /* Phase 3+4: the row's loss (every rank the same) and dz over this rank's columns in place. */
@@ -276,6 +281,8 @@ typedef struct tkvp_call {
     const kdloss_fused_linear_distill_out *out;
     const kd_topk_geom *g;
     const tkvp_plan *P;
+    int zero_g;              /* both gradient factors 0 (fl_zero_factors) */
+    int gh0, sdx;            /* tk_gh_zero; renorm_both with it: dxs from S (tk_dx_s_launch) */
 } tkvp_call;
 
 /* One chunk: logits of the block, the phases with their all-reduces, the gradients. */
@@ -293,14 +300,24 @@ static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, in
     if (s == KDLOSS_OK)
         s = kd_cuda_vp_allreduce(k.comm, a.st_sum, a.n_sum * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = tkvp_launch(3, ds, a, P.sc, st);
-    if (s != KDLOSS_OK || !k.g->want_grad) return s;
+    if (s != KDLOSS_OK || !k.g->want_grad || k.zero_g) return s;
     const kdloss_fused_linear_distill_out *out = k.out;
     if (out->dxs.data) {
         const kdloss_mat dxs = {out->dxs.data, out->dxs.dtype, k.g->ld_dxs};
-        s = kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
+        if (k.sdx) {
+            s = tk_dx_s_launch(st, a.r, ds, P.zs, ds == KDLOSS_BF16 ? 2 * P.ldz : P.ldz, k.gm.ws,
+                               k.gm.ld_ws, a.v_lo, k.gm.hs, k.P->part, k.gm.hs, 0);
+            if (s == KDLOSS_OK) s = kd_cuda_vp_dxs_reduce(&k.gm, k.comm, k.P->part, r0, rows, dxs);
+        } else {
+            s = kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
+        }
         if (s != KDLOSS_OK) return s;
     }
-    return fl_chunk_wgrad(&k.gm, r0, rows, out, k.g->ld_dws, P.dw_acc, P.db_acc);
+    if (out->dws.data) {
+        const fl_mask m = tk_mask_of(a.r, k.gh0);
+        if ((s = fl_mask_rows(&k.gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
+    }
+    return fl_chunk_wgrad(&k.gm, r0, rows, out, k.g->ld_dws, P.dw_acc, P.db_acc, P.xm);
 }
 
 /* The row checks, every chunk, the bf16 casts, the scalar losses. On the context's device. */
@@ -313,7 +330,7 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     const tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
     tkvp_args a;
     tk_row_common(&a.r, t, g, c, P);
-    tk_row_fused(&a.r, p, k.out, labels.data != NULL, bs, P, g.want_grad);
+    tk_row_fused(&a.r, p, k.out, labels.data != NULL, bs, P, g.want_grad && !k.zero_g);
     a.r.v = k.gm.v; /* tk_row_common gave the ids' range, v_total */
     a.v_lo = sh->v_begin;
     a.n_sum = 4 + t.k;
@@ -323,7 +340,9 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     if (s == KDLOSS_OK) s = tk_zero_slices(P, st);
     for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
         s = tkvp_chunk(k, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk);
-    if (s == KDLOSS_OK && g.want_grad && k.gm.sdt == KDLOSS_BF16)
+    if (s == KDLOSS_OK && k.zero_g)
+        s = fl_zero_grads(st, k.out, g.ld_dxs, g.ld_dws, bt, k.gm.hs, k.gm.v, k.gm.sdt);
+    else if (s == KDLOSS_OK && g.want_grad && k.gm.sdt == KDLOSS_BF16)
         s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, k.out, g.ld_dws, k.gm.hs, k.gm.v);
     if (s == KDLOSS_OK)
         s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.out, p->weight_hard_loss,
@@ -388,9 +407,14 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     if (s == KDLOSS_OK) {
         tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
         P.tk.chunk = chunk; /* in [1, this rank's] (checked): its regions still hold it */
+        const int zero_g = g.want_grad && fl_zero_factors(params->weight_hard_loss,
+                                                          params->weight_soft_loss,
+                                                          params->grad_scale);
+        const int gh0 = tk_gh_zero(params);
         const tkvp_call k = {{ctx, st, P.tk.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.tk.zs, P.tk.ldz},
-                             shard->comm, out, &g, &P};
+                             shard->comm, out, &g, &P, zero_g, gh0,
+                             gh0 && params->tail == KDLOSS_TAIL_RENORM_BOTH};
         s = tkvp_run(k, params, shard, bs, teacher, labels, bt);
     }
     kd_dev_leave(&dg);

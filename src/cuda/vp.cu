@@ -60,8 +60,14 @@ kdloss_status kd_cuda_vp_carve(kd_carver *cv, int64_t chunk, int64_t n_st, int64
 
 kdloss_status kd_cuda_vp_dxs(const fl_gemms *gm, const kdloss_comm *c, float *part, int64_t r0,
                              int64_t rows, kdloss_mat dxs) {
-    kdloss_status s = fl_chunk_dx(gm, rows, part, CUDA_R_32F, gm->hs);
-    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(c, part, rows * gm->hs, KDLOSS_F32, KDLOSS_COMM_SUM);
+    const kdloss_status s = fl_chunk_dx(gm, rows, part, CUDA_R_32F, gm->hs);
+    return s == KDLOSS_OK ? kd_cuda_vp_dxs_reduce(gm, c, part, r0, rows, dxs) : s;
+}
+
+kdloss_status kd_cuda_vp_dxs_reduce(const fl_gemms *gm, const kdloss_comm *c, float *part,
+                                    int64_t r0, int64_t rows, kdloss_mat dxs) {
+    const kdloss_status s =
+        kd_cuda_vp_allreduce(c, part, rows * gm->hs, KDLOSS_F32, KDLOSS_COMM_SUM);
     if (s != KDLOSS_OK) return s;
     char *dst = (char *)dxs.data + (size_t)(r0 * dxs.ld) * kdloss_dtype_size(dxs.dtype);
     const unsigned grid = kd_grid_1d(rows * gm->hs, 256);

@@ -49,6 +49,11 @@ kdloss_status kd_cuda_vp_carve(kd_carver *cv, int64_t chunk, int64_t n_st, int64
  * effective ld, dtype of xs). */
 kdloss_status kd_cuda_vp_dxs(const fl_gemms *gm, const kdloss_comm *c, float *part, int64_t r0,
                              int64_t rows, kdloss_mat dxs);
+
+/* kd_cuda_vp_dxs after its GEMM: part (rows x hs fp32, this rank's partial, formed by the
+ * caller) summed over the ranks, then rounded once into dxs rows [r0, r0 + rows). */
+kdloss_status kd_cuda_vp_dxs_reduce(const fl_gemms *gm, const kdloss_comm *c, float *part,
+                                    int64_t r0, int64_t rows, kdloss_mat dxs);
 #endif
 
 #endif /* KDLOSS_VP_CUDA_H */

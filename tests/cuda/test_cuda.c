@@ -3506,7 +3506,10 @@ static void test_errors(void) {
  * kdloss_cuda_fused_linear_distill (a NaN in one row of xs or xt: row_soft, loss and that dxs row
  * NaN, the others as the clean call's; grad_scale 0: dxs zeros), kdloss_cuda_fused_linear_topk_
  * distill (a NaN used log-prob, bucket and renorm_both), kdloss_cuda_fused_linear_distill_vp (2
- * ranks: a NaN in one row of xs).
+ * ranks: a NaN in one row of xs). Where a gradient is 0 (nan_zero_grad), the fused losses against
+ * the CPU functions element by element: renorm_both's dxs from S alone without the
+ * cross-entropy's gradient (a NaN weight row outside S), zero-gradient rows with NaN xs out of
+ * dws, both gradient factors 0 (zeros, no GEMM), the sparse path's NaN dws / dbs.
  * D4: logits spanning more than FLT_MAX ([3e38, -3e38, 0] and the teacher swapped, and [1e38,
  * -2.5e38, 3e38]) at T 4, 1e3, 1e30 (and 1 for the fused losses): kdloss_cuda_distill_logits
  * (forward / reverse KL, JSD), the fused dense loss (Hs = Ht = 1, the heads hold the logits) and
@@ -4345,6 +4348,336 @@ static void nan_wide(void) {
             }
 }
 
+/* Issue 25's last CUDA items, the fused losses against the CPU functions where a gradient is 0
+ * (docs/MATH.md 10; src/cpu/fld.c):
+ *  (1) renorm_both without the cross-entropy's gradient on the full-vocabulary path (weight_hard_loss
+ *      0 with labels and a hard_loss output, or without labels and a row_lse output; the
+ *      vocabulary-parallel call always): dxs from the columns in S alone, so a NaN weight row outside
+ *      every S is not read (the dxs GEMM's 0 x NaN made every dxs NaN);
+ *  (2) a row whose gradient is 0 by the rules (an ignored row; a top-k row without a used slot and
+ *      without the cross-entropy's gradient) and whose xs holds a NaN stays out of the dws GEMM
+ *      (0 x NaN made dws NaN);
+ *  (3) both gradient factors 0 (grad_scale 0, or both weights 0 with the losses asked for): zero
+ *      dxs / dws / dbs without the GEMMs (a NaN weight row or xs row made them NaN), the sparse
+ *      renorm_both path too.
+ * Single-process calls and the vocabulary-parallel ones (2 ranks) on NB rows of fixed fp32
+ * operands, against the CPU function on the same operands: every output element by element, NaN
+ * where the CPU's is, within 1e-4 relative + 1e-4 of the largest finite element otherwise. */
+typedef struct par_case {
+    const char *tag;
+    int topk, tail;          /* top-k teacher (tail: kdloss_topk_tail) or dense */
+    int64_t hs, ht, v, k;    /* NB rows */
+    const float *xs, *ws, *bs, *xt, *wt, *btb;
+    const int32_t *ids;      /* NB x k */
+    const float *lp;
+    const int64_t *lab;      /* NULL: no labels (top-k) */
+    double w_hard, w_soft, grad_scale, temperature;
+    int want_hard, want_lse; /* hard_loss and row_hard; row_lse */
+} par_case;
+
+/* One call's outputs on the host: loss, soft, hard; row_soft, row_hard, row_lse; gradients. */
+typedef struct par_res {
+    float sc[3], rows[3 * NB];
+    float *dxs, *dws, *dbs;
+} par_res;
+
+static kdloss_fused_linear_distill_params par_dp(const par_case *c) {
+    kdloss_fused_linear_distill_params p;
+    kdloss_fused_linear_distill_params_default(&p);
+    p.div.divergence = KDLOSS_DIV_FORWARD_KL;
+    p.weight_hard_loss = c->w_hard, p.weight_soft_loss = c->w_soft;
+    p.grad_scale = c->grad_scale, p.temperature = c->temperature;
+    return p;
+}
+
+static kdloss_fused_linear_topk_distill_params par_tp(const par_case *c) {
+    kdloss_fused_linear_topk_distill_params p;
+    kdloss_fused_linear_topk_distill_params_default(&p);
+    p.tail = (kdloss_topk_tail)c->tail;
+    p.weight_hard_loss = c->w_hard, p.weight_soft_loss = c->w_soft;
+    p.grad_scale = c->grad_scale, p.temperature = c->temperature;
+    return p;
+}
+
+/* The case's outputs at sc, rows and the gradients (host or device). */
+static kdloss_fused_linear_distill_out par_view(const par_case *c, float *sc, float *rows,
+                                                void *dxs, void *dws, void *dbs) {
+    kdloss_fused_linear_distill_out o;
+    memset(&o, 0, sizeof o);
+    o.loss = sc, o.soft_loss = sc + 1, o.hard_loss = c->want_hard ? sc + 2 : NULL;
+    o.row_soft = rows, o.row_hard = c->want_hard ? rows + NB : NULL;
+    o.row_lse = c->want_lse ? rows + 2 * NB : NULL;
+    o.dxs = (kdloss_mat){dxs, KDLOSS_F32, 0};
+    o.dws = (kdloss_mat){dws, KDLOSS_F32, 0};
+    o.dbs = dbs;
+    return o;
+}
+
+static void par_res_alloc(const par_case *c, par_res *o) {
+    memset(o, 0, sizeof *o);
+    o->dxs = xmalloc((size_t)(NB * c->hs) * 4);
+    o->dws = xmalloc((size_t)(c->v * c->hs) * 4);
+    o->dbs = xmalloc((size_t)c->v * 4);
+}
+
+static void par_res_free(par_res *o) { free(o->dxs), free(o->dws), free(o->dbs); }
+
+static kdloss_status par_cpu(const par_case *c, par_res *o) {
+    kdloss_fused_linear_distill_out out = par_view(c, o->sc, o->rows, o->dxs, o->dws, o->dbs);
+    const kdloss_cmat xs = {c->xs, KDLOSS_F32, 0}, ws = {c->ws, KDLOSS_F32, 0};
+    const kdloss_labels lab = {c->lab, KDLOSS_I64};
+    if (c->topk) {
+        const kdloss_fused_linear_topk_distill_params p = par_tp(c);
+        const kdloss_topk_teacher t = {c->k, {c->ids, KDLOSS_I32, 0}, {c->lp, KDLOSS_F32, 0}};
+        return kdloss_fused_linear_topk_distill(&p, NB, c->hs, c->v, xs, ws, c->bs, t, lab, &out,
+                                                NULL, 0);
+    }
+    const kdloss_fused_linear_distill_params p = par_dp(c);
+    return kdloss_fused_linear_distill(&p, NB, c->hs, c->ht, c->v, xs, ws, c->bs,
+                                       (kdloss_cmat){c->xt, KDLOSS_F32, 0},
+                                       (kdloss_cmat){c->wt, KDLOSS_F32, 0}, c->btb, lab, &out,
+                                       NULL, 0);
+}
+
+/* The case's operands on the device, as the vocabulary-parallel harness keeps them (every
+ * pointer an allocation). */
+static void par_upload(const par_case *c, vp_data *d) {
+    memset(d, 0, sizeof *d);
+    d->xs = nan_up(c->xs, (size_t)(NB * c->hs) * 4);
+    d->ws = nan_up(c->ws, (size_t)(c->v * c->hs) * 4);
+    d->bs = nan_up(c->bs, (size_t)c->v * 4);
+    d->xt = c->topk ? dalloc(4) : nan_up(c->xt, (size_t)(NB * c->ht) * 4);
+    d->wt = c->topk ? dalloc(4) : nan_up(c->wt, (size_t)(c->v * c->ht) * 4);
+    d->bt = c->topk ? dalloc(4) : nan_up(c->btb, (size_t)c->v * 4);
+    d->lab = c->lab ? nan_up(c->lab, NB * 8) : dalloc(4);
+    d->ids = c->topk ? nan_up(c->ids, (size_t)(NB * c->k) * 4) : dalloc(4);
+    d->lp = c->topk ? nan_up(c->lp, (size_t)(NB * c->k) * 4) : dalloc(4);
+}
+
+/* The single-process CUDA call. */
+static kdloss_status par_cuda(const par_case *c, par_res *o) {
+    vp_data d;
+    par_upload(c, &d);
+    float *dsc = dalloc(3 * 4), *drows = dalloc(3 * NB * 4);
+    void *ddx = dalloc((size_t)(NB * c->hs) * 4), *ddw = dalloc((size_t)(c->v * c->hs) * 4);
+    void *ddb = dalloc((size_t)c->v * 4);
+    dpoison(ddx, (size_t)(NB * c->hs) * 4);
+    dpoison(ddw, (size_t)(c->v * c->hs) * 4);
+    dpoison(ddb, (size_t)c->v * 4);
+    kdloss_fused_linear_distill_out out = par_view(c, dsc, drows, ddx, ddw, ddb);
+    const kdloss_cmat xs = {d.xs, KDLOSS_F32, 0}, ws = {d.ws, KDLOSS_F32, 0};
+    const kdloss_labels lab = {c->lab ? d.lab : NULL, KDLOSS_I64};
+    size_t wsb = 0;
+    void *wk;
+    kdloss_status st;
+    if (c->topk) {
+        const kdloss_fused_linear_topk_distill_params p = par_tp(c);
+        kdloss_cuda_fused_linear_topk_distill_workspace_size(&p, NB, c->hs, c->v, c->k, KDLOSS_F32,
+                                                             1, &wsb);
+        wk = dalloc(wsb);
+        const kdloss_topk_teacher t = {c->k, {d.ids, KDLOSS_I32, 0}, {d.lp, KDLOSS_F32, 0}};
+        st = kdloss_cuda_fused_linear_topk_distill(g_ctx, g_st, &p, NB, c->hs, c->v, xs, ws, d.bs,
+                                                   t, lab, &out, wk, wsb);
+    } else {
+        const kdloss_fused_linear_distill_params p = par_dp(c);
+        kdloss_cuda_fused_linear_distill_workspace_size(&p, NB, c->hs, c->ht, c->v, KDLOSS_F32, 1,
+                                                        &wsb);
+        wk = dalloc(wsb);
+        st = kdloss_cuda_fused_linear_distill(g_ctx, g_st, &p, NB, c->hs, c->ht, c->v, xs, ws,
+                                              d.bs, (kdloss_cmat){d.xt, KDLOSS_F32, 0},
+                                              (kdloss_cmat){d.wt, KDLOSS_F32, 0}, d.bt, lab, &out,
+                                              wk, wsb);
+    }
+    nan_down(o->sc, dsc, sizeof o->sc);
+    nan_down(o->rows, drows, sizeof o->rows);
+    nan_down(o->dxs, ddx, (size_t)(NB * c->hs) * 4);
+    nan_down(o->dws, ddw, (size_t)(c->v * c->hs) * 4);
+    nan_down(o->dbs, ddb, (size_t)c->v * 4);
+    CK(cudaFree(wk));
+    vp_data_free(&d);
+    return st;
+}
+
+/* n floats of got against want (the CPU's): NaN where want is, else within 1e-4. */
+static void par_cmp1(const char *tag, const char *what, const float *got, const float *want,
+                     int64_t n) {
+    double *g = xmalloc((size_t)n * sizeof(double)), *w = xmalloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) g[i] = got[i], w[i] = want[i];
+    char name[200];
+    snprintf(name, sizeof name, "nan %s: %s vs CPU", tag, what);
+    cmp_arr(name, g, w, n, 1e-4 * max_abs(w, n) + 1e-30, 1e-4);
+    free(g), free(w);
+}
+
+/* A call's outputs against the CPU's; dws and dbs of vocabulary rows [lo, lo + n). The loss is
+ * left out without labels: there the CPU's row_hard is the row's lse (a NaN one when row_lse is
+ * asked for), which its total loss adds times weight_hard_loss 0, and CUDA's is 0. */
+static void par_cmp(const char *tag, const par_case *c, const par_res *got, const par_res *cpu,
+                    int64_t lo, int64_t n) {
+    if (c->lab) par_cmp1(tag, "loss", got->sc, cpu->sc, 1);
+    par_cmp1(tag, "soft_loss", got->sc + 1, cpu->sc + 1, 1);
+    par_cmp1(tag, "row_soft", got->rows, cpu->rows, NB);
+    if (c->want_hard) {
+        par_cmp1(tag, "hard_loss", got->sc + 2, cpu->sc + 2, 1);
+        par_cmp1(tag, "row_hard", got->rows + NB, cpu->rows + NB, NB);
+    }
+    if (c->want_lse) par_cmp1(tag, "row_lse", got->rows + 2 * NB, cpu->rows + 2 * NB, NB);
+    par_cmp1(tag, "dxs", got->dxs, cpu->dxs, NB * c->hs);
+    par_cmp1(tag, "dws", got->dws, cpu->dws + lo * c->hs, n * c->hs);
+    par_cmp1(tag, "dbs", got->dbs, cpu->dbs + lo, n);
+}
+
+/* The case single-process (vp 0) or on 2 ranks (vp 1; the vocabulary-parallel outputs: hard ones
+ * with a dense teacher or a cross-entropy weight, as the harness's vp_view) against the CPU. */
+static void par_run(const par_case *c0, int vp) {
+    if (!kdloss_fused_linear_distill || !kdloss_fused_linear_topk_distill) {
+        printf("nan %s: skipped (this build has no CPU functions)\n", c0->tag);
+        return;
+    }
+    par_case c = *c0;
+    if (vp) c.want_hard = c.want_lse = !c.topk || c.w_hard > 0.0;
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s%s", c.tag, vp ? " (vp, 2 ranks)" : "");
+    par_res cpu, got;
+    par_res_alloc(&c, &cpu);
+    par_res_alloc(&c, &got);
+    KT_CHECK(par_cpu(&c, &cpu) == KDLOSS_OK, "nan %s: CPU status", tag);
+    if (!vp) {
+        const kdloss_status st = par_cuda(&c, &got);
+        KT_CHECK(st == KDLOSS_OK, "nan %s: status %s", tag, kdloss_status_string(st));
+        par_cmp(tag, &c, &got, &cpu, 0, c.v);
+    } else {
+        vp_case vc;
+        memset(&vc, 0, sizeof vc);
+        vc.tag = tag;
+        vc.topk = c.topk, vc.bt = NB, vc.hs = c.hs, vc.ht = c.ht, vc.v = c.v, vc.k = c.k;
+        vc.dt = KDLOSS_F32, vc.bias = 1, vc.labels = c.lab != NULL;
+        vc.dp = par_dp(&c);
+        vc.tp = par_tp(&c);
+        vp_data d;
+        par_upload(&c, &d);
+        vp_job jobs[VP_MAX_RANKS];
+        vp_rank ranks[VP_MAX_RANKS];
+        vp_world w;
+        vp_jobs_init(jobs, 2, &vc, &d);
+        vp_run_ranks(jobs, 2, &w, ranks, NULL);
+        for (int r = 0; r < 2; r++) {
+            vp_job *j = &jobs[r];
+            char rt[190];
+            snprintf(rt, sizeof rt, "%s rank %d", tag, r);
+            KT_CHECK(j->status == KDLOSS_OK && j->word == KDLOSS_OK, "nan %s: %s, status word %d",
+                     rt, kdloss_status_string(j->status), (int)j->word);
+            if (j->status == KDLOSS_OK) {
+                vp_out_fetch(&j->o, &vc, j->n);
+                memcpy(got.sc, j->o.sc, sizeof got.sc);
+                memcpy(got.rows, j->o.rows, sizeof got.rows);
+                memcpy(got.dxs, j->o.dxs, (size_t)(NB * c.hs) * 4);
+                memcpy(got.dws, j->o.dws, (size_t)(j->n * c.hs) * 4);
+                memcpy(got.dbs, j->o.dbs, (size_t)j->n * 4);
+                par_cmp(rt, &c, &got, &cpu, j->lo, j->n);
+            }
+            vp_out_free(&j->o);
+        }
+        vp_data_free(&d);
+    }
+    par_res_free(&cpu);
+    par_res_free(&got);
+}
+
+static void nan_zero_grad(void) {
+    enum { V = 300, HS = 4, HT = 3, K = 4 };
+    static float xs[NB * HS], ws[V * HS], bs[V], xt[NB * HT], wt[V * HT], btb[V], lp[NB * K];
+    for (int64_t i = 0; i < NB * HS; i++) xs[i] = (float)(0.5 * sin(1.3 * (double)i + 0.2));
+    for (int64_t i = 0; i < V * HS; i++) ws[i] = (float)sin(0.7 * (double)i + 1.1);
+    for (int64_t i = 0; i < NB * HT; i++) xt[i] = (float)(0.5 * cos(0.9 * (double)i + 0.4));
+    for (int64_t i = 0; i < V * HT; i++) wt[i] = (float)cos(0.3 * (double)i + 0.5);
+    for (int64_t i = 0; i < V; i++) bs[i] = (float)(0.1 * cos((double)i)), btb[i] = (float)(0.1 * sin((double)i));
+    for (int64_t i = 0; i < NB * K; i++) lp[i] = -1.0f - 0.5f * (float)(i % K);
+    /* every row's S has ids on both ranks of vp_block (rank 0: columns [0, 100)); no S holds 210 */
+    const int32_t ids[NB * K] = {5, 40, 150, 280, 7, 120, 199, 260, 3, 90, 230, 299};
+    const int32_t ids_empty[NB * K] = {5, 40, 150, 280, -1, -1, -1, -1, 3, 90, 230, 299};
+    const int64_t lab[NB] = {3, 7, 11}, lab_ign[NB] = {3, -100, 11};
+    float ws_nan[V * HS], ws_nan_s[V * HS], xs_nan[NB * HS];
+    memcpy(ws_nan, ws, sizeof ws);
+    memcpy(ws_nan_s, ws, sizeof ws);
+    memcpy(xs_nan, xs, sizeof xs);
+    ws_nan[210 * HS + 1] = NAN;  /* a weight row outside every S */
+    ws_nan_s[40 * HS + 2] = NAN; /* a weight row in row 0's S */
+    xs_nan[1 * HS + 3] = NAN;    /* row 1's hidden state */
+    const par_case base = {"", 1, KDLOSS_TAIL_RENORM_BOTH, HS, HT, V, K, xs, ws, bs, xt, wt, btb,
+                           ids, lp, lab, 0.0, 1.0, 1.0, 1.5, 0, 0};
+    par_case c;
+    /* (1) renorm_both without the cross-entropy's gradient, a NaN weight row outside every S */
+    c = base, c.tag = "(1) top-k renorm_both w_hard 0, hard_loss asked, NaN ws outside S";
+    c.ws = ws_nan, c.want_hard = 1;
+    par_run(&c, 0);
+    c = base, c.tag = "(1) top-k renorm_both without labels, row_lse asked, NaN ws outside S";
+    c.ws = ws_nan, c.lab = NULL, c.want_lse = 1;
+    par_run(&c, 0);
+    c = base, c.tag = "(1) top-k renorm_both w_hard 0, NaN ws outside S", c.ws = ws_nan;
+    par_run(&c, 1);
+    c = base, c.tag = "(1) top-k renorm_both without labels, NaN ws outside S";
+    c.ws = ws_nan, c.lab = NULL;
+    par_run(&c, 1);
+    /* (2) a row whose gradient is 0 by the rules holds a NaN in xs */
+    c = base, c.tag = "(2) dense, ignored row with NaN xs";
+    c.topk = 0, c.w_hard = 0.5, c.w_soft = 0.5, c.xs = xs_nan, c.lab = lab_ign, c.want_hard = 1;
+    c.want_lse = 1;
+    par_run(&c, 0);
+    par_run(&c, 1);
+    c = base, c.tag = "(2) top-k bucket w_hard 0.5, ignored row with NaN xs";
+    c.tail = KDLOSS_TAIL_BUCKET, c.w_hard = 0.5, c.xs = xs_nan, c.lab = lab_ign, c.want_hard = 1;
+    par_run(&c, 0);
+    par_run(&c, 1);
+    c = base, c.tag = "(2) top-k bucket w_hard 0, a row without a used slot with NaN xs";
+    c.tail = KDLOSS_TAIL_BUCKET, c.xs = xs_nan, c.ids = ids_empty;
+    par_run(&c, 0);
+    par_run(&c, 1);
+    c = base, c.tag = "(2) top-k renorm_both w_hard 0, row_lse asked, a row without a used slot with "
+                      "NaN xs";
+    c.xs = xs_nan, c.ids = ids_empty, c.want_lse = 1;
+    par_run(&c, 0);
+    /* (3) both gradient factors 0: zeros, whatever the weights and hidden states hold */
+    for (int gz = 0; gz < 2; gz++) {
+        char t[4][120];
+        const char *why = gz ? "both weights 0" : "grad_scale 0";
+        c = base, c.xs = xs_nan, c.ws = ws_nan, c.topk = 0, c.lab = lab_ign, c.want_hard = 1;
+        c.w_hard = gz ? 0.0 : 0.5, c.w_soft = gz ? 0.0 : 0.5, c.grad_scale = gz ? 1.0 : 0.0;
+        xs_nan[0 * HS + 1] = gz ? NAN : xs[0 * HS + 1]; /* a kept row too */
+        snprintf(t[0], sizeof t[0], "(3) dense, %s, NaN ws and xs", why);
+        c.tag = t[0];
+        par_run(&c, 0);
+        par_run(&c, 1);
+        c.topk = 1, c.tail = KDLOSS_TAIL_BUCKET, c.lab = lab, c.w_soft = gz ? 0.0 : 1.0;
+        c.w_hard = 0.0, c.want_hard = 1;
+        snprintf(t[1], sizeof t[1], "(3) top-k bucket, %s, NaN ws and xs", why);
+        c.tag = t[1];
+        par_run(&c, 0);
+        par_run(&c, 1);
+        c.tail = KDLOSS_TAIL_RENORM_BOTH, c.ws = ws_nan_s, c.want_hard = 0;
+        snprintf(t[2], sizeof t[2], "(3) top-k renorm_both sparse path, %s, NaN ws in S and xs", why);
+        c.tag = t[2];
+        par_run(&c, 0);
+        c.want_lse = 1;
+        snprintf(t[3], sizeof t[3], "(3) top-k renorm_both full path, %s, NaN ws in S and xs", why);
+        c.tag = t[3];
+        par_run(&c, 0);
+        par_run(&c, 1);
+    }
+    /* the NaN policy on renorm_both's sparse path: a NaN used log-prob in row 1 makes its
+     * gradient NaN outside S too, so dws and dbs are NaN everywhere (the CPU's run_sparse fills
+     * them; the CUDA sparse path had NaN in row 1's ids' rows only); the full path and the
+     * vocabulary-parallel call as cross-checks */
+    float lp_nan[NB * K];
+    memcpy(lp_nan, lp, sizeof lp_nan);
+    lp_nan[1 * K + 2] = NAN;
+    c = base, c.tag = "top-k renorm_both sparse path, NaN log-prob in row 1", c.lp = lp_nan;
+    par_run(&c, 0);
+    par_run(&c, 1);
+    c.tag = "top-k renorm_both full path, NaN log-prob in row 1", c.want_lse = 1;
+    par_run(&c, 0);
+}
+
 static void test_nan(kt_rng *rng) {
     const int fails = kt_failures, checks = kt_checks;
     nan_logprobs(rng);
@@ -4355,6 +4688,7 @@ static void test_nan(kt_rng *rng) {
     nan_vp_cases(rng);
     nan_vp_topk(rng);
     nan_grad_scale_zero();
+    nan_zero_grad();
     nan_wide();
     printf("nan: the NaN policy and wide rows, %d checks: %d failures\n", kt_checks - checks,
            kt_failures - fails);
