@@ -1,31 +1,11 @@
-/* CPU driver of the chunked fused-linear JSD distillation loss (docs/MATH.md section 4).
- *
- * Per chunk of rows [r0, r0 + n):
- *   zt = xt wt^T, zs = xs ws^T         two sgemm into the workspace, fp32 straight from the
- *                                      accumulator (bf16 operands are widened first, never the
- *                                      logits narrowed)
- *   row pass (fld_rows_*)              bias, softmaxes, JSD, CE, per-row losses, dzs over zs
- *   dbs += column sums of dzs          row order, so it does not depend on the thread count
- *   dWs += dzs^T xs                    sgemm, fp32 across chunks (the caller's fp32 dws, or the
- *                                      workspace accumulator cast once at the end for bf16)
- *   dxs rows = dzs ws                  sgemm
- * Every GEMM goes through the GEMM layer (gemm.h: oneDNN by default, tiled over a grid that
- * does not depend on the thread count), whose threads are the same OpenMP threads as the row
- * pass's, so no second thread pool competes for the cores (in a PyTorch process too: libkdloss,
- * oneDNN and torch resolve the one libgomp.so.1). Per-row losses are summed in row order in
- * double, so the loss does not depend on the thread count, and on the chunk size only through
- * the GEMMs' rounding.
- *
- * bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN matmul, fp32 accumulation)
- * where the GEMM layer says it pays (kd_gemm_bf16_native: measured once per process), else widen
- * to fp32. Where the student's logits are native, so are its gradient GEMMs (unless
- * kdloss_gemm_set_bf16_grad asked for EXACT): dzs is rounded to bf16 in place after dbs has
- * summed it, and dWs += dzs^T xs, dxs = dzs ws multiply the bf16 operands as they are (no fp32
- * copy of ws or xs). Otherwise widened bf16 weights are whole fp32 copies when the memory budget
- * holds them besides a chunk of all rows; else the logits GEMMs widen W inside their tiles
- * (kd_sgemm_nt_b16) and dXs widens it panel by panel, and the gradient GEMMs run in fp32 on the
- * fp32 dz. A GEMM failure ends the call with its status (kdloss.h: outputs may then be partly
- * written). */
+/* CPU driver of the chunked fused-linear distillation losses (docs/MATH.md sections 4 and 8):
+ * per chunk of rows the logits GEMMs (zt = xt wt^T, zs = xs ws^T, fp32 from the accumulator),
+ * the row pass (fld_rows_*: bias, softmaxes, divergence, cross-entropy, row losses, dzs over
+ * zs), then dbs += column sums of dzs, dWs += dzs^T xs (fp32 across chunks) and the chunk's dxs
+ * rows = dzs ws; the sparse renorm_both path needs no GEMM at all. Every GEMM goes through the
+ * GEMM layer (gemm.h) on the same OpenMP threads as the row pass; row losses are summed in row
+ * order in double, so nothing depends on the thread count. A GEMM failure ends the call with
+ * its status (kdloss.h: outputs may then be partly written). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -424,6 +404,16 @@ kdloss_status kd_fld_prepare(const kd_fld_call *k, const kd_fld_plan *pl) {
 
 /* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
  * it with that status (outputs may then be partly written; kdloss.h says so). */
+/* bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN matmul, fp32 accumulation)
+ * where the GEMM layer says it pays (kd_gemm_bf16_native: measured once per process), else widen
+ * to fp32. Where the student's logits are native, so are its gradient GEMMs (unless
+ * kdloss_gemm_set_bf16_grad asked for EXACT): dzs is rounded to bf16 in place after dbs has
+ * summed it, and dWs += dzs^T xs, dxs = dzs ws multiply the bf16 operands as they are (no fp32
+ * copy of ws or xs). Otherwise widened bf16 weights are whole fp32 copies when the memory budget
+ * holds them besides a chunk of all rows; else the logits GEMMs widen W inside their tiles
+ * (kd_sgemm_nt_b16) and dXs widens it panel by panel, and the gradient GEMMs run in fp32 on the
+ * fp32 dz. */
+
 /* The state of one dense call (run): which parts are computed, the GEMM kinds, the weights'
  * sources, the row arguments and the row-ordered loss sums. */
 typedef struct fld_run {

@@ -1,32 +1,13 @@
-/* The GEMM layer (gemm.h, and kdloss_gemm_* in kdloss.h).
+/* The GEMM layer (gemm.h, and kdloss_gemm_* in kdloss.h): the providers, the thread-count
+ * independent tile grid, the allocation-free fallback, and native bf16 products.
  *
  * Providers:
  *  - oneDNN (linked): dnnl_sgemm, whose JIT kernels follow the CPU's feature flags rather than a
  *    table of known CPU models, so a CPU newer than the library still runs its AVX-512 or AVX2
  *    kernel; errors come back as statuses (it does not exit on a failed allocation).
  *  - OpenBLAS (dlopen of libopenblas.so.0 when asked for): picks its kernels from a table of CPU
- *    models, and Debian 12's 0.3.21 falls back to generic SSE3 kernels on models it does not
- *    know. Kept for comparison and for the benchmark floors; never chosen automatically.
- * The measurements behind the choice are in BENCHMARKS.md ("GEMM providers").
- *
- * Tiling (oneDNN): C is cut into a grid of tiles that depends on (m, n, k) and the processor
- * count, never on the thread count; each tile is one single-threaded dnnl_sgemm over the whole
- * K, run from an OpenMP loop over tiles. Every element of C is thus produced by the same
- * instruction sequence whatever the number of threads, which makes the fused losses bitwise
- * independent of it. The grid splits the dimension whose operand is cheaper to read again: a
- * split of N re-reads (packs) A once per column of tiles, a split of M re-reads B once per row.
- *
- * Memory: dnnl_sgemm allocates its packing buffers inside every call (one
- * malloc a single-threaded call; when it fails the call returns dnnl_out_of_memory before it has
- * written any of C: tests/fault/test_fault_gemm.c checks both). A loss that has already written
- * outputs must not fail then, so a tile whose dnnl_sgemm ran out of memory is computed again by
- * kdloss's own allocation-free GEMM (gemm_fb.h) from a scratch that kd_gemm_prepare reserved
- * earlier, before the loss wrote anything: one scratch per calling thread (the workers of its
- * OpenMP team take turns on it), kept for the thread's life and grown only by kd_gemm_prepare.
- * The fallback's results are as accurate as oneDNN's but not bitwise the same (another
- * summation order); it is deterministic and thread-count independent too. Why not the fallback
- * (or oneDNN matmul primitives with a user scratchpad) all the time: BENCHMARKS.md, "GEMM
- * memory". */
+ *    models, and may fall back to generic kernels on models it does not know. Kept for
+ *    comparison and for the benchmark floors; never chosen automatically (BENCHMARKS.md). */
 #include "gemm.h"
 
 #include "bf16_rows.h"
@@ -158,6 +139,15 @@ static int dnnl_has(dnnl_cpu_isa_t want) {
 
 /* ---- tiling ---------------------------------------------------------------------------- */
 
+/* ---- the tile grid ----------------------------------------------------------------------
+ * With oneDNN, C is cut into a grid of tiles that depends on (m, n, k) and the processor
+ * count, never on the thread count; each tile is one single-threaded dnnl_sgemm over the whole
+ * K, run from an OpenMP loop over tiles. Every element of C is thus produced by the same
+ * instruction sequence whatever the number of threads, which makes the fused losses bitwise
+ * independent of it. The grid splits the dimension whose operand is cheaper to read again: a
+ * split of N re-reads (packs) A once per column of tiles, a split of M re-reads B once per row.
+ */
+
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t round_up(int64_t a, int64_t q) { return cdiv(a, q) * q; }
 
@@ -232,7 +222,19 @@ static dnnl_status_t for_tiles(int64_t m, int64_t n, int64_t k, tile_fn tile, co
     return run_grid(m, n, tm, tn, omp_get_max_threads(), tile, ctx);
 }
 
-/* ---- the allocation-free fallback and its reserved scratch ----------------------------- */
+/* ---- the allocation-free fallback and its reserved scratch -----------------------------
+ * Memory: dnnl_sgemm allocates its packing buffers inside every call (one
+ * malloc a single-threaded call; when it fails the call returns dnnl_out_of_memory before it has
+ * written any of C: tests/fault/test_fault_gemm.c checks both). A loss that has already written
+ * outputs must not fail then, so a tile whose dnnl_sgemm ran out of memory is computed again by
+ * kdloss's own allocation-free GEMM (gemm_fb.h) from a scratch that kd_gemm_prepare reserved
+ * earlier, before the loss wrote anything: one scratch per calling thread (the workers of its
+ * OpenMP team take turns on it), kept for the thread's life and grown only by kd_gemm_prepare.
+ * The fallback's results are as accurate as oneDNN's but not bitwise the same (another
+ * summation order); it is deterministic and thread-count independent too. Why not the fallback
+ * (or oneDNN matmul primitives with a user scratchpad) all the time: BENCHMARKS.md, "GEMM
+ * memory". */
+
 
 /* A calling thread's fallback scratch: one allocation (this header, then the 64-byte aligned
  * floats), owned through a pthread key so it is freed when the thread ends. */
