@@ -129,6 +129,8 @@ typedef enum kdloss_dtype {
 
 /* Size in bytes of one element of `dtype`, 0 for an unknown dtype. */
 KDLOSS_API size_t kdloss_dtype_size(kdloss_dtype dtype);
+/* "fp32", "bf16", "fp16", "int32", "int64", "fp64"; "unknown" for another value. */
+KDLOSS_API const char *kdloss_dtype_name(kdloss_dtype dtype);
 
 /* A read-only row-major matrix: element (r, c) is at data + (r * ld + c) * dtype_size.
  * Its row and column counts come from the function it is passed to. ld = 0 means contiguous. */

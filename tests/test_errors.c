@@ -203,6 +203,9 @@ static void misc(void) {
     KT_CHECK(kdloss_cpu_get_isa() != KDLOSS_ISA_AUTO, "get_isa never returns auto");
     KT_CHECK(kdloss_dtype_size((kdloss_dtype)42) == 0, "unknown dtype size");
     KT_CHECK(kdloss_dtype_size(KDLOSS_BF16) == 2 && kdloss_dtype_size(KDLOSS_I64) == 8, "dtype sizes");
+    KT_CHECK(!strcmp(kdloss_dtype_name(KDLOSS_BF16), "bf16") &&
+                 !strcmp(kdloss_dtype_name(KDLOSS_I32), "int32") &&
+                 !strcmp(kdloss_dtype_name((kdloss_dtype)42), "unknown"), "dtype names");
     /* the defaults are PyTorch's / Liger's */
     kdloss_kl_params kp;
     kdloss_kl_params_default(&kp);

@@ -12,7 +12,7 @@ int kd_is_float_dtype(kdloss_dtype dt) {
 kdloss_status kd_check_fmat(int64_t rows, int64_t cols, const void *data, kdloss_dtype dt,
                             int64_t ld, int64_t *ld_out, kd_span *span) {
     if (data && rows > 0 && cols > 0 && !kd_is_float_dtype(dt)) {
-        kd_detail("dtype %s (%d), expected fp32, bf16 or fp16", kd_dtype_name(dt), (int)dt);
+        kd_detail("dtype %s (%d), expected fp32, bf16 or fp16", kdloss_dtype_name(dt), (int)dt);
         return KDLOSS_ERR_INVALID_DTYPE;
     }
     return kd_check_mat(rows, cols, data, dt, ld, ld_out, span);
@@ -31,7 +31,7 @@ kdloss_status kd_check_mat(int64_t rows, int64_t cols, const void *data, kdloss_
     }
     if (!kd_aligned(data, kdloss_dtype_size(dt))) {
         kd_detail("address %p is not a multiple of its %s element size %zu", data,
-                  kd_dtype_name(dt), kdloss_dtype_size(dt));
+                  kdloss_dtype_name(dt), kdloss_dtype_size(dt));
         return KDLOSS_ERR_MISALIGNED;
     }
     if (ld == 0) ld = cols;
@@ -69,7 +69,7 @@ kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64
                               int64_t *n_valid) {
     if (!labels.data) return kd_named("labels", KDLOSS_ERR_NULL_POINTER);
     if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) {
-        kd_detail("labels: dtype %s, expected int64 or int32", kd_dtype_name(labels.dtype));
+        kd_detail("labels: dtype %s, expected int64 or int32", kdloss_dtype_name(labels.dtype));
         return KDLOSS_ERR_INVALID_DTYPE;
     }
     if (!kd_aligned(labels.data, kdloss_dtype_size(labels.dtype))) {
@@ -118,8 +118,6 @@ double kd_kl_reduction_scale(kdloss_reduction r, int64_t bt, int64_t v) {
     }
 }
 
-/* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
- * queries and calls), so both return the same codes. */
 /* The fused losses' defaults, here beside their checks: both backends (and a CUDA-only build)
  * take them from src/common. */
 void kdloss_fljsd_params_default(kdloss_fljsd_params *p) {
@@ -147,6 +145,9 @@ void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_para
     p->memory_budget = 0;
     p->grad_scale = 1.0;
 }
+
+/* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
+ * queries and calls), so both return the same codes. */
 
 /* KDLOSS_ERR_INVALID_PARAM with its detail. */
 static kdloss_status bad_param(const char *what, double value, const char *want) {

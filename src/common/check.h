@@ -41,11 +41,10 @@ int kd_is_float_dtype(kdloss_dtype dt);
 /* kdloss_error_detail's thread-local text: kd_detail sets it (printf format), kd_detail_clear
  * empties it (at the start of each entry point's checks), kd_named(name, st) prefixes it with
  * the operand's name when st is an error (the status string when no detail was set) and
- * returns st. kd_dtype_name: "fp32", "bf16", ... for the texts. */
+ * returns st. */
 void kd_detail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void kd_detail_clear(void);
 kdloss_status kd_named(const char *name, kdloss_status st);
-const char *kd_dtype_name(kdloss_dtype dt);
 
 /* Checks a (rows x cols) view whose data must be non-NULL: dtype in the allowed float set,
  * ld >= cols (0 means cols), byte size representable. Writes the effective ld and the span. */

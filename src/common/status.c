@@ -29,7 +29,7 @@ kdloss_status kd_named(const char *name, kdloss_status st) {
 
 const char *kdloss_error_detail(void) { return g_detail; }
 
-const char *kd_dtype_name(kdloss_dtype dt) {
+const char *kdloss_dtype_name(kdloss_dtype dt) {
     switch (dt) {
     case KDLOSS_F32: return "fp32";
     case KDLOSS_BF16: return "bf16";

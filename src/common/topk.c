@@ -93,7 +93,7 @@ kdloss_status kd_topk_check_teacher(kdloss_topk_teacher t, int64_t bt, kd_span *
         return KDLOSS_ERR_INVALID_SIZE;
     }
     if (t.ids.dtype != KDLOSS_I32 && t.ids.dtype != KDLOSS_I64) {
-        kd_detail("teacher ids: dtype %s, expected int32 or int64", kd_dtype_name(t.ids.dtype));
+        kd_detail("teacher ids: dtype %s, expected int32 or int64", kdloss_dtype_name(t.ids.dtype));
         return KDLOSS_ERR_INVALID_DTYPE;
     }
     kdloss_status st = kd_named(

@@ -20,8 +20,8 @@ kdloss_status kd_ew_check_pair(int64_t bt, int64_t v, kdloss_cmat x, kdloss_cmat
     spans[2].lo = spans[2].hi = NULL;
     if (g.data) {
         if (g.dtype != x.dtype) {
-            kd_detail("grad: dtype %s, expected %s like the input", kd_dtype_name(g.dtype),
-                      kd_dtype_name(x.dtype));
+            kd_detail("grad: dtype %s, expected %s like the input", kdloss_dtype_name(g.dtype),
+                      kdloss_dtype_name(x.dtype));
             return KDLOSS_ERR_INVALID_DTYPE;
         }
         if ((st = kd_named("grad", kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &spans[2]))))
@@ -62,8 +62,8 @@ static kdloss_status check_student(int64_t bt, int64_t v, kdloss_cmat x, kdloss_
     sp[1].lo = sp[1].hi = NULL;
     if (g.data) {
         if (g.dtype != x.dtype) {
-            kd_detail("grad: dtype %s, expected %s like the student", kd_dtype_name(g.dtype),
-                      kd_dtype_name(x.dtype));
+            kd_detail("grad: dtype %s, expected %s like the student", kdloss_dtype_name(g.dtype),
+                      kdloss_dtype_name(x.dtype));
             return KDLOSS_ERR_INVALID_DTYPE;
         }
         if ((st = kd_named("grad", kd_check_fmat(bt, v, g.data, g.dtype, g.ld, &job->ldg, &sp[1]))))

@@ -9,8 +9,8 @@
 static kdloss_status check_pair_dtype(const char *xn, kdloss_dtype x, const char *wn,
                                       kdloss_dtype w) {
     if ((x == KDLOSS_F32 || x == KDLOSS_BF16) && w == x) return KDLOSS_OK;
-    kd_detail("%s is %s and %s %s: both fp32 or both bf16", xn, kd_dtype_name(x), wn,
-              kd_dtype_name(w));
+    kd_detail("%s is %s and %s %s: both fp32 or both bf16", xn, kdloss_dtype_name(x), wn,
+              kdloss_dtype_name(w));
     return KDLOSS_ERR_INVALID_DTYPE;
 }
 
@@ -91,8 +91,8 @@ static kdloss_status check_outputs(kdloss_fused_linear_distill_out *o, int64_t b
         return KDLOSS_ERR_NO_OUTPUT;
     if (o->dxs.data) {
         if (o->dxs.dtype != xs.dtype) {
-            kd_detail("dxs: dtype %s, expected %s like student_input", kd_dtype_name(o->dxs.dtype),
-                      kd_dtype_name(xs.dtype));
+            kd_detail("dxs: dtype %s, expected %s like student_input", kdloss_dtype_name(o->dxs.dtype),
+                      kdloss_dtype_name(xs.dtype));
             return KDLOSS_ERR_INVALID_DTYPE;
         }
         st = check_gemm_mat("dxs", bt, hs, o->dxs.data, o->dxs.dtype, &o->dxs.ld, &os[3]);
@@ -100,8 +100,8 @@ static kdloss_status check_outputs(kdloss_fused_linear_distill_out *o, int64_t b
     }
     if (o->dws.data) {
         if (o->dws.dtype != ws.dtype) {
-            kd_detail("dws: dtype %s, expected %s like student_weight", kd_dtype_name(o->dws.dtype),
-                      kd_dtype_name(ws.dtype));
+            kd_detail("dws: dtype %s, expected %s like student_weight", kdloss_dtype_name(o->dws.dtype),
+                      kdloss_dtype_name(ws.dtype));
             return KDLOSS_ERR_INVALID_DTYPE;
         }
         st = check_gemm_mat("dws", v, hs, o->dws.data, o->dws.dtype, &o->dws.ld, &os[4]);

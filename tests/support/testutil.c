@@ -165,15 +165,7 @@ double kt_tiny(kdloss_dtype dt) {
 }
 
 const char *kt_dtype_name(kdloss_dtype dt) {
-    switch (dt) {
-    case KDLOSS_F32: return "fp32";
-    case KDLOSS_BF16: return "bf16";
-    case KDLOSS_F16: return "fp16";
-    case KDLOSS_I32: return "int32";
-    case KDLOSS_I64: return "int64";
-    case KDLOSS_F64: return "fp64";
-    }
-    return "?";
+    return kdloss_dtype_size(dt) ? kdloss_dtype_name(dt) : "?";
 }
 
 int kt_close(double got, double want, double atol, double rtol, const char *what, ...) {
