@@ -363,6 +363,23 @@ class KLDivFunction(torch.autograd.Function):
 _KLDivFunction = KLDivFunction  # the name before it was public
 
 
+def _operands(fname, input, target, input_alias, target_alias):
+    """input and target of `fname`, each given by Liger's name or by kdloss's earlier keyword
+    (input_alias, target_alias: (name, value)); TypeError when one is given twice or missing."""
+    (a_name, a), (t_name, t) = input_alias, target_alias
+    if a is not None:
+        if input is not None:
+            raise TypeError(f"{fname}() got both input and {a_name}")
+        input = a
+    if t is not None:
+        if target is not None:
+            raise TypeError(f"{fname}() got both target and {t_name}")
+        target = t
+    if input is None or target is None:
+        raise TypeError(f"{fname}() needs input and target")
+    return input, target
+
+
 def kl_div(input=None, target=None, size_average=None, reduce=None, reduction="mean",
            log_target=False, eps=1e-10, *, y_pred=None, y_true=None):
     """KL(target || exp(input)) with torch.nn.functional.kl_div semantics (docs/MATH.md
@@ -383,16 +400,7 @@ def kl_div(input=None, target=None, size_average=None, reduce=None, reduction="m
     or torch's promotion of the two dtypes ("none"); the gradient is in input's dtype.
     Gradient flows to input only.
     """
-    if y_pred is not None:
-        if input is not None:
-            raise TypeError("kl_div() got both input and y_pred")
-        input = y_pred
-    if y_true is not None:
-        if target is not None:
-            raise TypeError("kl_div() got both target and y_true")
-        target = y_true
-    if input is None or target is None:
-        raise TypeError("kl_div() needs input and target")
+    input, target = _operands("kl_div", input, target, ("y_pred", y_pred), ("y_true", y_true))
     if isinstance(size_average, str):  # kdloss's earlier positional form
         old_reduction = size_average
         if reduce is not None:
@@ -463,16 +471,7 @@ def jsd(input=None, target=None, shift_labels=None, beta=0.5, ignore_index=-100,
     rows without labels). Each operand float32, bfloat16 or float16; the loss is float32
     (Liger's returns the input's dtype); the gradient, to input only, in input's dtype.
     """
-    if log_q is not None:
-        if input is not None:
-            raise TypeError("jsd() got both input and log_q")
-        input = log_q
-    if log_p is not None:
-        if target is not None:
-            raise TypeError("jsd() got both target and log_p")
-        target = log_p
-    if input is None or target is None:
-        raise TypeError("jsd() needs input and target")
+    input, target = _operands("jsd", input, target, ("log_q", log_q), ("log_p", log_p))
     input, target = _gathered(input, "input"), _gathered(target, "target")
     return _ops.jsd(input, _detached(target), shift_labels, float(beta), int(ignore_index),
                     _needs_grad(input))[0]
