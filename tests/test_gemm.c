@@ -38,52 +38,92 @@ static float *frand(kt_rng *r, int64_t n) {
     return p;
 }
 
-/* Element (i, j) of op(X) for X stored row-major with ld, transposed when t. */
-static double at(const float *x, int t, int64_t ld, int64_t i, int64_t j) {
-    return t ? x[j * ld + i] : x[i * ld + j];
+/* Element (i, j) of op(X) for X stored row-major with ld, transposed when t: fp32 and bf16
+ * (raw bits) storage. */
+typedef double (*elem_fn)(const void *x, int t, int64_t ld, int64_t i, int64_t j);
+
+static double at(const void *x, int t, int64_t ld, int64_t i, int64_t j) {
+    const float *f = x;
+    return t ? f[j * ld + i] : f[i * ld + j];
+}
+
+static double from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return (double)f;
+}
+
+static double at_bf16(const void *x, int t, int64_t ld, int64_t i, int64_t j) {
+    const uint16_t *h = x;
+    return from_bf16(t ? h[j * ld + i] : h[i * ld + j]);
+}
+
+/* Case c's storage: A ar x ac (lda), B br x bc (ldb), C m x n (ldc), padded by c->pad. */
+typedef struct glayout {
+    int64_t ar, ac, br, bc, lda, ldb, ldc;
+} glayout;
+
+static glayout layout_of(const gcase *c) {
+    glayout l;
+    l.ar = c->ta ? c->k : c->m, l.ac = c->ta ? c->m : c->k;
+    l.br = c->tb ? c->n : c->k, l.bc = c->tb ? c->k : c->n;
+    l.lda = (l.ac > 1 ? l.ac : 1) + c->pad, l.ldb = (l.bc > 1 ? l.bc : 1) + c->pad;
+    l.ldc = c->n + c->pad;
+    return l;
+}
+
+/* A fresh C (*cm) and its copy before the call (*c0): NaN when beta = 0, which must ignore C. */
+static void fresh_c(kt_rng *rng, const gcase *c, const glayout *l, float **cm, float **c0) {
+    *cm = frand(rng, c->m * l->ldc);
+    *c0 = malloc(sizeof(float) * (size_t)(c->m * l->ldc > 0 ? c->m * l->ldc : 1));
+    if (c->beta == 0.0f) /* beta = 0 must ignore C: NaN there must not leak through */
+        for (int64_t i = 0; i < c->m * l->ldc; i++) (*cm)[i] = NAN;
+    memcpy(*c0, *cm, sizeof(float) * (size_t)(c->m * l->ldc));
+}
+
+/* Every element of C against the double reference alpha op(A) op(B) + beta C0, within
+ * gamma_(k + rounds) times its terms' magnitude (the header's bound; rounds: the roundings
+ * beyond the k products' sum), and its padding untouched. */
+static void check_c(const char *ctx, const gcase *c, const glayout *l, elem_fn el, const void *a,
+                    const void *b, const float *cm, const float *c0, int rounds) {
+    const double u = 0x1p-24, g = (double)(c->k + rounds) * u / (1.0 - (double)(c->k + rounds) * u);
+    int64_t bad = 0, pad_bad = 0, ldc = l->ldc;
+    for (int64_t i = 0; i < c->m; i++) {
+        for (int64_t j = 0; j < c->n; j++) {
+            double s = 0.0, mag = 0.0;
+            for (int64_t q = 0; q < c->k; q++) {
+                double t = el(a, c->ta, l->lda, i, q) * el(b, c->tb, l->ldb, q, j);
+                s += t;
+                mag += fabs(t);
+            }
+            double old = c->beta == 0.0f ? 0.0 : (double)c0[i * ldc + j];
+            double want = (double)c->alpha * s + (double)c->beta * old;
+            double lim = g * (fabs((double)c->alpha) * mag + fabs((double)c->beta * old)) + 1e-37;
+            if (!(fabs((double)cm[i * ldc + j] - want) <= lim)) bad++;
+        }
+        for (int64_t j = c->n; j < ldc; j++) /* padding: untouched */
+            if (memcmp(&cm[i * ldc + j], &c0[i * ldc + j], sizeof(float))) pad_bad++;
+    }
+    KT_CHECK(bad == 0, "%s: %lld of %lld elements outside the fp32 summation bound", ctx,
+             (long long)bad, (long long)(c->m * c->n));
+    KT_CHECK(pad_bad == 0, "%s: %lld padding elements written", ctx, (long long)pad_bad);
 }
 
 /* Runs case c with provider p and checks every element against the double reference. */
 static void check_case(kt_rng *rng, kdloss_gemm_provider p, const char *pname, const gcase *c) {
-    int64_t ar = c->ta ? c->k : c->m, ac = c->ta ? c->m : c->k;
-    int64_t br = c->tb ? c->n : c->k, bc = c->tb ? c->k : c->n;
-    int64_t lda = (ac > 1 ? ac : 1) + c->pad, ldb = (bc > 1 ? bc : 1) + c->pad;
-    int64_t ldc = c->n + c->pad;
-    float *a = frand(rng, ar * lda), *b = frand(rng, br * ldb), *cm = frand(rng, c->m * ldc);
-    float *c0 = malloc(sizeof(float) * (size_t)(c->m * ldc > 0 ? c->m * ldc : 1));
-    if (c->beta == 0.0f) /* beta = 0 must ignore C: NaN there must not leak through */
-        for (int64_t i = 0; i < c->m * ldc; i++) cm[i] = NAN;
-    memcpy(c0, cm, sizeof(float) * (size_t)(c->m * ldc));
-    kdloss_status st = kdloss_gemm_f32(p, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, lda, b, ldb,
-                                       c->beta, cm, ldc);
+    glayout l = layout_of(c);
+    float *a = frand(rng, l.ar * l.lda), *b = frand(rng, l.br * l.ldb), *cm, *c0;
+    fresh_c(rng, c, &l, &cm, &c0);
+    kdloss_status st = kdloss_gemm_f32(p, c->ta, c->tb, c->m, c->n, c->k, c->alpha, a, l.lda, b,
+                                       l.ldb, c->beta, cm, l.ldc);
     char ctx[160];
     snprintf(ctx, sizeof ctx, "%s %c%c m %lld n %lld k %lld pad %lld alpha %g beta %g", pname,
              c->ta ? 'T' : 'N', c->tb ? 'T' : 'N', (long long)c->m, (long long)c->n,
              (long long)c->k, (long long)c->pad, c->alpha, c->beta);
-    if (KT_CHECK(st == KDLOSS_OK, "%s: status %s", ctx, kdloss_status_string(st))) {
-        const double u = 0x1p-24, g = (double)(c->k + 3) * u / (1.0 - (double)(c->k + 3) * u);
-        int64_t bad = 0, pad_bad = 0;
-        for (int64_t i = 0; i < c->m; i++) {
-            for (int64_t j = 0; j < c->n; j++) {
-                double s = 0.0, mag = 0.0;
-                for (int64_t l = 0; l < c->k; l++) {
-                    double t = at(a, c->ta, lda, i, l) * at(b, c->tb, ldb, l, j);
-                    s += t;
-                    mag += fabs(t);
-                }
-                double old = c->beta == 0.0f ? 0.0 : (double)c0[i * ldc + j];
-                double want = (double)c->alpha * s + (double)c->beta * old;
-                double lim = g * (fabs((double)c->alpha) * mag + fabs((double)c->beta * old)) +
-                             1e-37;
-                if (!(fabs((double)cm[i * ldc + j] - want) <= lim)) bad++;
-            }
-            for (int64_t j = c->n; j < ldc; j++) /* padding: untouched */
-                if (memcmp(&cm[i * ldc + j], &c0[i * ldc + j], sizeof(float))) pad_bad++;
-        }
-        KT_CHECK(bad == 0, "%s: %lld of %lld elements outside the fp32 summation bound", ctx,
-                 (long long)bad, (long long)(c->m * c->n));
-        KT_CHECK(pad_bad == 0, "%s: %lld padding elements written", ctx, (long long)pad_bad);
-    }
+    /* the alpha product, the beta term and the final addition: three roundings more */
+    if (KT_CHECK(st == KDLOSS_OK, "%s: status %s", ctx, kdloss_status_string(st)))
+        check_c(ctx, c, &l, at, a, b, cm, c0, 3);
     free(a);
     free(b);
     free(cm);
@@ -282,59 +322,27 @@ static uint16_t to_bf16(float x) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-static double from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return (double)f;
-}
-
 static uint16_t *brand(kt_rng *r, int64_t n) {
     uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
     for (int64_t i = 0; i < n; i++) p[i] = to_bf16((float)(kt_normal(r) * (i % 5 == 0 ? 8.0 : 1.0)));
     return p;
 }
 
-/* C of case c by kdloss_gemm_bf16 (alpha 1); 1 when every element is within the bound. */
+/* Case c (alpha 1, beta 0 or 1) by kdloss_gemm_bf16, checked as check_case: a product of two
+ * bf16 numbers is exact in fp32, so only the k-term sum and the beta addition round. */
 static void check_bf16_case(kt_rng *rng, const gcase *c) {
-    int64_t ar = c->ta ? c->k : c->m, ac = c->ta ? c->m : c->k;
-    int64_t br = c->tb ? c->n : c->k, bc = c->tb ? c->k : c->n;
-    int64_t lda = (ac > 1 ? ac : 1) + c->pad, ldb = (bc > 1 ? bc : 1) + c->pad;
-    int64_t ldc = c->n + c->pad;
-    uint16_t *a = brand(rng, ar * lda), *b = brand(rng, br * ldb);
-    float *cm = frand(rng, c->m * ldc), *c0 = malloc(sizeof(float) * (size_t)(c->m * ldc + 1));
-    if (c->beta == 0.0f)
-        for (int64_t i = 0; i < c->m * ldc; i++) cm[i] = NAN;
-    memcpy(c0, cm, sizeof(float) * (size_t)(c->m * ldc));
-    kdloss_status st = kdloss_gemm_bf16(KDLOSS_GEMM_AUTO, c->ta, c->tb, c->m, c->n, c->k, a, lda,
-                                        b, ldb, c->beta, cm, ldc);
+    glayout l = layout_of(c);
+    uint16_t *a = brand(rng, l.ar * l.lda), *b = brand(rng, l.br * l.ldb);
+    float *cm, *c0;
+    fresh_c(rng, c, &l, &cm, &c0);
+    kdloss_status st = kdloss_gemm_bf16(KDLOSS_GEMM_AUTO, c->ta, c->tb, c->m, c->n, c->k, a,
+                                        l.lda, b, l.ldb, c->beta, cm, l.ldc);
     char ctx[160];
     snprintf(ctx, sizeof ctx, "bf16 %c%c m %lld n %lld k %lld pad %lld beta %g",
              c->ta ? 'T' : 'N', c->tb ? 'T' : 'N', (long long)c->m, (long long)c->n,
              (long long)c->k, (long long)c->pad, c->beta);
-    if (KT_CHECK(st == KDLOSS_OK, "%s: status %s", ctx, kdloss_status_string(st))) {
-        const double u = 0x1p-24, g = (double)(c->k + 2) * u / (1.0 - (double)(c->k + 2) * u);
-        int64_t bad = 0, pad_bad = 0;
-        for (int64_t i = 0; i < c->m; i++) {
-            for (int64_t j = 0; j < c->n; j++) {
-                double s = 0.0, mag = 0.0;
-                for (int64_t l = 0; l < c->k; l++) {
-                    double x = from_bf16(c->ta ? a[l * lda + i] : a[i * lda + l]);
-                    double y = from_bf16(c->tb ? b[j * ldb + l] : b[l * ldb + j]);
-                    s += x * y;
-                    mag += fabs(x * y);
-                }
-                double old = c->beta == 0.0f ? 0.0 : (double)c0[i * ldc + j];
-                double lim = g * (mag + fabs(old)) + 1e-37;
-                if (!(fabs((double)cm[i * ldc + j] - (s + old)) <= lim)) bad++;
-            }
-            for (int64_t j = c->n; j < ldc; j++)
-                if (memcmp(&cm[i * ldc + j], &c0[i * ldc + j], sizeof(float))) pad_bad++;
-        }
-        KT_CHECK(bad == 0, "%s: %lld of %lld elements outside the fp32 summation bound", ctx,
-                 (long long)bad, (long long)(c->m * c->n));
-        KT_CHECK(pad_bad == 0, "%s: %lld padding elements written", ctx, (long long)pad_bad);
-    }
+    if (KT_CHECK(st == KDLOSS_OK, "%s: status %s", ctx, kdloss_status_string(st)))
+        check_c(ctx, c, &l, at_bf16, a, b, cm, c0, 2);
     free(a);
     free(b);
     free(cm);
