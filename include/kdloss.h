@@ -573,6 +573,19 @@ KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *para
  * T^2 times it stays within ~1e-4 of the float64 value at T 100 (V 4096 and 32768, tests/
  * test_t2_scale.c) but not at T 1e3 and beyond (issue 25). Without t2_scale any T is accepted; the
  * soft part then carries an absolute error of ~1e-7 (a relative one growing as T^2). */
+/* A model's map from its LM head's output u = x W^T + b to its logits, applied inside the fused
+ * losses before the temperature, as the model's own forward applies it (Cohere's logit_scale,
+ * Gemma 2's final_logit_softcapping; docs/MATH.md section 4):
+ *   z = softcap tanh(scale u / softcap)   (softcap > 0)
+ *   z = scale u                           (softcap = 0: no cap)
+ * The gradients flow through it: dz/du = scale (1 - (z / softcap)^2), or scale.
+ * A zeroed map is the identity (scale 0 is read as 1), so code that filled a params struct
+ * field by field before these members existed keeps its meaning. */
+typedef struct kdloss_logit_map {
+    double scale;   /* > 0 and a finite fp32, or 0 (read as 1); default 1                     */
+    double softcap; /* 0 (none), or > 0 and a finite fp32 with 1/softcap finite; default 0    */
+} kdloss_logit_map;
+
 typedef struct kdloss_fused_linear_distill_params {
     kdloss_div_params div;   /* default JSD, beta 0.5, alpha 0.1                                  */
     double temperature;      /* as kdloss_fljsd_params; default 1                                 */
@@ -583,6 +596,8 @@ typedef struct kdloss_fused_linear_distill_params {
     int64_t chunk_size;      /* as kdloss_fljsd_params; default 0 (automatic)                     */
     size_t memory_budget;    /* as kdloss_fljsd_params; default 0 (256 MiB)                       */
     double grad_scale;       /* default 1                                                         */
+    kdloss_logit_map student_map; /* the student head's logit map; default the identity        */
+    kdloss_logit_map teacher_map; /* the teacher head's logit map; default the identity        */
 } kdloss_fused_linear_distill_params;
 
 KDLOSS_API void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_params *p);
@@ -635,7 +650,8 @@ KDLOSS_API kdloss_status kdloss_fused_linear_distill(
  *   RENORM_BOTH     both distributions renormalized over S (log-softmax over the used slots);
  *                   every divergence applies. It depends on the student only through the |S|
  *                   selected logits, so the fused loss computes them from the |S| gathered weight
- *                   rows, O(BT K H) instead of O(BT V H), when no cross-entropy or row_lse is wanted.
+ *                   rows, O(BT K H) instead of O(BT V H), when no cross-entropy or row_lse is wanted
+ *                   and the student has no logit map (with one, the full-vocabulary path runs).
  *   RENORM_TEACHER  the teacher renormalized over S against the student's full-vocabulary
  *                   log-probs at S: sum_S P'_k (log P'_k - log Q_k) (the axolotl / DistillKit
  *                   convention; not a divergence between two distributions, and >= -log sum_S Q).
@@ -718,6 +734,8 @@ typedef struct kdloss_fused_linear_topk_distill_params {
     int64_t chunk_size;      /* rows per chunk; 0 = automatic; default 0                        */
     size_t memory_budget;    /* as kdloss_fused_linear_distill_params; default 0 (256 MiB)      */
     double grad_scale;       /* default 1                                                      */
+    kdloss_logit_map student_map; /* as kdloss_fused_linear_distill_params; the identity by
+                                     default. The teacher's log-probs are given, already mapped */
 } kdloss_fused_linear_topk_distill_params;
 
 KDLOSS_API void kdloss_fused_linear_topk_distill_params_default(

@@ -1,4 +1,4 @@
-/* Generic accuracy test of the vector exp / log / log1p (src/cpu/vmath.h), included by
+/* Generic accuracy test of the vector exp / log / log1p / tanh (src/cpu/vmath.h), included by
  * test_vmath_avx2.c and test_vmath_avx512.c after they define the ISA. Dense sweeps of each
  * domain (every k-th float bit pattern plus edge values) against double-precision libm; the
  * error is measured in ULPs of the correctly rounded result (or in subnormal steps below
@@ -30,6 +30,7 @@ static vf call_exp(vf x) { return vf_exp(x); }
 static vf call_log(vf x) { return vf_log(x); }
 static vf call_log1p(vf x) { return vf_log1p_unit(x); }
 static double d_log1p(double x) { return log1p(x); }
+static vf call_tanh(vf x) { return vf_tanh(x); }
 
 /* Sweeps bit patterns [lo, hi] with stride `step` (and the edges), returns the max error. */
 static double sweep(vfn f, dfn ref, uint32_t lo, uint32_t hi, uint32_t step, int sign, float *worst) {
@@ -55,7 +56,7 @@ static double sweep(vfn f, dfn ref, uint32_t lo, uint32_t hi, uint32_t step, int
 }
 
 static int run_vmath_checks(const char *isa) {
-    float w = 0;
+    float w = 0, o_th[VL];
     double e;
     /* exp: [-87.3, 88.7] normal results; (-104, -87.3) subnormal results (error in steps of 2^-149) */
     e = sweep(call_exp, exp, 0, 0x42b17217u, 37, 0, &w); /* [0, 88.72] */
@@ -72,6 +73,21 @@ static int run_vmath_checks(const char *isa) {
     kt_close(e, 0, 2.0, 0, "%s log max ULP on [0.5, 2] (worst at %a)", isa, w);
     e = sweep(call_log1p, d_log1p, 0, 0x3f800000u, 7, 0, &w);
     kt_close(e, 0, 2.0, 0, "%s log1p_unit max ULP on [0, 1] (worst at %a)", isa, w);
+    /* tanh (the softcap, logit_map.h): both signs, from 2^-40 through saturation at ~9.01 */
+    for (int sg = 0; sg < 2; sg++) {
+        e = sweep(call_tanh, tanh, 0x2b800000u, 0x41200000u, 3, sg, &w); /* [2^-40, 10] */
+        kt_close(e, 0, 4.0, 0, "%s tanh max ULP on %s[2^-40, 10] (worst at %a)", isa,
+                 sg ? "-" : "", w);
+        e = sweep(call_tanh, tanh, 0x3e800000u, 0x3ec00000u, 1, sg, &w); /* [0.25, 0.375]: the seam */
+        kt_close(e, 0, 4.0, 0, "%s tanh max ULP around the seam 0.3125 (worst at %a)", isa, w);
+    }
+    float th[6] = {INFINITY, -INFINITY, NAN, 0.0f, 1e30f, -1e30f};
+    vf_store(o_th, vf_tanh(vf_load_n(th, 6)));
+    KT_CHECK(o_th[0] == 1.0f && o_th[1] == -1.0f && isnan(o_th[2]) && o_th[3] == 0.0f &&
+                 o_th[4] == 1.0f && o_th[5] == -1.0f,
+             "%s tanh specials: %g %g %g %g %g %g", isa, o_th[0], o_th[1], o_th[2], o_th[3],
+             o_th[4], o_th[5]);
+    printf("%s tanh: ok\n", isa);
     /* special values */
     float sp[8] = {0.0f, -0.0f, -1.0f, INFINITY, -INFINITY, NAN, 1.0f, 100.0f}, o[VL];
     vf_store(o, vf_log(vf_load_n(sp, 8)));

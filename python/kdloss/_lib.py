@@ -125,13 +125,19 @@ class DistillLogitsParams(ctypes.Structure):
                 ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double)]
 
 
+class LogitMap(ctypes.Structure):
+    """kdloss_logit_map: z = softcap tanh(scale u / softcap), or scale u (softcap 0)."""
+    _fields_ = [("scale", ctypes.c_double), ("softcap", ctypes.c_double)]
+
+
 class FldParams(ctypes.Structure):
     """kdloss_fused_linear_distill_params."""
     _fields_ = [("div", DivParams), ("temperature", ctypes.c_double),
                 ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
                 ("t2_scale", ctypes.c_int), ("ignore_index", ctypes.c_int64),
                 ("chunk_size", ctypes.c_int64), ("memory_budget", ctypes.c_size_t),
-                ("grad_scale", ctypes.c_double)]
+                ("grad_scale", ctypes.c_double), ("student_map", LogitMap),
+                ("teacher_map", LogitMap)]
 
 
 class FldOut(ctypes.Structure):
@@ -159,7 +165,7 @@ class FltdParams(ctypes.Structure):
                 ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
                 ("t2_scale", ctypes.c_int), ("ignore_index", ctypes.c_int64),
                 ("chunk_size", ctypes.c_int64), ("memory_budget", ctypes.c_size_t),
-                ("grad_scale", ctypes.c_double)]
+                ("grad_scale", ctypes.c_double), ("student_map", LogitMap)]
 
 
 class FldJsdOut(ctypes.Structure):
@@ -232,7 +238,7 @@ C_STRUCTS = {CMat: "kdloss_cmat", Mat: "kdloss_mat", Labels: "kdloss_labels",
              TopkDistillParams: "kdloss_topk_distill_params",
              FltdParams: "kdloss_fused_linear_topk_distill_params", FldJsdOut: "kdloss_fljsd_out",
              Comm: "kdloss_comm", VocabShard: "kdloss_vocab_shard",
-             Bf16GemmInfo: "kdloss_bf16_gemm_info"}
+             Bf16GemmInfo: "kdloss_bf16_gemm_info", LogitMap: "kdloss_logit_map"}
 
 
 def abi_layout(c_name):
@@ -554,13 +560,15 @@ def topk_distill_params(div, tail, temperature, ignore_index, grad_scale=1.0):
 
 
 def fltd_params(div, tail, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
-                chunk_size=0, t2_scale=False, memory_budget=0, grad_scale=1.0):
-    """kdloss_fused_linear_topk_distill_params."""
+                chunk_size=0, t2_scale=False, memory_budget=0, grad_scale=1.0,
+                student_map=(1.0, None)):
+    """kdloss_fused_linear_topk_distill_params; student_map: (scale, softcap)."""
     return _filled(FltdParams, "kdloss_fused_linear_topk_distill_params_default", div=div,
                    tail=tail, temperature=temperature, weight_hard_loss=weight_hard_loss,
                    weight_soft_loss=weight_soft_loss, t2_scale=int(bool(t2_scale)),
                    ignore_index=ignore_index, chunk_size=chunk_size,
-                   memory_budget=memory_budget, grad_scale=grad_scale)
+                   memory_budget=memory_budget, grad_scale=grad_scale,
+                   student_map=logit_map(*student_map))
 
 
 def distill_params(div, ignore_index, grad_scale=1.0):
@@ -578,14 +586,22 @@ def distill_logits_params(div, temperature, ignore_index, grad_scale=1.0):
     return p
 
 
+def logit_map(scale=1.0, softcap=None):
+    """kdloss_logit_map from a model's logit_scale and final_logit_softcapping (None: no cap)."""
+    return LogitMap(1.0 if scale is None else float(scale),
+                    0.0 if softcap is None else float(softcap))
+
+
 def fld_params(div, temperature, weight_hard_loss, weight_soft_loss, ignore_index, chunk_size=0,
-               t2_scale=False, memory_budget=0, grad_scale=1.0):
+               t2_scale=False, memory_budget=0, grad_scale=1.0, maps=(1.0, None, 1.0, None)):
+    """maps: (student scale, student softcap, teacher scale, teacher softcap)."""
     p = FldParams()
     fn("kdloss_fused_linear_distill_params_default")(ctypes.byref(p))
     p.div, p.temperature, p.t2_scale = div, temperature, int(bool(t2_scale))
     p.weight_hard_loss, p.weight_soft_loss = weight_hard_loss, weight_soft_loss
     p.ignore_index, p.chunk_size = ignore_index, chunk_size
     p.memory_budget, p.grad_scale = memory_budget, grad_scale
+    p.student_map, p.teacher_map = logit_map(*maps[:2]), logit_map(*maps[2:])
     return p
 
 

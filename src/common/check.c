@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include <stdint.h>
+#include <stdio.h>
 
 int kd_is_float_dtype(kdloss_dtype dt) {
     return dt == KDLOSS_F32 || dt == KDLOSS_BF16 || dt == KDLOSS_F16;
@@ -144,6 +145,8 @@ void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_para
     p->chunk_size = 0;
     p->memory_budget = 0;
     p->grad_scale = 1.0;
+    p->student_map = (kdloss_logit_map){1.0, 0.0};
+    p->teacher_map = (kdloss_logit_map){1.0, 0.0};
 }
 
 /* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
@@ -153,6 +156,23 @@ void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_para
 static kdloss_status bad_param(const char *what, double value, const char *want) {
     kd_detail("%s = %g: %s", what, value, want);
     return KDLOSS_ERR_INVALID_PARAM;
+}
+
+/* A head's logit map (kdloss.h): scale 0 (the identity) or a positive finite fp32; softcap 0 or
+ * positive with softcap, 1/softcap and scale/softcap finite fp32 (they are used as fp32). */
+static kdloss_status check_map(const char *who, kdloss_logit_map m) {
+    char what[32];
+    snprintf(what, sizeof what, "%s.scale", who);
+    if (!(m.scale >= 0.0) || !kd_fp32_finite(m.scale))
+        return bad_param(what, m.scale, "must be 0 (the identity) or > 0, a finite fp32");
+    snprintf(what, sizeof what, "%s.softcap", who);
+    double s = m.scale == 0.0 ? 1.0 : m.scale;
+    if (!(m.softcap >= 0.0) || !kd_fp32_finite(m.softcap) ||
+        (m.softcap > 0.0 && (!kd_fp32_finite(1.0 / m.softcap) || !kd_fp32_finite(s / m.softcap))))
+        return bad_param(what, m.softcap,
+                         "must be 0 (none) or > 0 with softcap, 1/softcap and scale/softcap "
+                         "finite fp32");
+    return KDLOSS_OK;
 }
 
 kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
@@ -180,11 +200,17 @@ kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
         return bad_param("temperature", p->temperature, "must be a normal fp32 with 1/T finite");
     /* the gradient factors the row kernels use in fp32, at their largest (n_valid = 1):
      * grad_scale w_soft (T^2 or 1) / (n_valid T) and grad_scale w_hard / n_valid */
+    if ((st = check_map("student_map", p->student_map)) != KDLOSS_OK ||
+        (st = check_map("teacher_map", p->teacher_map)) != KDLOSS_OK)
+        return st;
+    /* ... times the student map's scale, which the row pass folds into them (logit_map.h) */
     double t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
-    if (!kd_fp32_finite(p->grad_scale * p->weight_soft_loss * t_fac) ||
-        !kd_fp32_finite(p->grad_scale * p->weight_hard_loss))
+    double s = p->student_map.scale == 0.0 ? 1.0 : p->student_map.scale;
+    if (!kd_fp32_finite(p->grad_scale * p->weight_soft_loss * t_fac * s) ||
+        !kd_fp32_finite(p->grad_scale * p->weight_hard_loss * s))
         return bad_param("grad_scale", p->grad_scale,
-                         "times the loss weights and temperature factor must stay a finite fp32");
+                         "times the loss weights, temperature factor and student_map.scale must "
+                         "stay a finite fp32");
     return KDLOSS_OK;
 }
 

@@ -45,6 +45,7 @@ void kdloss_fused_linear_topk_distill_params_default(kdloss_fused_linear_topk_di
     p->chunk_size = 0;
     p->memory_budget = 0;
     p->grad_scale = 1.0;
+    p->student_map = (kdloss_logit_map){1.0, 0.0};
 }
 
 kdloss_status kd_topk_check_tail(const kdloss_div_params *d, kdloss_topk_tail tail) {
@@ -74,7 +75,8 @@ kdloss_fused_linear_distill_params kd_topk_fld_params(
     const kdloss_fused_linear_topk_distill_params *p) {
     kdloss_fused_linear_distill_params d = {p->div,          p->temperature, p->weight_hard_loss,
                                             p->weight_soft_loss, p->t2_scale, p->ignore_index,
-                                            p->chunk_size,   p->memory_budget, p->grad_scale};
+                                            p->chunk_size,   p->memory_budget, p->grad_scale,
+                                            p->student_map,  {1.0, 0.0}};
     return d;
 }
 

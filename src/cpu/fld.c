@@ -386,8 +386,12 @@ static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, 
     r->soft = soft;
     r->hard = hard;
     r->grad = k->grad;
-    r->gs = k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f;
-    r->gh = k->grad ? (float)(p->grad_scale * p->weight_hard_loss / nv) : 0.0f;
+    r->map_s = kd_logit_map_make(p->student_map);
+    r->map_t = kd_logit_map_make(p->teacher_map);
+    /* the student map's scale is dz/du's constant factor (logit_map.h) */
+    double s = k->grad ? (double)r->map_s.scale : 0.0;
+    r->gs = (float)(s * p->grad_scale * p->weight_soft_loss * t_fac / nv);
+    r->gh = (float)(s * p->grad_scale * p->weight_hard_loss / nv);
     r->row_soft = (double *)(base + pl->off_rows);
     r->row_hard = r->row_soft + pl->chunk;
 }
@@ -539,7 +543,7 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
 int kd_topk_sparse_eligible(const kd_fld_call *k) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     return k->topk.k > 0 && k->tail == KDLOSS_TAIL_RENORM_BOTH && !(k->p.weight_hard_loss > 0.0) &&
-           !o->hard_loss && !o->row_hard && !o->row_lse;
+           !o->hard_loss && !o->row_hard && !o->row_lse && !kd_logit_map_make(k->p.student_map).on;
 }
 
 /* The sparse path's workspace, carved from `base` with the chunk of the full plan: every region

@@ -3,7 +3,7 @@
  * sparse top-k one (docs/MATH.md sections 4, 8 and 9).
  *
  * The phases end where a vocabulary-parallel rank needs statistics of the other ranks' columns:
- *   1. max      bias added; the row maxima                      -> all-reduce MAX of st_max
+ *   1. max      bias added, logit maps applied; the row maxima  -> all-reduce MAX of st_max
  *   2. sums     sums of exps at those maxima, the label's logit, -> all-reduce SUM of st_sum
  *               a sparse teacher's gathered logits
  *   3. div      log-normalizers, cross-entropy, the divergence  -> all-reduce SUM of st_div
@@ -17,13 +17,15 @@
  * The includer defines PH(name) (the functions' names), PH_CTX (the divergence constants' type
  * built from a->coef) and the V-wide passes over a row of v floats:
  *   PH_FOLD_MAX(z, b, v)                adds the bias b (or NULL) in place, returns the max
+ *   PH_MAP(z, b, v, map)                z = map(z + b) in place (logit_map.h; b may be NULL)
  *   PH_SUM_EXP(z, v, m, s)              sum of exp((z - m) s), double
  *   PH_DIV(a, k, zs, zt, ms, mt, lss, lst, store_g, sum_g)
  *                                       the divergence's terms on X = (zs - ms) it - lss,
  *                                       Y = (zt - mt) it - lst: returns their sum; when store_g,
  *                                       g = dD/dX over zt and its sum into *sum_g
- *   PH_GRAD(a, zs, zt, ms, lss, sum_g, lsh, share)
- *                                       zs = gs (g - q sum_g) + gh softmax(zs), q = softmax(zs/T)
+ *   PH_GRAD(a, zs, zt, v, ms, lss, sum_g, lsh, share)
+ *                                       zs = gs (g - q sum_g) + gh softmax(zs), q = softmax(zs/T),
+ *                                       over v columns (a row, or a tile of one)
  *   PH_REST_GRAD(z, v, c1, m1, s1, l1, c2, m2, l2)
  *                                       z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2) (a
  *                                       term whose c is 0 skipped; a -inf element gives 0)
@@ -58,14 +60,34 @@ static inline int ph_ignored(const kd_fld_rows *a, int64_t i) {
     return a->labels.data && kd_label_at(a->labels, a->row0 + i) == a->ignore_index;
 }
 
+/* Phase 1 on one row of a head: the bias, then the head's logit map when it has one; the max.
+ * The map passes over the row once more, in cache; a row without one is read once, as before. */
+static inline float PH(fold)(float *z, const float *b, int64_t v, const kd_logit_map *m) {
+    if (!m->on) return PH_FOLD_MAX(z, b, v);
+    PH_MAP(z, b, v, m);
+    return PH_FOLD_MAX(z, NULL, v);
+}
+
+/* Phase 4 under a student softcap runs tile by tile: each tile's factors 1 - (z / cap)^2 are
+ * taken from its logits before its gradient replaces them, then multiply it (logit_map.h). */
+static inline int ph_capped(const kd_fld_rows *a) { return a->grad && a->map_s.cap > 0.0f; }
+
+static inline void ph_cap_factors(const kd_logit_map *m, const float *z, int64_t n, float *f) {
+    for (int64_t c = 0; c < n; c++) f[c] = kd_map_dcap(m, z[c]);
+}
+
+static inline void ph_cap_apply(float *z, int64_t n, const float *f) {
+    for (int64_t c = 0; c < n; c++) z[c] *= f[c];
+}
+
 /* ---- dense teacher ---- */
 
 static void PH(dense_max)(const kd_fld_rows *a, int64_t i) {
     double *mx = a->st_max + 2 * i;
     mx[0] = mx[1] = -INFINITY;
     if (ph_ignored(a, i)) return;
-    mx[0] = PH_FOLD_MAX(a->zs + i * a->v, a->bs, a->v);
-    if (a->soft) mx[1] = PH_FOLD_MAX(a->zt + i * a->v, a->bt, a->v);
+    mx[0] = PH(fold)(a->zs + i * a->v, a->bs, a->v, &a->map_s);
+    if (a->soft) mx[1] = PH(fold)(a->zt + i * a->v, a->bt, a->v, &a->map_t);
 }
 
 static void PH(dense_sums)(const kd_fld_rows *a, int64_t i) {
@@ -133,9 +155,23 @@ static void PH(dense_div)(const kd_fld_rows *a, const PH_CTX *k, int64_t i) {
     if (a->soft && (isnan(lss) || isnan(lst))) dv[0] = dv[1] = NAN;
 }
 
+/* Phase 4 of a dense row on its n columns from zs (g: the divergence's gradient there). */
+static void PH(dense_grad_cols)(const kd_fld_rows *a, const double *dv, float *zs,
+                                const float *g, int64_t n, float ms, double lss, double lsh) {
+    int share = a->soft && a->inv_t == 1.0f && a->gs != 0.0f;
+    if (kd_row_wide(ms)) { /* the careful form (row_special.h) */
+        for (int64_t c = 0; c < n; c++)
+            zs[c] = kd_wide_dz(zs[c], a->gs != 0.0f ? g[c] : 0.0f, ms, (double)a->inv_t, lss,
+                               dv[1], a->gs, a->gh, lsh, share);
+    } else {
+        PH_GRAD(a, zs, g, n, ms, (float)lss, dv[1], (float)lsh, share);
+    }
+}
+
 static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
     const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
     float *zs = a->zs + i * a->v;
+    const float *g = a->zt ? a->zt + i * a->v : NULL;
     double lss, lst, lsh;
     a->row_soft[i] = dv[0];
     if (!a->grad) return;
@@ -144,19 +180,21 @@ static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
         return;
     }
     ph_dense_logs(a, sm, &lss, &lst, &lsh);
-    int share = a->soft && a->inv_t == 1.0f && a->gs != 0.0f;
     float ms = (float)a->st_max[2 * i];
-    if (kd_row_wide(ms)) { /* the careful form (row_special.h) */
-        const float *g = a->zt ? a->zt + i * a->v : NULL;
-        for (int64_t c = 0; c < a->v; c++)
-            zs[c] = kd_wide_dz(zs[c], a->gs != 0.0f ? g[c] : 0.0f, ms, (double)a->inv_t, lss,
-                               dv[1], a->gs, a->gh, lsh, share);
-    } else {
-        PH_GRAD(a, zs, a->zt ? a->zt + i * a->v : NULL, ms, (float)lss, dv[1], (float)lsh,
-                share);
-    }
     int64_t y = ph_label_col(a, i);
-    if (a->gh != 0.0f && y >= 0) zs[y] -= a->gh;
+    if (!ph_capped(a)) {
+        PH(dense_grad_cols)(a, dv, zs, g, a->v, ms, lss, lsh);
+        if (a->gh != 0.0f && y >= 0) zs[y] -= a->gh;
+        return;
+    }
+    float f[KD_FLD_TILE];
+    for (int64_t c0 = 0; c0 < a->v; c0 += KD_FLD_TILE) {
+        int64_t n = a->v - c0 < KD_FLD_TILE ? a->v - c0 : KD_FLD_TILE;
+        ph_cap_factors(&a->map_s, zs + c0, n, f);
+        PH(dense_grad_cols)(a, dv, zs + c0, g ? g + c0 : NULL, n, ms, lss, lsh);
+        if (a->gh != 0.0f && y >= c0 && y < c0 + n) zs[y] -= a->gh;
+        ph_cap_apply(zs + c0, n, f);
+    }
 }
 
 /* ---- sparse top-k teacher ---- */
@@ -168,8 +206,9 @@ static inline int64_t *ph_tk(const kd_fld_rows *a, int64_t i) {
 }
 
 /* Gathers row i's used slots in slot order: the teacher's log-probs, and for the ids this rank
- * holds their logits with the bias (as PH_FOLD_MAX adds it), then masks those to -inf. */
-static void ph_gather(const kd_fld_rows *a, int64_t i, float *z) {
+ * holds their logits with the bias b (as PH_FOLD_MAX adds it; NULL once added), then masks those
+ * to -inf. */
+static void ph_gather(const kd_fld_rows *a, int64_t i, float *z, const float *b) {
     const kdloss_topk_teacher *t = a->topk;
     int64_t kk = t->k, r = a->row0 + i, n = 0, *col = ph_tk(a, i);
     float *zk = (float *)(col + kk + 1), *lp = zk + kk;
@@ -179,7 +218,7 @@ static void ph_gather(const kd_fld_rows *a, int64_t i, float *z) {
         if (id + a->v_lo < 0) continue; /* -1: unused (the ids were checked) */
         int local = id >= 0 && id < a->v;
         col[n] = local ? id : -1;
-        zk[n] = !local ? 0.0f : a->bs ? z[id] + a->bs[id] : z[id];
+        zk[n] = !local ? 0.0f : b ? z[id] + b[id] : z[id];
         lp[n] = kd_topk_logprob(t, r, j);
         if (local) z[id] = -INFINITY;
         n++;
@@ -210,13 +249,18 @@ static void PH(topk_max)(const kd_fld_rows *a, int64_t i) {
     mx[0] = mx[1] = -INFINITY;
     if (ph_ignored(a, i)) return;
     int64_t y = ph_label_col(a, i), kk = a->topk->k;
+    const float *b = a->bs;
+    if (a->map_s.on) { /* the bias and the map first: every logit below is the model's */
+        PH_MAP(z, b, a->v, &a->map_s);
+        b = NULL;
+    }
     /* the label's logit, read before the mask (labels exist when the cross-entropy is on) */
-    sm[3] = a->hard && y >= 0 ? (a->bs ? z[y] + a->bs[y] : z[y]) : 0.0;
-    ph_gather(a, i, z);
+    sm[3] = a->hard && y >= 0 ? (b ? z[y] + b[y] : z[y]) : 0.0;
+    ph_gather(a, i, z, b);
     const int64_t *col = ph_tk(a, i);
     const float *zk = (const float *)(col + kk + 1);
     /* -inf when S holds every local column; +inf when a NaN or +inf is outside S (ph_keep_nan) */
-    float mr = ph_keep_nan(z, a->v, PH_FOLD_MAX(z, a->bs, a->v)), m = mr;
+    float mr = ph_keep_nan(z, a->v, PH_FOLD_MAX(z, b, a->v)), m = mr;
     for (int64_t k = 0; k < col[kk]; k++)
         if (col[k] >= 0 && zk[k] > m) m = zk[k];
     mx[0] = mr;
@@ -264,6 +308,46 @@ static void PH(topk_div)(const kd_fld_rows *a, int64_t i) {
     dv[1] = lse1;
 }
 
+/* Phase 4 of a top-k row outside S: the row's constants (topk_grad), then its n columns from z
+ * (S's own columns, masked to -inf, give 0 there and are written afterwards). */
+typedef struct ph_tk_rest {
+    float c1, mr, lr, m, l2;
+    int nan, wide;
+} ph_tk_rest;
+
+static void PH(topk_rest_cols)(const kd_fld_rows *a, const ph_tk_rest *r, float *z, int64_t n) {
+    if (r->nan) {
+        /* a poisoned row (kd_topk_row's c_rest NaN): NaN in every column outside S (the NaN
+         * policy) also where no column outside S is above -inf (none, e.g. an infinite weight
+         * row times a negative hidden state), which would otherwise skip them and leave 0 there
+         * where the sparse renorm_both path and CUDA give NaN */
+        for (int64_t c = 0; c < n; c++) z[c] = NAN;
+    } else if (r->wide) { /* the careful form (row_special.h) */
+        for (int64_t c = 0; c < n; c++) {
+            double d = 0.0;
+            if (r->c1 != 0.0f) d = (double)r->c1 * exp(((double)z[c] - r->mr) * a->inv_t64 - r->lr);
+            if (a->gh != 0.0f) d += (double)a->gh * exp(((double)z[c] - r->m) - r->l2);
+            z[c] = (float)d;
+        }
+    } else {
+        PH_REST_GRAD(z, n, r->c1, r->mr, a->inv_t, r->lr, a->gh, r->m, r->l2);
+    }
+}
+
+/* Phase 4 outside S under a student softcap, tile by tile (ph_capped); the label's -gh where it
+ * lies outside S, before its factor. */
+static void PH(topk_rest_capped)(const kd_fld_rows *a, const ph_tk_rest *r, float *z,
+                                 int64_t y_rest) {
+    float f[KD_FLD_TILE];
+    for (int64_t c0 = 0; c0 < a->v; c0 += KD_FLD_TILE) {
+        int64_t n = a->v - c0 < KD_FLD_TILE ? a->v - c0 : KD_FLD_TILE;
+        ph_cap_factors(&a->map_s, z + c0, n, f);
+        PH(topk_rest_cols)(a, r, z + c0, n);
+        if (a->gh != 0.0f && y_rest >= c0 && y_rest < c0 + n) z[y_rest] -= a->gh;
+        ph_cap_apply(z + c0, n, f);
+    }
+}
+
 static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
     const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
     float *z = a->zs + i * a->v;
@@ -274,35 +358,30 @@ static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
     }
     int64_t kk = a->topk->k, *col = ph_tk(a, i), n = col[kk], y = ph_label_col(a, i);
     const float *zk = (const float *)(col + kk + 1), *gk = zk + 2 * kk;
-    float mr = (float)a->st_max[2 * i], m = (float)a->st_max[2 * i + 1];
-    int soft = a->soft && a->gs != 0.0f;
+    int soft = a->soft && a->gs != 0.0f, capped = ph_capped(a);
     double lse1 = dv[1];
-    int none = mr == -INFINITY;
-    float c1 = soft && !none ? (float)(a->gs * dv[0]) : 0.0f;
-    float lr = !none ? (float)log(sm[0]) : 0.0f, l2 = (float)(lse1 - (double)m);
-    if (soft && isnan(dv[0])) {
-        /* a poisoned row (kd_topk_row's c_rest NaN): NaN in every column outside S (the NaN
-         * policy) also where no column outside S is above -inf (none, e.g. an infinite weight
-         * row times a negative hidden state), which would otherwise skip them and leave 0 there
-         * where the sparse renorm_both path and CUDA give NaN */
-        for (int64_t c = 0; c < a->v; c++) z[c] = NAN;
-    } else if (kd_row_wide(mr) && !none) { /* the careful form (row_special.h) */
-        for (int64_t c = 0; c < a->v; c++) {
-            double d = 0.0;
-            if (c1 != 0.0f) d = (double)c1 * exp(((double)z[c] - mr) * a->inv_t64 - lr);
-            if (a->gh != 0.0f) d += (double)a->gh * exp(((double)z[c] - m) - l2);
-            z[c] = (float)d;
-        }
-    } else {
-        PH_REST_GRAD(z, a->v, c1, mr, a->inv_t, lr, a->gh, m, l2);
-    }
+    ph_tk_rest r;
+    r.mr = (float)a->st_max[2 * i];
+    r.m = (float)a->st_max[2 * i + 1];
+    int none = r.mr == -INFINITY;
+    r.c1 = soft && !none ? (float)(a->gs * dv[0]) : 0.0f;
+    r.lr = !none ? (float)log(sm[0]) : 0.0f;
+    r.l2 = (float)(lse1 - (double)r.m);
+    r.nan = soft && isnan(dv[0]);
+    r.wide = kd_row_wide(r.mr) && !none;
+    int64_t y_rest = y; /* the label's column when it lies outside S */
+    for (int64_t k = 0; k < n; k++)
+        if (col[k] == y) y_rest = -1;
+    if (capped) PH(topk_rest_capped)(a, &r, z, y_rest);
+    else PH(topk_rest_cols)(a, &r, z, a->v);
     for (int64_t k = 0; k < n; k++) {
         if (col[k] < 0) continue;
         float d = soft ? a->gs * gk[k] : 0.0f;
         if (a->gh != 0.0f) d += a->gh * (float)exp((double)zk[k] - lse1);
+        if (capped) d = (a->gh != 0.0f && col[k] == y ? d - a->gh : d) * kd_map_dcap(&a->map_s, zk[k]);
         z[col[k]] = d;
     }
-    if (a->gh != 0.0f && y >= 0) z[y] -= a->gh;
+    if (!capped && a->gh != 0.0f && y >= 0) z[y] -= a->gh;
 }
 
 /* ---- entry points ---- */

@@ -4,11 +4,12 @@
  * The driver has put the chunk's fp32 logits (straight from the GEMM, bias not yet added) in
  * zs and zt; one call does everything that needs whole rows, one row at a time, in a fixed
  * order of operations that does not depend on the thread count:
- *   1. add the bias and take the row max of zs and zt;
+ *   1. add the bias, apply the heads' logit maps, and take the row max of zs and zt;
  *   2. sum-exp of zs/T and zt/T (and of zs itself for the cross-entropy when T != 1);
  *   3. the JSD element terms on X = log_softmax(zs/T), Y = log_softmax(zt/T), their sum, and
  *      the element gradients g = dJSD/dX (stored over zt) with sum(g);
- *   4. dzs = gh (softmax(zs) - onehot(y)) + gs (g - softmax(zs/T) sum(g)), written over zs.
+ *   4. dzs = gh (softmax(zs) - onehot(y)) + gs (g - softmax(zs/T) sum(g)), written over zs
+ *      (times the softcap's factor 1 - (zs / cap)^2 per element when the student has one).
  * With a sparse teacher (topk set, zt unused) passes 2-4 run on the columns outside the teacher's
  * ids and kd_topk_row on the ids themselves (fld_row_phases.h).
  * Ignored rows get zero loss terms and, when gradients are wanted, a zero dzs row. */
@@ -19,6 +20,7 @@
 
 #include "div_coef.h"
 #include "kdloss.h"
+#include "logit_map.h"
 
 /* Row reductions run in fp32 vectors over tiles of this many columns, then in double: the
  * fp32 rounding error of a sum stays that of a 1024-term sum whatever V is. A multiple of 16,
@@ -39,6 +41,8 @@ typedef struct kd_fld_rows {
                               (then hard must be 0) */
     int64_t ignore_index;
     kd_div_coef coef;      /* the divergence's element operation and constants */
+    kd_logit_map map_s, map_t; /* the heads' logit maps, applied in pass 1 (logit_map.h); the
+                              student's scale is folded into gs and gh */
     float inv_t;           /* 1 / temperature */
     double inv_t64;        /* inv_t as a double (kd_topk_row's argument; exact, topk_row.h) */
     int soft;              /* compute the JSD terms (needs zt) */

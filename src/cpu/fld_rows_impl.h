@@ -39,6 +39,26 @@ static float KD_SFX(fold_max)(float *z, const float *b, int64_t v) {
     return vf_hmax(m);
 }
 
+/* z = map(z + b) in place (logit_map.h; b may be NULL): the vector form of kd_map_z. */
+KD_INLINE vf KD_SFX(map_at)(const kd_logit_map *m, vf u) {
+    if (m->cap > 0.0f) return vf_mul(vf_set1(m->cap), vf_tanh(vf_mul(u, vf_set1(m->s_cap))));
+    return vf_mul(vf_set1(m->scale), u);
+}
+
+static void KD_SFX(map_row)(float *z, const float *b, int64_t v, const kd_logit_map *m) {
+    int64_t c = 0;
+    for (; c + VL <= v; c += VL) {
+        vf u = vf_load(z + c);
+        if (b) u = vf_add(u, vf_load(b + c));
+        vf_store(z + c, KD_SFX(map_at)(m, u));
+    }
+    if (c < v) {
+        vf u = vf_load_n(z + c, v - c);
+        if (b) u = vf_add(u, vf_load_n(b + c, v - c));
+        vf_store_n(z + c, KD_SFX(map_at)(m, u), v - c);
+    }
+}
+
 /* sum over the row of exp((z - m) s): fp32 vectors within a tile, double across tiles. */
 static double KD_SFX(sum_exp)(const float *z, int64_t v, float m, float s) {
     vf vmax = vf_set1(m), vs = vf_set1(s);
@@ -127,12 +147,13 @@ KD_INLINE vf KD_SFX(dz_at)(const kd_fld_rows *a, const KD_SFX(rowc) *r, vf z, vf
     return d;
 }
 
-/* Pass 4: dzs over zs. share: softmax(zs) equals softmax(zs/T) (T = 1, q computed). */
+/* Pass 4 over v columns: dzs over zs. share: softmax(zs) equals softmax(zs/T) (T = 1, q
+ * computed). */
 static void KD_SFX(grad_pass)(const kd_fld_rows *a, const KD_SFX(rowc) *r, float *zs,
-                              const float *zt, double sum_g, float lsh, int share) {
+                              const float *zt, int64_t v, double sum_g, float lsh, int share) {
     vf sg = vf_set1((float)sum_g), gs = vf_set1(a->gs), gh = vf_set1(a->gh);
     vf vlsh = vf_set1(lsh), g = vf_zero();
-    int64_t v = a->v, c = 0;
+    int64_t c = 0;
     for (; c + VL <= v; c += VL) {
         if (a->gs != 0.0f) g = vf_load(zt + c);
         vf_store(zs + c, KD_SFX(dz_at)(a, r, vf_load(zs + c), g, sg, gs, gh, vlsh, share));
@@ -187,19 +208,20 @@ static double KD_SFX(div_any)(const kd_fld_rows *a, const kd_vdiv *k, const floa
     return 0.0;
 }
 
-/* Pass 4 of a dense row (see grad_pass). */
-static void KD_SFX(grad_any)(const kd_fld_rows *a, float *zs, const float *zt, float ms,
-                             float lss, double sum_g, float lsh, int share) {
+/* Pass 4 of a dense row's v columns (see grad_pass). */
+static void KD_SFX(grad_any)(const kd_fld_rows *a, float *zs, const float *zt, int64_t v,
+                             float ms, float lss, double sum_g, float lsh, int share) {
     KD_SFX(rowc) r;
     r.ms = vf_set1(ms);
     r.it = vf_set1(a->inv_t);
     r.lss = vf_set1(lss);
-    KD_SFX(grad_pass)(a, &r, zs, zt, sum_g, lsh, share);
+    KD_SFX(grad_pass)(a, &r, zs, zt, v, sum_g, lsh, share);
 }
 
 #define PH(name) KD_SFX(ph_##name)
 #define PH_CTX kd_vdiv
 #define PH_FOLD_MAX KD_SFX(fold_max)
+#define PH_MAP KD_SFX(map_row)
 #define PH_SUM_EXP KD_SFX(sum_exp)
 #define PH_DIV KD_SFX(div_any)
 #define PH_GRAD KD_SFX(grad_any)

@@ -19,6 +19,11 @@ static float fold_max(float *z, const float *b, int64_t v) {
     return m;
 }
 
+/* z = map(z + b) in place (logit_map.h; b may be NULL). */
+static void map_row(float *z, const float *b, int64_t v, const kd_logit_map *m) {
+    for (int64_t c = 0; c < v; c++) z[c] = kd_map_z(m, b ? z[c] + b[c] : z[c]);
+}
+
 /* sum over the row of exp((z - m) s), in double: one scalar accumulator would sum a tile's 1024
  * terms in sequence, whose fp32 error (up to ~1000 u of the terms' magnitude, where the vector
  * paths' 16 lanes sum 64 each) the tests' bounds do not allow for. */
@@ -45,11 +50,12 @@ static double div_pass(const kd_div_coef *k, const float *zs, float *zt, int64_t
     return loss;
 }
 
-/* Pass 4 of a dense row: dzs = gs (g - q sum_g) + gh p, q = softmax(zs/T), p = softmax(zs). */
-static void grad_pass(const kd_fld_rows *a, float *zs, const float *zt, float ms, float lss,
-                      double sum_g, float lsh, int share) {
+/* Pass 4 over v columns of a dense row: dzs = gs (g - q sum_g) + gh p, q = softmax(zs/T),
+ * p = softmax(zs). */
+static void grad_pass(const kd_fld_rows *a, float *zs, const float *zt, int64_t v, float ms,
+                      float lss, double sum_g, float lsh, int share) {
     float sg = (float)sum_g, it = a->inv_t;
-    for (int64_t c = 0; c < a->v; c++) {
+    for (int64_t c = 0; c < v; c++) {
         float d = 0.0f, q = 0.0f;
         if (a->gs != 0.0f) {
             q = expf((zs[c] - ms) * it - lss);
@@ -74,6 +80,7 @@ static void rest_grad(float *z, int64_t v, float c1, float m1, float s1, float l
 #define PH(name) ph_##name
 #define PH_CTX kd_div_coef
 #define PH_FOLD_MAX fold_max
+#define PH_MAP map_row
 #define PH_SUM_EXP sum_exp
 #define PH_DIV(a, k, zs, zt, ms, mt, lss, lst, store_g, sum_g)                                 \
     div_pass(k, zs, zt, (a)->v, ms, mt, (a)->inv_t, lss, lst, store_g, sum_g)

@@ -73,7 +73,8 @@ void kd_topk_sparse_scatter_avx2(const kd_topk_sparse *a);
 void kd_topk_sparse_scatter_avx512(const kd_topk_sparse *a);
 
 /* Whether a checked fused call takes the sparse path: renorm_both, and nothing that needs the
- * full logits (no cross-entropy weight or output, no row_lse). */
+ * full logits (no cross-entropy weight or output, no row_lse) and no student logit map (the
+ * sparse rows take the gathered logits as they are). */
 int kd_topk_sparse_eligible(const kd_fld_call *k);
 /* Runs such a call; workspace: NULL (allocated here, at most the call's plan bytes) or the
  * caller's (at least plan->bytes, which bounds what the sparse path uses). */

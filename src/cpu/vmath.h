@@ -95,6 +95,23 @@ KD_INLINE vf vf_exp_nonnan(vf x) { return vf_exp(x); }
  * results as vf_exp there. */
 KD_INLINE vf vf_exp_in(vf x) { return kd_vexp_clamped(x); }
 
+/* tanh(x) (the fused losses' softcap, logit_map.h). Below |x| = 0.3125 the odd Taylor polynomial
+ * to x^11 (the first term left out, 21844/6081075 x^13, is < 2^-28 of x there); above,
+ * (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.535, where 1 - e has no cancellation. A few ULP
+ * either way (tests/vmath_check.h bounds it at 4); the sign of x restored; +-inf gives +-1,
+ * NaN stays NaN. */
+KD_INLINE vf vf_tanh(vf x) {
+    vf a = vf_abs(x), one = vf_set1(1.0f), x2 = vf_mul(a, a);
+    vf e = vf_exp(vf_mul(vf_set1(-2.0f), a));
+    vf big = vf_div(vf_sub(one, e), vf_add(one, e));
+    vf q = vf_fmadd(vf_set1(-0.0088632355f), x2, vf_set1(0.021869488f));
+    q = vf_fmadd(q, x2, vf_set1(-0.053968254f));
+    q = vf_fmadd(q, x2, vf_set1(0.13333333f));
+    q = vf_fmadd(q, x2, vf_set1(-0.33333333f));
+    vf t = vf_select(vm_lt(a, vf_set1(0.3125f)), vf_fmadd(vf_mul(a, x2), q, a), big);
+    return vf_select(vm_lt(x, vf_zero()), vf_neg(t), t);
+}
+
 /* log(1 + f) for f in [-0.2929, 0.4143] as f - f^2/2 + f^3 P(f), P of degree 7 fitted in
  * 40-digit arithmetic (Chebyshev-node weighted least squares, tools: mpmath/numpy) to
  * (log1p(f) - f + f^2/2) / f^3; truncation 0.17 ULP. No division: a divide's latency sat on

@@ -122,10 +122,22 @@ kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_
     return KDLOSS_OK;
 }
 
+/* The CUDA fused kernels do not apply logit maps yet (kdloss.h): a map other than the identity
+ * is KDLOSS_ERR_UNSUPPORTED, never a silently different loss. */
+static kdloss_status no_map(kdloss_logit_map m, const char *who) {
+    if ((m.scale == 0.0 || m.scale == 1.0) && m.softcap == 0.0) return KDLOSS_OK;
+    kd_detail("%s (scale %g, softcap %g): the CUDA backend does not apply logit maps yet", who,
+              m.scale, m.softcap);
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
 /* Thin wrappers: the checks themselves are the CPU's (src/common/check.c), so both backends
  * return the same codes. */
 kdloss_status kd_args_fl_params(const kdloss_fused_linear_distill_params *p) {
-    return p ? kd_fld_check_params(p) : KDLOSS_ERR_NULL_POINTER;
+    kdloss_status st = p ? kd_fld_check_params(p) : KDLOSS_ERR_NULL_POINTER;
+    if (st == KDLOSS_OK) st = no_map(p->student_map, "student_map");
+    if (st == KDLOSS_OK) st = no_map(p->teacher_map, "teacher_map");
+    return st;
 }
 
 kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
@@ -363,6 +375,7 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
     /* the CPU's order (src/cpu/fld_check.c) */
     if (!p || !out) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_topk_check_fused_params(p); /* src/common/topk.c, shared */
+    if (st == KDLOSS_OK) st = no_map(p->student_map, "student_map");
     if (st == KDLOSS_OK) st = kd_args_fl_sizes(bt, hs, hs, v);
     if (st == KDLOSS_OK) st = fl_pair_dtype(xs.dtype, ws.dtype);
     if (st != KDLOSS_OK) return st;

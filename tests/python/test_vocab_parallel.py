@@ -136,9 +136,9 @@ def check_rank(what, losses, grads, want_losses, want_grads, lo, hi):
 # ---- dense teachers -------------------------------------------------------------------------------
 
 def _dense_modules(rank):
-    """(name, constructor keywords, module class): two divergences of FusedLinearDistillLoss
-    (with cross-entropy, T, t2_scale; several chunks) and FusedLinearJSDLoss, whose chunk size
-    differs between the ranks (they agree on the smaller)."""
+    """(name, constructor keywords, module class): three cases of FusedLinearDistillLoss (with
+    cross-entropy, T, t2_scale; several chunks; logit maps) and FusedLinearJSDLoss, whose chunk
+    size differs between the ranks (they agree on the smaller)."""
     return [
         ("forward_kl", dict(divergence="forward_kl", weight_hard_loss=0.3, weight_soft_loss=0.7,
                             temperature=2.0, t2_scale=True), FusedLinearDistillLoss),
@@ -146,6 +146,9 @@ def _dense_modules(rank):
                                  chunk_size=5), FusedLinearDistillLoss),
         ("jsd_loss", dict(beta=0.3, temperature=2.0, chunk_size=4 if rank == 0 else 0),
          FusedLinearJSDLoss),
+        ("logit_maps", dict(divergence="reverse_kl", weight_hard_loss=0.4, temperature=1.5,
+                            student_logit_scale=1.5, student_softcap=2.0, teacher_softcap=3.0),
+         FusedLinearDistillLoss),
     ]
 
 
@@ -180,10 +183,12 @@ def _topk_worker(rank):
         xs, ws, bs, ids, lps, labels = fused_case(torch.Generator().manual_seed(11), bt=12, h=16,
                                                   v=sum(sizes), k=5, t=1.5)
         lo, hi = block_of(rank, sizes)
-        for tail, div, wh, with_labels in TOPK_CASES:
+        for i, (tail, div, wh, with_labels) in enumerate(TOPK_CASES):
             what = f"rank {rank} {layout} {tail} {div}"
             kw = dict(divergence=div, tail=tail, weight_hard_loss=wh, weight_soft_loss=1.0 - wh,
                       temperature=1.5)
+            if i == 1:  # one case with a student logit map (softcap 2 on logits of spread ~3)
+                kw.update(student_logit_scale=1.2, student_softcap=2.0)
             lab = labels if with_labels else None
             runs = []
             for w, b, pg in ((ws, bs, None), (ws[lo:hi], bs[lo:hi], group)):

@@ -263,20 +263,24 @@ def fused_linear_distill(student_input: torch.Tensor, student_weight: torch.Tens
                          teacher_bias: Optional[torch.Tensor], divergence: str, beta: float,
                          alpha: float, temperature: float, weight_hard_loss: float,
                          weight_soft_loss: float, ignore_index: int, chunk_size: int,
-                         t2_scale: bool, want_dx: bool, want_dw: bool,
-                         want_db: bool) -> _FusedOut:
+                         t2_scale: bool, want_dx: bool, want_dw: bool, want_db: bool,
+                         student_scale: float = 1.0, student_softcap: float = 0.0,
+                         teacher_scale: float = 1.0, teacher_softcap: float = 0.0) -> _FusedOut:
     div = _lib.div_params(divergence, beta, alpha)
     want = (want_dx, want_dw, want_db and student_bias is not None)
+    maps = (student_scale, student_softcap, teacher_scale, teacher_softcap)
     results = F._fld_compute(student_input, student_weight, teacher_input, teacher_weight, labels,
                              student_bias, teacher_bias, div, temperature, weight_hard_loss,
-                             weight_soft_loss, ignore_index, chunk_size, t2_scale, None, want)
+                             weight_soft_loss, ignore_index, chunk_size, t2_scale, None, want,
+                             maps)
     return _fused_out(results, want, student_input, student_weight, student_bias)
 
 
 @fused_linear_distill.register_fake
 def _(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
       teacher_bias, divergence, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
-      ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db):
+      ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db, student_scale=1.0,
+      student_softcap=0.0, teacher_scale=1.0, teacher_softcap=0.0):
     _lm_head_fake(student_input, student_weight, student_bias, "student")
     _lm_head_fake(teacher_input, teacher_weight, teacher_bias, "teacher")
     F._teacher_head(student_weight, teacher_weight, teacher_bias)  # more rows: the first V
@@ -304,7 +308,7 @@ def _fused_backward(ctx, grad_loss, *_others):
     return tuple(grads)
 
 
-fused_linear_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 19))
+fused_linear_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 23))
 
 
 @torch.library.custom_op(f"{_LIB}::fused_linear_topk_distill", mutates_args=())
@@ -315,28 +319,30 @@ def fused_linear_topk_distill(student_input: torch.Tensor, student_weight: torch
                               temperature: float, weight_hard_loss: float,
                               weight_soft_loss: float, ignore_index: int, chunk_size: int,
                               t2_scale: bool, want_hard: bool, want_dx: bool, want_dw: bool,
-                              want_db: bool) -> _FusedOut:
+                              want_db: bool, student_scale: float = 1.0,
+                              student_softcap: float = 0.0) -> _FusedOut:
     div = _lib.div_params(divergence, beta, alpha)
     code = _lib.topk_tail(tail)
     want = (want_dx, want_dw, want_db and student_bias is not None)
     results = F._fltd_compute(student_input, student_weight, teacher_ids, teacher_logprobs,
                               labels, student_bias, div, code, temperature, weight_hard_loss,
                               weight_soft_loss, ignore_index, chunk_size, t2_scale, want_hard,
-                              None, want)
+                              None, want, (student_scale, student_softcap))
     return _fused_out(results, want, student_input, student_weight, student_bias)
 
 
 @fused_linear_topk_distill.register_fake
 def _(student_input, student_weight, teacher_ids, teacher_logprobs, labels, student_bias,
       divergence, tail, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
-      ignore_index, chunk_size, t2_scale, want_hard, want_dx, want_dw, want_db):
+      ignore_index, chunk_size, t2_scale, want_hard, want_dx, want_dw, want_db, student_scale=1.0,
+      student_softcap=0.0):
     _lm_head_fake(student_input, student_weight, student_bias, "student")
     _topk_shapes_fake(teacher_ids, teacher_logprobs, student_input.shape[:-1])
     return _fused_fake(student_input, student_weight, student_bias,
                        (want_dx, want_dw, want_db and student_bias is not None))
 
 
-fused_linear_topk_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 20))
+fused_linear_topk_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 22))
 
 
 # ---- meta tensors outside FakeTensorMode --------------------------------------------------------

@@ -10,6 +10,9 @@ tools' stored formats into that:
                                                                         ids / values
     retemper(logprobs, valid, generation_temperature, training_temperature)
 
+and, for the fused losses, logit_map_kwargs(student_config, teacher_config): the models'
+logit_scale / final_logit_softcapping as the losses' keywords.
+
 Re-tempering (what is done, and why). A stored log-prob generated at temperature T_gen is
 lp_gen(i) = z_i / T_gen - log Z_gen, with z the teacher's logits. At the training temperature
 T_train, lp(i) = z_i / T_train - log Z_train = s * lp_gen(i) + c with s = T_gen / T_train
@@ -36,7 +39,71 @@ import math
 
 import torch
 
-__all__ = ["retemper", "from_axolotl", "from_sparse"]
+__all__ = ["retemper", "from_axolotl", "from_sparse", "logit_map_kwargs",
+           "generalized_jsd_loss"]
+
+
+def generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0.5, temperature=1.0,
+                         reduction="batchmean", num_items_in_batch=None):
+    """TRL's GKDTrainer.generalized_jsd_loss, same signature and semantics, on kdloss:
+    `GKDTrainer.generalized_jsd_loss = staticmethod(generalized_jsd_loss)` (README, TRL).
+    JSD(beta) of softmax(teacher_logits / T) and softmax(student_logits / T), TRL's beta (0:
+    KL(teacher || student), 1: KL(student || teacher)), rows whose label is -100 left out.
+    - num_items_in_batch given: the sum over the kept tokens divided by it, whatever the
+      reduction (as TRL);
+    - "batchmean": the sum over the kept tokens / max(1, their count) with labels, / size(0)
+      without; "sum"; "mean": the sum / (kept tokens x V) (torch's mean of the elements);
+    - "none": TRL's elementwise terms, (kept tokens, V) with labels, else the logits' shape.
+      kdloss's C kernels form per-row sums only, so this one reduction is computed by torch
+      (log-softmax, the mixture in log space, float32 or the logits' dtype), materializing what
+      TRL does; the others are one fused kdloss pass (distill_loss)."""
+    from . import functional as F  # noqa: PLC0415  (functional imports this module's users)
+    if num_items_in_batch is not None:
+        return F.distill_loss(student_logits, teacher_logits, labels, divergence="jsd",
+                              beta=beta, temperature=temperature, reduction="batchmean",
+                              num_items_in_batch=num_items_in_batch)
+    if reduction != "none":
+        return F.distill_loss(student_logits, teacher_logits, labels, divergence="jsd",
+                              beta=beta, temperature=temperature, reduction=reduction)
+    x = torch.log_softmax(student_logits / temperature, -1)
+    y = torch.log_softmax(teacher_logits / temperature, -1)
+    if beta == 0:
+        terms = y.exp() * (y - x)
+    elif beta == 1:
+        terms = x.exp() * (x - y)
+    else:  # log M = logaddexp(log(1 - beta) + X, log(beta) + Y)
+        m = torch.logaddexp(x + math.log1p(-beta), y + math.log(beta))
+        terms = beta * y.exp() * (y - m) + (1 - beta) * x.exp() * (x - m)
+    return terms[labels != -100] if labels is not None else terms
+
+
+def _config_map(config, who):
+    """(logit_scale, final_logit_softcapping) of a Hugging Face config (or None: the identity).
+    A missing or None logit_scale is 1 (TRL #6629: Cohere's configs set it, others do not)."""
+    if config is None:
+        return 1.0, None
+    scale = getattr(config, "logit_scale", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"{who} config logit_scale={scale!r}: a number or None")
+    if cap is not None and not isinstance(cap, (int, float)):
+        raise TypeError(f"{who} config final_logit_softcapping={cap!r}: a number or None")
+    return (1.0 if scale is None else float(scale)), (None if cap is None else float(cap))
+
+
+def logit_map_kwargs(student_config=None, teacher_config=None):
+    """The fused losses' logit-map keywords (student_logit_scale, student_softcap,
+    teacher_logit_scale, teacher_softcap) from the two models' Hugging Face configs: each
+    model's `logit_scale` (Cohere) and `final_logit_softcapping` (Gemma 2), so that a loss that
+    reads lm_head.weight directly computes the logits the model's forward does (TRL #6629).
+    Pass `model.config`, not a wrapper's (a DeepSpeed engine's .config is DeepSpeed's).
+
+        loss_fn = FusedLinearDistillLoss(**logit_map_kwargs(student.config, teacher.config))
+    """
+    ss, sc = _config_map(student_config, "student")
+    ts, tc = _config_map(teacher_config, "teacher")
+    return {"student_logit_scale": ss, "student_softcap": sc, "teacher_logit_scale": ts,
+            "teacher_softcap": tc}
 
 
 def _check_temperature(t, what):

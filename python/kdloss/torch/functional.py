@@ -101,7 +101,17 @@ def _gathered(t, what):
             f"rank's block ({what}.to_local()) with process_group=<the mesh's group> and the "
             "hidden states replicated over it; with FSDP2, call the loss inside the wrapped "
             "module's forward, where the weight is already unsharded")
-    return t.full_tensor()
+    # The gradient back to the shards is the AVERAGE over the mesh of the ranks' gradients:
+    # under FSDP2 / HSDP each rank's loss is its own batch's, and FSDP2 averages (its default
+    # gradient divide factor; a custom factor set with set_gradient_divide_factor is not seen
+    # here); under tensor parallelism every rank's gradient is the same, so the average changes
+    # nothing. full_tensor()'s default (Replicate) would keep each rank's own, never reduced:
+    # FSDP2 did not unshard this weight, so it reduces nothing either (tests/python/test_fsdp2.py).
+    try:
+        from torch.distributed.tensor import Partial
+    except ImportError:  # torch 2.4
+        from torch.distributed._tensor import Partial
+    return t.full_tensor(grad_placements=[Partial("avg")] * t.device_mesh.ndim)
 
 
 def _refuse_dtensors(*named):
@@ -567,10 +577,10 @@ def _fused_results(outputs, xs, ws, bs):
 
 
 def _fld_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-                 ignore_index, chunk_size, t2_scale, vp, want):
+                 ignore_index, chunk_size, t2_scale, vp, want, maps=(1.0, 0.0, 1.0, 0.0)):
     """One kdloss_fused_linear_distill call (div: a _lib.DivParams; vp: a VocabParallel or
-    None). `want` = (dxs, dws, dbs). Returns (loss, soft, hard, dxs, dws, dbs) with the
-    gradients shaped like their inputs."""
+    None). `want` = (dxs, dws, dbs); maps: the heads' logit maps (_maps). Returns (loss, soft,
+    hard, dxs, dws, dbs) with the gradients shaped like their inputs."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
                           ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
     backend = backend_for(device, vp)
@@ -586,7 +596,7 @@ def _fld_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, 
         labels = torch.zeros(rows, dtype=torch.int32, device=device)
     labels, lview = labels_view(labels, rows, device, "labels")
     params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
-                             int(ignore_index), int(chunk_size or 0), t2_scale)
+                             int(ignore_index), int(chunk_size or 0), t2_scale, maps=maps)
     outputs, out = _fused_outputs(want, keep_s[0], keep_s[1], bs, rows)
     backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
                                  wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
@@ -628,18 +638,37 @@ def _fused_apply(xs, ws, bs, compute):
     return compute(want)[:3]
 
 
+def _maps(student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0,
+          teacher_softcap=None):
+    """The heads' logit maps as the C call and the custom ops take them: (student scale, student
+    softcap, teacher scale, teacher softcap), floats; a softcap of None is 0.0 (none), a scale
+    of None 1.0. z = softcap * tanh(scale * u / softcap), or scale * u (kdloss_logit_map)."""
+    def num(x, none, name):
+        if x is None:
+            return none
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise KdlossError(_lib.ERR_INVALID_PARAM, f"{name}={x!r}: a number or None")
+        return float(x)
+    return (num(student_logit_scale, 1.0, "student_logit_scale"),
+            num(student_softcap, 0.0, "student_softcap"),
+            num(teacher_logit_scale, 1.0, "teacher_logit_scale"),
+            num(teacher_softcap, 0.0, "teacher_softcap"))
+
+
 def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
-         chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None):
+         chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None,
+         maps=(1.0, 0.0, 1.0, 0.0)):
     if vp is None:  # one process: the custom op (torch.compile, torch.export, FakeTensor)
         _check_names(divergence, beta, alpha)
         return _ops.fused_linear_distill(
             xs, ws, _detached(xt), _detached(wt), labels, bs, _detached(bt_bias), divergence,
             float(beta), float(alpha), float(temperature), float(w_hard), float(w_soft),
-            int(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs))[:3]
+            int(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
+            *maps)[:3]
     div = _lib.div_params(divergence, beta, alpha)
     return _fused_apply(xs, ws, bs, functools.partial(
         _fld_compute, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-        ignore_index, chunk_size, t2_scale, vp))
+        ignore_index, chunk_size, t2_scale, vp, maps=maps))
 
 
 def _check_accum_dtype(accum_dtype):
@@ -736,7 +765,9 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
                           true_labels, student_bias=None, teacher_bias=None, weight_hard_loss=0.5,
                           weight_soft_loss=0.5, beta=0.5, ignore_index=-100, temperature=1.0,
                           compiled=True, chunk_size=None, return_soft_hard_loss=False,
-                          process_group=None, *, num_items_in_batch=None):
+                          process_group=None, *, num_items_in_batch=None,
+                          student_logit_scale=1.0, student_softcap=None,
+                          teacher_logit_scale=1.0, teacher_softcap=None):
     """Chunked fused-linear distillation loss (Liger's chunked LigerFusedLinearJSDLoss and its
     functional liger_kernel.chunked_loss.functional.liger_fused_linear_jsd, same positional
     order; docs/MATH.md section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of
@@ -751,7 +782,14 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
     micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
     it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
     call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
-    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward.
+    student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap: each model's
+    last step from its LM head to its logits, as its forward applies it (Cohere's logit_scale,
+    Gemma 2's final_logit_softcapping; TRL #6629): logits = softcap * tanh(scale * (x W^T + b) /
+    softcap), or scale * (x W^T + b) without a softcap (None), before the temperature; the
+    gradients flow through it. kdloss.torch.adapters.logit_map_kwargs(student_config,
+    teacher_config) reads them from Hugging Face configs."""
+    maps = _maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap)
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
@@ -763,7 +801,7 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
             ("student_bias", student_bias), ("teacher_bias", teacher_bias)])
         loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
                                 weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
-                                vp=vp)
+                                vp=vp, maps=maps)
     loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
                                          num_items_in_batch)
     return (loss, soft, hard) if return_soft_hard_loss else loss
@@ -815,7 +853,9 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
                               divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                               weight_soft_loss=0.5, ignore_index=-100, temperature=1.0,
                               t2_scale=False, chunk_size=None, return_soft_hard_loss=False,
-                              process_group=None, num_items_in_batch=None):
+                              process_group=None, num_items_in_batch=None,
+                              student_logit_scale=1.0, student_softcap=None,
+                              teacher_logit_scale=1.0, teacher_softcap=None):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
@@ -827,7 +867,10 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
     it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
     call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
-    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward.
+    student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap: the heads' logit
+    maps, as fused_linear_jsd_loss's."""
+    maps = _maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap)
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         _require_labels(true_labels, weight_hard_loss)
         _check_items(num_items_in_batch)
@@ -837,7 +880,7 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
             ("student_bias", student_bias), ("teacher_bias", teacher_bias)])
         loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
                                 weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
-                                divergence, alpha, t2_scale, vp)
+                                divergence, alpha, t2_scale, vp, maps)
     loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
                                          num_items_in_batch)
     return (loss, soft, hard) if return_soft_hard_loss else loss
@@ -1024,7 +1067,7 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
 
 
 def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
-                  ignore_index, chunk_size, t2_scale, want_hard, vp, want):
+                  ignore_index, chunk_size, t2_scale, want_hard, vp, want, student_map=(1.0, 0.0)):
     """One kdloss_fused_linear_topk_distill call; returns what _fld_compute does. labels None
     passes no labels (every row kept; the C call then needs w_hard 0 and no hard-loss output)."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_ids", ids),
@@ -1034,7 +1077,8 @@ def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, 
     keep_t, teacher = topk_teacher(ids, lps, xs.shape[:-1])
     labels, lview = labels_view(labels, rows, device, "true_labels")
     params = _lib.fltd_params(div, tail, float(temperature), float(w_hard), float(w_soft),
-                              int(ignore_index), int(chunk_size or 0), t2_scale)
+                              int(ignore_index), int(chunk_size or 0), t2_scale,
+                              student_map=student_map)
     # the hard loss is asked for only when wanted: any cross-entropy output turns renorm_both's
     # sparse path (K gathered weight rows, no BT x V logits) off
     outputs, out = _fused_outputs(want, keep_s[0], keep_s[1], bs, rows,
@@ -1050,7 +1094,8 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
                                    weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100,
                                    temperature=1.0, t2_scale=False, chunk_size=None,
                                    return_soft_hard_loss=False, process_group=None,
-                                   num_items_in_batch=None):
+                                   num_items_in_batch=None, student_logit_scale=1.0,
+                                   student_softcap=None):
     """The fused LM head + sparse top-k teacher loss (docs/MATH.md sections 4 and 8): student
     logits zs = student_input @ student_weight.T + student_bias formed chunk by chunk, never in
     full; (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept), CE on
@@ -1065,7 +1110,11 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
     it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
     call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
-    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward.
+    student_logit_scale, student_softcap: the student head's logit map, as
+    fused_linear_jsd_loss's (the teacher's log-probs come already mapped). With one, the
+    renorm_both tail runs the full-vocabulary path (not the K-gathered-rows one)."""
+    smap = _maps(student_logit_scale, student_softcap)[:2]
     with vocab_parallel(process_group, _VP_TOPK) as vp:
         _check_names(divergence, beta, alpha, tail)
         _check_items(num_items_in_batch)
@@ -1078,7 +1127,7 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
                 xs, ws, ids, _detached(lps), true_labels, bs, divergence, tail, float(beta),
                 float(alpha), float(temperature), float(weight_hard_loss),
                 float(weight_soft_loss), int(ignore_index), int(chunk_size or 0),
-                bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs))[:3]
+                bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs), *smap)[:3]
             loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index,
                                                  xs, num_items_in_batch)
             return (loss, soft, hard) if return_soft_hard_loss else loss
@@ -1087,7 +1136,7 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
         compute = functools.partial(
             _fltd_compute, xs, ws, ids, lps, true_labels, bs, div, code, temperature,
             weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
-            return_soft_hard_loss, vp)
+            return_soft_hard_loss, vp, student_map=smap)
         loss, soft, hard = _fused_apply(xs, ws, bs, compute)
     loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
                                          num_items_in_batch)

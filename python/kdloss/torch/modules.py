@@ -98,10 +98,16 @@ class FusedLinearJSDLoss(torch.nn.Module):
 
     def __init__(self, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
                  temperature=1.0, compiled=True, chunk_size=None, return_soft_hard_loss=False,
-                 process_group=None):
+                 process_group=None, *, student_logit_scale=1.0, student_softcap=None,
+                 teacher_logit_scale=1.0, teacher_softcap=None):
         super().__init__()
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        self.logit_maps = dict(student_logit_scale=student_logit_scale,
+                               student_softcap=student_softcap,
+                               teacher_logit_scale=teacher_logit_scale,
+                               teacher_softcap=teacher_softcap)
+        F._maps(**self.logit_maps)  # a non-number fails here
         self.weight_hard_loss = weight_hard_loss
         self.weight_soft_loss = weight_soft_loss
         self.beta = beta
@@ -119,7 +125,7 @@ class FusedLinearJSDLoss(torch.nn.Module):
             student_bias, teacher_bias, self.weight_hard_loss, self.weight_soft_loss, self.beta,
             self.ignore_index, self.temperature, self.compiled, self.chunk_size,
             self.return_soft_hard_loss, self.process_group,
-            num_items_in_batch=num_items_in_batch)
+            num_items_in_batch=num_items_in_batch, **self.logit_maps)
 
     def extra_repr(self):
         return (f"weight_hard_loss={self.weight_hard_loss}, "
@@ -159,14 +165,23 @@ class FusedLinearDistillLoss(torch.nn.Module):
     """Fused LM head + distillation loss with any divergence of the family:
     (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
     chunk_size None (or 0): the library's budgeted chunk. process_group: the
-    vocabulary-parallel group (module docstring).
+    vocabulary-parallel group (module docstring). student_logit_scale, student_softcap,
+    teacher_logit_scale, teacher_softcap: the heads' logit maps (Cohere's logit_scale, Gemma 2's
+    final_logit_softcapping; functional.fused_linear_jsd_loss).
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias=None, teacher_bias=None)."""
 
     def __init__(self, divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
-                 return_soft_hard_loss=False, chunk_size=None, process_group=None):
+                 return_soft_hard_loss=False, chunk_size=None, process_group=None, *,
+                 student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0,
+                 teacher_softcap=None):
         super().__init__()
+        self.logit_maps = dict(student_logit_scale=student_logit_scale,
+                               student_softcap=student_softcap,
+                               teacher_logit_scale=teacher_logit_scale,
+                               teacher_softcap=teacher_softcap)
+        F._maps(**self.logit_maps)  # a non-number fails here
         F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
         self.beta = beta
@@ -189,7 +204,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
             weight_soft_loss=self.weight_soft_loss, ignore_index=self.ignore_index,
             temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
             return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group,
-            num_items_in_batch=num_items_in_batch)
+            num_items_in_batch=num_items_in_batch, **self.logit_maps)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -244,11 +259,14 @@ class FusedLinearTopKDistillLoss(_TopKModule):
 
     def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                  weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100, temperature=1.0,
-                 t2_scale=False, process_group=None, chunk_size=None):
+                 t2_scale=False, process_group=None, chunk_size=None, *,
+                 student_logit_scale=1.0, student_softcap=None):
         super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
                          weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss,
                          ignore_index=ignore_index, temperature=temperature, t2_scale=t2_scale,
-                         chunk_size=chunk_size)
+                         chunk_size=chunk_size, student_logit_scale=student_logit_scale,
+                         student_softcap=student_softcap)
+        F._maps(student_logit_scale, student_softcap)  # a non-number fails here
         self.process_group = process_group  # not one of _args(): a group has no useful repr
 
     def forward(self, student_input, student_weight, teacher_ids, teacher_logprobs,
