@@ -21,7 +21,8 @@ import tempfile
 
 import torch
 
-from kdloss.torch import FusedLinearJSDLoss, distill_loss
+from kdloss.torch import FusedLinearJSDLoss
+from kdloss.torch.adapters import generalized_jsd_loss
 
 V, STEPS, ACCUM, BATCH, LENGTH, BETA = 64, 4, 2, 4, 12, 0.5
 torch.manual_seed(0)
@@ -53,13 +54,9 @@ def batch(generator, n=BATCH):
             "prompts": ids[:, :4], "prompt_attention_mask": mask[:, :4]}
 
 
-def kdloss_generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0.5,
-                                temperature=1.0, reduction="batchmean", num_items_in_batch=None):
-    """GKDTrainer.generalized_jsd_loss's signature and semantics (TRL's beta: 0 is KL(teacher ||
-    student), 1 the reverse), computed by kdloss in one pass over the logits."""
-    return distill_loss(student_logits, teacher_logits, labels, divergence="jsd", beta=beta,
-                        temperature=temperature, reduction=reduction,
-                        num_items_in_batch=num_items_in_batch)
+# GKDTrainer.generalized_jsd_loss's signature and semantics (TRL's beta: 0 is KL(teacher ||
+# student), 1 the reverse), computed by kdloss in one pass over the logits
+kdloss_generalized_jsd_loss = generalized_jsd_loss
 
 
 FUSED_LOSS = FusedLinearJSDLoss(weight_hard_loss=0.0, weight_soft_loss=1.0, beta=BETA)

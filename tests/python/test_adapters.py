@@ -109,3 +109,40 @@ def test_adapter_errors_name_the_row():
         adapters.retemper(top, mask, 0.0, 1.0)
     with pytest.raises(ValueError, match="values_are"):
         adapters.from_sparse(ids, top, values_are="probs")
+
+
+# ---- generalized_jsd_loss: TRL's GKDTrainer.generalized_jsd_loss semantics ----------------------
+
+def _gkd_terms(zs, zt, beta, t):
+    """TRL's elementwise JSD terms in float64 (beta weights the teacher in the mixture)."""
+    lq = torch.log_softmax(zs.double() / t, -1)
+    lp = torch.log_softmax(zt.double() / t, -1)
+    m = torch.logaddexp(lq + math.log1p(-beta), lp + math.log(beta)) if 0 < beta < 1 else None
+    if beta == 0:
+        return lp.exp() * (lp - lq)
+    if beta == 1:
+        return lq.exp() * (lq - lp)
+    return beta * lp.exp() * (lp - m) + (1 - beta) * lq.exp() * (lq - m)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
+@pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean", "none"])
+@pytest.mark.parametrize("with_labels", [False, True])
+def test_generalized_jsd_loss_has_trls_semantics(beta, reduction, with_labels):
+    g = torch.Generator().manual_seed(13)
+    zs, zt = (3 * torch.randn(2, 5, 11, generator=g) for _ in range(2))
+    labels = torch.randint(0, 11, (2, 5), generator=g) if with_labels else None
+    if with_labels:
+        labels[0, 1:3] = -100
+    terms = _gkd_terms(zs, zt, beta, 1.5)
+    kept = terms[labels != -100] if with_labels else terms
+    n = int((labels != -100).sum()) if with_labels else zs.size(0)
+    want = {"batchmean": kept.sum() / n, "sum": kept.sum(), "mean": kept.mean(),
+            "none": kept}[reduction]
+    got = adapters.generalized_jsd_loss(zs, zt, labels, beta=beta, temperature=1.5, reduction=reduction)
+    assert got.shape == want.shape
+    assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-6)
+    items = torch.tensor(7)  # num_items_in_batch: the sum over it, whatever the reduction
+    got = adapters.generalized_jsd_loss(zs, zt, labels, beta=beta, temperature=1.5, reduction=reduction,
+                               num_items_in_batch=items)
+    assert torch.allclose(got.double(), kept.sum() / 7, rtol=1e-5, atol=1e-6)
