@@ -2,7 +2,7 @@
  * in one process, the calls alternated (tools/ab/ab_common.h).
  *
  *   ab_fused_linear [-d DIV] [-r ROUNDS] [-b BT] [-s HS] [-h HT] [-v V] [-t fp32|bf16]
- *                   [-m BUDGET_MIB] LIB_A LIB_B [LIB...]
+ *                   [-m BUDGET_MIB] [-c SOFTCAP] LIB_A LIB_B [LIB...]
  *
  * DIV is the kdloss_divergence number (0 forward KL ... 5 TVD), default 2 (JSD); 5 rounds, BT
  * 2048, Hs 1024, Ht 2048, V 32768, bf16, the default 256 MiB budget: `kdloss bench distill_jsd`'s
@@ -10,7 +10,9 @@
  * no bias, T 1, weights 0.5 / 0.5), loss, dxs and dws, each library with its own workspace of
  * the size it asks for, touched before timing. Prints per library the min / p20 / median / p80
  * time, the median of the per-round ratios to the first library and the loss. Threads:
- * OMP_NUM_THREADS; code path: KDLOSS_CPU_ISA. */
+ * OMP_NUM_THREADS; code path: KDLOSS_CPU_ISA. -c sets both heads' logit-map softcap (kdloss.h,
+ * kdloss_logit_map); a library built before the maps existed reads the params without them, so
+ * `-c 30 OLD NEW` times the map's cost side by side (the losses then differ). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,7 +31,7 @@ typedef void (*defaults_fn)(kdloss_fused_linear_distill_params *);
 
 static void usage(void) {
     fprintf(stderr, "usage: ab_fused_linear [-d DIV] [-r ROUNDS] [-b BT] [-s HS] [-h HT] [-v V] "
-                    "[-t fp32|bf16] [-m BUDGET_MIB] LIB_A LIB_B [LIB...]\n");
+                    "[-t fp32|bf16] [-m BUDGET_MIB] [-c SOFTCAP] LIB_A LIB_B [LIB...]\n");
     exit(2);
 }
 
@@ -58,6 +60,7 @@ static kdloss_status fl_call(void *ctx, int i, float *loss) {
 int main(int argc, char **argv) {
     int div = 2, rounds = 5, bf16 = 1, a = 1;
     int64_t bt = 2048, hs = 1024, ht = 2048, v = 32768, budget = 0;
+    double softcap = 0.0;
     for (; a + 1 < argc && argv[a][0] == '-'; a += 2) {
         const char *o = argv[a], *x = argv[a + 1];
         if (!strcmp(o, "-d")) div = atoi(x);
@@ -68,6 +71,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(o, "-v")) v = atoll(x);
         else if (!strcmp(o, "-t")) bf16 = !strcmp(x, "bf16");
         else if (!strcmp(o, "-m")) budget = atoll(x);
+        else if (!strcmp(o, "-c")) softcap = atof(x);
         else usage();
     }
     int nl = argc - a;
@@ -86,6 +90,7 @@ int main(int argc, char **argv) {
     def(&c.p);
     c.p.div.divergence = (kdloss_divergence)div;
     c.p.memory_budget = (size_t)budget << 20;
+    c.p.student_map.softcap = c.p.teacher_map.softcap = softcap;
     for (int i = 0; i < nl; i++) {
         size_fn sz = (size_fn)ab_sym(argv[a + i], "kdloss_fused_linear_distill_workspace_size");
         if (!sz || sz(&c.p, bt, hs, ht, v, dt, 1, &c.work_bytes[i]) != KDLOSS_OK ||
@@ -119,9 +124,9 @@ int main(int argc, char **argv) {
     static double ms[AB_MAX_LIBS][AB_MAX_ROUNDS];
     float loss[AB_MAX_LIBS];
     if (ab_run(fl_call, &c, argv + a, nl, rounds, 1, ms, loss)) return 1;
-    printf("divergence %d, BT %lld, Hs %lld, Ht %lld, V %lld, %s, budget %lld MiB, %d rounds\n",
-           div, (long long)bt, (long long)hs, (long long)ht, (long long)v, bf16 ? "bf16" : "fp32",
-           (long long)(budget ? budget : 256), rounds);
+    printf("divergence %d, BT %lld, Hs %lld, Ht %lld, V %lld, %s, budget %lld MiB, softcap %g, "
+           "%d rounds\n", div, (long long)bt, (long long)hs, (long long)ht, (long long)v,
+           bf16 ? "bf16" : "fp32", (long long)(budget ? budget : 256), softcap, rounds);
     ab_print(argv + a, nl, rounds, ms, loss, 0.0);
     void *all[] = {xs, xt, ws, wt, dxs, dws, labels};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
