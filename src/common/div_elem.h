@@ -1,6 +1,11 @@
-/* The divergence family's per-element loss and gradient, written once (docs/MATH.md section 7).
- *
- * No include guard: a backend includes this file after defining
+/* The divergence family's per-element loss and gradient, written once (docs/MATH.md section 7)
+ * and compiled by every backend: the scalar CPU path and CUDA (div_math.h), the SIMD layer
+ * (div_simd.h). No include guard: a backend defines the value, mask and constant types and the
+ * arithmetic macros listed below, then includes this file and gets one function per row of
+ * KD_DIV_OPS, KDE_T KDE(op)(const KDE_K *k, KDE_T x, KDE_T y, KDE_T *g): the loss term at
+ * student log-prob x, teacher log-prob y, with *g = d(term)/dx. */
+
+/* The includer defines:
  *   KDE_T, KDE_M      the value and mask types (float and int; or the SIMD layer's vf and vm)
  *   KDE_K             the constants' type (fields ca, cb as KDE_T; see div_coef.h)
  *   KDE(name)         the name this backend gives element function `name`
@@ -13,9 +18,6 @@
  *   KE_LOG1P_UNIT     log1p on [0, 1]
  *   KE_C(c)           the constant c; KE_GT KE_GE KE_LT: compares; KE_SEL(m, a, b): m ? a : b;
  *                     KE_KEEP(m, a): m ? a : 0 (NaN in a does not leak through a false m)
- * and gets one function per row of KD_DIV_OPS:
- *   KDE_T KDE(op)(const KDE_K *k, KDE_T x, KDE_T y, KDE_T *g)
- * returning the loss term at student log-prob x, teacher log-prob y, with *g = d(term)/dx.
  * With KDE_PQ defined, the functions take the probabilities as well,
  *   KDE_T KDE(op)(const KDE_K *k, KDE_T x, KDE_T y, KDE_T pp, KDE_T qq, KDE_T *g),
  * pp = P = e^y and qq = Q = e^x, which a caller that has them (the logits kernel forms them in

@@ -1,18 +1,18 @@
-/* The fused loss's row work in four phases, written once for the scalar kernel
- * (fld_rows_scalar.c) and the vector ones (fld_rows_impl.h), for the dense teacher and the
- * sparse top-k one (docs/MATH.md sections 4, 8 and 9).
- *
- * The phases end where a vocabulary-parallel rank needs statistics of the other ranks' columns:
+/* The fused loss's row work in four phases (max, sums, divergence, gradient), written once for
+ * the scalar kernel (fld_rows_scalar.c) and the vector ones (fld_rows_impl.h), for the dense
+ * teacher and the sparse top-k one (docs/MATH.md sections 4, 8 and 9). One process runs the four
+ * back to back on each row while it is in cache (kd_fld_rows_*); the vocabulary-parallel driver
+ * runs each over a chunk's rows and all-reduces the statistics in between
+ * (kd_fld_rows_phase_*). A process holding the whole vocabulary is the case v_lo = 0 with
+ * nothing to reduce, so both run the same code. */
+
+/* The phases end where a vocabulary-parallel rank needs statistics of the other ranks' columns:
  *   1. max      bias added, logit maps applied; the row maxima  -> all-reduce MAX of st_max
  *   2. sums     sums of exps at those maxima, the label's logit, -> all-reduce SUM of st_sum
  *               a sparse teacher's gathered logits
  *   3. div      log-normalizers, cross-entropy, the divergence  -> all-reduce SUM of st_div
  *               (dense: the row's terms and sum g over the local columns)      (dense only)
  *   4. grad     dzs over zs, and the row's soft loss into row_soft
- * One process runs the four back to back on each row while it is in cache (kd_fld_rows_*);
- * the vocabulary-parallel driver runs each over all rows of a chunk and reduces in between
- * (kd_fld_rows_phase_*). A process holding the whole vocabulary is the case v_lo = 0 with
- * nothing to reduce, so both run the same code.
  *
  * The includer defines PH(name) (the functions' names), PH_CTX (the divergence constants' type
  * built from a->coef) and the V-wide passes over a row of v floats:

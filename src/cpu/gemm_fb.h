@@ -2,9 +2,11 @@
  * takes every byte it needs from a scratch the caller hands it, so it cannot fail. gemm.c runs it
  * on a tile whose oneDNN call ran out of memory (dnnl_sgemm allocates its packing buffers inside
  * every call, and returns dnnl_out_of_memory with C untouched when that fails), from the scratch
- * kd_gemm_prepare reserved before the loss call wrote anything.
- *
- * One source per instruction set (gemm_fb_impl.h, and gemm_fb_scalar.c), like the row kernels.
+ * kd_gemm_prepare reserved before the loss call wrote anything. */
+#ifndef KD_GEMM_FB_H
+#define KD_GEMM_FB_H
+
+/* One source per instruction set (gemm_fb_impl.h, and gemm_fb_scalar.c), like the row kernels.
  * Blocking (Goto / BLIS): for each block of KD_FB_MC rows of op(A) and each block of KD_FB_KC of
  * the inner dimension, the A block is packed into MR-row panels; for each block of KD_FB_NC
  * columns of op(B) the B block is packed into NR-column panels; an MR x NR register tile of C is
@@ -14,8 +16,6 @@
  * sequence of roundings wherever it lies in a tile: the result depends neither on the thread
  * count nor on the tile grid. It is not bitwise the same as oneDNN's result (another summation
  * order), only as accurate. */
-#ifndef KD_GEMM_FB_H
-#define KD_GEMM_FB_H
 
 #include <stddef.h>
 #include <stdint.h>

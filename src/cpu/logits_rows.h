@@ -1,6 +1,9 @@
 /* The dense-teacher row kernel of kdloss_distill_logits on vectors (AVX2, AVX-512; the scalar
- * path runs the fused loss's row phases, fld_row_phases.h). Per row, on fp32 logits held in
- * cache between passes (docs/MATH.md section 7):
+ * path runs the fused loss's row phases, fld_row_phases.h). */
+#ifndef KDLOSS_LOGITS_ROWS_H
+#define KDLOSS_LOGITS_ROWS_H
+
+/* Per row, on fp32 logits held in cache between passes (docs/MATH.md section 7):
  *   1-2. one read of each row: per tile of KD_FLD_TILE columns its max, its exps at that max
  *      (stored: es, et) and their sum; then the row maxima ms, mt, the sums Ss, St and a scale
  *      per tile, so that es times its tile's scale is exp((zs - ms) / T) / Ss;
@@ -17,8 +20,6 @@
  * gradient's writes and the next rows' reads share the memory system; a row's result does not
  * depend on its neighbours. T = 1 has its own instantiation without the multiplies by 1/T (the
  * same bits). */
-#ifndef KDLOSS_LOGITS_ROWS_H
-#define KDLOSS_LOGITS_ROWS_H
 
 #include <stdint.h>
 

@@ -1,8 +1,10 @@
 /* The careful scalar form of a dense row's V-wide passes, for the rows the fast kernels cannot
  * serve (issue 25, D4 and D6; docs/MATH.md 10). Included by fld_row_phases.h (scalar and vector
- * fused rows) and logits_rows_impl.h (the vector logits kernel); each TU gets its own static copy.
- *
- * Wide rows: the fast passes form the tempered differences as (z - m) * it in fp32. z - m rounds
+ * fused rows) and logits_rows_impl.h (the vector logits kernel); each TU gets its own static copy. */
+#ifndef KDLOSS_ROW_SPECIAL_H
+#define KDLOSS_ROW_SPECIAL_H
+
+/* Wide rows: the fast passes form the tempered differences as (z - m) * it in fp32. z - m rounds
  * to -inf only when m - z >= 2^128 - 2^103, and z >= -FLT_MAX, so only a row maximum m >= 2^103
  * can do it (KD_ROW_WIDE: 2^102, with margin). Such a row (logits spanning more than FLT_MAX) is
  * formed here in double, (double)z - m being exact to double rounding and never overflowing:
@@ -14,8 +16,6 @@
  * (exp of NaN, or of inf - inf), which the callers test once per row; the row's divergence and
  * its sum of g are then NaN, so that every gradient element gs (g - Q sum g) is NaN too
  * (0 * NaN is NaN). A gradient factor of 0 still writes zeros. */
-#ifndef KDLOSS_ROW_SPECIAL_H
-#define KDLOSS_ROW_SPECIAL_H
 
 #include <math.h>
 #include <stdint.h>

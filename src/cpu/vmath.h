@@ -1,30 +1,21 @@
-/* kdloss's own vector exp and log, inlined into the kernels (included by simd.h).
- *
- * Why not SLEEF: its u10 functions are out-of-line calls costing 35 (exp) to 70 (log1p) cycles
- * per 8 lanes on this Zen 3; the JSD needs three per element, which made it compute-bound at a
- * quarter of the memory bandwidth. These take 8-12 cycles and are accurate to a few ULP.
- *
- * Error bounds (max over a dense sweep of the domain against double-precision libm, checked by
- * tests/test_vmath_*.c, which fail above them):
- *   vf_exp        x in [-87.3, 88.7]: <= 2 ULP; below, subnormal results within 1.5 subnormal steps (p is rounded before the final scaling);
- *                 exp(-inf) = 0, exp(+inf) = inf (beyond 88.73), NaN -> NaN.
- *                 Measured: AVX2 1.77 ULP, 1.02 steps; AVX-512 (own scheme below) 0.88 ULP, 0.86 steps.
- *   vf_exp_nonpos / vf_exp_nonnan / vf_exp_in: vf_exp with one clamp instead of two, for x <= 0
- *                 or NaN / x not NaN, and with none for x in [-110, 89]; bitwise equal to vf_exp
- *                 there (checked by the same tests).
- *   vf_log        x > 0 incl. subnormals: <= 2 ULP; log(0) = -inf, log(<0) = NaN, log(inf) = inf.
- *   vf_log1p_unit e in [0, 1]: <= 2 ULP (relative, also for tiny e); NaN -> NaN.
- *
- * exp: x = n ln2 + r, |r| <= ln2/2, with ln2 split in a 15-bit head (n r exact) and a tail;
- *      AVX2: e^r by its degree-7 Taylor polynomial (truncation < 0.1 ULP, Estrin's scheme); 2^n
- *      as two power-of-two factors so results down to the subnormals round once, correctly
- *      scaled. AVX-512: a fitted degree-6 polynomial and vscalefps (see there).
- * log: x = 2^k m, m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact);
- *      log(1+f) = f - f^2/2 + f^3 P(f) with a fitted degree-7 P (kd_vlog1p_core);
- *      k ln2 added in head/tail parts. */
+/* kdloss's own vector exp, log, log1p and tanh, inlined into the kernels (included by simd.h):
+ * a few ULP each, short dependency chains, no calls (SLEEF's out-of-line functions made the JSD
+ * compute-bound: BENCHMARKS.md, "Vector exp / log: SLEEF versus our own").
+ * Error bounds, checked by tests/vmath_check.h over dense sweeps against double libm:
+ *   vf_exp        <= 2 ULP on [-87.3, 88.7], subnormal results within 1.5 steps; exp(-inf) = 0,
+ *                 exp(+inf) = inf, NaN -> NaN; vf_exp_nonpos / _nonnan / _in: its bits, with
+ *                 fewer clamps, on their domains
+ *   vf_log        <= 2 ULP for x > 0 incl. subnormals; log(0) = -inf, log(<0) = NaN
+ *   vf_log1p_unit <= 2 ULP on [0, 1];   vf_tanh <= 4 ULP, +-inf -> +-1 */
 #ifndef KDLOSS_VMATH_H
 #define KDLOSS_VMATH_H
 
+/* exp: x = n ln2 + r, |r| <= ln2/2, with ln2 split in a 15-bit head (n r exact) and a tail;
+ * AVX2: e^r by its degree-7 Taylor polynomial (truncation < 0.1 ULP, Estrin's scheme); 2^n as
+ * two power-of-two factors so results down to the subnormals round once, correctly scaled.
+ * AVX-512: a fitted degree-6 polynomial and vscalefps (see there).
+ * log: x = 2^k m, m in [sqrt(1/2), sqrt(2)), f = m - 1 (exact); log(1+f) = f - f^2/2 + f^3 P(f)
+ * with a fitted degree-7 P (kd_vlog1p_core); k ln2 added in head/tail parts. */
 #define KD_LN2_HI 0.693145751953125f        /* 0x3f317200: 15 significant bits */
 #define KD_LN2_LO 1.428606820309417232e-06f /* ln2 - KD_LN2_HI */
 
