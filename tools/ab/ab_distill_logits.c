@@ -4,8 +4,8 @@
  *   ab_distill_logits [-d DIV] [-r ROUNDS] [-b BT] [-v V] [-t fp32|bf16] [-T TEMP]
  *                     LIB_A LIB_B [LIB...]
  *
- * DIV is the kdloss_divergence number (0 forward KL ... 5 TVD), default 0; 9 rounds, BT 4096,
- * V 32768, fp32, temperature 1. Inputs: uniform logits in [-10, 10), no labels, with the
+ * DIV is the kdloss_divergence number (`kdloss divergences` lists them), default 0; 9 rounds,
+ * BT 4096, V 32768, fp32, temperature 1. Inputs: uniform logits in [-10, 10), no labels, with the
  * gradient. Prints per library the min / p20 / median / p80 time, the median of the per-round
  * ratios to the first library, the loss (the builds should agree) and GB/s of compulsory
  * traffic (read both logits, write the gradient). Threads: OMP_NUM_THREADS; code path:

@@ -4,8 +4,8 @@
  *   ab_fused_linear [-d DIV] [-r ROUNDS] [-b BT] [-s HS] [-h HT] [-v V] [-t fp32|bf16]
  *                   [-m BUDGET_MIB] [-c SOFTCAP] LIB_A LIB_B [LIB...]
  *
- * DIV is the kdloss_divergence number (0 forward KL ... 5 TVD), default 2 (JSD); 5 rounds, BT
- * 2048, Hs 1024, Ht 2048, V 32768, bf16, the default 256 MiB budget: `kdloss bench distill_jsd`'s
+ * DIV is the kdloss_divergence number (`kdloss divergences` lists them), default 2 (JSD);
+ * 5 rounds, BT 2048, Hs 1024, Ht 2048, V 32768, bf16, the default 256 MiB budget: `kdloss bench distill_jsd`'s
  * workload (hidden states uniform in [0, 1), weights uniform in +-1/sqrt(H), labels in [0, V),
  * no bias, T 1, weights 0.5 / 0.5), loss, dxs and dws, each library with its own workspace of
  * the size it asks for, touched before timing. Prints per library the min / p20 / median / p80

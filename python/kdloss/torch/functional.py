@@ -986,8 +986,8 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
                  alpha=0.1, temperature=1.0, ignore_index=-100, reduction="batchmean",
                  num_items_in_batch=None):
     """A divergence of the family (docs/MATH.md section 7) between softmax(teacher_logits / T)
-    (P) and softmax(student_logits / T) (Q), per row over the last dim. divergence: forward_kl,
-    reverse_kl, jsd (beta), skew_forward_kl, skew_reverse_kl (alpha), tvd. Rows whose label
+    (P) and softmax(student_logits / T) (Q), per row over the last dim. divergence: one of
+    kdloss._lib.divergences() (the C registry; beta and alpha as kdloss.h says). Rows whose label
     equals ignore_index are skipped. reduction (torch's and TRL's generalized_jsd_loss's
     meanings): "batchmean" with labels: sum over the kept rows / max(1, kept), the per-token
     mean; without labels: sum / student_logits.size(0), as torch's batchmean (B for (B, T, V)
