@@ -277,7 +277,9 @@ void kb_report_status(const char *what, kdloss_status st);
 /* ---- kernels -------------------------------------------------------------------------------- */
 
 typedef struct kb_kernel {
-    const char *name;       /* KERNEL argument of `kdloss bench` */
+    const char *name;       /* KERNEL argument of `kdloss bench` (the records' workload name) */
+    const char *op;         /* the operation's name (docs/ARCHITECTURE.md), also accepted as
+                               KERNEL where it differs from name; may be NULL */
     const char *summary;    /* one line for `kdloss bench --list` */
     const char *flags_help; /* its own flags for --help, lines starting "  --"; may be NULL */
     size_t opts_size;       /* bytes of its private options (allocated zeroed by the driver) */

@@ -245,6 +245,7 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
 
 const kb_kernel kb_kernel_distill_jsd = {
     .name = "distill_jsd",
+    .op = "fused_linear_distill",
     .summary = "chunked fused-linear divergence (default JSD) + CE loss, with its GEMM floor",
     .flags_help =
         "  --hs N          student hidden size, default 1024 (--bt default 2048, --vocab 32768,\n"

@@ -17,7 +17,9 @@ static const char *const MODES[] = {"forward", "backward", "full"};
 
 const kb_kernel *kb_find_kernel(const char *name) {
     for (int k = 0; kb_kernels[k]; k++)
-        if (strcmp(kb_kernels[k]->name, name) == 0) return kb_kernels[k];
+        if (strcmp(kb_kernels[k]->name, name) == 0 ||
+            (kb_kernels[k]->op && strcmp(kb_kernels[k]->op, name) == 0))
+            return kb_kernels[k];
     return NULL;
 }
 
@@ -42,7 +44,11 @@ void kb_bench_usage(FILE *f) {
 
 static void list_kernels(void) {
     for (int k = 0; kb_kernels[k]; k++)
-        printf("%-14s %s\n", kb_kernels[k]->name, kb_kernels[k]->summary);
+        if (kb_kernels[k]->op)
+            printf("%-14s %s (also: %s)\n", kb_kernels[k]->name, kb_kernels[k]->summary,
+                   kb_kernels[k]->op);
+        else
+            printf("%-14s %s\n", kb_kernels[k]->name, kb_kernels[k]->summary);
 }
 
 static void default_options(kb_options *o) {

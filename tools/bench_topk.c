@@ -397,6 +397,7 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
 
 const kb_kernel kb_kernel_topk_distill = {
     .name = "topk_distill",
+    .op = "fused_linear_topk_distill",
     .summary = "fused-linear loss against a sparse top-k teacher, with its GEMM floor",
     .flags_help =
         "  --hs N          hidden size, default 1024 (--bt default 2048, --v/--vocab 32768,\n"
