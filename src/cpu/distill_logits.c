@@ -213,7 +213,7 @@ static void rows_template(dl_job *job, const kdloss_div_params *div, int tail, d
     kd_fld_rows *a = &job->tmpl;
     a->n = 1;
     a->v = v;
-    a->bs = a->bt = NULL;
+    a->bias_s = a->bias_t = NULL;
     a->labels = labels; /* data NULL: every row kept */
     a->ignore_index = ignore_index;
     a->coef = kd_div_coef_make(div);

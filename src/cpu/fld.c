@@ -21,14 +21,15 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* A weight matrix W (rows x cols) as the GEMMs read it: the caller's fp32 in place, a whole
- * fp32 copy, or bf16 widened panel by panel into `panel` (vp x cols; panel_floats in all). */
+ * fp32 copy, or bf16 widened panel by panel into `panel` (panel_rows x cols; panel_floats in
+ * all). */
 typedef struct wsrc {
     const void *data;
     kdloss_dtype dt;
     int64_t ld, rows, cols;
     const float *f32; /* whole fp32 copy, or NULL */
     float *panel;
-    int64_t vp;
+    int64_t panel_rows;
     size_t panel_floats;
 } wsrc;
 
@@ -46,7 +47,7 @@ static const float *w_rows(const wsrc *w, int64_t r0, int64_t n, int64_t *ld) {
 
 /* Rows of W one GEMM reads: all of them unless W is widened panel by panel. */
 static int64_t w_step(const wsrc *w) {
-    return w->dt == KDLOSS_F32 || w->f32 ? w->rows : w->vp;
+    return w->dt == KDLOSS_F32 || w->f32 ? w->rows : w->panel_rows;
 }
 
 /* z (n x V, ld V) = a (n x H, lda) W^T: a chunk's logits before the bias. bf16 W without a
@@ -368,8 +369,8 @@ static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, 
     r->v = k->v;
     r->zs = (float *)(base + pl->off_zs);
     r->zt = k->topk.k ? NULL : (float *)(base + pl->off_zt);
-    r->bs = bias_f32(k->bs, k->ws.dtype, k->v, bias);
-    r->bt = soft && !k->topk.k ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
+    r->bias_s = bias_f32(k->bs, k->ws.dtype, k->v, bias);
+    r->bias_t = soft && !k->topk.k ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
     r->topk = k->topk.k ? &k->topk : NULL;
     r->tail = k->tail;
     r->tk = base + pl->off_tk;
@@ -438,9 +439,9 @@ static void run_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, f
     u->native_g = k->grad && u->native_s && kd_gemm_bf16_grad_native(); /* gradient GEMMs */
     u->dense_t = u->soft && !k->topk.k;
     float *panel = (float *)(base + pl->off_panel);
-    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, k->v, k->hs, NULL, panel, pl->vp,
+    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, k->v, k->hs, NULL, panel, pl->panel_rows,
                 pl->panel_floats};
-    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, k->v, k->ht, NULL, panel, pl->vp,
+    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, k->v, k->ht, NULL, panel, pl->panel_rows,
                 pl->panel_floats};
     u->w_s = w_s;
     u->w_t = w_t;

@@ -20,8 +20,8 @@
  *   xconv  chunk x Hx  fp32  teacher rows converted from bf16; then, for a bf16 student, dxs
  *                            before its cast (Hx = H when sb and gradients, else Ht)
  *   xs32   chunk x Hs  fp32  student rows converted from bf16 (sb only); kept for dWs
- *   panel  vp x H      fp32  one panel of vp bf16 weight rows converted, or the logits GEMMs'
- *                            per-thread slots (kd_sgemm_nt_b16) (not when whole)
+ *   panel  pr x H      fp32  one panel of pr = panel_rows bf16 weight rows converted, or the
+ *                            logits GEMMs' per-thread slots (kd_sgemm_nt_b16) (not when whole)
  *   ws32   V x Hs      fp32  whole fp32 copy of a bf16 ws (whole only)
  *   wt32   V x Ht      fp32  whole fp32 copy of a bf16 wt (whole only)
  *   bias   2 x V       fp32  bs and bt converted to fp32
@@ -41,8 +41,8 @@
  */
 typedef struct kd_fld_plan {
     int64_t chunk;   /* rows per chunk, 1..BT */
-    int64_t vp;      /* weight rows per converted panel (V when whole) */
-    size_t panel_floats; /* floats of the panel region: vp x H (0 when whole) */
+    int64_t panel_rows; /* weight rows per converted panel (V when whole) */
+    size_t panel_floats; /* floats of the panel region: panel_rows x H (0 when whole) */
     int whole;       /* bf16 weights converted once into ws32 / wt32 */
     int64_t xconv_cols;
     size_t off_zs, off_zt, off_xconv, off_xs32, off_panel, off_ws32, off_wt32, off_bias, off_dbs,

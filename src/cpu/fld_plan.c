@@ -124,10 +124,10 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
                   !__builtin_add_overflow(need_whole, copies, &need_whole) &&
                   !__builtin_add_overflow(need_whole, base, &need_whole) && need_whole <= budget;
     size_t panel_bytes = budget / 8 < KD_PANEL_BYTES ? budget / 8 : KD_PANEL_BYTES;
-    int64_t vp = (int64_t)(panel_bytes / ((size_t)h * f4)) / 16 * 16;
-    plan->vp = plan->whole ? v : vp < 16 ? (v < 16 ? v : 16) : vp < v ? vp : v;
-    /* vp <= V, so the panel's bytes are at most the copies', whose product was checked */
-    plan->panel_floats = plan->whole ? 0 : (size_t)plan->vp * (size_t)h;
+    int64_t pr = (int64_t)(panel_bytes / ((size_t)h * f4)) / 16 * 16;
+    plan->panel_rows = plan->whole ? v : pr < 16 ? (v < 16 ? v : 16) : pr < v ? pr : v;
+    /* panel_rows <= V, so the panel's bytes are at most the copies', whose product was checked */
+    plan->panel_floats = plan->whole ? 0 : (size_t)plan->panel_rows * (size_t)h;
     size_t fixed = base + (plan->whole ? copies : plan->panel_floats * f4);
 
     int64_t chunk = p->chunk_size > 0 ? p->chunk_size

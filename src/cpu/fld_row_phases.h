@@ -86,8 +86,8 @@ static void PH(dense_max)(const kd_fld_rows *a, int64_t i) {
     double *mx = a->st_max + 2 * i;
     mx[0] = mx[1] = -INFINITY;
     if (ph_ignored(a, i)) return;
-    mx[0] = PH(fold)(a->zs + i * a->v, a->bs, a->v, &a->map_s);
-    if (a->soft) mx[1] = PH(fold)(a->zt + i * a->v, a->bt, a->v, &a->map_t);
+    mx[0] = PH(fold)(a->zs + i * a->v, a->bias_s, a->v, &a->map_s);
+    if (a->soft) mx[1] = PH(fold)(a->zt + i * a->v, a->bias_t, a->v, &a->map_t);
 }
 
 static void PH(dense_sums)(const kd_fld_rows *a, int64_t i) {
@@ -249,7 +249,7 @@ static void PH(topk_max)(const kd_fld_rows *a, int64_t i) {
     mx[0] = mx[1] = -INFINITY;
     if (ph_ignored(a, i)) return;
     int64_t y = ph_label_col(a, i), kk = a->topk->k;
-    const float *b = a->bs;
+    const float *b = a->bias_s;
     if (a->map_s.on) { /* the bias and the map first: every logit below is the model's */
         PH_MAP(z, b, a->v, &a->map_s);
         b = NULL;

@@ -36,7 +36,7 @@ typedef struct kd_fld_rows {
     int64_t row0;          /* batch index of the chunk's first row (to read labels) */
     float *zs;             /* (n x v), ld v: student logits in; dzs out when grad */
     float *zt;             /* (n x v), ld v: teacher logits in, g after; unused when !soft */
-    const float *bs, *bt;  /* [v] fp32 biases, or NULL */
+    const float *bias_s, *bias_t; /* [v] fp32 biases, or NULL */
     kdloss_labels labels;  /* checked: ignore_index or in [0, v); data NULL: every row kept
                               (then hard must be 0) */
     int64_t ignore_index;
