@@ -159,7 +159,7 @@ class TopkDistillParams(ctypes.Structure):
                 ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double)]
 
 
-class FltdParams(ctypes.Structure):
+class FltkParams(ctypes.Structure):
     """kdloss_fused_linear_topk_distill_params."""
     _fields_ = [("div", DivParams), ("tail", ctypes.c_int), ("temperature", ctypes.c_double),
                 ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
@@ -236,7 +236,7 @@ C_STRUCTS = {CMat: "kdloss_cmat", Mat: "kdloss_mat", Labels: "kdloss_labels",
              FldParams: "kdloss_fused_linear_distill_params",
              FldOut: "kdloss_fused_linear_distill_out", TopkTeacher: "kdloss_topk_teacher",
              TopkDistillParams: "kdloss_topk_distill_params",
-             FltdParams: "kdloss_fused_linear_topk_distill_params", FldJsdOut: "kdloss_fljsd_out",
+             FltkParams: "kdloss_fused_linear_topk_distill_params", FldJsdOut: "kdloss_fljsd_out",
              Comm: "kdloss_comm", VocabShard: "kdloss_vocab_shard",
              Bf16GemmInfo: "kdloss_bf16_gemm_info", LogitMap: "kdloss_logit_map"}
 
@@ -327,15 +327,15 @@ _PROTOTYPES = {
     "kdloss_topk_distill_params_default": (None, [ctypes.POINTER(TopkDistillParams)]),
     "kdloss_topk_distill_logits": (_ST, [ctypes.POINTER(TopkDistillParams), _I64, _I64, CMat,
                                          TopkTeacher, Labels, _P, _P, Mat]),
-    "kdloss_fused_linear_topk_distill_params_default": (None, [ctypes.POINTER(FltdParams)]),
-    "kdloss_fused_linear_topk_distill_workspace_size": (_ST, [ctypes.POINTER(FltdParams), _I64,
+    "kdloss_fused_linear_topk_distill_params_default": (None, [ctypes.POINTER(FltkParams)]),
+    "kdloss_fused_linear_topk_distill_workspace_size": (_ST, [ctypes.POINTER(FltkParams), _I64,
                                                               _I64, _I64, _I64, ctypes.c_int,
                                                               ctypes.c_int,
                                                               ctypes.POINTER(ctypes.c_size_t)]),
-    "kdloss_fused_linear_topk_distill": (_ST, [ctypes.POINTER(FltdParams), _I64, _I64, _I64, CMat,
+    "kdloss_fused_linear_topk_distill": (_ST, [ctypes.POINTER(FltkParams), _I64, _I64, _I64, CMat,
                                                CMat, _P, TopkTeacher, Labels,
                                                ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
-    "kdloss_fused_linear_topk_distill_vp": (_ST, [ctypes.POINTER(FltdParams),
+    "kdloss_fused_linear_topk_distill_vp": (_ST, [ctypes.POINTER(FltkParams),
                                                   ctypes.POINTER(VocabShard), _I64, _I64, _I64,
                                                   CMat, CMat, _P, TopkTeacher, Labels,
                                                   ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
@@ -345,9 +345,9 @@ _PROTOTYPES = {
                                               _I64, CMat, TopkTeacher, Labels, _P, _P, Mat, _P,
                                               ctypes.c_size_t]),
     "kdloss_cuda_fused_linear_topk_distill_workspace_size": (
-        _ST, [ctypes.POINTER(FltdParams), _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_int,
+        _ST, [ctypes.POINTER(FltkParams), _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_int,
               ctypes.POINTER(ctypes.c_size_t)]),
-    "kdloss_cuda_fused_linear_topk_distill": (_ST, [_P, _P, ctypes.POINTER(FltdParams), _I64, _I64,
+    "kdloss_cuda_fused_linear_topk_distill": (_ST, [_P, _P, ctypes.POINTER(FltkParams), _I64, _I64,
                                                     _I64, CMat, CMat, _P, TopkTeacher, Labels,
                                                     ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
     "kdloss_cuda_fused_linear_distill_vp_workspace_size": (
@@ -358,9 +358,9 @@ _PROTOTYPES = {
                                                   _I64, CMat, CMat, _P, CMat, CMat, _P, Labels,
                                                   ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
     "kdloss_cuda_fused_linear_topk_distill_vp_workspace_size": (
-        _ST, [ctypes.POINTER(FltdParams), _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_int,
+        _ST, [ctypes.POINTER(FltkParams), _I64, _I64, _I64, _I64, ctypes.c_int, ctypes.c_int,
               ctypes.POINTER(ctypes.c_size_t)]),
-    "kdloss_cuda_fused_linear_topk_distill_vp": (_ST, [_P, _P, ctypes.POINTER(FltdParams),
+    "kdloss_cuda_fused_linear_topk_distill_vp": (_ST, [_P, _P, ctypes.POINTER(FltkParams),
                                                        ctypes.POINTER(VocabShard), _I64, _I64,
                                                        _I64, CMat, CMat, _P, TopkTeacher, Labels,
                                                        ctypes.POINTER(FldOut), _P,
@@ -559,11 +559,11 @@ def topk_distill_params(div, tail, temperature, ignore_index, grad_scale=1.0):
                    temperature=temperature, ignore_index=ignore_index, grad_scale=grad_scale)
 
 
-def fltd_params(div, tail, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
+def fltk_params(div, tail, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
                 chunk_size=0, t2_scale=False, memory_budget=0, grad_scale=1.0,
                 student_map=(1.0, None)):
     """kdloss_fused_linear_topk_distill_params; student_map: (scale, softcap)."""
-    return _filled(FltdParams, "kdloss_fused_linear_topk_distill_params_default", div=div,
+    return _filled(FltkParams, "kdloss_fused_linear_topk_distill_params_default", div=div,
                    tail=tail, temperature=temperature, weight_hard_loss=weight_hard_loss,
                    weight_soft_loss=weight_soft_loss, t2_scale=int(bool(t2_scale)),
                    ignore_index=ignore_index, chunk_size=chunk_size,

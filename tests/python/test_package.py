@@ -155,7 +155,7 @@ def test_cuda_backend_argument_plumbing(monkeypatch):
     teacher = _lib.TopkTeacher(3, _lib.CMat(x.data_ptr(), _lib.I64, 6), m)
     be.topk_distill_logits(dev, _lib.TopkDistillParams(), 4, 6, m, teacher,
                            _lib.Labels(None, _lib.I64), loss.data_ptr(), None, out)
-    be.fused_linear_topk_distill(dev, _lib.FltdParams(), 4, 6, 6, m, m, None, teacher,
+    be.fused_linear_topk_distill(dev, _lib.FltkParams(), 4, 6, 6, m, m, None, teacher,
                                  _lib.Labels(None, _lib.I64), fo, _lib.F32, True)
     assert calls == ["kdloss_cuda_context_create", "kdloss_cuda_kl_div_workspace_size",
                      "kdloss_cuda_kl_div", "kdloss_cuda_jsd_workspace_size", "kdloss_cuda_jsd",
@@ -199,7 +199,7 @@ def test_cuda_vocab_parallel_plumbing(monkeypatch):
         monkeypatch.setattr(vp, "_collective_device", lambda: torch.device("cpu"))
         assert _backend.backend_for(dev, vp) is vp
         if "topk" in c_name:
-            vp.fused_linear_topk_distill(dev, _lib.FltdParams(), 4, 6, 6, m, m, None, teacher,
+            vp.fused_linear_topk_distill(dev, _lib.FltkParams(), 4, 6, 6, m, m, None, teacher,
                                          _lib.Labels(None, _lib.I64), out, _lib.F32, True)
         else:
             vp.fused_linear_distill(dev, _lib.FldParams(), 4, 6, 6, 6, m, m, None, m, m, None,

@@ -219,7 +219,7 @@ class CpuBackend:
 
     def fused_linear_topk_distill(self, device, params, bt, hs, v, xs, ws, bs, teacher, labels,
                                   out, student_dtype, want_grad):
-        """params: FltdParams, out: FldOut (kdloss_fused_linear_topk_distill)."""
+        """params: FltkParams, out: FldOut (kdloss_fused_linear_topk_distill)."""
         p = ctypes.byref(params)
         self._fused("kdloss_fused_linear_topk_distill", v,
                     (p, bt, hs, v, teacher.k, student_dtype, int(want_grad)),

@@ -324,7 +324,7 @@ def fused_linear_topk_distill(student_input: torch.Tensor, student_weight: torch
     div = _lib.div_params(divergence, beta, alpha)
     code = _lib.topk_tail(tail)
     want = (want_dx, want_dw, want_db and student_bias is not None)
-    results = F._fltd_compute(student_input, student_weight, teacher_ids, teacher_logprobs,
+    results = F._fltk_compute(student_input, student_weight, teacher_ids, teacher_logprobs,
                               labels, student_bias, div, code, temperature, weight_hard_loss,
                               weight_soft_loss, ignore_index, chunk_size, t2_scale, want_hard,
                               None, want, (student_scale, student_softcap))

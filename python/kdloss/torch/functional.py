@@ -1066,7 +1066,7 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     return loss if times is None else _over_items(loss, num_items_in_batch, times)
 
 
-def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
+def _fltk_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
                   ignore_index, chunk_size, t2_scale, want_hard, vp, want, student_map=(1.0, 0.0)):
     """One kdloss_fused_linear_topk_distill call; returns what _fld_compute does. labels None
     passes no labels (every row kept; the C call then needs w_hard 0 and no hard-loss output)."""
@@ -1076,7 +1076,7 @@ def _fltd_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, 
     keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
     keep_t, teacher = topk_teacher(ids, lps, xs.shape[:-1])
     labels, lview = labels_view(labels, rows, device, "true_labels")
-    params = _lib.fltd_params(div, tail, float(temperature), float(w_hard), float(w_soft),
+    params = _lib.fltk_params(div, tail, float(temperature), float(w_hard), float(w_soft),
                               int(ignore_index), int(chunk_size or 0), t2_scale,
                               student_map=student_map)
     # the hard loss is asked for only when wanted: any cross-entropy output turns renorm_both's
@@ -1134,7 +1134,7 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
         div = _lib.div_params(divergence, beta, alpha)
         code = _lib.topk_tail(tail)
         compute = functools.partial(
-            _fltd_compute, xs, ws, ids, lps, true_labels, bs, div, code, temperature,
+            _fltk_compute, xs, ws, ids, lps, true_labels, bs, div, code, temperature,
             weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
             return_soft_hard_loss, vp, student_map=smap)
         loss, soft, hard = _fused_apply(xs, ws, bs, compute)
