@@ -227,31 +227,16 @@ __global__ void __launch_bounds__(DL_THREADS) dl_row_kernel(dl_args a) {
     }
 }
 
-template <int DS, int DT>
-static void dl_launch2(const dl_args &a, bool vec, unsigned grid, cudaStream_t st) {
-    if (vec) KD_LAUNCH(grid, DL_THREADS, 0, st, dl_row_kernel<DS, DT, true>)(a);
-    else KD_LAUNCH(grid, DL_THREADS, 0, st, dl_row_kernel<DS, DT, false>)(a);
-}
-
-template <int DS>
-static void dl_launch1(kdloss_dtype dt, const dl_args &a, bool vec, unsigned grid,
-                       cudaStream_t st) {
-    switch (dt) {
-    case KDLOSS_F32: dl_launch2<DS, KDLOSS_F32>(a, vec, grid, st); break;
-    case KDLOSS_BF16: dl_launch2<DS, KDLOSS_BF16>(a, vec, grid, st); break;
-    default: dl_launch2<DS, KDLOSS_F16>(a, vec, grid, st); break;
+/* dl_row_kernel for the dtypes and the alignment kd_launch_dtypes picks. */
+struct dl_launcher {
+    const dl_args &a;
+    unsigned grid;
+    cudaStream_t st;
+    template <int DS, int DT, bool VEC>
+    void launch() const {
+        KD_LAUNCH(grid, DL_THREADS, 0, st, dl_row_kernel<DS, DT, VEC>)(a);
     }
-}
-
-static void dl_launch(kdloss_dtype ds, kdloss_dtype dt, const dl_args &a, bool vec,
-                      cudaStream_t st) {
-    const unsigned grid = kd_grid(a.bt); /* the kernel loops over rows past the grid limit */
-    switch (ds) {
-    case KDLOSS_F32: dl_launch1<KDLOSS_F32>(dt, a, vec, grid, st); break;
-    case KDLOSS_BF16: dl_launch1<KDLOSS_BF16>(dt, a, vec, grid, st); break;
-    default: dl_launch1<KDLOSS_F16>(dt, a, vec, grid, st); break;
-    }
-}
+};
 
 /* The workspace: header, one partial per row, kd_cuda_finish_rows's block sums (the elementwise
  * plan with a single tile per row). */
@@ -313,7 +298,8 @@ kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
     if (labels.data)
         s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, plan.hdr);
     if (s == KDLOSS_OK) {
-        dl_launch(student.dtype, teacher.dtype, a, vec, st);
+        /* one block a row: the kernel loops over rows past the grid limit */
+        kd_launch_dtypes(student.dtype, teacher.dtype, vec, dl_launcher{a, kd_grid(bt), st});
         s = kd_launch_status();
     }
     if (s == KDLOSS_OK)

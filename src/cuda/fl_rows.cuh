@@ -1,7 +1,8 @@
 /* The chunked fused-linear loss on the GPU, the parts its drivers share: the single-process one
  * (fused_linear_jsd.cu), the sparse teacher's dense path (topk.cu) and the vocabulary-parallel
  * ones (fld_vp.cu, topk_vp.cu): the workspace plan, the row kernel's arguments and its
- * per-element device functions (one definition of dzs), and the per-chunk GEMM steps. */
+ * per-element device functions (one definition of dzs), the per-chunk GEMM steps and the chunk
+ * loop with its backward. */
 #ifndef KDLOSS_FL_ROWS_CUH
 #define KDLOSS_FL_ROWS_CUH
 
@@ -188,66 +189,102 @@ __device__ __forceinline__ void fl_dz_pass(const fl_row_args &a, float *zs, cons
     }
 }
 
+/* Thread 0 writes a row's results: its divergence and cross-entropy (double: the final sums'
+ * terms) and the caller's fp32 row outputs when asked for (lse: the untempered log-sum-exp). */
+__device__ __forceinline__ void fl_put_row(const fl_row_args &a, int64_t gr, double soft,
+                                           double hard, float lse) {
+    if (threadIdx.x != 0) return;
+    a.row_soft[gr] = soft;
+    a.row_hard[gr] = hard;
+    if (a.out_soft) a.out_soft[gr] = (float)soft;
+    if (a.out_hard) a.out_hard[gr] = (float)hard;
+    if (a.out_lse) a.out_lse[gr] = lse;
+}
+
+/* Logit c of a row with its bias (dtype DB; NULL: none): the careful form reads element by
+ * element. */
+template <int DB>
+__device__ __forceinline__ float fl_logit(const float *z, const void *bias, int64_t c) {
+    return bias ? z[c] + kd_ld<DB>(bias, c) : z[c];
+}
+
+/* The careful form's normalizers of a row: the maxima ms, mt of the logits (biases added), and
+ * in double the log-normalizers lss, lst of zs / T and zt / T (the divergence) and lsh of zs (the
+ * cross-entropy), each relative to its maximum. */
+typedef struct fl_wide_norm {
+    float ms, mt;
+    double lss, lst, lsh;
+} fl_wide_norm;
+
+template <int DS, int DT>
+__device__ fl_wide_norm fl_wide_norms(const fl_row_args &a, const float *zs, const float *zt,
+                                      double *red, float *fred) {
+    const double it = (double)a.inv_t;
+    fl_wide_norm N = {-INFINITY, -INFINITY, 0.0, 0.0, 0.0};
+    kd_cu_each(a.v, [&](int64_t c) {
+        N.ms = fmaxf(N.ms, fl_logit<DS>(zs, a.bs, c));
+        if (a.do_soft) N.mt = fmaxf(N.mt, fl_logit<DT>(zt, a.bt, c));
+    });
+    N.ms = kd_block_max(N.ms, fred);
+    if (a.do_soft) N.mt = kd_block_max(N.mt, fred);
+    if (a.do_soft) {
+        double es = 0.0, et = 0.0;
+        kd_cu_each(a.v, [&](int64_t c) {
+            es += exp(((double)fl_logit<DS>(zs, a.bs, c) - N.ms) * it);
+            et += exp(((double)fl_logit<DT>(zt, a.bt, c) - N.mt) * it);
+        });
+        N.lss = log(kd_block_sum_all(es, red));
+        N.lst = log(kd_block_sum_all(et, red));
+    }
+    if (a.do_hard) {
+        if (a.do_soft && a.same_t) {
+            N.lsh = N.lss;
+        } else {
+            double eh = 0.0;
+            kd_cu_each(a.v,
+                       [&](int64_t c) { eh += exp((double)fl_logit<DS>(zs, a.bs, c) - N.ms); });
+            N.lsh = log(kd_block_sum_all(eh, red));
+        }
+    }
+    return N;
+}
+
+/* The careful form's divergence of a row (the divergence wanted; valid in thread 0) on
+ * double-formed log-probs, and *S = sum of g (every thread; 0 when its gradient is not wanted):
+ * both NaN when a normalizer is (the NaN policy). */
+template <int DS, int DT>
+__device__ double fl_wide_soft(const fl_row_args &a, const float *zs, const float *zt,
+                               const fl_wide_norm &N, double *red, double *S) {
+    const double it = (double)a.inv_t;
+    double accl = 0.0, accg = 0.0;
+    kd_cu_each(a.v, [&](int64_t c) {
+        float g;
+        accl += (double)kd_div_elem(&a.coef, kd_wide_lp(fl_logit<DS>(zs, a.bs, c), N.ms, it, N.lss),
+                                    kd_wide_lp(fl_logit<DT>(zt, a.bt, c), N.mt, it, N.lst), &g);
+        accg += (double)g;
+    });
+    double soft = kd_block_sum(accl, red);
+    *S = a.grad_soft ? kd_block_sum_all(accg, red) : 0.0;
+    if (isnan(N.lss) || isnan(N.lst)) soft = *S = __longlong_as_double(0x7ff8000000000000LL);
+    return soft;
+}
+
 /* A row of the single-process fused kernel (fl_row_kernel, the whole block) that the fast
  * passes cannot serve (row_special.cuh): a NaN tempered normalizer, from a NaN or +inf logit
  * (the NaN policy) or from z / T beyond fp32 (T < 1). Everything again in the careful form, the
- * CPU's dense phases on such a row (src/cpu/fld_row_phases.h, kd_wide_*): the maxima ms, mt of
- * the logits (biases added), the normalizers in double, the divergence and S = sum g on
- * double-formed log-probs (both NaN when a normalizer is), the cross-entropy (ms - zs[y]) + lsh,
- * dzs from kd_wide_dz (fl_dz_pass: in place, narrowing safely). zy: zs[y] with its bias,
- * read by thread 0 before any store. */
+ * CPU's dense phases on such a row (src/cpu/fld_row_phases.h, kd_wide_*): the normalizers
+ * (fl_wide_norms), the divergence and S = sum g (fl_wide_soft), the cross-entropy
+ * (ms - zs[y]) + lsh, dzs from kd_wide_dz (fl_dz_pass: in place, narrowing safely). zy: zs[y]
+ * with its bias, read by thread 0 before any store. */
 template <int DS, int DT>
 __device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt, int64_t y,
                                int64_t gr, float zy, double *red, float *fred) {
     const double it = (double)a.inv_t;
-    float ms = -INFINITY, mt = -INFINITY;
-    auto ldS = [&](int64_t c) { return a.bs ? zs[c] + kd_ld<DS>(a.bs, c) : zs[c]; };
-    auto ldT = [&](int64_t c) { return a.bt ? zt[c] + kd_ld<DT>(a.bt, c) : zt[c]; };
-    kd_cu_each(a.v, [&](int64_t c) {
-        ms = fmaxf(ms, ldS(c));
-        if (a.do_soft) mt = fmaxf(mt, ldT(c));
-    });
-    ms = kd_block_max(ms, fred);
-    if (a.do_soft) mt = kd_block_max(mt, fred);
-    double lss = 0.0, lst = 0.0, lsh = 0.0;
-    if (a.do_soft) {
-        double es = 0.0, et = 0.0;
-        kd_cu_each(a.v, [&](int64_t c) {
-            es += exp(((double)ldS(c) - ms) * it);
-            et += exp(((double)ldT(c) - mt) * it);
-        });
-        lss = log(kd_block_sum_all(es, red));
-        lst = log(kd_block_sum_all(et, red));
-    }
-    if (a.do_hard) {
-        if (a.do_soft && a.same_t) {
-            lsh = lss;
-        } else {
-            double eh = 0.0;
-            kd_cu_each(a.v, [&](int64_t c) { eh += exp((double)ldS(c) - ms); });
-            lsh = log(kd_block_sum_all(eh, red));
-        }
-    }
+    const fl_wide_norm N = fl_wide_norms<DS, DT>(a, zs, zt, red, fred);
     double soft = 0.0, S = 0.0;
-    if (a.do_soft) {
-        double accl = 0.0, accg = 0.0;
-        kd_cu_each(a.v, [&](int64_t c) {
-            float g;
-            accl += (double)kd_div_elem(&a.coef, kd_wide_lp(ldS(c), ms, it, lss),
-                                        kd_wide_lp(ldT(c), mt, it, lst), &g);
-            accg += (double)g;
-        });
-        soft = kd_block_sum(accl, red);
-        if (a.grad_soft) S = kd_block_sum_all(accg, red);
-        if (isnan(lss) || isnan(lst)) soft = S = __longlong_as_double(0x7ff8000000000000LL);
-    }
-    if (threadIdx.x == 0) {
-        a.row_soft[gr] = soft;
-        a.row_hard[gr] = a.do_hard ? ((double)ms - (double)zy) + lsh : 0.0;
-        if (a.out_soft) a.out_soft[gr] = (float)a.row_soft[gr];
-        if (a.out_hard) a.out_hard[gr] = (float)a.row_hard[gr];
-        if (a.out_lse) a.out_lse[gr] = a.do_hard ? (float)((double)ms + lsh) : 0.0f;
-    }
+    if (a.do_soft) soft = fl_wide_soft<DS, DT>(a, zs, zt, N, red, &S);
+    fl_put_row(a, gr, soft, a.do_hard ? ((double)N.ms - (double)zy) + N.lsh : 0.0,
+               a.do_hard ? (float)((double)N.ms + N.lsh) : 0.0f);
     if (!a.do_grad) return;
     float ca, cb;
     fl_factors(a, &ca, &cb);
@@ -256,9 +293,9 @@ __device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt,
     fl_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
         float g = 0.0f;
         if (gs != 0.0f)
-            (void)kd_div_elem(&a.coef, kd_wide_lp(s, ms, it, lss), kd_wide_lp(t, mt, it, lst),
-                              &g);
-        const float d = kd_wide_dz(s, g, ms, it, lss, S, gs, gh, lsh, share);
+            (void)kd_div_elem(&a.coef, kd_wide_lp(s, N.ms, it, N.lss),
+                              kd_wide_lp(t, N.mt, it, N.lst), &g);
+        const float d = kd_wide_dz(s, g, N.ms, it, N.lss, S, gs, gh, N.lsh, share);
         return c == y ? d - gh : d;
     });
 }
@@ -279,15 +316,9 @@ __device__ void fl_skip_row(const fl_row_args &a, void *dz, int64_t gr, int64_t 
             }
         }
     }
-    if (threadIdx.x == 0) {
-        double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
-        a.row_soft[gr] = z;
-        a.row_hard[gr] = z;
-        /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
-        if (a.out_soft) a.out_soft[gr] = (float)z;
-        if (a.out_hard) a.out_hard[gr] = (float)z;
-        if (a.out_lse) a.out_lse[gr] = (float)z;
-    }
+    /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
+    const double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
+    fl_put_row(a, gr, z, z, (float)z);
 }
 #endif /* __CUDACC__ */
 
@@ -360,6 +391,74 @@ kdloss_status fl_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_o
 kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
                             const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
                             int64_t hs, int64_t v);
+
+/* ---- the chunk loop of the fused drivers --------------------------------------------------
+ * fused_linear_jsd.cu, topk.cu (dense path), fld_vp.cu and topk_vp.cu run the same loop: per
+ * chunk of rows the logits GEMM, the driver's own row kernel(s) (vocabulary-parallel: with their
+ * all-reduces), then the backward; after the last chunk the gradients are completed. The loop,
+ * the backward's common steps and the completion are here; the row phases and the dxs step
+ * (one GEMM, an all-reduced one, or the top-k's sparse one) are each driver's. */
+
+/* Where a fused call's gradients go, and whether any are computed. */
+typedef struct fl_grad_out {
+    const kdloss_fused_linear_distill_out *out; /* dxs, dws, dbs: the caller's, each optional */
+    int64_t ld_dxs, ld_dws;  /* their effective lds */
+    int want_grad;           /* any of them asked for */
+    int zero_g;              /* both gradient factors 0 (fl_zero_factors): zeros, no GEMMs */
+    float *dw_acc, *db_acc;  /* a bf16 student's fp32 sums across chunks (the plan's) */
+    void *xm;                /* the chunk's masked xs rows (fl_mask_rows; the plan's) */
+} fl_grad_out;
+
+/* From a checked call: p its params (either fused loss's), g its geometry (kd_fl_geom or
+ * kd_topk_geom), P its plan (fl_plan or tk_plan). */
+template <class Params, class Geom, class Plan>
+static inline fl_grad_out fl_grad_out_of(const Params *p, const Geom &g,
+                                         const kdloss_fused_linear_distill_out *out,
+                                         const Plan &P) {
+    const fl_grad_out G = {out, g.ld_dxs, g.ld_dws, g.want_grad,
+                           g.want_grad && fl_zero_factors(p->weight_hard_loss,
+                                                          p->weight_soft_loss, p->grad_scale),
+                           P.dw_acc, P.db_acc, P.xm};
+    return G;
+}
+
+/* The caller's dxs from the chunk's first row r0 on (the student's dtype sdt). */
+static inline void *fl_dxs_at(const fl_grad_out &G, int64_t r0, kdloss_dtype sdt) {
+    return (char *)G.out->dxs.data + (size_t)(r0 * G.ld_dxs) * kdloss_dtype_size(sdt);
+}
+
+/* f(r0, rows) for each chunk [r0, r0 + rows) of bt rows (chunk rows each, the last one shorter)
+ * while the status stays KDLOSS_OK, starting from s. */
+template <class F>
+static kdloss_status fl_for_chunks(kdloss_status s, int64_t bt, int64_t chunk, const F &f) {
+    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += chunk)
+        s = f(r0, bt - r0 < chunk ? bt - r0 : chunk);
+    return s;
+}
+
+/* A chunk's backward, after its row kernel wrote dzs (nothing without gradients, or when both
+ * factors are 0: fl_end_grads writes the zeros): dxs rows by dx() (the driver's step) when
+ * asked for, the rows the mask names zeroed in xm (when dws is asked for), then dws and dbs
+ * (+)= (fl_chunk_wgrad). */
+template <class DX>
+static kdloss_status fl_chunk_backward(const fl_gemms &gm, const fl_grad_out &G, const fl_mask &m,
+                                       int64_t r0, int64_t rows, const DX &dx) {
+    if (!G.want_grad || G.zero_g) return KDLOSS_OK;
+    kdloss_status s = KDLOSS_OK;
+    if (G.out->dxs.data && (s = dx()) != KDLOSS_OK) return s;
+    if (G.out->dws.data && (s = fl_mask_rows(&gm, &m, r0, rows, G.xm)) != KDLOSS_OK) return s;
+    return fl_chunk_wgrad(&gm, r0, rows, G.out, G.ld_dws, G.dw_acc, G.db_acc, G.xm);
+}
+
+/* After the last chunk: both factors 0, the zeros (fl_zero_grads); else for a bf16 student the
+ * fp32 sums of dws and dbs rounded once (fl_cast_wgrad). */
+static inline kdloss_status fl_end_grads(const fl_gemms &gm, const fl_grad_out &G, int64_t bt) {
+    if (G.zero_g)
+        return fl_zero_grads(gm.st, G.out, G.ld_dxs, G.ld_dws, bt, gm.hs, gm.v, gm.sdt);
+    if (G.want_grad && gm.sdt == KDLOSS_BF16)
+        return fl_cast_wgrad(gm.st, G.dw_acc, G.db_acc, G.out, G.ld_dws, gm.hs, gm.v);
+    return KDLOSS_OK;
+}
 
 /* The size queries' checks after the params' (st, in the calls' order): the sizes, K (the sparse
  * teacher's slots; 1 for the dense one), the student's dtype. */

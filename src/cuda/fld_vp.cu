@@ -311,10 +311,8 @@ typedef struct flvp_call {
     const kdloss_comm *comm;
     kdloss_cmat xt, wt;      /* effective lds */
     int64_t ht;
-    const kdloss_fused_linear_distill_out *out;
-    const kd_fl_geom *g;
+    fl_grad_out G;           /* the gradients' outputs, zero_g */
     const flvp_plan *P;
-    int zero_g; /* both gradient factors 0 (fl_zero_factors) */
 } flvp_call;
 
 /* The row phases of one chunk, the statistics all-reduced between them. */
@@ -331,34 +329,30 @@ static kdloss_status flvp_rows(const flvp_call &k, const flvp_args &a, int64_t r
     return s;
 }
 
-/* One chunk: logits of the block, the phases, the gradients (dxs summed over the ranks). */
+/* One chunk: logits of the block, the phases, the backward (fl_chunk_backward; dxs summed over
+ * the ranks). */
 static kdloss_status flvp_chunk(const flvp_call &k, flvp_args &a, int64_t r0, int64_t rows) {
     const fl_plan &P = k.P->fl;
-    const kdloss_fused_linear_distill_out *out = k.out;
     kdloss_status s = fl_chunk_logits(&k.gm, r0, rows, P.zs, k.xt,
                                       a.r.zt ? k.wt : kdloss_cmat{NULL, KDLOSS_F32, 0}, k.ht, P.zt);
     a.r.row0 = r0;
     if (s == KDLOSS_OK) s = flvp_rows(k, a, rows);
-    if (s != KDLOSS_OK || k.zero_g) return s;
-    if (out->dxs.data) {
-        const kdloss_mat dxs = {out->dxs.data, out->dxs.dtype, k.g->ld_dxs};
-        s = kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
-        if (s != KDLOSS_OK) return s;
-    }
-    if (out->dws.data) { /* rows that do not count out of dws (labels against v_total) */
-        const fl_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0};
-        if ((s = fl_mask_rows(&k.gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
-    }
-    return fl_chunk_wgrad(&k.gm, r0, rows, out, k.g->ld_dws, P.dw_acc, P.db_acc, P.xm);
+    if (s != KDLOSS_OK) return s;
+    /* the label rules, against v_total */
+    const fl_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0};
+    return fl_chunk_backward(k.gm, k.G, m, r0, rows, [&] {
+        const kdloss_mat dxs = {k.G.out->dxs.data, k.G.out->dxs.dtype, k.G.ld_dxs};
+        return kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
+    });
 }
 
-/* Every chunk, then the bf16 casts and the scalar losses. On the context's device. */
+/* Every chunk, then the gradients' completion and the scalar losses. On the context's device. */
 static kdloss_status flvp_run(const flvp_call &k, const kdloss_fused_linear_distill_params *p,
                               const kdloss_vocab_shard *sh, const void *bs, const void *bt_bias,
                               kdloss_labels labels, int64_t bt) {
     const fl_plan &P = k.P->fl;
     flvp_args a;
-    fl_row_setup(&a.r, p, k.out, P, bs, bt_bias, labels, k.gm.v, k.g->want_grad && !k.zero_g);
+    fl_row_setup(&a.r, p, k.G.out, P, bs, bt_bias, labels, k.gm.v, k.G.want_grad && !k.G.zero_g);
     a.v_lo = sh->v_begin;
     a.v_total = sh->v_total;
     a.st_max = k.P->st;
@@ -367,13 +361,10 @@ static kdloss_status flvp_run(const flvp_call &k, const kdloss_fused_linear_dist
     const cudaStream_t st = k.gm.st;
     kdloss_status s = kd_cuda_count_labels(st, labels.data, a.r.lab64, bt, sh->v_total,
                                            p->ignore_index, P.hdr);
-    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
-        s = flvp_chunk(k, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk);
-    if (s == KDLOSS_OK && k.zero_g)
-        s = fl_zero_grads(st, k.out, k.g->ld_dxs, k.g->ld_dws, bt, k.gm.hs, k.gm.v, k.gm.sdt);
-    else if (s == KDLOSS_OK && k.gm.sdt == KDLOSS_BF16)
-        s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, k.out, k.g->ld_dws, k.gm.hs, k.gm.v);
-    if (s == KDLOSS_OK) s = fl_final(st, P, bt, k.out, p);
+    s = fl_for_chunks(s, bt, P.chunk,
+                      [&](int64_t r0, int64_t rows) { return flvp_chunk(k, a, r0, rows); });
+    if (s == KDLOSS_OK) s = fl_end_grads(k.gm, k.G, bt);
+    if (s == KDLOSS_OK) s = fl_final(st, P, bt, k.G.out, p);
     return s;
 }
 
@@ -432,10 +423,7 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
         const flvp_call k = {{ctx, st, P.fl.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.fl.zs, P.fl.ldz},
                              shard->comm, {xt.data, xt.dtype, g.ld_xt}, {wt.data, wt.dtype, g.ld_wt},
-                             ht, out, &g, &P,
-                             g.want_grad && fl_zero_factors(params->weight_hard_loss,
-                                                            params->weight_soft_loss,
-                                                            params->grad_scale)};
+                             ht, fl_grad_out_of(params, g, out, P.fl), &P};
         s = flvp_run(k, params, shard, bs, bt_bias, labels, bt);
     }
     kd_dev_leave(&dg);

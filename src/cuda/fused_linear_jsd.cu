@@ -23,7 +23,8 @@
  *   xm      (C x Hs) student dtype  with gradients: the chunk's xs for the dws GEMM, the rows
  *                                   whose gradient is 0 (ignored) zeroed (fl_mask_rows)
  * C comes from chunk_size, or from memory_budget (0 = 256 MiB) over 2 ldz 4 bytes per row.
- * The steps shared with the other fused drivers (plan, GEMM steps, dzs) are fl_rows.cuh's. */
+ * The steps shared with the other fused drivers (plan, GEMM steps, dzs, the chunk loop) are
+ * fl_rows.cuh's. */
 #include "fl_rows.cuh"
 
 kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
@@ -83,36 +84,20 @@ static kdloss_status fl_plan_make(const kdloss_fused_linear_distill_params *p, i
 
 /* ---- the row kernel ------------------------------------------------------------------------ */
 
-/* One block per row of the chunk (grid = C). DS: student dtype (student bias and dzs), DT:
- * teacher dtype (teacher bias). Passes over the row:
- *   1. online log-sum-exp of zs/T, zt/T and (T != 1, CE wanted) zs
- *   2. JSD terms and the row sum of g = dJSD/dX (needs the lse of pass 1)
- *   3. dzs = a (softmax(zs) - onehot(y)) + b (g - softmax(zs/T) sum(g)), with
- *      a = w_hard gs / n_valid and b = w_soft gs / (n_valid T)  (needs sum(g) of pass 2)
- * Pass 3 is fl_dz_pass (in place, tile by tile: fl_rows.cuh). */
+/* The row's log-sum-exps (every thread gets them): a of zs / T, b of zt / T, h of zs. */
+typedef struct fl_lses {
+    float a, b, h;
+} fl_lses;
+
+/* Pass 1 of fl_row_kernel: online log-sum-exps of zs / T (the divergence, and the cross-entropy
+ * when T = 1), zt / T (the divergence) and zs (the cross-entropy when T != 1; else h = a). */
 template <int DS, int DT>
-__global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
-    __shared__ double red[32];
-    __shared__ kd_lse lred[32];
-    __shared__ float fred[32];
-    const int tid = threadIdx.x;
-    const int64_t r = blockIdx.x;
-    const int64_t gr = a.row0 + r;
-    float *zs = a.zs + r * a.ldz;
-    const float *zt = a.zt ? a.zt + r * a.ldz : NULL;
-    const int64_t y = kd_label(a.labels, a.lab64, gr);
-    const int valid = y != a.ignore && y >= 0 && y < a.v;
-
-    if (!valid) { /* whole block takes this branch: zero gradient, stats 0 (ignored) or NaN */
-        fl_skip_row<DS>(a, (void *)zs, gr, y);
-        return;
-    }
-
-    /* ---- pass 1: log-sum-exps ---- */
+__device__ __forceinline__ fl_lses fl_lse_pass(const fl_row_args &a, const float *zs,
+                                               const float *zt, kd_lse *lred) {
     const int needA = a.do_soft || (a.do_hard && a.same_t);
     const int needH = a.do_hard && !a.same_t;
     kd_lse sA = {-INFINITY, 0.0f}, sB = {-INFINITY, 0.0f}, sH = {-INFINITY, 0.0f};
-    for (int64_t c0 = (int64_t)tid * 8; c0 < a.v; c0 += FL_TILE) {
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FL_TILE) {
         const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
         float s[8];
         fl_load<DS>(zs, a.bs, c0, n, s);
@@ -131,58 +116,84 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
             kd_lse_add8(&sB, t, n);
         }
     }
-    /* the label's own logit, read before pass 3 may overwrite it */
+    fl_lses L;
+    L.a = needA ? kd_block_lse(sA, lred) : 0.0f;
+    L.b = a.do_soft ? kd_block_lse(sB, lred) : 0.0f;
+    L.h = needH ? kd_block_lse(sH, lred) : L.a;
+    return L;
+}
+
+/* Pass 2 of fl_row_kernel (the divergence wanted): the row's divergence (valid in thread 0) and,
+ * when its gradient is wanted, *S = sum of g = dD/dX (every thread; else 0). Needs pass 1's
+ * log-normalizers. */
+template <int DS, int DT>
+__device__ __forceinline__ double fl_soft_pass(const fl_row_args &a, const float *zs,
+                                               const float *zt, const fl_lses &L, double *red,
+                                               double *S) {
+    float accl = 0.0f, accg = 0.0f;
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FL_TILE) {
+        const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
+        float s[8], t[8];
+        fl_load<DS>(zs, a.bs, c0, n, s);
+        fl_load<DT>(zt, a.bt, c0, n, t);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float g;
+            float l = kd_div_elem(&a.coef, s[j] * a.inv_t - L.a, t[j] * a.inv_t - L.b, &g);
+            if (j < n) {
+                accl += l;
+                accg += g;
+            }
+        }
+    }
+    const double soft = kd_block_sum((double)accl, red);
+    *S = a.grad_soft ? kd_block_sum_all((double)accg, red) : 0.0;
+    return soft;
+}
+
+/* One block per row of the chunk (grid = C). DS: student dtype (student bias and dzs), DT:
+ * teacher dtype (teacher bias). Passes over the row:
+ *   1. online log-sum-exp of zs/T, zt/T and (T != 1, CE wanted) zs       (fl_lse_pass)
+ *   2. the divergence and the row sum of g = dD/dX (needs the lse of pass 1) (fl_soft_pass)
+ *   3. dzs = a (softmax(zs) - onehot(y)) + b (g - softmax(zs/T) sum(g)), with
+ *      a = w_hard gs / n_valid and b = w_soft gs / (n_valid T)  (needs sum(g) of pass 2)
+ * Pass 3 is fl_dz_pass (in place, tile by tile: fl_rows.cuh). A row whose label does not count
+ * takes fl_skip_row, one whose tempered normalizer is NaN fl_special_row (fl_rows.cuh). */
+template <int DS, int DT>
+__global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
+    __shared__ double red[32];
+    __shared__ kd_lse lred[32];
+    __shared__ float fred[32];
+    const int64_t r = blockIdx.x;
+    const int64_t gr = a.row0 + r;
+    float *zs = a.zs + r * a.ldz;
+    const float *zt = a.zt ? a.zt + r * a.ldz : NULL;
+    const int64_t y = kd_label(a.labels, a.lab64, gr);
+    if (!(y != a.ignore && y >= 0 && y < a.v)) { /* the whole block: zero dzs, stats 0 or NaN */
+        fl_skip_row<DS>(a, (void *)zs, gr, y);
+        return;
+    }
+    /* the label's own logit (thread 0), read before pass 3 may overwrite it */
     float zy = 0.0f;
-    if (tid == 0 && a.do_hard) zy = zs[y] + (a.bs ? kd_ld<DS>(a.bs, y) : 0.0f);
-    const float lseA = needA ? kd_block_lse(sA, lred) : 0.0f;
-    const float lseB = a.do_soft ? kd_block_lse(sB, lred) : 0.0f;
-    const float lseH = needH ? kd_block_lse(sH, lred) : lseA;
+    if (threadIdx.x == 0 && a.do_hard) zy = zs[y] + (a.bs ? kd_ld<DS>(a.bs, y) : 0.0f);
+    const fl_lses L = fl_lse_pass<DS, DT>(a, zs, zt, lred);
     /* one test a row (the same in every thread): a NaN tempered normalizer (a NaN or +inf
      * logit, or z / T beyond fp32) takes the careful form. Wider rows need nothing more here:
      * this kernel forms z / T before subtracting the maximum, so z / T - lse overflows only
      * where the log-prob itself is beyond fp32 (it rounds to -inf, as the CPU's). */
-    if (a.do_soft && (isnan(lseA) || isnan(lseB))) {
+    if (a.do_soft && (isnan(L.a) || isnan(L.b))) {
         fl_special_row<DS, DT>(a, zs, zt, y, gr, zy, red, fred);
         return;
     }
-
-    /* ---- pass 2: JSD and sum of its gradient ---- */
-    double S = 0.0, soft = 0.0;
-    if (a.do_soft) {
-        float accl = 0.0f, accg = 0.0f;
-        for (int64_t c0 = (int64_t)tid * 8; c0 < a.v; c0 += FL_TILE) {
-            const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
-            float s[8], t[8];
-            fl_load<DS>(zs, a.bs, c0, n, s);
-            fl_load<DT>(zt, a.bt, c0, n, t);
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float g;
-                float l = kd_div_elem(&a.coef, s[j] * a.inv_t - lseA, t[j] * a.inv_t - lseB, &g);
-                if (j < n) {
-                    accl += l;
-                    accg += g;
-                }
-            }
-        }
-        soft = kd_block_sum((double)accl, red);
-        if (a.grad_soft) S = kd_block_sum_all((double)accg, red);
-    }
-    if (tid == 0) {
-        a.row_soft[gr] = a.do_soft ? soft : 0.0;
-        a.row_hard[gr] = a.do_hard ? (double)(lseH - zy) : 0.0;
-        if (a.out_soft) a.out_soft[gr] = (float)a.row_soft[gr];
-        if (a.out_hard) a.out_hard[gr] = (float)a.row_hard[gr];
-        if (a.out_lse) a.out_lse[gr] = a.do_hard ? lseH : 0.0f;
-    }
-
-    /* ---- pass 3: dzs in place ---- */
+    double S = 0.0;
+    const double soft = a.do_soft ? fl_soft_pass<DS, DT>(a, zs, zt, L, red, &S) : 0.0;
+    fl_put_row(a, gr, soft, a.do_hard ? (double)(L.h - zy) : 0.0, a.do_hard ? L.h : 0.0f);
     if (!a.do_grad) return;
-    float ca, cb;
+    float ca, cb; /* pass 3: dzs in place */
     fl_factors(a, &ca, &cb);
     const float Sf = (float)S;
     fl_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
-        return fl_dz(a, ca, cb, s, lseH, c == y, s * a.inv_t - lseA, t * a.inv_t - lseB, Sf);
+        return fl_dz(a, ca, cb, s, L.h, c == y, s * a.inv_t - L.a, t * a.inv_t - L.b, Sf);
     });
 }
 
@@ -432,28 +443,20 @@ void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->row_hard = P.row_hard;
 }
 
-/* One chunk: its logits, the row kernel, its gradients (none when both factors are 0: zero_g). */
-static kdloss_status fl_chunk(const fl_gemms &gm, const kd_fl_geom &g, kdloss_cmat xt,
-                              kdloss_cmat wt, int64_t ht, const kdloss_fused_linear_distill_out *out,
-                              const fl_plan &P, fl_row_args &a, int64_t r0, int64_t rows,
-                              int zero_g) {
-    const kdloss_dtype sdt = gm.sdt;
-    kdloss_status s = fl_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : kdloss_cmat{NULL, KDLOSS_F32, 0},
-                                      ht, P.zt);
+/* One chunk: its logits, the row kernel, its backward (fl_chunk_backward). */
+static kdloss_status fl_chunk(const fl_gemms &gm, const fl_grad_out &G, kdloss_cmat xt,
+                              kdloss_cmat wt, int64_t ht, const fl_plan &P, fl_row_args &a,
+                              int64_t r0, int64_t rows) {
+    const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
+    kdloss_status s = fl_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : none, ht, P.zt);
     if (s != KDLOSS_OK) return s;
     a.row0 = r0;
-    fl_row_launch(sdt, xt.dtype, rows, a, gm.st);
-    if ((s = kd_launch_status()) != KDLOSS_OK || zero_g) return s;
-    if (out->dxs.data) {
-        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * kdloss_dtype_size(sdt);
-        s = fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(sdt), g.ld_dxs);
-        if (s != KDLOSS_OK) return s;
-    }
-    if (out->dws.data) { /* ignored rows (and bad labels) out of dws */
-        const fl_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0};
-        if ((s = fl_mask_rows(&gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
-    }
-    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc, P.xm);
+    fl_row_launch(gm.sdt, xt.dtype, rows, a, gm.st);
+    if ((s = kd_launch_status()) != KDLOSS_OK) return s;
+    const fl_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0}; /* label rules */
+    return fl_chunk_backward(gm, G, m, r0, rows, [&] {
+        return fl_chunk_dx(&gm, rows, fl_dxs_at(G, r0, gm.sdt), fl_cuda_type(gm.sdt), G.ld_dxs);
+    });
 }
 
 /* Shapes: xs (bt x hs), ws (v x hs), bs [v], xt (bt x ht), wt (v x ht), bt_bias [v], labels [bt];
@@ -476,11 +479,9 @@ kdloss_status kdloss_cuda_fused_linear_distill(
         return s;
     fl_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
 
-    /* both gradient factors 0: zeros, no gradient work (fl_zero_factors) */
-    const int zero_g = g.want_grad && fl_zero_factors(params->weight_hard_loss,
-                                                      params->weight_soft_loss, params->grad_scale);
+    const fl_grad_out G = fl_grad_out_of(params, g, out, P);
     fl_row_args a;
-    fl_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad && !zero_g);
+    fl_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad && !G.zero_g);
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
@@ -488,13 +489,10 @@ kdloss_status kdloss_cuda_fused_linear_distill(
                          P.zs, P.ldz};
     const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
     s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, P.hdr);
-    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
-        s = fl_chunk(gm, g, xt_e, wt_e, ht, out, P, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk,
-                     zero_g);
-    if (s == KDLOSS_OK && zero_g)
-        s = fl_zero_grads(st, out, g.ld_dxs, g.ld_dws, bt, hs, v, xs.dtype);
-    else if (s == KDLOSS_OK && xs.dtype == KDLOSS_BF16)
-        s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, out, g.ld_dws, hs, v);
+    s = fl_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
+        return fl_chunk(gm, G, xt_e, wt_e, ht, P, a, r0, rows);
+    });
+    if (s == KDLOSS_OK) s = fl_end_grads(gm, G, bt);
     if (s == KDLOSS_OK) s = fl_final(st, P, bt, out, params);
     kd_dev_leave(&dg);
     return s;

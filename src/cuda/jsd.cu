@@ -7,7 +7,7 @@
  * NaN losses, as kdloss.h documents. */
 #include "args.h"
 #include "div_math.h"
-#include "kd_cuda.cuh"
+#include "ew_tile.cuh"
 
 typedef struct jsd_args {
     const void *s;        /* (bt x v, ld_s) student log-probs X */
@@ -28,127 +28,89 @@ typedef struct jsd_args {
     double grad_scale;
 } jsd_args;
 
-/* One block per (row, tile), grid-stride over bt * ntiles. DS/DT: student/teacher dtypes. */
+/* The gradient's factor: grad_scale / bt, or with labels grad_scale / max(1, n_valid), n_valid
+ * counted by the previous kernel in the stream (the host never waits for it). */
+__device__ __forceinline__ float jsd_gscale(const jsd_args &a) {
+    if (!a.labels) return a.gscale;
+    const unsigned long long nv = a.hdr->n_valid;
+    return (float)(a.grad_scale / (nv > 0 ? (double)nv : 1.0));
+}
+
+/* 0: a counted row, 1: ignored, 2: a label out of range. The same for the whole block. */
+__device__ __forceinline__ int jsd_row_kind(const jsd_args &a, int64_t row) {
+    if (!a.labels) return 0;
+    const int64_t y = kd_label(a.labels, a.lab64, row);
+    return y == a.ignore ? 1 : (y >= 0 && y < a.v) ? 0 : 2;
+}
+
+/* Block b's tile of a row that does not count: zero gradient; the tile adds 0 (ignored) or NaN
+ * (a bad label: the loss must not look valid). */
+template <int DS, bool VEC>
+__device__ __forceinline__ void jsd_skip_tile(const jsd_args &a, int64_t b, int64_t row,
+                                              int64_t cbase, int kind) {
+    if (a.grad) {
+        const float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int g = 0; g < KD_EW_GROUPS; g++) {
+            const int64_t c0 = kd_ew_col(cbase, g);
+            kd_st8n<DS, VEC>(a.grad, row * a.ld_g + c0, kd_ew_count(a.v, c0), z);
+        }
+    }
+    if (a.part && threadIdx.x == 0)
+        a.part[b] = kind == 1 ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
+}
+
+/* One block per (row, tile), grid-stride over bt * ntiles (ew_tile.cuh). DS/DT: student/teacher
+ * dtypes; VEC: 16-byte aligned rows (kd_ew_tile). */
 template <int DS, int DT, bool VEC>
 __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
     __shared__ double red[32];
-    /* With labels the scale depends on n_valid, counted by the previous kernel in the stream. */
-    float gscale = a.gscale;
-    if (a.labels) {
-        unsigned long long nv = a.hdr->n_valid;
-        gscale = (float)(a.grad_scale / (nv > 0 ? (double)nv : 1.0));
-    }
-    const int64_t nblk = a.bt * a.ntiles;
-    for (int64_t b = blockIdx.x; b < nblk; b += gridDim.x) {
-        const int64_t row = b / a.ntiles;
-        const int64_t cbase = (b - row * a.ntiles) * KD_EW_TILE + (int64_t)threadIdx.x * 8;
-
-        /* 0: counted row, 1: ignored, 2: label out of range. Same for the whole block. */
-        int kind = 0;
-        if (a.labels) {
-            int64_t y = kd_label(a.labels, a.lab64, row);
-            kind = y == a.ignore ? 1 : (y >= 0 && y < a.v) ? 0 : 2;
-        }
+    const float gscale = jsd_gscale(a);
+    kd_ew_for_tiles(a.bt, a.ntiles, [&](int64_t b, int64_t row, int64_t cbase) {
+        const int kind = jsd_row_kind(a, row);
         if (kind != 0) {
-            /* zero gradient; the row adds 0 (ignored) or NaN (bad label: the loss must not look
-             * valid) */
-            if (a.grad) {
-                float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-                for (int g = 0; g < KD_EW_GROUPS; g++) {
-                    const int64_t c0 = cbase + (int64_t)g * KD_EW_THREADS * 8;
-                    const int64_t o = row * a.ld_g + c0;
-                    if (VEC && c0 + 8 <= a.v) {
-                        kd_st8<DS>(a.grad, o, z);
-                    } else {
-#pragma unroll
-                        for (int j = 0; j < 8; j++)
-                            if (c0 + j < a.v) kd_st<DS>(a.grad, o + j, 0.0f);
-                    }
-                }
-            }
-            if (a.part && threadIdx.x == 0) a.part[b] = kind == 1 ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
-            continue;
+            jsd_skip_tile<DS, VEC>(a, b, row, cbase, kind);
+            return;
         }
+        const kd_ew_row r = {a.s, row * a.ld_s, a.t, row * a.ld_t, a.grad, row * a.ld_g, NULL, 0};
+        float ck = 0.0f;
+        const float acc = kd_ew_tile<DS, DT, VEC>(
+            r, cbase, a.v, gscale, &ck,
+            [&](float x, float y, float *g) { return kd_div_elem(&a.coef, x, y, g); });
+        kd_ew_tile_end(a.flags, row, ck, a.part, b, acc, red);
+    });
+}
 
-        const int64_t os = row * a.ld_s, ot = row * a.ld_t;
-        float x[KD_EW_GROUPS][8], y[KD_EW_GROUPS][8];
-        int n[KD_EW_GROUPS];
-#pragma unroll
-        for (int g = 0; g < KD_EW_GROUPS; g++) {
-            const int64_t c0 = cbase + (int64_t)g * KD_EW_THREADS * 8;
-            const int64_t rem = a.v - c0;
-            n[g] = rem <= 0 ? 0 : rem >= 8 ? 8 : (int)rem;
-            if (VEC && n[g] == 8) {
-                kd_ld8<DS>(a.s, os + c0, x[g]);
-                kd_ld8<DT>(a.t, ot + c0, y[g]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    x[g][j] = j < n[g] ? kd_ld<DS>(a.s, os + c0 + j) : 0.0f;
-                    y[g][j] = j < n[g] ? kd_ld<DT>(a.t, ot + c0 + j) : 0.0f;
-                }
-            }
-        }
-
-        float acc = 0.0f, ck = 0.0f; /* ck: the NaN policy's sum of (x + y) 2^-100 */
-#pragma unroll
-        for (int g = 0; g < KD_EW_GROUPS; g++) {
-            if (n[g] == 0) continue;
-            const int64_t c0 = cbase + (int64_t)g * KD_EW_THREADS * 8;
-            float gr[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                float gj;
-                ck = fmaf(y[g][j], KD_CK_SCALE, fmaf(x[g][j], KD_CK_SCALE, ck)); /* tail: 0s */
-                float l = kd_div_elem(&a.coef, x[g][j], y[g][j], &gj);
-                /* a factor of 0 writes zeros (kdloss.h), also where gj is infinite (reverse KL at
-                 * a -inf teacher log-prob: inf x 0 would be NaN on a row nothing flags) */
-                gr[j] = gscale == 0.0f ? 0.0f : gj * gscale;
-                if (j < n[g]) acc += l;
-            }
-            if (a.grad) {
-                const int64_t o = row * a.ld_g + c0;
-                if (VEC && n[g] == 8) {
-                    kd_st8<DS>(a.grad, o, gr);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 8; j++)
-                        if (j < n[g]) kd_st<DS>(a.grad, o + j, gr[j]);
-                }
-            }
-        }
-        /* a NaN or +inf read: the row is rewritten after this kernel (kd_cuda_poison_rows) */
-        if (!(ck < INFINITY)) atomicOr(&a.flags[row], 1u);
-        if (a.part) { /* uniform across the block */
-            double s = kd_block_sum((double)acc, red);
-            if (threadIdx.x == 0) a.part[b] = s;
-        }
+/* jsd_kernel for the dtypes and the alignment kd_launch_dtypes picks. */
+struct jsd_launcher {
+    const jsd_args &a;
+    unsigned grid;
+    cudaStream_t st;
+    template <int DS, int DT, bool VEC>
+    void launch() const {
+        KD_LAUNCH(grid, KD_EW_THREADS, 0, st, jsd_kernel<DS, DT, VEC>)(a);
     }
-}
-
-template <int DS, int DT>
-static void jsd_launch2(const jsd_args &a, bool vec, unsigned grid, cudaStream_t st) {
-    if (vec) KD_LAUNCH(grid, KD_EW_THREADS, 0, st, jsd_kernel<DS, DT, true>)(a);
-    else KD_LAUNCH(grid, KD_EW_THREADS, 0, st, jsd_kernel<DS, DT, false>)(a);
-}
-
-template <int DS>
-static void jsd_launch1(int dt, const jsd_args &a, bool vec, unsigned grid, cudaStream_t st) {
-    switch (dt) {
-    case KDLOSS_F32: jsd_launch2<DS, KDLOSS_F32>(a, vec, grid, st); break;
-    case KDLOSS_BF16: jsd_launch2<DS, KDLOSS_BF16>(a, vec, grid, st); break;
-    default: jsd_launch2<DS, KDLOSS_F16>(a, vec, grid, st); break;
-    }
-}
+};
 
 kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
-    if (!bytes) return KDLOSS_ERR_NULL_POINTER;
-    kd_ew_plan p;
-    kdloss_status s = kd_ew_plan_make(bt, v, NULL, &p);
-    if (s != KDLOSS_OK) return s;
-    *bytes = p.total;
-    return KDLOSS_OK;
+    return kd_ew_workspace_size(bt, v, bytes);
+}
+
+/* The kernel's arguments of a checked call. */
+static jsd_args jsd_args_of(const kdloss_distill_params *params, int64_t bt, int64_t v,
+                            kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                            const float *loss, const float *row_loss, kdloss_mat grad,
+                            const kd_jsd_geom &g, const kd_ew_plan &plan) {
+    jsd_args a;
+    kd_pair_args_fill(&a, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g, labels,
+                      params->ignore_index, plan, bt, v);
+    if (!loss && !row_loss) a.part = NULL; /* no partial sums to write */
+    a.ntiles = plan.ntiles;
+    a.flags = plan.flags;
+    a.coef = kd_div_coef_make(&params->div);
+    a.grad_scale = params->grad_scale;
+    a.gscale = (float)(params->grad_scale / (double)bt);
+    return a;
 }
 
 /* Shapes: student, teacher, grad (bt x v) with their own ld; labels [bt] optional; row_loss [bt];
@@ -167,20 +129,10 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
         kd_args_distill(params, bt, v, student, teacher, labels, loss, row_loss, grad, &g, &spans);
     if (s != KDLOSS_OK) return s;
     kd_ew_plan plan;
-    if ((s = kd_ew_plan_make(bt, v, NULL, &plan)) != KDLOSS_OK) return s;
-    if ((s = kd_args_workspace(workspace, workspace_bytes, plan.total, &spans)) != KDLOSS_OK)
+    if ((s = kd_ew_plan_place(bt, v, workspace, workspace_bytes, &spans, &plan)) != KDLOSS_OK)
         return s;
-    kd_ew_plan_make(bt, v, workspace, &plan);
-
-    jsd_args a;
-    kd_pair_args_fill(&a, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g, labels,
-                      params->ignore_index, plan, bt, v);
-    if (!loss && !row_loss) a.part = NULL; /* no partial sums to write */
-    a.ntiles = plan.ntiles;
-    a.flags = plan.flags;
-    a.coef = kd_div_coef_make(&params->div);
-    a.grad_scale = params->grad_scale;
-    a.gscale = (float)(params->grad_scale / (double)bt);
+    const jsd_args a =
+        jsd_args_of(params, bt, v, student, teacher, labels, loss, row_loss, grad, g, plan);
     size_t es = kdloss_dtype_size(student.dtype), et = kdloss_dtype_size(teacher.dtype);
     bool vec = kd_aligned16(student.data, g.ld_s, es) && kd_aligned16(teacher.data, g.ld_t, et) &&
                kd_aligned16(grad.data, g.ld_g, es);
@@ -192,12 +144,8 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
         s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, plan.hdr);
     if (s == KDLOSS_OK) s = kd_cuda_clear_flags(st, plan.flags, bt);
     if (s == KDLOSS_OK) {
-        unsigned grid = kd_grid(bt * plan.ntiles);
-        switch (student.dtype) {
-        case KDLOSS_F32: jsd_launch1<KDLOSS_F32>(teacher.dtype, a, vec, grid, st); break;
-        case KDLOSS_BF16: jsd_launch1<KDLOSS_BF16>(teacher.dtype, a, vec, grid, st); break;
-        default: jsd_launch1<KDLOSS_F16>(teacher.dtype, a, vec, grid, st); break;
-        }
+        kd_launch_dtypes(student.dtype, teacher.dtype, vec,
+                         jsd_launcher{a, kd_grid(bt * plan.ntiles), st});
         s = kd_launch_status();
     }
     if (s == KDLOSS_OK) /* the NaN policy: rows that read a NaN or +inf */
@@ -212,7 +160,7 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
 }
 
 kdloss_status kdloss_cuda_distill_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
-    return kdloss_cuda_jsd_workspace_size(bt, v, bytes);
+    return kd_ew_workspace_size(bt, v, bytes);
 }
 
 /* The JSD-only name: a wrapper (divergence JSD(beta)). */

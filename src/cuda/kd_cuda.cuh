@@ -239,9 +239,11 @@ __device__ __forceinline__ int64_t kd_label(const void *labels, int is64, int64_
 
 /* Sum over the block, in a fixed order (shuffle tree in each warp, then warp 0 over the warps):
  * the same inputs give the same bits on every run. The result is valid in thread 0 only.
- * `red` is shared scratch of 32 doubles. Must be called by every thread of the block; it ends
- * with a barrier so the scratch can be reused right away. */
-__device__ __forceinline__ double kd_block_sum(double x, double *red) {
+ * T: double (the losses' sums) or unsigned long long (counts: exact, so any order would do).
+ * `red` is shared scratch of 32 T. Must be called by every thread of the block; it ends with a
+ * barrier so the scratch can be reused right away. */
+template <typename T>
+__device__ __forceinline__ T kd_block_sum(T x, T *red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int nwarps = (blockDim.x + 31) >> 5;
 #pragma unroll
@@ -249,7 +251,7 @@ __device__ __forceinline__ double kd_block_sum(double x, double *red) {
     if (lane == 0) red[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        x = lane < nwarps ? red[lane] : 0.0;
+        x = lane < nwarps ? red[lane] : (T)0;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
     }
@@ -285,24 +287,6 @@ __device__ __forceinline__ float kd_block_max(float x, float *red) {
     }
     __syncthreads();
     x = red[0];
-    __syncthreads();
-    return x;
-}
-
-/* Integer sum over the block (exact, so order does not matter); valid in thread 0. */
-__device__ __forceinline__ unsigned long long kd_block_sum_u64(unsigned long long x,
-                                                               unsigned long long *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nwarps = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
-    if (lane == 0) red[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        x = lane < nwarps ? red[lane] : 0ull;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) x += __shfl_down_sync(0xffffffffu, x, o);
-    }
     __syncthreads();
     return x;
 }
@@ -550,6 +534,34 @@ static inline void kd_pair_args_fill(A *a, kdloss_cmat s, int64_t ld_s, kdloss_c
     a->part = plan.part;
     a->bt = bt;
     a->v = v;
+}
+
+/* The launch of a kernel templated on two operands' dtypes <DX, DY, VEC> (any float dtype each;
+ * VEC: the accesses are 16-byte aligned) for the call's dx, dy and vec: calls
+ * l.template launch<DX, DY, VEC>(). L is the file's own launcher, whose KD_LAUNCH names its
+ * kernel (the simulator's registry reads each launch site's kernel from its text). */
+template <int DX, int DY, class L>
+static void kd_launch_vec(bool vec, const L &l) {
+    if (vec) l.template launch<DX, DY, true>();
+    else l.template launch<DX, DY, false>();
+}
+
+template <int DX, class L>
+static void kd_launch_dy(int dy, bool vec, const L &l) {
+    switch (dy) {
+    case KDLOSS_F32: kd_launch_vec<DX, KDLOSS_F32>(vec, l); break;
+    case KDLOSS_BF16: kd_launch_vec<DX, KDLOSS_BF16>(vec, l); break;
+    default: kd_launch_vec<DX, KDLOSS_F16>(vec, l); break;
+    }
+}
+
+template <class L>
+static void kd_launch_dtypes(int dx, int dy, bool vec, const L &l) {
+    switch (dx) {
+    case KDLOSS_F32: kd_launch_dy<KDLOSS_F32>(dy, vec, l); break;
+    case KDLOSS_BF16: kd_launch_dy<KDLOSS_BF16>(dy, vec, l); break;
+    default: kd_launch_dy<KDLOSS_F16>(dy, vec, l); break;
+    }
 }
 #endif
 

@@ -20,8 +20,8 @@ kd_count_labels_kernel(const void *labels, int is64, int64_t bt, int64_t v, int6
         if (y >= 0 && y < v) nv++;
         else nb++;
     }
-    nv = kd_block_sum_u64(nv, red);
-    nb = kd_block_sum_u64(nb, red);
+    nv = kd_block_sum(nv, red);
+    nb = kd_block_sum(nb, red);
     if (threadIdx.x == 0) {
         if (nv) atomicAdd(&hdr->n_valid, nv);
         if (nb) atomicAdd(&hdr->n_bad, nb);

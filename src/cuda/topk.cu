@@ -64,9 +64,9 @@ __global__ void __launch_bounds__(TK_CHECK_THREADS) tk_check_kernel(tk_check_arg
             ni += !ok;
         }
     }
-    nv = kd_block_sum_u64(nv, red);
-    nl = kd_block_sum_u64(nl, red);
-    ni = kd_block_sum_u64(ni, red);
+    nv = kd_block_sum(nv, red);
+    nl = kd_block_sum(nl, red);
+    ni = kd_block_sum(ni, red);
     if (threadIdx.x == 0) {
         if (nv) atomicAdd(&a.hdr->n_valid, nv);
         if (nl) atomicAdd(&a.hdr->n_bad_label, nl);
@@ -828,56 +828,32 @@ fl_mask tk_mask_of(const tk_row_args &a, int gh0) {
     return m;
 }
 
-/* One chunk's backward: dxs rows (from the columns in S alone when sdx: renorm_both without the
- * cross-entropy's gradient), dws (+)= and dbs (+)= (fl_rows.cuh's steps, the zero-gradient rows
- * out of dws). */
-static kdloss_status tk_dense_backward(const fl_gemms &gm, const kd_topk_geom &g,
-                                       const kdloss_fused_linear_distill_out *out,
-                                       const tk_plan &P, const tk_row_args &a, int gh0, int sdx,
-                                       int64_t r0, int64_t rows) {
-    kdloss_status s = KDLOSS_OK;
-    if (out->dxs.data) {
-        char *dxs_c = (char *)out->dxs.data + (size_t)(r0 * g.ld_dxs) * kdloss_dtype_size(gm.sdt);
-        s = sdx ? tk_dx_s_launch(gm.st, a, gm.sdt, P.zs, gm.sdt == KDLOSS_BF16 ? 2 * P.ldz : P.ldz,
-                                 gm.ws, g.ld_ws, 0, gm.hs, dxs_c, g.ld_dxs,
-                                 gm.sdt == KDLOSS_BF16)
-                : fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(gm.sdt), g.ld_dxs);
-        if (s != KDLOSS_OK) return s;
-    }
-    if (out->dws.data) {
-        const fl_mask m = tk_mask_of(a, gh0);
-        if ((s = fl_mask_rows(&gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
-    }
-    return fl_chunk_wgrad(&gm, r0, rows, out, g.ld_dws, P.dw_acc, P.db_acc, P.xm);
-}
-
-/* Per chunk: zs = xs_c ws^T (cuBLASLt, fp32 out), the row kernel, the backward (none when both
- * gradient factors are 0: zeros then). */
-static kdloss_status tk_run_dense(kdloss_cuda_context *ctx, cudaStream_t st, int64_t bt,
-                                  int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
-                                  const kd_topk_geom &g, const kdloss_fused_linear_distill_out *out,
-                                  const tk_plan &P, tk_row_args a,
-                                  const kdloss_fused_linear_topk_distill_params *p, int zero_g) {
+/* Per chunk: zs = xs_c ws^T (cuBLASLt, fp32 out), the row kernel, the backward
+ * (fl_chunk_backward; its dxs rows from the columns in S alone when sdx: renorm_both without the
+ * cross-entropy's gradient), then the gradients' completion (fl_end_grads). */
+static kdloss_status tk_run_dense(const fl_gemms &gm, const fl_grad_out &G, int64_t bt,
+                                  const kd_topk_geom &g, const tk_plan &P, tk_row_args a,
+                                  const kdloss_fused_linear_topk_distill_params *p) {
     const int gh0 = tk_gh_zero(p), sdx = gh0 && p->tail == KDLOSS_TAIL_RENORM_BOTH;
-    const fl_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
-                         P.zs, P.ldz};
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
-    kdloss_status s = tk_zero_slices(P, st);
-    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk) {
-        const int64_t rows = bt - r0 < P.chunk ? bt - r0 : P.chunk;
-        s = fl_chunk_logits(&gm, r0, rows, P.zs, none, none, 0, NULL);
-        if (s != KDLOSS_OK) break;
+    const kdloss_dtype ds = gm.sdt;
+    kdloss_status s = tk_zero_slices(P, gm.st);
+    s = fl_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
+        kdloss_status sc = fl_chunk_logits(&gm, r0, rows, P.zs, none, none, 0, NULL);
+        if (sc != KDLOSS_OK) return sc;
         a.row0 = r0;
         a.rows = rows;
-        tk_row_launch_fused(xs.dtype, a, P.sc, st);
-        if ((s = kd_launch_status()) != KDLOSS_OK) break;
-        if (g.want_grad && !zero_g) s = tk_dense_backward(gm, g, out, P, a, gh0, sdx, r0, rows);
-    }
-    if (s == KDLOSS_OK && zero_g)
-        s = fl_zero_grads(st, out, g.ld_dxs, g.ld_dws, bt, hs, v, xs.dtype);
-    else if (s == KDLOSS_OK && g.want_grad && xs.dtype == KDLOSS_BF16)
-        s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, out, g.ld_dws, hs, v);
-    return s;
+        tk_row_launch_fused(ds, a, P.sc, gm.st);
+        if ((sc = kd_launch_status()) != KDLOSS_OK) return sc;
+        return fl_chunk_backward(gm, G, tk_mask_of(a, gh0), r0, rows, [&] {
+            void *dxs_c = fl_dxs_at(G, r0, ds);
+            return sdx ? tk_dx_s_launch(gm.st, a, ds, P.zs, ds == KDLOSS_BF16 ? 2 * P.ldz : P.ldz,
+                                        gm.ws, g.ld_ws, 0, gm.hs, dxs_c, g.ld_dxs,
+                                        ds == KDLOSS_BF16)
+                       : fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(ds), g.ld_dxs);
+        });
+    });
+    return s == KDLOSS_OK ? fl_end_grads(gm, G, bt) : s;
 }
 
 /* ---- host side: the fused loss, sparse path ----------------------------------------------------- */
@@ -1014,14 +990,13 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     if (s == KDLOSS_OK && sparse) {
         s = tk_run_sparse(st, params, bt, hs, v, xs, ws, bs, teacher, g, out, P);
     } else if (s == KDLOSS_OK) {
-        /* both gradient factors 0: zeros, no gradient work (fl_zero_factors) */
-        const int zero_g = g.want_grad && fl_zero_factors(params->weight_hard_loss,
-                                                          params->weight_soft_loss,
-                                                          params->grad_scale);
+        const fl_grad_out G = fl_grad_out_of(params, g, out, P);
+        const fl_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs,
+                             v, P.zs, P.ldz};
         tk_row_args a;
         tk_row_common(&a, teacher, g, c, P);
-        tk_row_fused(&a, params, out, labels.data != NULL, bs, P, g.want_grad && !zero_g);
-        s = tk_run_dense(ctx, st, bt, hs, v, xs, ws, g, out, P, a, params, zero_g);
+        tk_row_fused(&a, params, out, labels.data != NULL, bs, P, g.want_grad && !G.zero_g);
+        s = tk_run_dense(gm, G, bt, g, P, a, params);
     }
     if (s == KDLOSS_OK) {
         const double soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;

@@ -278,14 +278,14 @@ static kdloss_status tkvp_plan_make(const kdloss_fused_linear_topk_distill_param
 typedef struct tkvp_call {
     fl_gemms gm;             /* ctx, stream, xs / ws_r with their lds, the chunk's zs */
     const kdloss_comm *comm;
-    const kdloss_fused_linear_distill_out *out;
+    fl_grad_out G;           /* the gradients' outputs, zero_g */
     const kd_topk_geom *g;
     const tkvp_plan *P;
-    int zero_g;              /* both gradient factors 0 (fl_zero_factors) */
     int gh0, sdx;            /* tk_gh_zero; renorm_both with it: dxs from S (tk_dx_s_launch) */
 } tkvp_call;
 
-/* One chunk: logits of the block, the phases with their all-reduces, the gradients. */
+/* One chunk: logits of the block, the phases with their all-reduces, the backward
+ * (fl_chunk_backward; dxs summed over the ranks). */
 static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, int64_t rows) {
     const tk_plan &P = k.P->tk;
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
@@ -300,27 +300,20 @@ static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, in
     if (s == KDLOSS_OK)
         s = kd_cuda_vp_allreduce(k.comm, a.st_sum, a.n_sum * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = tkvp_launch(3, ds, a, P.sc, st);
-    if (s != KDLOSS_OK || !k.g->want_grad || k.zero_g) return s;
-    const kdloss_fused_linear_distill_out *out = k.out;
-    if (out->dxs.data) {
-        const kdloss_mat dxs = {out->dxs.data, out->dxs.dtype, k.g->ld_dxs};
-        if (k.sdx) {
-            s = tk_dx_s_launch(st, a.r, ds, P.zs, ds == KDLOSS_BF16 ? 2 * P.ldz : P.ldz, k.gm.ws,
-                               k.gm.ld_ws, a.v_lo, k.gm.hs, k.P->part, k.gm.hs, 0);
-            if (s == KDLOSS_OK) s = kd_cuda_vp_dxs_reduce(&k.gm, k.comm, k.P->part, r0, rows, dxs);
-        } else {
-            s = kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
-        }
-        if (s != KDLOSS_OK) return s;
-    }
-    if (out->dws.data) {
-        const fl_mask m = tk_mask_of(a.r, k.gh0);
-        if ((s = fl_mask_rows(&k.gm, &m, r0, rows, P.xm)) != KDLOSS_OK) return s;
-    }
-    return fl_chunk_wgrad(&k.gm, r0, rows, out, k.g->ld_dws, P.dw_acc, P.db_acc, P.xm);
+    if (s != KDLOSS_OK) return s;
+    return fl_chunk_backward(k.gm, k.G, tk_mask_of(a.r, k.gh0), r0, rows, [&] {
+        const kdloss_mat dxs = {k.G.out->dxs.data, k.G.out->dxs.dtype, k.G.ld_dxs};
+        if (!k.sdx) return kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
+        kdloss_status sd = tk_dx_s_launch(st, a.r, ds, P.zs, ds == KDLOSS_BF16 ? 2 * P.ldz : P.ldz,
+                                          k.gm.ws, k.gm.ld_ws, a.v_lo, k.gm.hs, k.P->part,
+                                          k.gm.hs, 0);
+        return sd == KDLOSS_OK ? kd_cuda_vp_dxs_reduce(&k.gm, k.comm, k.P->part, r0, rows, dxs)
+                               : sd;
+    });
 }
 
-/* The row checks, every chunk, the bf16 casts, the scalar losses. On the context's device. */
+/* The row checks, every chunk, the gradients' completion, the scalar losses. On the context's
+ * device. */
 static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk_distill_params *p,
                               const kdloss_vocab_shard *sh, const void *bs,
                               const kdloss_topk_teacher &t, kdloss_labels labels, int64_t bt) {
@@ -330,7 +323,7 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     const tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
     tkvp_args a;
     tk_row_common(&a.r, t, g, c, P);
-    tk_row_fused(&a.r, p, k.out, labels.data != NULL, bs, P, g.want_grad && !k.zero_g);
+    tk_row_fused(&a.r, p, k.G.out, labels.data != NULL, bs, P, g.want_grad && !k.G.zero_g);
     a.r.v = k.gm.v; /* tk_row_common gave the ids' range, v_total */
     a.v_lo = sh->v_begin;
     a.n_sum = 4 + t.k;
@@ -338,14 +331,11 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     a.st_sum = a.st_max + 2 * P.chunk;
     kdloss_status s = tk_check_launch(st, c);
     if (s == KDLOSS_OK) s = tk_zero_slices(P, st);
-    for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += P.chunk)
-        s = tkvp_chunk(k, a, r0, bt - r0 < P.chunk ? bt - r0 : P.chunk);
-    if (s == KDLOSS_OK && k.zero_g)
-        s = fl_zero_grads(st, k.out, g.ld_dxs, g.ld_dws, bt, k.gm.hs, k.gm.v, k.gm.sdt);
-    else if (s == KDLOSS_OK && g.want_grad && k.gm.sdt == KDLOSS_BF16)
-        s = fl_cast_wgrad(st, P.dw_acc, P.db_acc, k.out, g.ld_dws, k.gm.hs, k.gm.v);
+    s = fl_for_chunks(s, bt, P.chunk,
+                      [&](int64_t r0, int64_t rows) { return tkvp_chunk(k, a, r0, rows); });
+    if (s == KDLOSS_OK) s = fl_end_grads(k.gm, k.G, bt);
     if (s == KDLOSS_OK)
-        s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.out, p->weight_hard_loss,
+        s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.G.out, p->weight_hard_loss,
                             p->weight_soft_loss,
                             p->t2_scale ? p->temperature * p->temperature : 1.0, 1);
     return s;
@@ -407,13 +397,10 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     if (s == KDLOSS_OK) {
         tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
         P.tk.chunk = chunk; /* in [1, this rank's] (checked): its regions still hold it */
-        const int zero_g = g.want_grad && fl_zero_factors(params->weight_hard_loss,
-                                                          params->weight_soft_loss,
-                                                          params->grad_scale);
         const int gh0 = tk_gh_zero(params);
         const tkvp_call k = {{ctx, st, P.tk.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.tk.zs, P.tk.ldz},
-                             shard->comm, out, &g, &P, zero_g, gh0,
+                             shard->comm, fl_grad_out_of(params, g, out, P.tk), &g, &P, gh0,
                              gh0 && params->tail == KDLOSS_TAIL_RENORM_BOTH};
         s = tkvp_run(k, params, shard, bs, teacher, labels, bt);
     }
