@@ -1,3 +1,5 @@
+/* The checks of one operand view, label vector or parameter set (check.h), which every
+ * operation's checks (args.c, args_fl.c) are built from, and the fused losses' defaults. */
 #include "check.h"
 
 #include <float.h>
@@ -66,18 +68,24 @@ int kd_spans_overlap(kd_span a, kd_span b) {
     return a.lo < b.hi && b.lo < a.hi;
 }
 
-kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64_t ignore_index,
-                              int64_t *n_valid) {
+kdloss_status kd_check_label_view(kdloss_labels labels, int align) {
     if (!labels.data) return kd_named("labels", KDLOSS_ERR_NULL_POINTER);
     if (labels.dtype != KDLOSS_I64 && labels.dtype != KDLOSS_I32) {
         kd_detail("labels: dtype %s, expected int64 or int32", kdloss_dtype_name(labels.dtype));
         return KDLOSS_ERR_INVALID_DTYPE;
     }
-    if (!kd_aligned(labels.data, kdloss_dtype_size(labels.dtype))) {
+    if (align && !kd_aligned(labels.data, kdloss_dtype_size(labels.dtype))) {
         kd_detail("labels: address %p is not a multiple of %zu", labels.data,
                   kdloss_dtype_size(labels.dtype));
         return KDLOSS_ERR_MISALIGNED;
     }
+    return KDLOSS_OK;
+}
+
+kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64_t ignore_index,
+                              int64_t *n_valid) {
+    kdloss_status st = kd_check_label_view(labels, 1);
+    if (st != KDLOSS_OK) return st;
     int64_t n = 0;
     for (int64_t r = 0; r < bt; r++) {
         int64_t y = kd_label_at(labels, r);
@@ -93,21 +101,43 @@ kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64
     return KDLOSS_OK;
 }
 
+/* KDLOSS_ERR_INVALID_PARAM with its detail. */
+static kdloss_status bad_param(const char *what, double value, const char *want) {
+    kd_detail("%s = %g: %s", what, value, want);
+    return KDLOSS_ERR_INVALID_PARAM;
+}
+
 kdloss_status kd_kl_check_args(const kdloss_kl_params *p, int64_t bt, int64_t v, int has_loss,
                                int has_elem) {
     kd_detail_clear();
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
-    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    if (p->reduction < KDLOSS_REDUCTION_NONE || p->reduction > KDLOSS_REDUCTION_BATCHMEAN)
+    if (!p) return kd_named("params", KDLOSS_ERR_NULL_POINTER);
+    if (bt <= 0 || v <= 0) {
+        kd_detail("bt %lld, v %lld: sizes must be positive", (long long)bt, (long long)v);
+        return KDLOSS_ERR_INVALID_SIZE;
+    }
+    if (p->reduction < KDLOSS_REDUCTION_NONE || p->reduction > KDLOSS_REDUCTION_BATCHMEAN) {
+        kd_detail("reduction %d is not none, sum, mean or batchmean", (int)p->reduction);
         return KDLOSS_ERR_INVALID_REDUCTION;
+    }
     /* eps and the gradient factor are used as fp32: they must stay finite there */
-    if ((p->log_target != 0 && p->log_target != 1) || !(p->eps >= 0.0) || !kd_fp32_finite(p->eps) ||
-        !kd_fp32_finite(p->grad_scale) ||
+    if (p->log_target != 0 && p->log_target != 1)
+        return bad_param("log_target", p->log_target, "must be 0 or 1");
+    if (!(p->eps >= 0.0) || !kd_fp32_finite(p->eps))
+        return bad_param("eps", p->eps, "must be >= 0 and a finite fp32");
+    if (!kd_fp32_finite(p->grad_scale) ||
         !kd_fp32_finite(kd_kl_reduction_scale(p->reduction, bt, v) * p->grad_scale))
-        return KDLOSS_ERR_INVALID_PARAM;
+        return bad_param("grad_scale", p->grad_scale,
+                         "it and its product with the reduction's scale must be finite fp32");
     int none = p->reduction == KDLOSS_REDUCTION_NONE;
     /* "none" has no scalar loss; an elementwise loss exists only for "none" */
-    if ((none && has_loss) || (!none && has_elem)) return KDLOSS_ERR_INVALID_PARAM;
+    if (none && has_loss) {
+        kd_detail("loss: reduction none has no scalar loss (row_loss and elem_loss do)");
+        return KDLOSS_ERR_INVALID_PARAM;
+    }
+    if (!none && has_elem) {
+        kd_detail("elem_loss: only with reduction none (this call's is %d)", (int)p->reduction);
+        return KDLOSS_ERR_INVALID_PARAM;
+    }
     return KDLOSS_OK;
 }
 
@@ -151,12 +181,6 @@ void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_para
 
 /* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size
  * queries and calls), so both return the same codes. */
-
-/* KDLOSS_ERR_INVALID_PARAM with its detail. */
-static kdloss_status bad_param(const char *what, double value, const char *want) {
-    kd_detail("%s = %g: %s", what, value, want);
-    return KDLOSS_ERR_INVALID_PARAM;
-}
 
 /* A head's logit map (kdloss.h): scale 0 (the identity) or a positive finite fp32; softcap 0 or
  * positive with softcap, 1/softcap and scale/softcap finite fp32 (they are used as fp32). */

@@ -65,6 +65,13 @@ int kd_spans_overlap(kd_span a, kd_span b);
  * Counts the rows that are not ignored into *n_valid. */
 kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64_t ignore_index,
                               int64_t *n_valid);
+/* kd_check_labels without reading them (device memory): non-NULL, I64 or I32, and aligned to
+ * their element size when `align`. */
+kdloss_status kd_check_label_view(kdloss_labels labels, int align);
+/* The sparse teacher's ids by value (host memory, effective ld or 0): each -1 or in [0, v), no
+ * used id twice in a row; else KDLOSS_ERR_INVALID_ID. OUT_OF_MEMORY when its scratch (v bits,
+ * on the stack up to 2^18 ids) cannot be allocated (src/common/topk_ids.c). */
+kdloss_status kd_topk_check_ids(kdloss_topk_teacher t, int64_t bt, int64_t v);
 
 /* Label of row r as int64 (labels already checked). */
 static inline int64_t kd_label_at(kdloss_labels labels, int64_t r) {

@@ -1,7 +1,7 @@
 /* Names, defaults and the host-side checks of the sparse top-k teacher (kdloss.h), shared by
  * every backend: the tail mode and its divergence, the teacher's views (shape, dtypes, strides,
  * alignment), and the fused parameters as the dense fused loss's. The ids' VALUES are checked
- * by the CPU before anything is written (kd_topk_check_ids); on the GPU they are device memory
+ * on the host when they are host memory (topk_ids.c, args.c); on the GPU they are device memory
  * and the kernels report them through the status word. */
 #include <string.h>
 
@@ -65,10 +65,14 @@ kdloss_status kd_topk_check_tail(const kdloss_div_params *d, kdloss_topk_tail ta
 }
 
 kdloss_status kd_topk_check_logits_params(const kdloss_topk_distill_params *p) {
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    kd_detail_clear(); /* the first check of its entry points */
+    if (!p) return kd_named("params", KDLOSS_ERR_NULL_POINTER);
     kdloss_status st = kd_topk_check_tail(&p->div, p->tail);
     if (st != KDLOSS_OK) return st;
-    return kd_temperature_ok(p->temperature, p->grad_scale) ? KDLOSS_OK : KDLOSS_ERR_INVALID_PARAM;
+    if (kd_temperature_ok(p->temperature, p->grad_scale)) return KDLOSS_OK;
+    kd_detail("temperature %g with grad_scale %g: T > 0, T, 1/T and grad_scale / T finite fp32",
+              p->temperature, p->grad_scale);
+    return KDLOSS_ERR_INVALID_PARAM;
 }
 
 kdloss_fused_linear_distill_params kd_topk_fld_params(
@@ -81,7 +85,8 @@ kdloss_fused_linear_distill_params kd_topk_fld_params(
 }
 
 kdloss_status kd_topk_check_fused_params(const kdloss_fused_linear_topk_distill_params *p) {
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
+    kd_detail_clear();
+    if (!p) return kd_named("params", KDLOSS_ERR_NULL_POINTER);
     kdloss_status st = kd_topk_check_tail(&p->div, p->tail);
     if (st != KDLOSS_OK) return st;
     kdloss_fused_linear_distill_params d = kd_topk_fld_params(p);

@@ -16,17 +16,16 @@ void kdloss_jsd_params_default(kdloss_jsd_params *p) {
 kdloss_status kdloss_distill(const kdloss_distill_params *p, int64_t bt, int64_t v,
                              kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                              float *loss, float *row_loss, kdloss_mat grad) {
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
-    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    kdloss_status st = kd_distill_check_params(p);
+    kd_jsd_geom g;
+    kd_spanset spans;
+    int64_t n_valid;
+    kdloss_status st = kd_check_distill(&kd_cpu_rules, p, bt, v, student, teacher, labels, loss,
+                                        row_loss, grad, &g, &n_valid, &spans); /* src/common */
     if (st) return st;
 
     kd_ew_job job = {0};
-    int64_t n_valid;
-    st = kd_ew_check_distill(bt, v, student, teacher, labels, p->ignore_index, loss, row_loss,
-                             grad, &job, &n_valid);
-    if (st) return st;
-
+    kd_ew_job_operands(&job, v, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g);
+    kd_ew_job_labels(&job, labels, p->ignore_index);
     double denom = n_valid > 0 ? (double)n_valid : 1.0; /* all ignored: loss 0, grad 0 */
     job.gscale = (float)(p->grad_scale / denom);
     job.want_loss = loss || row_loss;

@@ -278,17 +278,17 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
 kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64_t bt, int64_t v,
                                     kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                                     float *loss, float *row_loss, kdloss_mat grad) {
-    if (!p) return KDLOSS_ERR_NULL_POINTER;
-    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
-    kdloss_status st = kd_distill_logits_check_params(p); /* src/common, shared with CUDA */
-    if (st) return st;
+    kd_jsd_geom g;
+    kd_spanset spans;
+    int64_t n_valid;
+    kdloss_status st = kd_check_distill_logits(&kd_cpu_rules, p, bt, v, student, teacher, labels,
+                                               loss, row_loss, grad, &g, &n_valid, &spans);
+    if (st) return st; /* src/common/args.c, shared with CUDA */
 
     dl_job job;
     memset(&job, 0, sizeof job);
-    int64_t n_valid;
-    st = kd_ew_check_distill(bt, v, student, teacher, labels, p->ignore_index, loss, row_loss,
-                             grad, &job.ew, &n_valid);
-    if (st) return st;
+    kd_ew_job_operands(&job.ew, v, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g);
+    kd_ew_job_labels(&job.ew, labels, p->ignore_index);
     return run(&job, &p->div, 0, p->temperature, p->grad_scale, bt, v, n_valid, labels,
                p->ignore_index, loss, row_loss, grad);
 }
@@ -297,20 +297,20 @@ kdloss_status kdloss_topk_distill_logits(const kdloss_topk_distill_params *p, in
                                          int64_t v, kdloss_cmat student,
                                          kdloss_topk_teacher teacher, kdloss_labels labels,
                                          float *loss, float *row_loss, kdloss_mat grad) {
-    kdloss_status st = kd_topk_check_logits_params(p);
-    if (st) return st;
-    if (bt <= 0 || v <= 0) return KDLOSS_ERR_INVALID_SIZE;
+    kd_topk_geom g;
+    kd_spanset spans;
+    int64_t n_valid;
+    kdloss_status st = kd_check_topk_logits(&kd_cpu_rules, p, bt, v, student, teacher, labels,
+                                            loss, row_loss, grad, &g, &n_valid, &spans);
+    if (st) return st; /* src/common/args.c, the ids' values included */
+
     dl_job job;
     memset(&job, 0, sizeof job);
-    kd_span tsp[2];
-    st = kd_topk_check_teacher(teacher, bt, &tsp[0], &tsp[1], &teacher.ids.ld,
-                               &teacher.logprobs.ld);
-    if (st) return st;
-    int64_t n_valid;
-    st = kd_ew_check_rows(bt, v, student, tsp, 2, labels, p->ignore_index, loss, row_loss, grad,
-                          &job.ew, &n_valid);
-    if (st == KDLOSS_OK) st = kd_topk_check_ids(teacher, bt, v);
-    if (st) return st;
+    const kdloss_cmat none = {NULL, KDLOSS_F32, 0}; /* no dense teacher */
+    kd_ew_job_operands(&job.ew, v, student, g.ld_s, none, 0, grad, g.ld_g);
+    kd_ew_job_labels(&job.ew, labels, p->ignore_index);
+    teacher.ids.ld = g.ld_ids;
+    teacher.logprobs.ld = g.ld_lp;
     job.topk = teacher;
     return run(&job, &p->div, (int)p->tail, p->temperature, p->grad_scale, bt, v, n_valid, labels,
                p->ignore_index, loss, row_loss, grad);

@@ -1,5 +1,5 @@
-/* kdloss_kl_div on the CPU: validation, then one parallel pass over the rows that writes the
- * gradient (and elementwise / per-row losses) while it sums the loss. */
+/* kdloss_kl_div on the CPU: the shared checks (src/common/args.c), then one parallel pass over the
+ * rows that writes the gradient (and elementwise / per-row losses) while it sums the loss. */
 #include <math.h>
 
 #include "ew_common.h"
@@ -16,31 +16,16 @@ void kdloss_kl_params_default(kdloss_kl_params *p) {
 kdloss_status kdloss_kl_div(const kdloss_kl_params *p, int64_t bt, int64_t v, kdloss_cmat input,
                             kdloss_cmat target, float *loss, float *row_loss,
                             kdloss_mat elem_loss, kdloss_mat grad) {
-    kdloss_status st = kd_kl_check_args(p, bt, v, loss != NULL, elem_loss.data != NULL);
+    kd_kl_geom g;
+    kd_spanset spans;
+    kdloss_status st = kd_check_kl(&kd_cpu_rules, p, bt, v, input, target, loss, row_loss,
+                                   elem_loss, grad, &g, &spans); /* src/common/args.c */
     if (st) return st;
 
     kd_ew_job job = {0};
-    kd_span ins[2], outs[4], sp[3];
-    if ((st = kd_ew_check_pair(bt, v, input, target, grad, &job, sp))) return st;
-    ins[0] = sp[0];
-    ins[1] = sp[1];
-    outs[0] = sp[2];
-    outs[1] = kd_vec_span(row_loss, bt, sizeof(float));
-    outs[2] = kd_vec_span(loss, 1, sizeof(float));
-    outs[3].lo = outs[3].hi = NULL;
-    if (elem_loss.data) {
-        if (elem_loss.dtype != KDLOSS_F32) return KDLOSS_ERR_INVALID_DTYPE;
-        if ((st = kd_check_fmat(bt, v, elem_loss.data, elem_loss.dtype, elem_loss.ld, &job.lde,
-                                &outs[3])))
-            return st;
-        job.elem = elem_loss.data;
-    }
-    if (!loss && !row_loss && !elem_loss.data && !grad.data) return KDLOSS_ERR_NO_OUTPUT;
-    if (!kd_aligned(loss, sizeof(float)) || !kd_aligned(row_loss, sizeof(float)))
-        return KDLOSS_ERR_MISALIGNED;
-    int in_place = grad.data && grad.data == input.data && job.ldg == job.ldx;
-    if ((st = kd_ew_check_overlap(ins, 2, outs, 4, in_place))) return st;
-
+    kd_ew_job_operands(&job, v, input, g.ld_in, target, g.ld_t, grad, g.ld_g);
+    job.elem = elem_loss.data;
+    job.lde = g.ld_el;
     double scale = kd_kl_reduction_scale(p->reduction, bt, v);
     job.gscale = (float)(scale * p->grad_scale);
     job.want_loss = loss || row_loss;

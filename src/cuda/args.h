@@ -1,49 +1,24 @@
-/* Host-side argument checks of the CUDA entry points. They follow the rules of kdloss.h for the
- * CPU functions (same codes, same order), and only look at pointers and numbers: device memory is
- * never read here. Everything is checked before the first launch, so on any error nothing is
- * written. The parts that are not CUDA-specific could move to src/common/check.c so that both
- * backends share one implementation of the order of checks. */
+/* The CUDA entry points' argument checks: src/common/args.c's and args_fl.c's with the CUDA
+ * backend's rules (args.c), under the names and signatures the .cu files call. Everything is
+ * checked before the first launch, so on any error nothing is written; device memory (label and
+ * id values) is never read here: the kernels check it (kdloss.h). */
 #ifndef KDLOSS_CUDA_ARGS_H
 #define KDLOSS_CUDA_ARGS_H
 
-#include "check.h"
-#include "kdloss.h"
+#include "../common/args.h" /* kd_spanset, the geometry structs, the shared checks */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Every byte range a call reads or writes, so the workspace can be checked against all of them. */
-typedef struct kd_spanset {
-    kd_span s[20];
-    int n;    /* spans in s */
-    int n_in; /* s[0, n_in) are inputs, s[n_in, n) outputs */
-} kd_spanset;
-
-/* Effective leading dimensions (ld = 0 resolved) of a KL call. */
-typedef struct kd_kl_geom {
-    int64_t ld_in, ld_t, ld_el, ld_g;
-} kd_kl_geom;
-
-/* Effective leading dimensions of a JSD call. */
-typedef struct kd_jsd_geom {
-    int64_t ld_s, ld_t, ld_g;
-} kd_jsd_geom;
-
-/* Effective leading dimensions of a fused-linear call, and what it must compute. */
-typedef struct kd_fl_geom {
-    int64_t ld_xs, ld_ws, ld_xt, ld_wt, ld_dxs, ld_dws;
-    int want_grad; /* dxs, dws or dbs requested */
-} kd_fl_geom;
-
 kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdloss_cmat input,
                          kdloss_cmat target, const float *loss, const float *row_loss,
                          kdloss_mat elem_loss, kdloss_mat grad, kd_kl_geom *g, kd_spanset *spans);
 
-kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_t v, kdloss_cmat student,
-                          kdloss_cmat teacher, kdloss_labels labels, const float *loss,
-                          const float *row_loss, kdloss_mat grad, kd_jsd_geom *g,
-                          kd_spanset *spans);
+kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_t v,
+                              kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
+                              const float *loss, const float *row_loss, kdloss_mat grad,
+                              kd_jsd_geom *g, kd_spanset *spans);
 
 /* Everything of kdloss_cuda_distill_logits but the workspace, overlaps included (as the
  * elementwise calls: the CPU function has no workspace). */
@@ -59,23 +34,11 @@ kdloss_status kd_args_fl_params(const kdloss_fused_linear_distill_params *p);
 kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
 
 /* Everything but the overlaps; kd_args_fl_workspace checks those after the workspace size. */
-kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs, int64_t ht,
-                         int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
-                         kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
-                         const kdloss_fused_linear_distill_out *out, kd_fl_geom *g,
-                         kd_spanset *spans);
-
-/* Effective leading dimensions of a top-k call (teacher, and the logits' or the fused loss's
- * operands), and what the fused loss must compute. */
-typedef struct kd_topk_geom {
-    int64_t ld_ids, ld_lp;                 /* teacher ids and log-probs (rows of k)  */
-    int64_t ld_s, ld_g;                    /* kdloss_cuda_topk_distill_logits      */
-    int64_t ld_xs, ld_ws, ld_dxs, ld_dws;  /* kdloss_cuda_fused_linear_topk_distill */
-    int want_grad;                         /* fused: dxs, dws or dbs requested      */
-} kd_topk_geom;
-
-/* The top-k parameters and the teacher's views are checked by src/common/topk.c (check.h),
- * shared with the CPU. */
+kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
+                         int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+                         kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
+                         kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
+                         kd_fl_geom *g, kd_spanset *spans);
 
 /* Everything of kdloss_cuda_topk_distill_logits but the workspace, overlaps included (as the
  * elementwise calls: the CPU function has no workspace). */

@@ -1,10 +1,10 @@
-/* The value check of a sparse teacher's ids (topk.h), run before any output is written. */
+/* The value check of a sparse teacher's ids in host memory (check.h), run before any output is
+ * written: every backend whose ids the host can read calls it (args.c, args_fl.c). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
-#include "topk.h"
-#include "topk_row.h"
+#include "topk_row.h" /* kd_topk_id */
 
 /* Row r: ids in range and distinct, with `seen` (v bits, all clear) as scratch; leaves it clear. */
 static int row_ok(const void *ids, int is64, int64_t ld, int64_t r, int64_t k, int64_t v,
@@ -39,7 +39,11 @@ kdloss_status kd_topk_check_ids(kdloss_topk_teacher t, int64_t bt, int64_t v) {
     uint64_t *seen = stack;
     if (words > sizeof stack / sizeof stack[0]) {
         seen = malloc(words * sizeof(uint64_t));
-        if (!seen) return KDLOSS_ERR_OUT_OF_MEMORY;
+        if (!seen) {
+            kd_detail("teacher ids: no memory for the check's %zu-byte bitmap of V = %lld ids",
+                      words * sizeof(uint64_t), (long long)v);
+            return KDLOSS_ERR_OUT_OF_MEMORY;
+        }
     }
     memset(seen, 0, words * sizeof(uint64_t));
     int is64 = t.ids.dtype == KDLOSS_I64;
