@@ -10,9 +10,7 @@
 #include "half.h"
 #include "fld.h"
 
-/* Every row's ids (teacher.ids with its effective ld): each is -1 or in [0, v), and no used id
- * repeats within a row; else KDLOSS_ERR_INVALID_ID. OUT_OF_MEMORY if its scratch (a bitmap of
- * v bits, on the stack up to 2^18 ids) cannot be allocated. Writes nothing the caller owns. */
+/* kd_topk_check_ids (the ids' values): src/common/check.h. */
 
 /* Log-prob in slot j of teacher row r as fp32 (the teacher's lds effective). */
 static inline float kd_topk_logprob(const kdloss_topk_teacher *t, int64_t r, int64_t j) {
