@@ -38,8 +38,6 @@ extern "C" {
 typedef struct kd_rules {
     int host_memory;     /* operands are host memory: labels' and ids' values checked here; on a
                             device the kernels check them (kdloss.h) */
-    int identity_maps;   /* logit maps other than the identity are KDLOSS_ERR_UNSUPPORTED (the
-                            CUDA kernels do not apply them yet) */
     size_t ws_align;     /* > 0: the workspace is required and aligned to this (the CUDA kernels'
                             16-byte loads); 0: optional (the CPU allocates one), any alignment */
     /* What the CUDA entry points never checked, kept so that no call's status changes: */

@@ -25,23 +25,11 @@ static kdloss_status gemm_view(const char *name, int64_t rows, int64_t cols, con
     return kd_named(name, st);
 }
 
-/* A logit map other than the identity where the backend cannot apply one: never a silently
- * different loss. */
-static kdloss_status map_supported(const kd_rules *r, kdloss_logit_map m, const char *who) {
-    if (!r->identity_maps || ((m.scale == 0.0 || m.scale == 1.0) && m.softcap == 0.0))
-        return KDLOSS_OK;
-    kd_detail("%s (scale %g, softcap %g): the CUDA backend does not apply logit maps yet", who,
-              m.scale, m.softcap);
-    return KDLOSS_ERR_UNSUPPORTED;
-}
-
 kdloss_status kd_check_fl_params(const kd_rules *r, const kdloss_fused_linear_distill_params *p) {
+    (void)r; /* the same parameters on every backend */
     kd_detail_clear();
     if (!p) return kd_named("params", KDLOSS_ERR_NULL_POINTER);
-    kdloss_status st = kd_fld_check_params(p);
-    if (st == KDLOSS_OK) st = map_supported(r, p->student_map, "student_map");
-    if (st == KDLOSS_OK) st = map_supported(r, p->teacher_map, "teacher_map");
-    return st;
+    return kd_fld_check_params(p);
 }
 
 /* The dense teacher's views (its pair's dtypes unless checked first) into spans. */
@@ -203,7 +191,6 @@ kdloss_status kd_check_fltk(const kd_rules *r, const kdloss_fused_linear_topk_di
     kd_detail_clear();
     if (!p || !out) return kd_named(!p ? "params" : "out", KDLOSS_ERR_NULL_POINTER);
     kdloss_status st = kd_topk_check_fused_params(p); /* its tail, then the dense checks */
-    if (st == KDLOSS_OK) st = map_supported(r, p->student_map, "student_map");
     if (st != KDLOSS_OK) return st;
     const kdloss_fused_linear_distill_params d = kd_topk_fld_params(p);
     const kd_fl_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,

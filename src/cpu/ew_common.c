@@ -5,7 +5,6 @@
 
 const kd_rules kd_cpu_rules = {
     .host_memory = 1,
-    .identity_maps = 0,
     .ws_align = 0,
     .ew_align = 1,
     .fl_label_align = 1,

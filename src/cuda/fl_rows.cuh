@@ -9,6 +9,7 @@
 #include "args.h"
 #include "div_math.h"
 #include "kd_cuda.cuh"
+#include "logit_map.h"
 #include "row_special.cuh"
 
 #define FL_ROW_THREADS 512
@@ -49,7 +50,12 @@ typedef struct fl_row_args {
     float *zs;            /* (C x ldz) student logits of the chunk; dzs overwrites them */
     const float *zt;      /* (C x ldz) teacher logits, NULL when the soft loss is skipped */
     int64_t ldz;
-    const void *bs, *bt;  /* [v] biases in the student / teacher dtype, or NULL */
+    const void *bs, *bt;  /* [v] biases in the student / teacher dtype, or NULL (also when the
+                             head has a logit map: fl_map_rows added it, map_bs / map_bt) */
+    kd_logit_map map_s, map_t; /* the heads' logit maps (logit_map.h), applied in place by
+                             fl_map_rows before the row kernels; map_s.scale is folded into
+                             fl_factors, the cap's factor 1 - (z/c)^2 into fl_dz_pass */
+    const void *map_bs, *map_bt; /* the biases fl_map_rows adds (NULL when none) */
     const void *labels;   /* [bt], global row index */
     int lab64;
     int64_t ignore;
@@ -84,6 +90,11 @@ static inline void fl_grad_fields(A *a, const P *p, const kdloss_fused_linear_di
     a->out_hard = out->row_hard;
     a->out_lse = out->row_lse;
 }
+
+/* z = map(z + bias) in place over rows x v of one head's chunk logits (ld ldz; bias of dtype
+ * bdt or NULL), when the map is not the identity (logit_map.h). */
+kdloss_status fl_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
+                          const void *bias, kdloss_dtype bdt, const kd_logit_map &m);
 
 /* The row-kernel fields of a call (everything but row0). */
 void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
@@ -137,8 +148,9 @@ __device__ __forceinline__ void fl_teacher_shift(float mt, double lss, double ls
 __device__ __forceinline__ void fl_factors(const fl_row_args &a, float *ca, float *cb) {
     const unsigned long long nv = a.hdr->n_valid;
     const double nvd = nv > 0 ? (double)nv : 1.0;
-    *ca = (float)(a.w_hard * a.grad_scale / nvd);
-    *cb = (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature));
+    const double s = (double)a.map_s.scale; /* dz/du's constant factor (logit_map.h) */
+    *ca = (float)(s * a.w_hard * a.grad_scale / nvd);
+    *cb = (float)(s * a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature));
 }
 
 /* dzs of one logit (docs/MATH.md 4 and 7.4): ca (softmax(zs)_j - [j = y]) + cb (g_j - Q_j S),
@@ -157,9 +169,9 @@ __device__ __forceinline__ float fl_dz(const fl_row_args &a, float ca, float cb,
     return d;
 }
 
-/* Writes d_j = f(j, s_j, t_j) over the row in place of its logits (dtype DS: a bf16 dzs row
- * occupies the first half of the fp32 zs row), s and t the student's and (when load_t, else 0)
- * the teacher's logits with their biases. Tile by tile with a barrier between the tile's loads
+/* Writes d_j = f(j, s_j, t_j), times the student softcap's factor at s_j, over the row in place
+ * of its logits (dtype DS: a bf16 dzs row occupies the first half of the fp32 zs row), s and t
+ * the student's and (when load_t, else 0) the teacher's logits with their biases. Tile by tile with a barrier between the tile's loads
  * and its stores: the stores of tile k land on fp32 elements below (k+1) FL_TILE / 2, which
  * every thread has read by the barrier of tile k. Every thread makes the same trips. */
 template <int DS, int DT, class F>
@@ -179,6 +191,10 @@ __device__ __forceinline__ void fl_dz_pass(const fl_row_args &a, float *zs, cons
         float d[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) d[j] = f(c0 + j, s[j], t[j]);
+        if (a.map_s.cap > 0.0f) { /* the student softcap's factor, from the mapped logit */
+#pragma unroll
+            for (int j = 0; j < 8; j++) d[j] *= kd_map_dcap(&a.map_s, s[j]);
+        }
         if (n == 8) {
             kd_st8<DS>(dz, c0, d);
         } else {

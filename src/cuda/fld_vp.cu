@@ -335,6 +335,10 @@ static kdloss_status flvp_chunk(const flvp_call &k, flvp_args &a, int64_t r0, in
     const fl_plan &P = k.P->fl;
     kdloss_status s = fl_chunk_logits(&k.gm, r0, rows, P.zs, k.xt,
                                       a.r.zt ? k.wt : kdloss_cmat{NULL, KDLOSS_F32, 0}, k.ht, P.zt);
+    if (s == KDLOSS_OK)
+        s = fl_map_rows(k.gm.st, P.zs, P.ldz, rows, a.r.v, a.r.map_bs, k.gm.sdt, a.r.map_s);
+    if (s == KDLOSS_OK && a.r.zt)
+        s = fl_map_rows(k.gm.st, P.zt, P.ldz, rows, a.r.v, a.r.map_bt, k.xt.dtype, a.r.map_t);
     a.r.row0 = r0;
     if (s == KDLOSS_OK) s = flvp_rows(k, a, rows);
     if (s != KDLOSS_OK) return s;

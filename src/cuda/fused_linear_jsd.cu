@@ -236,6 +236,28 @@ kdloss_status fl_final(cudaStream_t st, const fl_plan &P, int64_t bt,
     return kd_launch_status();
 }
 
+/* ---- the heads' logit maps (fl_rows.cuh) ---------------------------------------------------- */
+
+/* One block per row: z = map(z + bias), the mapped logits every later pass reads. */
+template <int DB>
+__global__ void __launch_bounds__(256)
+fl_map_kernel(float *z, int64_t ldz, int64_t v, const void *bias, kd_logit_map m) {
+    float *row = z + (int64_t)blockIdx.x * ldz;
+    for (int64_t c = threadIdx.x; c < v; c += blockDim.x)
+        row[c] = kd_map_z(&m, bias ? row[c] + kd_ld<DB>(bias, c) : row[c]);
+}
+
+kdloss_status fl_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
+                          const void *bias, kdloss_dtype bdt, const kd_logit_map &m) {
+    if (!m.on || !z || rows <= 0) return KDLOSS_OK;
+    const unsigned grid = kd_grid(rows);
+    if (bdt == KDLOSS_BF16)
+        KD_LAUNCH(grid, 256, 0, st, fl_map_kernel<KDLOSS_BF16>)(z, ldz, v, bias, m);
+    else
+        KD_LAUNCH(grid, 256, 0, st, fl_map_kernel<KDLOSS_F32>)(z, ldz, v, bias, m);
+    return kd_launch_status();
+}
+
 /* ---- the per-chunk GEMM steps (fl_rows.cuh) ------------------------------------------------- */
 
 kdloss_status fl_chunk_logits(const fl_gemms *g, int64_t r0, int64_t rows, float *zs,
@@ -424,8 +446,12 @@ void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->zs = P.zs;
     a->zt = do_soft ? P.zt : NULL;
     a->ldz = P.ldz;
-    a->bs = bs;
-    a->bt = bt_bias;
+    a->map_s = kd_logit_map_make(p->student_map);
+    a->map_t = kd_logit_map_make(p->teacher_map);
+    a->map_bs = bs;
+    a->map_bt = bt_bias;
+    a->bs = a->map_s.on ? NULL : bs; /* a mapped head's bias is added by fl_map_rows */
+    a->bt = a->map_t.on ? NULL : bt_bias;
     a->labels = labels.data;
     a->lab64 = labels.dtype == KDLOSS_I64;
     a->ignore = p->ignore_index;
@@ -449,6 +475,9 @@ static kdloss_status fl_chunk(const fl_gemms &gm, const fl_grad_out &G, kdloss_c
                               int64_t r0, int64_t rows) {
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
     kdloss_status s = fl_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : none, ht, P.zt);
+    if (s == KDLOSS_OK) s = fl_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bs, gm.sdt, a.map_s);
+    if (s == KDLOSS_OK && a.zt)
+        s = fl_map_rows(gm.st, P.zt, P.ldz, rows, a.v, a.map_bt, xt.dtype, a.map_t);
     if (s != KDLOSS_OK) return s;
     a.row0 = r0;
     fl_row_launch(gm.sdt, xt.dtype, rows, a, gm.st);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "logit_map.h"
 #include "topk_row.h" /* before kd_cuda.cuh: div_elem.h's locals would shadow cuda_fp16.h's half */
 #include "fl_rows.cuh"
 
@@ -123,7 +124,11 @@ typedef struct tk_row_args {
     int64_t ldz;          /* in elements of DZ */
     void *g;              /* gradient rows (dtype DG) or NULL; fused: the same bytes as z */
     int64_t g_pitch;      /* bytes between gradient rows */
-    const void *bias;     /* [v] in DG, or NULL */
+    const void *bias;     /* [v] in DG, or NULL (also under a student logit map: map_bias) */
+    kd_logit_map map_s;   /* the fused student head's logit map (logit_map.h; the identity
+                             otherwise): fl_map_rows applies it before the rows, its scale is
+                             folded into ca, cb and its cap's factor into every dz */
+    const void *map_bias; /* the bias fl_map_rows adds under a map, else NULL */
     const void *ids;      /* teacher, global rows of k slots */
     int ids64;
     int64_t ld_ids;
@@ -237,9 +242,11 @@ __device__ __forceinline__ void tk_row_finish(const tk_row_args &a, int64_t gr, 
     rs->R = R;
     rs->lh = lh;
     rs->crest = (float)crest;
-    rs->ca = a.grad_hard ? (float)(a.w_hard * a.grad_scale / nvd) : 0.0f;
-    rs->cb = a.grad_soft ? (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
-                         : 0.0f;
+    const double s = (double)a.map_s.scale; /* dz/du's constant factor (logit_map.h) */
+    rs->ca = a.grad_hard ? (float)(s * a.w_hard * a.grad_scale / nvd) : 0.0f;
+    rs->cb = a.grad_soft
+                 ? (float)(s * a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
+                 : 0.0f;
     rs->n = n;
     a.row_soft[gr] = d;
     if (a.row_hard) a.row_hard[gr] = hard;
@@ -268,7 +275,7 @@ __device__ void tk_pass_grad(const tk_row_args &a, int64_t r, const tk_row_state
             float dj = 0.0f;
             if (a.grad_hard) dj = st.ca * (expf(zz[j] - st.lh) - (c0 + j == st.y ? 1.0f : 0.0f));
             if (soft) dj += st.cb * (st.crest * expf(zz[j] * a.inv_t - st.R));
-            d[j] = dj;
+            d[j] = a.map_s.cap > 0.0f ? dj * kd_map_dcap(&a.map_s, zz[j]) : dj;
         }
         kd_st8n<DG, VEC>(grow, c0, n, d);
     }
@@ -284,6 +291,7 @@ __device__ void tk_fixup(const tk_row_args &a, int64_t r, tk_slots s, const tk_r
         float d = 0.0f;
         if (a.grad_hard) d = st.ca * (expf(s.z[k] - st.lh) - (c == st.y ? 1.0f : 0.0f));
         if (a.grad_soft) d += st.cb * s.g[k];
+        if (a.map_s.cap > 0.0f) d *= kd_map_dcap(&a.map_s, s.z[k]); /* the softcap's factor */
         kd_st<DG>(grow, c, d);
     }
 }

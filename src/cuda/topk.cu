@@ -634,11 +634,13 @@ static kdloss_status tk_sparse_plan(int64_t bt, int64_t hs, int64_t v, int64_t k
 }
 
 /* renorm_both with no cross-entropy and no row_lse depends on the student through its K
- * selected logits only (MATH.md 8): the sparse path. Its pair indices are uint32. */
+ * selected logits only (MATH.md 8): the sparse path. Its pair indices are uint32. Not under a
+ * student logit map, as the CPU's. */
 static int tk_sparse_params(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                             int64_t k) {
     return p->tail == KDLOSS_TAIL_RENORM_BOTH && !(p->weight_hard_loss > 0.0) &&
-           (uint64_t)bt * (uint64_t)k <= (uint64_t)INT32_MAX;
+           (uint64_t)bt * (uint64_t)k <= (uint64_t)INT32_MAX &&
+           !kd_logit_map_make(p->student_map).on; /* the sparse rows take the logits as they are */
 }
 static int tk_sparse_call(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                           int64_t k, const kdloss_fused_linear_distill_out *out) {
@@ -703,6 +705,7 @@ tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
 void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
                           const tk_check_args &c, const tk_plan &P) {
     memset(a, 0, sizeof *a);
+    a->map_s = kd_logit_map_make(kdloss_logit_map{1.0, 0.0}); /* the identity */
     a->ids = t.ids.data;
     a->ids64 = c.ids64;
     a->ld_ids = g.ld_ids;
@@ -808,7 +811,9 @@ void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params 
     a->ldz = P.ldz;
     a->g = want_grad ? (void *)P.zs : NULL;
     a->g_pitch = P.ldz * (int64_t)sizeof(float);
-    a->bias = bs;
+    a->map_s = kd_logit_map_make(p->student_map);
+    a->map_bias = a->map_s.on ? bs : NULL; /* a mapped head's bias: added by fl_map_rows */
+    a->bias = a->map_s.on ? NULL : bs;
     a->inv_t = (float)(1.0 / p->temperature);
     a->inv_t64 = (double)(float)(1.0 / p->temperature); /* fp32-exact: topk_row.h */
     a->same_t = p->temperature == 1.0;
@@ -840,6 +845,8 @@ static kdloss_status tk_run_dense(const fl_gemms &gm, const fl_grad_out &G, int6
     kdloss_status s = tk_zero_slices(P, gm.st);
     s = fl_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
         kdloss_status sc = fl_chunk_logits(&gm, r0, rows, P.zs, none, none, 0, NULL);
+        if (sc == KDLOSS_OK)
+            sc = fl_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bias, ds, a.map_s);
         if (sc != KDLOSS_OK) return sc;
         a.row0 = r0;
         a.rows = rows;

@@ -294,6 +294,8 @@ static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, in
     a.r.row0 = r0;
     a.r.rows = rows;
     kdloss_status s = fl_chunk_logits(&k.gm, r0, rows, P.zs, none, none, 0, NULL);
+    if (s == KDLOSS_OK)
+        s = fl_map_rows(st, P.zs, P.ldz, rows, a.r.v, a.r.map_bias, ds, a.r.map_s);
     if (s == KDLOSS_OK) s = tkvp_launch(1, ds, a, P.sc, st);
     if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
     if (s == KDLOSS_OK) s = tkvp_launch(2, ds, a, P.sc, st);
