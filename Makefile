@@ -50,7 +50,7 @@ test-san: deps
 	cd $(BUILD_SAN) && KDLOSS_TEST_QUICK=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -E test_cuda_gemmex
 
 # The CUDA simulator (cudasim/README.md): src/cuda compiled by the host compiler and every kernel
-# run on CPU threads under memcheck, racecheck, synccheck and initcheck; tests/cuda/test_cuda.c
+# run on CPU threads under memcheck, racecheck, synccheck and initcheck; tests/cuda/test_cuda_*.c
 # whole, the simulator's planted defects and its cuBLAS / NCCL stand-ins. Ends with the line
 # "cuda-sim: K of N kernels executed, C checker reports".
 test-cuda-sim: deps

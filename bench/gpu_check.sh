@@ -69,8 +69,8 @@ else
             -Iinclude -Isrc -Isrc/common -Isrc/cpu -c \$c -o $B/obj/\$(basename \$c .c)_c.o
       done
       nvcc -shared -cudart shared -o $B/libkdloss.so $B/obj/*.o -lcublas -lcublasLt
-      gcc -std=c11 -O2 -Iinclude -Itests/support -Isrc/common tests/cuda/test_cuda.c \
-          tests/support/testutil.c tests/support/reference.c tests/support/ref_topk.c \
+      gcc -std=c11 -O2 -Iinclude -Itests/support -Isrc/common tests/cuda/test_cuda_*.c \
+          tests/support/*.c \
           -o $B/test_cuda -L$B -lkdloss -L/usr/local/cuda/lib64 \
           -lcudart -lm -pthread -Wl,-rpath,$B -Wl,-rpath,/usr/local/cuda/lib64
     " >"$WORK/build_nvcc.log" 2>&1; then

@@ -61,8 +61,9 @@ function(kd_cudasim_library tgt)
 endfunction()
 
 function(kd_cudasim_tests)
-  # tests/cuda/test_cuda.c on the simulated backend (with the NCCL stand-in: the adapter runs)
-  add_executable(test_cuda tests/cuda/test_cuda.c)
+  # tests/cuda/test_cuda_*.c (KD_TEST_CUDA_SRC, CMakeLists.txt) on the simulated backend (with
+  # the NCCL stand-in: the adapter runs)
+  add_executable(test_cuda ${KD_TEST_CUDA_SRC})
   target_include_directories(test_cuda PRIVATE src/common)
   target_compile_definitions(test_cuda PRIVATE KDLOSS_TEST_NCCL=1)
   target_link_libraries(test_cuda PRIVATE kdloss kdsim kdtestsupport OpenMP::OpenMP_C Threads::Threads ${MATH_LIB})

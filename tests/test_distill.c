@@ -1,6 +1,8 @@
 /* kdloss_distill, every divergence of the family, against the double reference (ref_div_elem,
- * written from the definitions): divergence and its beta / alpha edges x student dtype x
- * teacher dtype x labels (none, some ignored, all ignored) x V x row stride x CPU path, plus
+ * written from the definitions): the case grid of tests/support/cases.h (divergence and its
+ * beta / alpha edges x V x student dtype, with the teacher dtype, labels (none, some ignored,
+ * all ignored; I64 / I32) and row strides drawn per case; the CUDA test runs the same grid) x
+ * CPU path, plus
  * rows far below exp's range, finite differences of reference and library, and the wrappers
  * (kdloss_jsd equals kdloss_distill with JSD). Tolerances: tests/README.md (the table of
  * tests/support/reference.h, with the mixture weights' logs in the magnitude). */
@@ -10,7 +12,7 @@
 #include <string.h>
 
 #include "reference.h"
-#include "div_cases.h"
+#include "cases.h"
 #include "testutil.h"
 
 #define U 0x1p-24
@@ -19,19 +21,18 @@ typedef kdloss_div_params div_case;
 #define DIVS KT_DIV_CASES
 #define NDIV KT_NDIV_CASES
 
-/* Where -inf log-probs keep the divergence finite: not in the student for forward KL (P > 0
- * needs Q > 0), not in the teacher for reverse KL. */
-static int fwd_like(const div_case *c) {
-    return c->divergence == KDLOSS_DIV_FORWARD_KL || (c->divergence == KDLOSS_DIV_JSD && c->beta == 0.0) ||
-           (c->divergence == KDLOSS_DIV_SKEW_FORWARD_KL && c->alpha == 0.0);
-}
-
-static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, int pad,
-                      kdloss_dtype xdt, kdloss_dtype tdt, int label_mode, const char *isa) {
+/* A case of the grid (tests/support/cases.h, which the CUDA test runs too). -inf log-probs where
+ * they keep the divergence finite: not in the student for forward KL (P > 0 needs Q > 0), not
+ * in the teacher for reverse KL. */
+static void check_one(const kt_case *kc, kt_rng *rng, const char *isa) {
+    const div_case *dc = &kc->d;
+    const int64_t bt = kc->bt, v = kc->v;
+    const kdloss_dtype xdt = kc->ds, tdt = kc->dt;
+    const int label_mode = kc->labels, pad = kc->pad;
     int64_t ldx = v + (pad ? 5 : 0), ldt = v + (pad ? 3 : 0);
     double *xd = malloc(sizeof(double) * bt * v), *td = malloc(sizeof(double) * bt * v);
     int shift = (int)kt_randint(rng, KT_ROW_KINDS);
-    kt_gen_logprobs(rng, xd, bt, v, !fwd_like(dc), shift);
+    kt_gen_logprobs(rng, xd, bt, v, !kt_div_fwd_like(dc), shift);
     kt_gen_logprobs(rng, td, bt, v, !kt_div_rev_like(dc), shift + 2);
     kt_round_to(xd, bt * v, xdt);
     kt_round_to(td, bt * v, tdt);
@@ -50,14 +51,15 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
     void *g = malloc((size_t)(bt * ldx) * es);
     float *rows = malloc(sizeof(float) * bt), loss = NAN;
     kt_poison(g, bt * ldx, xdt);
-    kdloss_labels labels = {lab, KDLOSS_I64};
+    void *plab = lab ? kt_pack_labels(lab, bt, kc->ldt) : NULL;
+    kdloss_labels labels = {plab, kc->ldt};
     kdloss_status st = kdloss_distill(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
                                       (kdloss_cmat){t, tdt, ldt}, labels, &loss, rows,
                                       (kdloss_mat){g, xdt, ldx});
     char tag[200];
-    snprintf(tag, sizeof tag, "distill %s %s beta=%g alpha=%g x=%s t=%s labels=%d v=%lld", isa,
-             kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, kt_dtype_name(xdt),
-             kt_dtype_name(tdt), label_mode, (long long)v);
+    snprintf(tag, sizeof tag, "distill %s %s beta=%g alpha=%g x=%s t=%s labels=%d/%s v=%lld pad=%d",
+             isa, kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, kt_dtype_name(xdt),
+             kt_dtype_name(tdt), label_mode, kt_dtype_name(kc->ldt), (long long)v, pad);
     if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
         int64_t nv = 0;
         for (int64_t r = 0; r < bt; r++) nv += !lab || lab[r] != -100;
@@ -91,7 +93,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
         kt_close(loss, total / denom, (256 * U * tmag + 1e-30) / denom, 0, "%s loss", tag);
         if (label_mode == 2) KT_CHECK(loss == 0.0f, "%s: all ignored gives %g", tag, loss);
     }
-    free(xd), free(td), free(x), free(t), free(lab), free(g), free(rows);
+    free(xd), free(td), free(x), free(t), free(lab), free(plab), free(g), free(rows);
 }
 
 /* Rows whose log-probs lie far below exp's range (-1e4 .. -3e4) and one row of plain values:
@@ -218,18 +220,8 @@ static void check_api(kt_rng *rng) {
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
-    static const int64_t VS[] = {1, 9, 1100, 4133};
-    static const int64_t BTS[] = {11, 13, 7, 3};
-    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
-    int nv = kt_quick() ? 3 : 4;
     KT_FOR_EACH_ISA(path, "") {
-        for (int i = 0; i < NDIV; i++)
-            for (int vi = 0; vi < nv; vi++)
-                for (int xi = 0; xi < 3; xi++) {
-                    kdloss_dtype tdt = (i + vi) % 2 ? dts[xi] : KDLOSS_F32;
-                    check_one(&DIVS[i], &rng, BTS[vi], VS[vi], (i + vi) % 2, dts[xi], tdt,
-                              (i + vi + xi) % 3, path.name);
-                }
+        KT_FOR_EACH_CASE(c) check_one(&c, &rng, path.name);
         check_far_below();
     }
     check_finite_differences(&rng);

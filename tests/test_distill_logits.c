@@ -1,9 +1,11 @@
 /* kdloss_distill_logits against a double reference written from the formulas: per row
  * X = log_softmax(zs / T), Y = log_softmax(zt / T) (log-sum-exp in double), the divergence's
- * element terms (ref_div_elem) and the chain rule dz = (g - Q sum g) / T. Every divergence x
- * student dtype x teacher dtype x labels (none, some ignored, all ignored) x V x temperature x
- * row stride x CPU path, on rows of every kind (normal, peaked, far below exp's range, flat)
- * shifted by large offsets (logits near -1e4); finite differences of the reference and of the
+ * element terms (ref_div_elem) and the chain rule dz = (g - Q sum g) / T. The case grid of
+ * tests/support/cases.h (every divergence case x V x student dtype, with the teacher dtype,
+ * labels (none, some ignored, all ignored; I64 / I32), temperature and row stride drawn per
+ * case; the CUDA test runs the same grid) x CPU path, on rows of every kind (normal, peaked, far
+ * below exp's range, flat) shifted by large offsets (logits near -1e4); the lighter divergence
+ * set of div_cases.h for the rest: finite differences of the reference and of the
  * library; in place; no-gradient calls; the same bits on 1, 2 and 3 threads; argument checks
  * (nothing written on error). */
 #include <math.h>
@@ -13,7 +15,7 @@
 
 #include <omp.h>
 
-#include "div_cases.h"
+#include "cases.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -65,8 +67,13 @@ static void gen_logits(kt_rng *rng, double *z, int64_t bt, int64_t v, int shift,
     }
 }
 
-static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, int pad, double t,
-                      kdloss_dtype xdt, kdloss_dtype tdt, int label_mode, const char *isa) {
+/* A case of the grid (tests/support/cases.h, which the CUDA test runs too). */
+static void check_one(const kt_case *kc, kt_rng *rng, const char *isa) {
+    const div_case *dc = &kc->d;
+    const int64_t bt = kc->bt, v = kc->v;
+    const double t = kc->t;
+    const kdloss_dtype xdt = kc->ds, tdt = kc->dt;
+    const int label_mode = kc->labels, pad = kc->pad;
     int64_t ldx = v + (pad ? 5 : 0), ldt = v + (pad ? 3 : 0);
     double *zs = malloc(sizeof(double) * bt * v), *zt = malloc(sizeof(double) * bt * v);
     int shift = (int)kt_randint(rng, KT_ROW_KINDS);
@@ -75,12 +82,13 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
     kt_round_to(zs, bt * v, xdt);
     kt_round_to(zt, bt * v, tdt);
     void *x = kt_pack(zs, bt, v, ldx, xdt), *tt = kt_pack(zt, bt, v, ldt, tdt);
-    int32_t *lab = NULL;
+    int64_t *lab = NULL;
     if (label_mode) {
-        lab = malloc(sizeof(int32_t) * bt);
+        lab = malloc(sizeof(int64_t) * bt);
         for (int64_t r = 0; r < bt; r++)
-            lab[r] = label_mode == 2 || kt_uniform(rng) < 0.3 ? -7 : (int32_t)kt_randint(rng, v);
+            lab[r] = label_mode == 2 || kt_uniform(rng) < 0.3 ? -7 : kt_randint(rng, v);
     }
+    void *plab = lab ? kt_pack_labels(lab, bt, kc->ldt) : NULL;
     kdloss_distill_logits_params p;
     kdloss_distill_logits_params_default(&p);
     p.div = *dc;
@@ -91,7 +99,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
     void *g = malloc((size_t)(bt * ldx) * es);
     float *rows = malloc(sizeof(float) * bt), loss = NAN;
     kt_poison(g, bt * ldx, xdt);
-    kdloss_labels labels = {lab, KDLOSS_I32};
+    kdloss_labels labels = {plab, kc->ldt};
     kdloss_status st = kdloss_distill_logits(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
                                              (kdloss_cmat){tt, tdt, ldt}, labels, &loss, rows,
                                              (kdloss_mat){g, xdt, ldx});
@@ -149,7 +157,7 @@ static void check_one(const div_case *dc, kt_rng *rng, int64_t bt, int64_t v, in
         KT_CHECK(same, "%s: in place differs", tag);
         free(rows2);
     }
-    free(zs), free(zt), free(x), free(tt), free(lab), free(g), free(rows);
+    free(zs), free(zt), free(x), free(tt), free(lab), free(plab), free(g), free(rows);
 }
 
 /* Central differences of the reference (double, h = 1e-5) and of the library (fp32, h = 1e-2)
@@ -428,21 +436,7 @@ static void check_far_teacher_max(void) {
 int main(void) {
     kt_rng rng;
     kt_rng_seed(&rng, kt_base_seed());
-    static const int64_t VS[] = {1, 9, 1100, 4133};
-    static const int64_t BTS[] = {5, 13, 7, 3};
-    static const double TS[] = {1.0, 2.0, 0.7};
-    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
-    int nv = kt_quick() ? 3 : 4;
-    KT_FOR_EACH_ISA(path, "") {
-        for (int i = 0; i < NDIV; i++)
-            for (int vi = 0; vi < nv; vi++)
-                for (int xi = 0; xi < 3; xi++) {
-                    kdloss_dtype tdt = (i + vi) % 2 ? dts[xi] : KDLOSS_F32;
-                    check_one(&DIVS[i], &rng, BTS[vi], VS[vi], (i + vi) % 2,
-                              TS[(i + vi + xi) % 3], dts[xi], tdt, (i + 2 * vi + xi) % 3,
-                              path.name);
-                }
-    }
+    KT_FOR_EACH_ISA(path, "") KT_FOR_EACH_CASE(c) check_one(&c, &rng, path.name);
     check_finite_differences(&rng);
     check_threads(&rng);
     if (!kt_quick()) check_streamed(&rng);

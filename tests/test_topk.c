@@ -2,8 +2,9 @@
  * kdloss_fused_linear_topk_distill against the float64 reference of tests/support/ref_topk.c
  * (written from the definitions, not from src/common/topk_row.h).
  *
- *  1. kdloss_topk_distill_logits: 10 divergence cases x tail modes (renorm_teacher with forward
- *     KL only) x V (1, 9, 1100, 4133) x K (1, 8, 64, and K = V for V = 9) x student dtype, with
+ *  1. kdloss_topk_distill_logits: the case grid of tests/support/cases.h (15 divergence cases x
+ *     V (1, 9, 1100, 4096, 4133, 9001) x student dtype, the grid the CUDA test runs) x tail modes
+ *     (renorm_teacher with forward KL only) x K (1, 8, 64, and K = V for V = 9), with
  *     the teacher's dtype (F32 / BF16 / F16), the ids' (I32 / I64), labels (none, some ignored,
  *     all ignored), T (1, 2, 0.7), grad_scale, row strides, top-k or random ids, unused slots
  *     (-1 in random slots, a row with every slot unused) cycled over the grid, on every CPU path.
@@ -53,7 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "div_cases.h"
+#include "cases.h"
 #include "ref_fld.h"
 #include "ref_topk.h"
 #include "reference.h"
@@ -357,44 +358,41 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
     free(x_snap), free(i_snap), free(l_snap);
 }
 
-/* The grid on one CPU path: every (divergence, tail) x V x K x student dtype, the other
+/* The grid on one CPU path: the case grid of tests/support/cases.h (divergence x V x student
+ * dtype; the CUDA test runs the same grid) x every tail the divergence takes x K, the other
  * parameters cycled so that each value meets each divergence, tail and shape. */
 static void grid_logits(kt_rng *rng, const char *isa) {
-    static const int64_t VS[] = {1, 9, 1100, 4133};
-    static const int64_t BTS[] = {5, 13, 7, 3};
-    static const double TS[] = {1.0, 2.0, 0.7};
     static const double GS[] = {2.0, 0.5, -1.5};
-    const kdloss_dtype dts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};
-    int nv = kt_quick() ? 3 : 4, n = 0; /* quick: V up to 1100 */
-    for (int i = 0; i < NDIV; i++)
-        for (int tail = 0; tail < n_tails(&DIVS[i]); tail++)
-            for (int vi = 0; vi < nv; vi++) {
-                int64_t ks[4] = {1, 8, 64, VS[vi]};
-                int nk = VS[vi] == 9 ? 4 : 3; /* K = V: V = 9 (V = 1 is K = 1) */
-                for (int ki = 0; ki < nk; ki++)
-                    for (int xi = 0; xi < 3; xi++, n++) {
-                        /* quick (sanitizer) runs: one student dtype per combination, all three
-                         * across the grid */
-                        if (kt_quick() && (xi + ki + vi + tail) % 3 != i % 3) continue;
-                        logits_case lc;
-                        lc.dc = &DIVS[i];
-                        lc.tail = tail;
-                        lc.bt = BTS[vi];
-                        lc.v = VS[vi];
-                        lc.k = ks[ki];
-                        lc.pad = (i + vi + ki + xi) % 2;
-                        lc.t = TS[(i + tail + vi + xi + ki) % 3];
-                        lc.grad_scale = GS[n % 3];
-                        lc.xdt = dts[xi];
-                        lc.ldt = dts[(xi + vi + ki + tail) % 3];
-                        lc.idt = (i + ki + xi) % 2 ? KDLOSS_I64 : KDLOSS_I32;
-                        lc.label_mode = (i + 2 * vi + xi + ki + tail) % 3;
-                        lc.random_ids = (vi + xi + ki + i / 2) % 3 == 0;
-                        /* K = V with every slot used: S holds every id, no tail bin */
-                        lc.unused_mode = lc.k == lc.v ? 0 : (i + xi + ki + tail) % 2;
-                        check_logits(&lc, rng, isa);
-                    }
+    int n = 0;
+    KT_FOR_EACH_CASE(c) { /* quick: V up to 1100 */
+        const int i = c.div, vi = c.shape, xi = c.n % 3; /* c.ds is KT_DTYPES[xi] */
+        for (int tail = 0; tail < n_tails(&c.d); tail++) {
+            const int64_t ks[4] = {1, 8, 64, c.v};
+            const int nk = c.v == 9 ? 4 : 3; /* K = V: V = 9 (V = 1 is K = 1) */
+            for (int ki = 0; ki < nk; ki++, n++) {
+                /* quick (sanitizer) runs: one student dtype per combination, all three across
+                 * the grid */
+                if (kt_quick() && (xi + ki + vi + tail) % 3 != i % 3) continue;
+                logits_case lc;
+                lc.dc = &c.d;
+                lc.tail = tail;
+                lc.bt = c.bt;
+                lc.v = c.v;
+                lc.k = ks[ki];
+                lc.pad = (i + vi + ki + xi) % 2;
+                lc.t = KT_TEMPS[(i + tail + vi + xi + ki) % 3];
+                lc.grad_scale = GS[n % 3];
+                lc.xdt = c.ds;
+                lc.ldt = KT_DTYPES[(xi + vi + ki + tail) % 3];
+                lc.idt = (i + ki + xi) % 2 ? KDLOSS_I64 : KDLOSS_I32;
+                lc.label_mode = (i + 2 * vi + xi + ki + tail) % 3;
+                lc.random_ids = (vi + xi + ki + i / 2) % 3 == 0;
+                /* K = V with every slot used: S holds every id, no tail bin */
+                lc.unused_mode = lc.k == lc.v ? 0 : (i + xi + ki + tail) % 2;
+                check_logits(&lc, rng, isa);
             }
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------------------------ */
