@@ -241,7 +241,7 @@ static void fl_op(void *arg) {
                                     wt, NULL, L, &o, w->wk, w->wkb));
 }
 
-/* ---- workload 3: the four bare GEMMs (row-major shapes as in fused_linear_jsd.cu) ---- */
+/* ---- workload 3: the four bare GEMMs (row-major shapes as in fld.cu) ---- */
 typedef struct gemm_w {
     cublasHandle_t h;
     int which; /* 0 zs, 1 zt, 2 dxs, 3 dws, 4 all four */

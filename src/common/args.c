@@ -1,6 +1,6 @@
 /* The argument checks of the losses on rows (kdloss_kl_div, _distill, _distill_logits,
  * _topk_distill_logits) for every backend, in args.h's order, and the span helpers the fused
- * checks (args_fl.c) share. */
+ * checks (args_fld.c) share. */
 #include "args.h"
 
 #include <stdint.h>

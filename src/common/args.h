@@ -1,5 +1,5 @@
 /* The argument checks of every operation, one implementation for the CPU and CUDA backends
- * (args.c: the losses on rows; args_fl.c: the fused losses and the workspace). A backend passes
+ * (args.c: the losses on rows; args_fld.c: the fused losses and the workspace). A backend passes
  * its kd_rules: what it can read on the host and what it requires of a workspace. Every failing
  * check sets kdloss_error_detail's text naming the argument (and row / value). Device memory is
  * never read; nothing the caller owns is written. */
@@ -42,8 +42,8 @@ typedef struct kd_rules {
                             16-byte loads); 0: optional (the CPU allocates one), any alignment */
     /* What the CUDA entry points never checked, kept so that no call's status changes: */
     int ew_align;        /* kl_div, distill: loss, row_loss and labels aligned */
-    int fl_label_align;  /* dense fused loss: labels aligned */
-    int fl_dtypes_first; /* dense fused loss: the teacher pair's dtypes before any view */
+    int fld_label_align;  /* dense fused loss: labels aligned */
+    int fld_dtypes_first; /* dense fused loss: the teacher pair's dtypes before any view */
 } kd_rules;
 
 /* Every byte range a call reads or writes, each with its argument's name: s[0, n_in) inputs,
@@ -66,10 +66,10 @@ typedef struct kd_jsd_geom {
 } kd_jsd_geom;
 
 /* Effective leading dimensions of a fused-linear call, and what it must compute. */
-typedef struct kd_fl_geom {
+typedef struct kd_fld_geom {
     int64_t ld_xs, ld_ws, ld_xt, ld_wt, ld_dxs, ld_dws;
     int want_grad; /* dxs, dws or dbs requested */
-} kd_fl_geom;
+} kd_fld_geom;
 
 /* Effective leading dimensions of a top-k call (teacher, and the logits' or the fused loss's
  * operands), and what the fused loss must compute. */
@@ -82,20 +82,20 @@ typedef struct kd_topk_geom {
 
 /* The teacher of a fused call: dense (hidden states and LM head) or sparse (top-k ids and
  * log-probs, docs/MATH.md section 8). */
-typedef struct kd_fl_teacher {
+typedef struct kd_fld_teacher {
     int64_t ht;                      /* dense: teacher hidden size; 0 when sparse */
     kdloss_cmat xt, wt;              /* dense: (BT x Ht), (V x Ht) */
     const void *bias;                /* dense: [V] optional */
     const kdloss_topk_teacher *topk; /* sparse: the teacher, or NULL when dense */
     int tail;                        /* sparse: KD_TAIL_* */
-} kd_fl_teacher;
+} kd_fld_teacher;
 
 /* A checked fused call: every view's effective ld, the rows kept, whether gradients are wanted. */
-typedef struct kd_fl_checked {
+typedef struct kd_fld_checked {
     int64_t ld_xs, ld_ws, ld_xt, ld_wt, ld_ids, ld_lp, ld_dxs, ld_dws;
     int64_t n_valid; /* rows whose label is not ignore_index (BT when not read: device labels) */
     int want_grad;
-} kd_fl_checked;
+} kd_fld_checked;
 
 /* ---- the losses on rows (args.c). Shapes: operands, grad, elem_loss (BT x V); labels,
  * row_loss [BT]; loss [1]. *n_valid: rows kept (BT unless labels are host memory). ---- */
@@ -120,31 +120,31 @@ kdloss_status kd_check_topk_logits(const kd_rules *r, const kdloss_topk_distill_
                                    const float *loss, const float *row_loss, kdloss_mat grad,
                                    kd_topk_geom *g, int64_t *n_valid, kd_spanset *spans);
 
-/* ---- the fused losses (args_fl.c) ---- */
+/* ---- the fused losses (args_fld.c) ---- */
 /* Step 1 of the dense fused loss's parameters alone (its workspace-size queries use it too). */
-kdloss_status kd_check_fl_params(const kd_rules *r, const kdloss_fused_linear_distill_params *p);
+kdloss_status kd_check_fld_params(const kd_rules *r, const kdloss_fused_linear_distill_params *p);
 /* Steps 1-4 of a fused call with either teacher, p being the dense form of its parameters (a
  * top-k call's, kd_topk_fld_params, its tail checked by the caller). Labels' and ids' values
  * range over [0, v_ids) (v, or the whole vocabulary of a vocabulary-parallel call). */
-kdloss_status kd_check_fl(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
+kdloss_status kd_check_fld(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
                           int64_t bt, int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs,
-                          kdloss_cmat ws, const void *bs, const kd_fl_teacher *t,
+                          kdloss_cmat ws, const void *bs, const kd_fld_teacher *t,
                           kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
-                          kd_fl_checked *c, kd_spanset *spans);
+                          kd_fld_checked *c, kd_spanset *spans);
 /* The same for the top-k parameters (their tail first). */
 kdloss_status kd_check_fltk(const kd_rules *r, const kdloss_fused_linear_topk_distill_params *p,
                             int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
                             const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
-                            const kdloss_fused_linear_distill_out *out, kd_fl_checked *c,
+                            const kdloss_fused_linear_distill_out *out, kd_fld_checked *c,
                             kd_spanset *spans);
 /* Steps 5 and 6 of a fused call: `need` bytes of workspace (its plan's). */
-kdloss_status kd_check_fl_workspace(const kd_rules *r, const void *ws, size_t bytes, size_t need,
+kdloss_status kd_check_fld_workspace(const kd_rules *r, const void *ws, size_t bytes, size_t need,
                                     const kd_spanset *spans);
 /* Step 6 alone (the losses on rows check 5 themselves: the CPU functions have no workspace). */
 kdloss_status kd_check_workspace(const kd_rules *r, const void *ws, size_t bytes, size_t need,
                                  const kd_spanset *spans);
 
-/* Helpers of args.c and args_fl.c. */
+/* Helpers of args.c and args_fld.c. */
 void kd_spans_add(kd_spanset *s, const char *name, kd_span sp);
 /* ALIASING when an output overlaps an input or a later output; output `in_place` (an index of
  * s, -1: none) may coincide with input 0. */

@@ -1,5 +1,5 @@
 /* The checks of one operand view, label vector or parameter set (check.h), which every
- * operation's checks (args.c, args_fl.c) are built from, and the fused losses' defaults. */
+ * operation's checks (args.c, args_fld.c) are built from, and the fused losses' defaults. */
 #include "check.h"
 
 #include <float.h>

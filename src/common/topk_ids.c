@@ -1,5 +1,5 @@
 /* The value check of a sparse teacher's ids in host memory (check.h), run before any output is
- * written: every backend whose ids the host can read calls it (args.c, args_fl.c). */
+ * written: every backend whose ids the host can read calls it (args.c, args_fld.c). */
 #include <stdlib.h>
 #include <string.h>
 

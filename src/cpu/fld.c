@@ -660,7 +660,7 @@ kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
 /* A call with either teacher: check, workspace, run. */
 static kdloss_status fused(const kdloss_fused_linear_distill_params *params, int64_t bt,
                            int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                           const kd_fl_teacher *t, kdloss_labels labels,
+                           const kd_fld_teacher *t, kdloss_labels labels,
                            kdloss_fused_linear_distill_out *out, void *workspace,
                            size_t workspace_bytes) {
     kd_fld_call call;
@@ -678,7 +678,7 @@ kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_para
                                           kdloss_labels labels,
                                           kdloss_fused_linear_distill_out *out, void *workspace,
                                           size_t workspace_bytes) {
-    kd_fl_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
+    kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
     return fused(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
 }
 
@@ -691,7 +691,7 @@ kdloss_status kdloss_fused_linear_topk_distill(
     kdloss_status st = kd_topk_check_fused_params(params);
     if (st != KDLOSS_OK) return st;
     kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
-    kd_fl_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
+    kd_fld_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
                        (int)params->tail};
     return fused(&p, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
 }

@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "args.h" /* kd_fl_teacher, the shared checks */
+#include "args.h" /* kd_fld_teacher, the shared checks */
 #include "kdloss.h"
 
 /* Alignment of every workspace region (a cache line, and an AVX-512 vector). */
@@ -58,7 +58,7 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
                                int64_t v, int64_t topk_k, kdloss_dtype student_dtype,
                                int want_grad, kd_fld_plan *plan);
 
-/* The teacher of a fused call (kd_fl_teacher) is src/common/args.h's, shared with CUDA. */
+/* The teacher of a fused call (kd_fld_teacher) is src/common/args.h's, shared with CUDA. */
 
 /* A call whose every argument has been checked: matrix views carry their effective ld. */
 typedef struct kd_fld_call {
@@ -76,13 +76,13 @@ typedef struct kd_fld_call {
     int64_t v_lo;    /* vocabulary-parallel: the global id of this rank's first row */
 } kd_fld_call;
 
-/* Checks every argument (src/common/args_fl.c's checks with the CPU's rules: params, sizes,
+/* Checks every argument (src/common/args_fld.c's checks with the CPU's rules: params, sizes,
  * dtypes, strides, a sparse teacher's ids, labels, outputs; then the plan; then the workspace
  * size and aliasing) and fills *call and *plan. Writes nothing the caller owns. Labels are
  * optional with a sparse teacher only (then nothing may need them: no cross-entropy). */
 kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
                            int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
-                           const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
+                           const void *bs, const kd_fld_teacher *t, kdloss_labels labels,
                            const kdloss_fused_linear_distill_out *out, const void *workspace,
                            size_t workspace_bytes, kd_fld_call *call, kd_fld_plan *plan);
 

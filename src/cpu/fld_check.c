@@ -1,5 +1,5 @@
 /* kd_fld_check: the checked form of a CPU fused call (kdloss_fused_linear_distill, its JSD and
- * top-k forms, their _vp forms). The checks are src/common/args_fl.c's with the CPU's rules;
+ * top-k forms, their _vp forms). The checks are src/common/args_fld.c's with the CPU's rules;
  * this file adds the CPU's plan between them and fills the call the driver runs. */
 #include "ew_common.h" /* kd_cpu_rules */
 #include "fld.h"
@@ -18,8 +18,8 @@ static kdloss_status plan_detail(kdloss_status st, const kdloss_fused_linear_dis
 /* *call from a checked call (c: its effective lds, rows kept, gradients wanted). */
 static void fill_call(kd_fld_call *call, const kdloss_fused_linear_distill_params *params,
                       int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
-                      const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
-                      const kdloss_fused_linear_distill_out *out, const kd_fl_checked *c) {
+                      const void *bs, const kd_fld_teacher *t, kdloss_labels labels,
+                      const kdloss_fused_linear_distill_out *out, const kd_fld_checked *c) {
     const int sparse = t->topk != NULL;
     call->p = *params;
     call->bt = bt;
@@ -51,12 +51,12 @@ static void fill_call(kd_fld_call *call, const kdloss_fused_linear_distill_param
 
 kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int64_t bt,
                            int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs, kdloss_cmat ws,
-                           const void *bs, const kd_fl_teacher *t, kdloss_labels labels,
+                           const void *bs, const kd_fld_teacher *t, kdloss_labels labels,
                            const kdloss_fused_linear_distill_out *out, const void *workspace,
                            size_t workspace_bytes, kd_fld_call *call, kd_fld_plan *plan) {
-    kd_fl_checked c;
+    kd_fld_checked c;
     kd_spanset spans;
-    kdloss_status st = kd_check_fl(&kd_cpu_rules, params, bt, hs, v, v_ids, xs, ws, bs, t,
+    kdloss_status st = kd_check_fld(&kd_cpu_rules, params, bt, hs, v, v_ids, xs, ws, bs, t,
                                    labels, out, &c, &spans);
     if (st != KDLOSS_OK) return st;
     const int sparse = t->topk != NULL;
@@ -64,7 +64,7 @@ kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int
                           xs.dtype, c.want_grad, plan);
     if (st != KDLOSS_OK) return plan_detail(st, params, plan);
     /* the workspace is written too: it may overlap neither inputs nor outputs */
-    st = kd_check_fl_workspace(&kd_cpu_rules, workspace, workspace_bytes, plan->bytes, &spans);
+    st = kd_check_fld_workspace(&kd_cpu_rules, workspace, workspace_bytes, plan->bytes, &spans);
     if (st != KDLOSS_OK) return st;
     fill_call(call, params, bt, hs, v, xs, ws, bs, t, labels, out, &c);
     return KDLOSS_OK;

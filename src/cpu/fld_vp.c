@@ -22,7 +22,7 @@ static kdloss_status agree(const kdloss_vocab_shard *sh, int64_t v, kdloss_statu
 }
 
 /* The fingerprints of a checked call (vp.h): what every rank must share besides the shapes. */
-static kd_vp_terms call_terms(const kd_fld_call *k, const kd_fl_teacher *t) {
+static kd_vp_terms call_terms(const kd_fld_call *k, const kd_fld_teacher *t) {
     const kdloss_fused_linear_distill_params *p = &k->p;
     kdloss_dtype t0 = t->topk ? t->topk->ids.dtype : t->xt.dtype;
     kdloss_dtype t1 = t->topk ? t->topk->logprobs.dtype : t->wt.dtype;
@@ -43,7 +43,7 @@ static kd_vp_terms call_terms(const kd_fld_call *k, const kd_fl_teacher *t) {
 static kdloss_status fused_vp(const kdloss_fused_linear_distill_params *p,
                               const kdloss_vocab_shard *sh, int64_t bt, int64_t hs, int64_t v,
                               kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                              const kd_fl_teacher *t, int64_t shape, kdloss_labels labels,
+                              const kd_fld_teacher *t, int64_t shape, kdloss_labels labels,
                               kdloss_fused_linear_distill_out *out, void *workspace,
                               size_t workspace_bytes) {
     kdloss_status st = kd_vp_check_comm(sh);
@@ -78,7 +78,7 @@ kdloss_status kdloss_fused_linear_distill_vp(
     int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
-    kd_fl_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
+    kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
     return fused_vp(params, shard, bt, hs, v, xs, ws, bs, &t, ht, labels, out, workspace,
                     workspace_bytes);
 }
@@ -92,7 +92,7 @@ kdloss_status kdloss_fused_linear_topk_distill_vp(
     kdloss_status st = params ? kd_topk_check_fused_params(params) : KDLOSS_ERR_NULL_POINTER;
     if (st == KDLOSS_OK) p = kd_topk_fld_params(params);
     else kdloss_fused_linear_distill_params_default(&p); /* reported through the agreement */
-    kd_fl_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
+    kd_fld_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
                        st == KDLOSS_OK ? (int)params->tail : 0};
     if (st != KDLOSS_OK) { /* still meet the other ranks in the agreement */
         kdloss_status cs = kd_vp_check_comm(shard);

@@ -6,8 +6,8 @@ static const kd_rules CUDA_RULES = {
     .host_memory = 0,     /* labels and ids are device memory: the kernels check their values */
     .ws_align = 16,       /* the workspace is required, its regions read with 16-byte loads */
     .ew_align = 0,        /* what the CUDA entry points never checked (args.h in src/common) */
-    .fl_label_align = 0,
-    .fl_dtypes_first = 1,
+    .fld_label_align = 0,
+    .fld_dtypes_first = 1,
 };
 
 kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdloss_cmat input,
@@ -45,25 +45,25 @@ kdloss_status kd_args_topk_logits(const kdloss_topk_distill_params *p, int64_t b
                                 grad, g, &n_valid, spans);
 }
 
-kdloss_status kd_args_fl_params(const kdloss_fused_linear_distill_params *p) {
-    return kd_check_fl_params(&CUDA_RULES, p);
+kdloss_status kd_args_fld_params(const kdloss_fused_linear_distill_params *p) {
+    return kd_check_fld_params(&CUDA_RULES, p);
 }
 
-kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
+kdloss_status kd_args_fld_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
     return kd_fld_check_sizes(bt, hs, ht, v);
 }
 
-kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
+kdloss_status kd_args_fld(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
                          int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
                          kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
                          kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
-                         kd_fl_geom *g, kd_spanset *spans) {
-    const kd_fl_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
-    kd_fl_checked c;
-    kdloss_status st = kd_check_fl(&CUDA_RULES, p, bt, hs, v, v, xs, ws, bs, &t, labels, out, &c,
+                         kd_fld_geom *g, kd_spanset *spans) {
+    const kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
+    kd_fld_checked c;
+    kdloss_status st = kd_check_fld(&CUDA_RULES, p, bt, hs, v, v, xs, ws, bs, &t, labels, out, &c,
                                    spans);
     if (st != KDLOSS_OK) return st;
-    *g = (kd_fl_geom){c.ld_xs, c.ld_ws, c.ld_xt, c.ld_wt, c.ld_dxs, c.ld_dws, c.want_grad};
+    *g = (kd_fld_geom){c.ld_xs, c.ld_ws, c.ld_xt, c.ld_wt, c.ld_dxs, c.ld_dws, c.want_grad};
     return KDLOSS_OK;
 }
 
@@ -72,7 +72,7 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
                            kdloss_topk_teacher teacher, kdloss_labels labels,
                            const kdloss_fused_linear_distill_out *out, kd_topk_geom *g,
                            kd_spanset *spans) {
-    kd_fl_checked c;
+    kd_fld_checked c;
     kdloss_status st = kd_check_fltk(&CUDA_RULES, p, bt, hs, v, xs, ws, bs, teacher, labels, out,
                                      &c, spans);
     if (st != KDLOSS_OK) return st;
@@ -85,7 +85,7 @@ kdloss_status kd_args_workspace(const void *ws, size_t bytes, size_t need,
     return kd_check_workspace(&CUDA_RULES, ws, bytes, need, spans);
 }
 
-kdloss_status kd_args_fl_workspace(const void *ws, size_t bytes, size_t need,
+kdloss_status kd_args_fld_workspace(const void *ws, size_t bytes, size_t need,
                                    const kd_spanset *spans) {
-    return kd_check_fl_workspace(&CUDA_RULES, ws, bytes, need, spans);
+    return kd_check_fld_workspace(&CUDA_RULES, ws, bytes, need, spans);
 }

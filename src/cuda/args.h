@@ -1,4 +1,4 @@
-/* The CUDA entry points' argument checks: src/common/args.c's and args_fl.c's with the CUDA
+/* The CUDA entry points' argument checks: src/common/args.c's and args_fld.c's with the CUDA
  * backend's rules (args.c), under the names and signatures the .cu files call. Everything is
  * checked before the first launch, so on any error nothing is written; device memory (label and
  * id values) is never read here: the kernels check it (kdloss.h). */
@@ -30,15 +30,15 @@ kdloss_status kd_args_distill_logits(const kdloss_distill_logits_params *p, int6
 
 /* Parameter and size checks of the fused-linear loss alone (the workspace-size query uses them
  * too). Sizes above INT32_MAX are KDLOSS_ERR_UNSUPPORTED, as on the CPU. */
-kdloss_status kd_args_fl_params(const kdloss_fused_linear_distill_params *p);
-kdloss_status kd_args_fl_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
+kdloss_status kd_args_fld_params(const kdloss_fused_linear_distill_params *p);
+kdloss_status kd_args_fld_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v);
 
-/* Everything but the overlaps; kd_args_fl_workspace checks those after the workspace size. */
-kdloss_status kd_args_fl(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
+/* Everything but the overlaps; kd_args_fld_workspace checks those after the workspace size. */
+kdloss_status kd_args_fld(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
                          int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
                          kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias,
                          kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
-                         kd_fl_geom *g, kd_spanset *spans);
+                         kd_fld_geom *g, kd_spanset *spans);
 
 /* Everything of kdloss_cuda_topk_distill_logits but the workspace, overlaps included (as the
  * elementwise calls: the CPU function has no workspace). */
@@ -48,7 +48,7 @@ kdloss_status kd_args_topk_logits(const kdloss_topk_distill_params *p, int64_t b
                                   kdloss_mat grad, kd_topk_geom *g, kd_spanset *spans);
 
 /* Everything of kdloss_cuda_fused_linear_topk_distill but the overlaps and the workspace
- * (kd_args_fl_workspace checks those, as for the dense fused loss). */
+ * (kd_args_fld_workspace checks those, as for the dense fused loss). */
 kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                            int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
                            kdloss_topk_teacher teacher, kdloss_labels labels,
@@ -62,7 +62,7 @@ kdloss_status kd_args_workspace(const void *ws, size_t bytes, size_t need, const
 
 /* Fused-linear: the workspace's NULL/alignment/size checks, then the overlaps among operands
  * (outputs against inputs and each other), then the workspace against all of them. */
-kdloss_status kd_args_fl_workspace(const void *ws, size_t bytes, size_t need,
+kdloss_status kd_args_fld_workspace(const void *ws, size_t bytes, size_t need,
                                    const kd_spanset *spans);
 
 #ifdef __cplusplus

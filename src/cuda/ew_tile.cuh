@@ -1,11 +1,11 @@
-/* The elementwise losses on log-probs (kl_div.cu: KLDivLoss, jsd.cu: the divergence family), the
+/* The elementwise losses on log-probs (kl_div.cu: KLDivLoss, distill.cu: the divergence family), the
  * parts they share. Both read two (bt x v) operands tile by tile (kd_cuda.cuh: KD_EW_TILE, the
  * kd_ew_plan workspace), apply an element function, write the gradient (KL also its elementwise
  * loss) and sum the loss of each (row, tile) block into the plan's partial sums. Here, once: the
  * loop over the tiles, a tile's loads, element loop and stores, the NaN policy's row flag and
  * the block sum, the workspace's sizing and placing (the dtype dispatch of the launch is
  * kd_cuda.cuh's kd_launch_dtypes, which distill_logits.cu uses too). Each .cu
- * keeps what is its own: its arguments, its element function, what a label does (jsd.cu), its
+ * keeps what is its own: its arguments, its element function, what a label does (distill.cu), its
  * kernel's launch and the order of its passes. */
 #ifndef KDLOSS_EW_TILE_CUH
 #define KDLOSS_EW_TILE_CUH

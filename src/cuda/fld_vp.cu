@@ -1,35 +1,35 @@
 /* The vocabulary-parallel fused-linear distillation loss on the GPU (kdloss.h,
- * kdloss_cuda_fused_linear_distill_vp; docs/MATH.md section 9): fused_linear_jsd.cu's chunk loop
+ * kdloss_cuda_fused_linear_distill_vp; docs/MATH.md section 9): fld.cu's chunk loop
  * on this rank's V_r rows of the heads, its row kernel split into four phase kernels with the
  * statistics all-reduced in between (the CPU's phases, src/cpu/fld_row_phases.h, and the same
  * collectives), on the caller's stream:
- *   zs = xs[chunk] ws_r^T, zt = xt[chunk] wt_r^T           (fl_chunk_logits)
+ *   zs = xs[chunk] ws_r^T, zt = xt[chunk] wt_r^T           (fld_chunk_logits)
  *   1. max   the row maxima of zs and zt                    -> MAX 2 doubles a row  (st_max)
  *   2. sums  sum e^((zs-ms)/T), sum e^((zt-mt)/T),
  *            sum e^(zs-ms) (CE at T != 1), zs[y] (its rank)  -> SUM 4              (st_sum)
  *   3. div   the divergence's terms and sum g over the block (the teacher's constants as the
- *            CPU's, fl_teacher_shift); the row's CE and lse  -> SUM 2              (st_div)
- *   4. grad  dzs in place (fl_dz, the single-process definition), row_soft
- *   dws, dbs of the block (fl_chunk_wgrad; ignored rows zeroed in its xs, fl_mask_rows); dxs:
+ *            CPU's, fld_teacher_shift); the row's CE and lse  -> SUM 2              (st_div)
+ *   4. grad  dzs in place (fld_dz, the single-process definition), row_soft
+ *   dws, dbs of the block (fld_chunk_wgrad; ignored rows zeroed in its xs, fld_mask_rows); dxs:
  *   the partial dzs ws_r in fp32, SUM, rounded once. Both gradient factors 0: none of this (no
- *   dxs all-reduce, as the CPU's), zero gradients (fl_zero_grads)
- * One block of FL_ROW_THREADS per row in every phase (grid = the chunk's rows <= 2^30). Labels
+ *   dxs all-reduce, as the CPU's), zero gradients (fld_zero_grads)
+ * One block of FLD_ROW_THREADS per row in every phase (grid = the chunk's rows <= 2^30). Labels
  * are global ids, checked on the device against v_total; a row's label column is local on one
  * rank only. Nothing in this file has run on a GPU yet.
  *
- * Workspace: fused_linear_jsd.cu's (for this rank's v), then st: 8 doubles a chunk row (st_max,
+ * Workspace: fld.cu's (for this rank's v), then st: 8 doubles a chunk row (st_max,
  * st_sum, st_div), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
 #include "vp_cuda.h"
 
-typedef struct flvp_args {
-    fl_row_args r;   /* v: this rank's columns; row0 and labels global */
+typedef struct fldvp_args {
+    fld_row_args r;   /* v: this rank's columns; row0 and labels global */
     int64_t v_lo;    /* global id of local column 0 */
     int64_t v_total;
     double *st_max, *st_sum, *st_div; /* [2 rows], [4 rows], [2 rows] of the chunk */
-} flvp_args;
+} fldvp_args;
 
 /* The log-normalizers of a row from its reduced statistics (every thread computes them). */
-typedef struct flvp_norms {
+typedef struct fldvp_norms {
     float ms, mt;   /* the row maxima over every rank; mt with the teacher's shift (below) */
     float lss, lst; /* log sum e^((zs-ms)/T), log sum e^((zt-mt)/T); lst = lss when shifted */
     float lh;       /* the untempered log-sum-exp ms + lsh */
@@ -40,13 +40,13 @@ typedef struct flvp_norms {
     bool wide, poisoned;
     float mt0;
     double lss64, lst64;
-} flvp_norms;
+} fldvp_norms;
 
 /* ---- device side ----------------------------------------------------------------------------- */
 
 /* Row r's label y: *ycol its local column (-1 on the ranks that do not hold it). Returns whether
- * the row counts: not ignored and in [0, v_total) (a bad label is NaN, as fl_row_kernel's). */
-__device__ __forceinline__ int flvp_label(const flvp_args &a, int64_t r, int64_t *y,
+ * the row counts: not ignored and in [0, v_total) (a bad label is NaN, as fld_row_kernel's). */
+__device__ __forceinline__ int fldvp_label(const fldvp_args &a, int64_t r, int64_t *y,
                                           int64_t *ycol) {
     *y = kd_label(a.r.labels, a.r.lab64, a.r.row0 + r);
     const int valid = *y != a.r.ignore && *y >= 0 && *y < a.v_total;
@@ -57,12 +57,12 @@ __device__ __forceinline__ int flvp_label(const flvp_args &a, int64_t r, int64_t
 
 /* f(x) for each of this thread's columns of the row, x = z + bias (dtype DB). */
 template <int DB, class F>
-__device__ __forceinline__ void flvp_each(const flvp_args &a, const float *z, const void *bias,
+__device__ __forceinline__ void fldvp_each(const fldvp_args &a, const float *z, const void *bias,
                                           const F &f) {
-    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.r.v; c0 += FL_TILE) {
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.r.v; c0 += FLD_TILE) {
         const int n = a.r.v - c0 >= 8 ? 8 : (int)(a.r.v - c0);
         float x[8];
-        fl_load<DB>(z, bias, c0, n, x);
+        fld_load<DB>(z, bias, c0, n, x);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             if (j < n) f(x[j]);
@@ -71,9 +71,9 @@ __device__ __forceinline__ void flvp_each(const flvp_args &a, const float *z, co
 
 /* Max over the row of z + bias (dtype DB); every thread gets it. */
 template <int DB>
-__device__ float flvp_row_max(const flvp_args &a, const float *z, const void *bias, float *red) {
+__device__ float fldvp_row_max(const fldvp_args &a, const float *z, const void *bias, float *red) {
     float m = -INFINITY;
-    flvp_each<DB>(a, z, bias, [&](float x) { m = fmaxf(m, x); });
+    fldvp_each<DB>(a, z, bias, [&](float x) { m = fmaxf(m, x); });
     return kd_block_max(m, red);
 }
 
@@ -81,19 +81,19 @@ __device__ float flvp_row_max(const flvp_args &a, const float *z, const void *bi
  * fixed order (valid in thread 0). A maximum m >= 2^102 (the same in every thread) takes the
  * careful form exp(((double)x - m) s) (row_special.cuh). */
 template <int DB>
-__device__ double flvp_sum_exp(const flvp_args &a, const float *z, const void *bias, float m,
+__device__ double fldvp_sum_exp(const fldvp_args &a, const float *z, const void *bias, float m,
                                float s, double *red) {
     double acc = 0.0;
     if (kd_row_wide(m))
-        flvp_each<DB>(a, z, bias, [&](float x) { acc += exp(((double)x - m) * (double)s); });
+        fldvp_each<DB>(a, z, bias, [&](float x) { acc += exp(((double)x - m) * (double)s); });
     else
-        flvp_each<DB>(a, z, bias, [&](float x) { acc += (double)expf((x - m) * s); });
+        fldvp_each<DB>(a, z, bias, [&](float x) { acc += (double)expf((x - m) * s); });
     return kd_block_sum(acc, red);
 }
 
-__device__ __forceinline__ flvp_norms flvp_norms_of(const flvp_args &a, int64_t r) {
+__device__ __forceinline__ fldvp_norms fldvp_norms_of(const fldvp_args &a, int64_t r) {
     const double *sm = a.st_sum + 4 * r;
-    flvp_norms n;
+    fldvp_norms n;
     n.ms = (float)a.st_max[2 * r];
     n.mt = (float)a.st_max[2 * r + 1];
     const double lss = a.r.do_soft ? log(sm[0]) : 0.0, lst = a.r.do_soft ? log(sm[1]) : 0.0;
@@ -106,9 +106,9 @@ __device__ __forceinline__ flvp_norms flvp_norms_of(const flvp_args &a, int64_t 
     n.mt0 = n.mt;
     n.wide = kd_row_wide(n.ms) || (a.r.do_soft && kd_row_wide(n.mt));
     n.poisoned = a.r.do_soft && (isnan(lss) || isnan(lst));
-    /* Y = (zt - mt) it - lst with the CPU's choice of constants (fl_teacher_shift, issue 25 D5),
+    /* Y = (zt - mt) it - lst with the CPU's choice of constants (fld_teacher_shift, issue 25 D5),
      * in the divergence (phase 3) and in its gradient (phase 4) alike */
-    if (a.r.do_soft) fl_teacher_shift(n.mt, lss, lst, a.r.inv_t, &n.mt, &n.lst);
+    if (a.r.do_soft) fld_teacher_shift(n.mt, lss, lst, a.r.inv_t, &n.mt, &n.lst);
     n.lh = (float)((double)n.ms + n.lsh);
     return n;
 }
@@ -116,14 +116,14 @@ __device__ __forceinline__ flvp_norms flvp_norms_of(const flvp_args &a, int64_t 
 /* Phase 1: st_max = {max zs, max zt} over this rank's columns (-inf for rows that do not
  * count, and for zt without a soft part). */
 template <int DS, int DT>
-__global__ void __launch_bounds__(FL_ROW_THREADS) flvp_max_kernel(flvp_args a) {
+__global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_max_kernel(fldvp_args a) {
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     int64_t y, yc;
     float ms = -INFINITY, mt = -INFINITY;
-    if (flvp_label(a, r, &y, &yc)) { /* the same branch for the whole block */
-        ms = flvp_row_max<DS>(a, a.r.zs + r * a.r.ldz, a.r.bs, red);
-        if (a.r.do_soft) mt = flvp_row_max<DT>(a, a.r.zt + r * a.r.ldz, a.r.bt, red);
+    if (fldvp_label(a, r, &y, &yc)) { /* the same branch for the whole block */
+        ms = fldvp_row_max<DS>(a, a.r.zs + r * a.r.ldz, a.r.bs, red);
+        if (a.r.do_soft) mt = fldvp_row_max<DT>(a, a.r.zt + r * a.r.ldz, a.r.bt, red);
     }
     if (threadIdx.x == 0) {
         a.st_max[2 * r] = ms;
@@ -134,20 +134,20 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_max_kernel(flvp_args a) {
 /* Phase 2: st_sum = {sum e^((zs-ms)/T), sum e^((zt-mt)/T), sum e^(zs-ms), zs[y]} over this
  * rank's columns, at the maxima of every rank (0 for rows that do not count). */
 template <int DS, int DT>
-__global__ void __launch_bounds__(FL_ROW_THREADS) flvp_sums_kernel(flvp_args a) {
+__global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_sums_kernel(fldvp_args a) {
     __shared__ double red[32];
     const int64_t r = blockIdx.x;
     const float *zs = a.r.zs + r * a.r.ldz;
     int64_t y, yc;
     double s0 = 0.0, s1 = 0.0, s2 = 0.0, zy = 0.0;
-    if (flvp_label(a, r, &y, &yc)) {
+    if (fldvp_label(a, r, &y, &yc)) {
         const float ms = (float)a.st_max[2 * r], mt = (float)a.st_max[2 * r + 1];
         if (a.r.do_soft) {
-            s0 = flvp_sum_exp<DS>(a, zs, a.r.bs, ms, a.r.inv_t, red);
-            s1 = flvp_sum_exp<DT>(a, a.r.zt + r * a.r.ldz, a.r.bt, mt, a.r.inv_t, red);
+            s0 = fldvp_sum_exp<DS>(a, zs, a.r.bs, ms, a.r.inv_t, red);
+            s1 = fldvp_sum_exp<DT>(a, a.r.zt + r * a.r.ldz, a.r.bt, mt, a.r.inv_t, red);
         }
         if (a.r.do_hard && !(a.r.do_soft && a.r.same_t))
-            s2 = flvp_sum_exp<DS>(a, zs, a.r.bs, ms, 1.0f, red);
+            s2 = fldvp_sum_exp<DS>(a, zs, a.r.bs, ms, 1.0f, red);
         if (a.r.do_hard && yc >= 0) zy = zs[yc] + (a.r.bs ? kd_ld<DS>(a.r.bs, yc) : 0.0f);
     }
     if (threadIdx.x == 0) {
@@ -162,21 +162,21 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_sums_kernel(flvp_args a) 
 /* Phase 3: st_div = {sum of the divergence's terms, sum g} over this rank's columns; the row's
  * cross-entropy and lse (every rank computes the same from the reduced sums). */
 template <int DS, int DT>
-__global__ void __launch_bounds__(FL_ROW_THREADS) flvp_div_kernel(flvp_args a) {
+__global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_div_kernel(fldvp_args a) {
     __shared__ double red[32];
     const int64_t r = blockIdx.x, gr = a.r.row0 + r;
     int64_t y, yc;
-    const int valid = flvp_label(a, r, &y, &yc);
+    const int valid = fldvp_label(a, r, &y, &yc);
     double d0 = 0.0, d1 = 0.0;
-    const flvp_norms nm = flvp_norms_of(a, r);
+    const fldvp_norms nm = fldvp_norms_of(a, r);
     if (valid && a.r.do_soft) {
         const float *zs = a.r.zs + r * a.r.ldz, *zt = a.r.zt + r * a.r.ldz, it = a.r.inv_t;
         float accl = 0.0f, accg = 0.0f;
-        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.r.v; c0 += FL_TILE) {
+        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.r.v; c0 += FLD_TILE) {
             const int n = a.r.v - c0 >= 8 ? 8 : (int)(a.r.v - c0);
             float s[8], t[8];
-            fl_load<DS>(zs, a.r.bs, c0, n, s);
-            fl_load<DT>(zt, a.r.bt, c0, n, t);
+            fld_load<DS>(zs, a.r.bs, c0, n, s);
+            fld_load<DT>(zt, a.r.bt, c0, n, t);
             if (nm.wide) { /* the careful form (row_special.cuh); the same in every thread */
                 const double it64 = (double)it;
 #pragma unroll
@@ -219,15 +219,15 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_div_kernel(flvp_args a) {
     if (a.r.out_lse) a.r.out_lse[gr] = a.r.do_hard ? nm.lh : 0.0f;
 }
 
-/* Phase 4: the row's divergence into row_soft, and dzs over zs (fl_dz_pass, in place). */
+/* Phase 4: the row's divergence into row_soft, and dzs over zs (fld_dz_pass, in place). */
 template <int DS, int DT>
-__global__ void __launch_bounds__(FL_ROW_THREADS) flvp_grad_kernel(flvp_args a) {
+__global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_grad_kernel(fldvp_args a) {
     const int64_t r = blockIdx.x, gr = a.r.row0 + r;
     float *zs = a.r.zs + r * a.r.ldz;
     const float *zt = a.r.zt ? a.r.zt + r * a.r.ldz : NULL;
     int64_t y, yc;
-    if (!flvp_label(a, r, &y, &yc)) {
-        fl_skip_row<DS>(a.r, (void *)zs, gr, y);
+    if (!fldvp_label(a, r, &y, &yc)) {
+        fld_skip_row<DS>(a.r, (void *)zs, gr, y);
         return;
     }
     if (threadIdx.x == 0) {
@@ -236,15 +236,15 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_grad_kernel(flvp_args a) 
         if (a.r.out_soft) a.r.out_soft[gr] = (float)d;
     }
     if (!a.r.do_grad) return;
-    const flvp_norms nm = flvp_norms_of(a, r);
+    const fldvp_norms nm = fldvp_norms_of(a, r);
     const float it = a.r.inv_t, S = (float)a.st_div[2 * r + 1];
     float ca, cb;
-    fl_factors(a.r, &ca, &cb);
+    fld_factors(a.r, &ca, &cb);
     if (nm.wide) { /* the careful form (row_special.cuh): kd_wide_dz, S in double */
         const float gs = a.r.grad_soft ? cb : 0.0f, gh = a.r.grad_hard ? ca : 0.0f;
         const bool share = a.r.same_t && gs != 0.0f;
         const double it64 = (double)it, S64 = a.st_div[2 * r + 1];
-        fl_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
+        fld_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
             float g = 0.0f;
             if (gs != 0.0f)
                 (void)kd_div_elem(&a.r.coef, kd_wide_lp(s, nm.ms, it64, nm.lss64),
@@ -254,8 +254,8 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_grad_kernel(flvp_args a) 
         });
         return;
     }
-    fl_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
-        return fl_dz(a.r, ca, cb, s, nm.lh, c == yc, (s - nm.ms) * it - nm.lss,
+    fld_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
+        return fld_dz(a.r, ca, cb, s, nm.lh, c == yc, (s - nm.ms) * it - nm.lss,
                      (t - nm.mt) * it - nm.lst, S);
     });
 }
@@ -263,41 +263,41 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) flvp_grad_kernel(flvp_args a) 
 /* ---- host side ------------------------------------------------------------------------------- */
 
 template <int DS, int DT>
-static void flvp_launch2(int phase, unsigned grid, const flvp_args &a, cudaStream_t st) {
+static void fldvp_launch2(int phase, unsigned grid, const fldvp_args &a, cudaStream_t st) {
     switch (phase) {
-    case 1: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_max_kernel<DS, DT>)(a); break;
-    case 2: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_sums_kernel<DS, DT>)(a); break;
-    case 3: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_div_kernel<DS, DT>)(a); break;
-    default: KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, flvp_grad_kernel<DS, DT>)(a); break;
+    case 1: KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fldvp_max_kernel<DS, DT>)(a); break;
+    case 2: KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fldvp_sums_kernel<DS, DT>)(a); break;
+    case 3: KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fldvp_div_kernel<DS, DT>)(a); break;
+    default: KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fldvp_grad_kernel<DS, DT>)(a); break;
     }
 }
 
 /* Phase `phase` (1..4) over the chunk's rows. */
-static kdloss_status flvp_launch(int phase, kdloss_dtype ds, kdloss_dtype dt, int64_t rows,
-                                 const flvp_args &a, cudaStream_t st) {
+static kdloss_status fldvp_launch(int phase, kdloss_dtype ds, kdloss_dtype dt, int64_t rows,
+                                 const fldvp_args &a, cudaStream_t st) {
     const unsigned grid = kd_grid(rows);
     if (ds == KDLOSS_BF16) {
-        if (dt == KDLOSS_BF16) flvp_launch2<KDLOSS_BF16, KDLOSS_BF16>(phase, grid, a, st);
-        else flvp_launch2<KDLOSS_BF16, KDLOSS_F32>(phase, grid, a, st);
+        if (dt == KDLOSS_BF16) fldvp_launch2<KDLOSS_BF16, KDLOSS_BF16>(phase, grid, a, st);
+        else fldvp_launch2<KDLOSS_BF16, KDLOSS_F32>(phase, grid, a, st);
     } else {
-        if (dt == KDLOSS_BF16) flvp_launch2<KDLOSS_F32, KDLOSS_BF16>(phase, grid, a, st);
-        else flvp_launch2<KDLOSS_F32, KDLOSS_F32>(phase, grid, a, st);
+        if (dt == KDLOSS_BF16) fldvp_launch2<KDLOSS_F32, KDLOSS_BF16>(phase, grid, a, st);
+        else fldvp_launch2<KDLOSS_F32, KDLOSS_F32>(phase, grid, a, st);
     }
     return kd_launch_status();
 }
 
-/* The plan: fused_linear_jsd.cu's regions for this rank's v, the statistics, the dxs partial. */
-typedef struct flvp_plan {
-    fl_plan fl;
+/* The plan: fld.cu's regions for this rank's v, the statistics, the dxs partial. */
+typedef struct fldvp_plan {
+    fld_plan fl;
     double *st;  /* 8 doubles a chunk row */
     float *part; /* (chunk x hs) fp32, with gradients */
-} flvp_plan;
+} fldvp_plan;
 
-static kdloss_status flvp_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt,
+static kdloss_status fldvp_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt,
                                     int64_t hs, int64_t v, kdloss_dtype sdt, int want_grad,
-                                    void *ws, flvp_plan *P) {
+                                    void *ws, fldvp_plan *P) {
     kd_carver cv = kd_carver_for(ws);
-    kdloss_status s = fl_plan_carve(p, bt, hs, v, sdt, want_grad, &cv, &P->fl);
+    kdloss_status s = fld_plan_carve(p, bt, hs, v, sdt, want_grad, &cv, &P->fl);
     if (s == KDLOSS_OK) s = kd_cuda_vp_carve(&cv, P->fl.chunk, 8, hs, want_grad, &P->st, &P->part);
     if (s != KDLOSS_OK) return s;
     P->fl.hdr = (kd_ws_header *)ws;
@@ -306,57 +306,57 @@ static kdloss_status flvp_plan_make(const kdloss_fused_linear_distill_params *p,
 }
 
 /* A checked call after the agreement. */
-typedef struct flvp_call {
-    fl_gemms gm;             /* ctx, stream, xs / ws_r with their lds, the chunk's zs */
+typedef struct fldvp_call {
+    fld_gemms gm;             /* ctx, stream, xs / ws_r with their lds, the chunk's zs */
     const kdloss_comm *comm;
     kdloss_cmat xt, wt;      /* effective lds */
     int64_t ht;
-    fl_grad_out G;           /* the gradients' outputs, zero_g */
-    const flvp_plan *P;
-} flvp_call;
+    fld_grad_out G;           /* the gradients' outputs, zero_g */
+    const fldvp_plan *P;
+} fldvp_call;
 
 /* The row phases of one chunk, the statistics all-reduced between them. */
-static kdloss_status flvp_rows(const flvp_call &k, const flvp_args &a, int64_t rows) {
+static kdloss_status fldvp_rows(const fldvp_call &k, const fldvp_args &a, int64_t rows) {
     const kdloss_dtype ds = k.gm.sdt, dt = k.xt.dtype;
     const cudaStream_t st = k.gm.st;
-    kdloss_status s = flvp_launch(1, ds, dt, rows, a, st);
+    kdloss_status s = fldvp_launch(1, ds, dt, rows, a, st);
     if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
-    if (s == KDLOSS_OK) s = flvp_launch(2, ds, dt, rows, a, st);
+    if (s == KDLOSS_OK) s = fldvp_launch(2, ds, dt, rows, a, st);
     if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_sum, 4 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
-    if (s == KDLOSS_OK) s = flvp_launch(3, ds, dt, rows, a, st);
+    if (s == KDLOSS_OK) s = fldvp_launch(3, ds, dt, rows, a, st);
     if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_div, 2 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
-    if (s == KDLOSS_OK) s = flvp_launch(4, ds, dt, rows, a, st);
+    if (s == KDLOSS_OK) s = fldvp_launch(4, ds, dt, rows, a, st);
     return s;
 }
 
-/* One chunk: logits of the block, the phases, the backward (fl_chunk_backward; dxs summed over
+/* One chunk: logits of the block, the phases, the backward (fld_chunk_backward; dxs summed over
  * the ranks). */
-static kdloss_status flvp_chunk(const flvp_call &k, flvp_args &a, int64_t r0, int64_t rows) {
-    const fl_plan &P = k.P->fl;
-    kdloss_status s = fl_chunk_logits(&k.gm, r0, rows, P.zs, k.xt,
+static kdloss_status fldvp_chunk(const fldvp_call &k, fldvp_args &a, int64_t r0, int64_t rows) {
+    const fld_plan &P = k.P->fl;
+    kdloss_status s = fld_chunk_logits(&k.gm, r0, rows, P.zs, k.xt,
                                       a.r.zt ? k.wt : kdloss_cmat{NULL, KDLOSS_F32, 0}, k.ht, P.zt);
     if (s == KDLOSS_OK)
-        s = fl_map_rows(k.gm.st, P.zs, P.ldz, rows, a.r.v, a.r.map_bs, k.gm.sdt, a.r.map_s);
+        s = fld_map_rows(k.gm.st, P.zs, P.ldz, rows, a.r.v, a.r.map_bs, k.gm.sdt, a.r.map_s);
     if (s == KDLOSS_OK && a.r.zt)
-        s = fl_map_rows(k.gm.st, P.zt, P.ldz, rows, a.r.v, a.r.map_bt, k.xt.dtype, a.r.map_t);
+        s = fld_map_rows(k.gm.st, P.zt, P.ldz, rows, a.r.v, a.r.map_bt, k.xt.dtype, a.r.map_t);
     a.r.row0 = r0;
-    if (s == KDLOSS_OK) s = flvp_rows(k, a, rows);
+    if (s == KDLOSS_OK) s = fldvp_rows(k, a, rows);
     if (s != KDLOSS_OK) return s;
     /* the label rules, against v_total */
-    const fl_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0};
-    return fl_chunk_backward(k.gm, k.G, m, r0, rows, [&] {
+    const fld_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0};
+    return fld_chunk_backward(k.gm, k.G, m, r0, rows, [&] {
         const kdloss_mat dxs = {k.G.out->dxs.data, k.G.out->dxs.dtype, k.G.ld_dxs};
         return kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
     });
 }
 
 /* Every chunk, then the gradients' completion and the scalar losses. On the context's device. */
-static kdloss_status flvp_run(const flvp_call &k, const kdloss_fused_linear_distill_params *p,
+static kdloss_status fldvp_run(const fldvp_call &k, const kdloss_fused_linear_distill_params *p,
                               const kdloss_vocab_shard *sh, const void *bs, const void *bt_bias,
                               kdloss_labels labels, int64_t bt) {
-    const fl_plan &P = k.P->fl;
-    flvp_args a;
-    fl_row_setup(&a.r, p, k.G.out, P, bs, bt_bias, labels, k.gm.v, k.G.want_grad && !k.G.zero_g);
+    const fld_plan &P = k.P->fl;
+    fldvp_args a;
+    fld_row_setup(&a.r, p, k.G.out, P, bs, bt_bias, labels, k.gm.v, k.G.want_grad && !k.G.zero_g);
     a.v_lo = sh->v_begin;
     a.v_total = sh->v_total;
     a.st_max = k.P->st;
@@ -365,10 +365,10 @@ static kdloss_status flvp_run(const flvp_call &k, const kdloss_fused_linear_dist
     const cudaStream_t st = k.gm.st;
     kdloss_status s = kd_cuda_count_labels(st, labels.data, a.r.lab64, bt, sh->v_total,
                                            p->ignore_index, P.hdr);
-    s = fl_for_chunks(s, bt, P.chunk,
-                      [&](int64_t r0, int64_t rows) { return flvp_chunk(k, a, r0, rows); });
-    if (s == KDLOSS_OK) s = fl_end_grads(k.gm, k.G, bt);
-    if (s == KDLOSS_OK) s = fl_final(st, P, bt, k.G.out, p);
+    s = fld_for_chunks(s, bt, P.chunk,
+                      [&](int64_t r0, int64_t rows) { return fldvp_chunk(k, a, r0, rows); });
+    if (s == KDLOSS_OK) s = fld_end_grads(k.gm, k.G, bt);
+    if (s == KDLOSS_OK) s = fld_final(st, P, bt, k.G.out, p);
     return s;
 }
 
@@ -376,9 +376,9 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = fl_size_checks(kd_args_fl_params(params), bt, hs, ht, v, 1, student_dtype);
-    flvp_plan P;
-    if (s == KDLOSS_OK) s = flvp_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
+    kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
+    fldvp_plan P;
+    if (s == KDLOSS_OK) s = fldvp_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
     if (s == KDLOSS_OK) *bytes = P.fl.total;
     return s;
 }
@@ -394,14 +394,14 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     void *workspace, size_t workspace_bytes) {
     kdloss_status s = kd_cuda_vp_enter(ctx, shard);
     if (s != KDLOSS_OK) return s; /* this rank cannot take part */
-    kd_fl_geom g;
+    kd_fld_geom g;
     kd_spanset spans;
-    flvp_plan P;
+    fldvp_plan P;
     s = kd_vp_check_shard(shard, v);
     if (s == KDLOSS_OK)
-        s = kd_args_fl(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out, &g, &spans);
-    if (s == KDLOSS_OK) s = flvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P);
-    if (s == KDLOSS_OK) s = kd_args_fl_workspace(workspace, workspace_bytes, P.fl.total, &spans);
+        s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out, &g, &spans);
+    if (s == KDLOSS_OK) s = fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P);
+    if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.fl.total, &spans);
     /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks
      * passed; n_valid -1: the device counts it after the agreement */
     kd_vp_terms terms = {0, 0};
@@ -422,13 +422,13 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
      * every rank makes the chunk loop's collectives */
     s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, ht, &terms, &chunk);
     if (s == KDLOSS_OK) {
-        flvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
+        fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
         P.fl.chunk = chunk; /* in [1, this rank's] (checked): its regions still hold it */
-        const flvp_call k = {{ctx, st, P.fl.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
+        const fldvp_call k = {{ctx, st, P.fl.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.fl.zs, P.fl.ldz},
                              shard->comm, {xt.data, xt.dtype, g.ld_xt}, {wt.data, wt.dtype, g.ld_wt},
-                             ht, fl_grad_out_of(params, g, out, P.fl), &P};
-        s = flvp_run(k, params, shard, bs, bt_bias, labels, bt);
+                             ht, fld_grad_out_of(params, g, out, P.fl), &P};
+        s = fldvp_run(k, params, shard, bs, bt_bias, labels, bt);
     }
     kd_dev_leave(&dg);
     return s;

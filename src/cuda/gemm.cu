@@ -2,7 +2,7 @@
  * with the caller's workspace and stream. Column-major terms, as cuBLAS speaks them:
  *   D (m x n, ldd) = op(A) (m x k) * op(B) (k x n) + beta * D
  * A row-major matrix with leading dimension ld is the column-major transpose with the same ld,
- * which is how fused_linear_jsd.cu maps its row-major operands.
+ * which is how fld.cu maps its row-major operands.
  * cuBLASLt's heuristic is told the true alignment of every pointer (it otherwise assumes 256
  * bytes and the launch fails on a row slice that is less aligned). If it offers no algorithm,
  * cublasGemmEx (which picks its own) runs instead, on the same workspace. */

@@ -386,7 +386,7 @@ __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
     return r.m == -INFINITY ? -INFINITY + r.l : r.m + logf(r.l);
 }
 
-/* ---- small kernels of the fused losses (fused_linear_jsd.cu, topk.cu) ---------------------
+/* ---- small kernels of the fused losses (fld.cu, topk.cu) ---------------------
  * static: each .cu file gets its own copy (no relocatable device code). */
 
 /* acc[c] = (first ? 0 : acc[c]) + sum over r < rows of dz[r * pitch + c], r ascending.
@@ -443,7 +443,7 @@ kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t b
  * labels (hdr not NULL) grad_scale / max(1, n_valid) rounded to fp32, as the main kernel's),
  * every element of elem (fp32, ld_e; NULL: none) NaN, and part[r ntiles] NaN (part NULL:
  * none), so that the row's loss is NaN. flags [bt] were zeroed (kd_cuda_clear_flags) before
- * the main kernel. The row kernels with one block a row (distill_logits.cu, fl_rows.cuh) test
+ * the main kernel. The row kernels with one block a row (distill_logits.cu, fld_rows.cuh) test
  * their normalizers instead and need none of this. */
 kdloss_status kd_cuda_clear_flags(cudaStream_t st, unsigned int *flags, int64_t bt);
 kdloss_status kd_cuda_poison_rows(cudaStream_t st, const unsigned int *flags, int64_t bt,

@@ -1,6 +1,6 @@
 /* The careful form of a dense row on the GPU, for the rows the fast passes cannot serve (issue
  * 25, D4 and D6; docs/MATH.md 10): the element formulas of src/common/row_wide.h, which the
- * CPU's src/cpu/row_special.h uses too, run by a whole block (one block a row) in double. Used by distill_logits.cu, fused_linear_jsd.cu
+ * CPU's src/cpu/row_special.h uses too, run by a whole block (one block a row) in double. Used by distill_logits.cu, fld.cu
  * and fld_vp.cu; everything here is inline device code.
  *
  * Wide rows: the fast passes form (z - m) / T as (z - m) * (1/T) in fp32, and z - m rounds to

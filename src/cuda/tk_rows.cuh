@@ -10,7 +10,7 @@
 #include "args.h"
 #include "logit_map.h"
 #include "topk_row.h" /* before kd_cuda.cuh: div_elem.h's locals would shadow cuda_fp16.h's half */
-#include "fl_rows.cuh"
+#include "fld_rows.cuh"
 
 /* ---- the workspace header and the row kinds ------------------------------------------------ */
 
@@ -30,7 +30,7 @@ enum { TK_ROW_OK = 0, TK_ROW_IGNORED = 1, TK_ROW_BAD_LABEL = 2, TK_ROW_BAD_ID = 
 #define TK_SP_THREADS 256
 #define TK_CHECK_THREADS 256
 #define TK_FINAL_THREADS 1024
-#define TK_LT_WS_BYTES FL_LT_WS_BYTES /* the fl_gemms steps (fl_rows.cuh) assume it */
+#define TK_LT_WS_BYTES FLD_LT_WS_BYTES /* the fld_gemms steps (fld_rows.cuh) assume it */
 #define TK_DEFAULT_BUDGET ((size_t)256 << 20)
 /* Per-row scratch of a row block: the slots (column int64, logit, teacher log-prob, gradient:
  * 20 bytes each) and the bitmap of S (V bits). In dynamic shared memory when they fit, else in
@@ -126,9 +126,9 @@ typedef struct tk_row_args {
     int64_t g_pitch;      /* bytes between gradient rows */
     const void *bias;     /* [v] in DG, or NULL (also under a student logit map: map_bias) */
     kd_logit_map map_s;   /* the fused student head's logit map (logit_map.h; the identity
-                             otherwise): fl_map_rows applies it before the rows, its scale is
+                             otherwise): fld_map_rows applies it before the rows, its scale is
                              folded into ca, cb and its cap's factor into every dz */
-    const void *map_bias; /* the bias fl_map_rows adds under a map, else NULL */
+    const void *map_bias; /* the bias fld_map_rows adds under a map, else NULL */
     const void *ids;      /* teacher, global rows of k slots */
     int ids64;
     int64_t ld_ids;
@@ -258,7 +258,7 @@ __device__ __forceinline__ void tk_row_finish(const tk_row_args &a, int64_t gr, 
 /* The gradient of every column as if it were outside S (the slots are rewritten after):
  *   dz_j = ca (exp(z_j - lh) - [j = y]) + cb crest exp(u_j - R)
  * Tile by tile with a barrier between a tile's loads and its stores: in the fused loss a bf16
- * dz row narrows in place over the fp32 logits (fused_linear_jsd.cu's argument). */
+ * dz row narrows in place over the fp32 logits (fld.cu's argument). */
 template <int DZ, int DG, bool VEC>
 __device__ void tk_pass_grad(const tk_row_args &a, int64_t r, const tk_row_state &st) {
     void *grow = tk_grow(a, r);
@@ -309,7 +309,7 @@ typedef struct tk_plan {
     int64_t chunk, ldz;   /* dense fused */
     void *lt_ws;
     float *zs, *dw_acc, *db_acc;
-    void *xm;             /* (chunk x hs) student dtype, with gradients: fl_mask_rows */
+    void *xm;             /* (chunk x hs) student dtype, with gradients: fld_mask_rows */
     float *dz;            /* sparse fused */
     int32_t *pcol;
     uint32_t *count, *offs, *rank0, *e0, *e1;
@@ -317,7 +317,7 @@ typedef struct tk_plan {
 } tk_plan;
 
 
-/* The dense fused loss's plan (a chunk of rows, fp32 logits; as fused_linear_jsd.cu's): carves
+/* The dense fused loss's plan (a chunk of rows, fp32 logits; as fld.cu's): carves
  * its regions from c after the header; the caller sets hdr and total, so more can follow. */
 kdloss_status tk_dense_carve(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                              int64_t hs, int64_t v, int64_t k, kdloss_dtype sdt, int want_grad,
@@ -352,9 +352,9 @@ static inline int tk_gh_zero(const kdloss_fused_linear_topk_distill_params *p) {
     return !(p->weight_hard_loss > 0.0) || p->grad_scale == 0.0;
 }
 
-/* The zero-gradient rows of a chunk for fl_mask_rows (topk.cu): rows that do not count, and with
+/* The zero-gradient rows of a chunk for fld_mask_rows (topk.cu): rows that do not count, and with
  * gh0 (tk_gh_zero) rows without a used slot. */
-fl_mask tk_mask_of(const tk_row_args &a, int gh0);
+fld_mask tk_mask_of(const tk_row_args &a, int gh0);
 
 /* The row-kernel fields of the dense fused loss (dz in place over the chunk's logits). */
 void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params *p,

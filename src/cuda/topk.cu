@@ -14,7 +14,7 @@
  *      the |S| slot values written over it.
  *      sparse rows (fused, renorm_both without cross-entropy or row_lse): tk_sparse_kernel forms
  *      zs_k = xs . ws_k + bs_k for the used slots only, and dxs = sum_k dz_k ws_k.
- *   3. fused gradients: dense: cuBLAS dxs / dws GEMMs and column sums, as fused_linear_jsd.cu;
+ *   3. fused gradients: dense: cuBLAS dxs / dws GEMMs and column sums, as fld.cu;
  *      sparse: dws / dbs rows gathered per vocabulary row from a CSR index of the (row, slot)
  *      pairs (tk_count / tk_scan / tk_place / tk_rank kernels), summed in row order.
  *   4. tk_final_kernel: the scalar losses in a fixed order, and the status word.
@@ -525,8 +525,8 @@ tk_dw_kernel(const uint32_t *offs, const uint32_t *e1, const float *dz, int64_t 
  *   flags [bt] uint8, row_soft [bt] double (and row_hard [bt] for the dense fused loss)
  *   slot / bitmap slices (TK_SLICES of them) when they do not fit in shared memory
  * dense fused: lt_ws 32 MiB (cuBLASLt scratch), zs (C x ldz) fp32 chunk logits (dz over them),
- *   dw_acc (v x hs) and db_acc [v] fp32 for a bf16 student with gradients (as fused_linear_jsd.cu),
- *   xm (C x hs) in the student's dtype with gradients (fl_mask_rows);
+ *   dw_acc (v x hs) and db_acc [v] fp32 for a bf16 student with gradients (as fld.cu),
+ *   xm (C x hs) in the student's dtype with gradients (fld_mask_rows);
  *   C from chunk_size, or memory_budget (0 = 256 MiB) over ldz 4 bytes per row.
  * sparse fused with gradients: dz (bt x k) fp32, pcol (bt x k) int32, and for dws / dbs
  *   count, offs [v + 1] and rank0, e0, e1 [bt k] uint32. */
@@ -560,7 +560,7 @@ static kdloss_status tk_logits_plan(int64_t bt, int64_t v, int64_t k, void *ws, 
     return KDLOSS_OK;
 }
 
-/* Rows per chunk of the dense fused loss (fused_linear_jsd.cu's rule with one logit buffer). */
+/* Rows per chunk of the dense fused loss (fld.cu's rule with one logit buffer). */
 static int64_t tk_chunk_rows(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                              int64_t ldz) {
     const uint64_t row_bytes = (uint64_t)ldz * sizeof(float);
@@ -812,7 +812,7 @@ void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params 
     a->g = want_grad ? (void *)P.zs : NULL;
     a->g_pitch = P.ldz * (int64_t)sizeof(float);
     a->map_s = kd_logit_map_make(p->student_map);
-    a->map_bias = a->map_s.on ? bs : NULL; /* a mapped head's bias: added by fl_map_rows */
+    a->map_bias = a->map_s.on ? bs : NULL; /* a mapped head's bias: added by fld_map_rows */
     a->bias = a->map_s.on ? NULL : bs;
     a->inv_t = (float)(1.0 / p->temperature);
     a->inv_t64 = (double)(float)(1.0 / p->temperature); /* fp32-exact: topk_row.h */
@@ -823,44 +823,44 @@ void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params 
     a->do_ce = has_labels && (p->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard);
     a->do_hard = a->do_ce || out->row_lse != NULL;
     a->need_r = p->tail != KDLOSS_TAIL_RENORM_BOTH || (a->do_hard && a->same_t);
-    fl_grad_fields(a, p, out, want_grad);
+    fld_grad_fields(a, p, out, want_grad);
 }
 
-/* The zero-gradient rows of a top-k chunk (fl_mask): rows that do not count, and without the
+/* The zero-gradient rows of a top-k chunk (fld_mask): rows that do not count, and without the
  * cross-entropy's gradient (gh0) rows without a used slot. */
-fl_mask tk_mask_of(const tk_row_args &a, int gh0) {
-    const fl_mask m = {NULL, 0, 0, 0, a.flags, gh0 ? a.ids : NULL, a.ids64, a.ld_ids, a.k};
+fld_mask tk_mask_of(const tk_row_args &a, int gh0) {
+    const fld_mask m = {NULL, 0, 0, 0, a.flags, gh0 ? a.ids : NULL, a.ids64, a.ld_ids, a.k};
     return m;
 }
 
 /* Per chunk: zs = xs_c ws^T (cuBLASLt, fp32 out), the row kernel, the backward
- * (fl_chunk_backward; its dxs rows from the columns in S alone when sdx: renorm_both without the
- * cross-entropy's gradient), then the gradients' completion (fl_end_grads). */
-static kdloss_status tk_run_dense(const fl_gemms &gm, const fl_grad_out &G, int64_t bt,
+ * (fld_chunk_backward; its dxs rows from the columns in S alone when sdx: renorm_both without the
+ * cross-entropy's gradient), then the gradients' completion (fld_end_grads). */
+static kdloss_status tk_run_dense(const fld_gemms &gm, const fld_grad_out &G, int64_t bt,
                                   const kd_topk_geom &g, const tk_plan &P, tk_row_args a,
                                   const kdloss_fused_linear_topk_distill_params *p) {
     const int gh0 = tk_gh_zero(p), sdx = gh0 && p->tail == KDLOSS_TAIL_RENORM_BOTH;
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
     const kdloss_dtype ds = gm.sdt;
     kdloss_status s = tk_zero_slices(P, gm.st);
-    s = fl_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
-        kdloss_status sc = fl_chunk_logits(&gm, r0, rows, P.zs, none, none, 0, NULL);
+    s = fld_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
+        kdloss_status sc = fld_chunk_logits(&gm, r0, rows, P.zs, none, none, 0, NULL);
         if (sc == KDLOSS_OK)
-            sc = fl_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bias, ds, a.map_s);
+            sc = fld_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bias, ds, a.map_s);
         if (sc != KDLOSS_OK) return sc;
         a.row0 = r0;
         a.rows = rows;
         tk_row_launch_fused(ds, a, P.sc, gm.st);
         if ((sc = kd_launch_status()) != KDLOSS_OK) return sc;
-        return fl_chunk_backward(gm, G, tk_mask_of(a, gh0), r0, rows, [&] {
-            void *dxs_c = fl_dxs_at(G, r0, ds);
+        return fld_chunk_backward(gm, G, tk_mask_of(a, gh0), r0, rows, [&] {
+            void *dxs_c = fld_dxs_at(G, r0, ds);
             return sdx ? tk_dx_s_launch(gm.st, a, ds, P.zs, ds == KDLOSS_BF16 ? 2 * P.ldz : P.ldz,
                                         gm.ws, g.ld_ws, 0, gm.hs, dxs_c, g.ld_dxs,
                                         ds == KDLOSS_BF16)
-                       : fl_chunk_dx(&gm, rows, dxs_c, fl_cuda_type(ds), g.ld_dxs);
+                       : fld_chunk_dx(&gm, rows, dxs_c, fld_cuda_type(ds), g.ld_dxs);
         });
     });
-    return s == KDLOSS_OK ? fl_end_grads(gm, G, bt) : s;
+    return s == KDLOSS_OK ? fld_end_grads(gm, G, bt) : s;
 }
 
 /* ---- host side: the fused loss, sparse path ----------------------------------------------------- */
@@ -951,7 +951,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = fl_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
+    kdloss_status s = fld_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
                                      student_dtype);
     if (s != KDLOSS_OK) return s;
     tk_plan P;
@@ -984,7 +984,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     s = sparse ? tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, NULL, &P)
                : tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
     if (s != KDLOSS_OK) return s;
-    if ((s = kd_args_fl_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
+    if ((s = kd_args_fld_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
         return s;
     if (sparse) tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, workspace, &P);
     else tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
@@ -997,8 +997,8 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     if (s == KDLOSS_OK && sparse) {
         s = tk_run_sparse(st, params, bt, hs, v, xs, ws, bs, teacher, g, out, P);
     } else if (s == KDLOSS_OK) {
-        const fl_grad_out G = fl_grad_out_of(params, g, out, P);
-        const fl_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs,
+        const fld_grad_out G = fld_grad_out_of(params, g, out, P);
+        const fld_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs,
                              v, P.zs, P.ldz};
         tk_row_args a;
         tk_row_common(&a, teacher, g, c, P);

@@ -3,15 +3,15 @@
  * path on this rank's V_r rows of the head, its row kernel split into phases with the
  * statistics all-reduced in between (the CPU's phases and collectives), on the caller's stream:
  *   tk_check_kernel   every row's label and ids against v_total (the global ids)
- *   zs = xs[chunk] ws_r^T                                     (fl_chunk_logits)
+ *   zs = xs[chunk] ws_r^T                                     (fld_chunk_logits)
  *   1. max   over this rank's columns outside S and over all of them -> MAX 2 a row   (st_max)
  *   2. sums  sum e^((zs-mr)/T) and sum e^(zs-mr) (T != 1) outside S, the label's logit, the
  *            |S| <= K selected logits, each from the rank that holds it -> SUM 4 + K  (st_sum)
  *   3+4. thread 0: the rest's log-sum-exp R, the untempered lse, kd_topk_row on all of S (the
  *        same numbers on every rank, no third all-reduce); then tk_pass_grad and tk_fixup, the
  *        single-process gradient passes, on this rank's columns and the slots it holds
- *   dws, dbs of the block (fl_chunk_wgrad; the rows whose gradient is 0 zeroed in its xs,
- *   fl_mask_rows); dxs: the partial in fp32 (renorm_both without the cross-entropy's gradient:
+ *   dws, dbs of the block (fld_chunk_wgrad; the rows whose gradient is 0 zeroed in its xs,
+ *   fld_mask_rows); dxs: the partial in fp32 (renorm_both without the cross-entropy's gradient:
  *   from this rank's columns in S alone, tk_dx_s_launch), SUM, rounded once. Both gradient
  *   factors 0: none of this (no dxs all-reduce, as the CPU's), zero gradients.
  * Every tail mode runs this full-vocabulary path (renorm_both's sparse path is single-process).
@@ -276,16 +276,16 @@ static kdloss_status tkvp_plan_make(const kdloss_fused_linear_topk_distill_param
 
 /* A checked call after the agreement. */
 typedef struct tkvp_call {
-    fl_gemms gm;             /* ctx, stream, xs / ws_r with their lds, the chunk's zs */
+    fld_gemms gm;             /* ctx, stream, xs / ws_r with their lds, the chunk's zs */
     const kdloss_comm *comm;
-    fl_grad_out G;           /* the gradients' outputs, zero_g */
+    fld_grad_out G;           /* the gradients' outputs, zero_g */
     const kd_topk_geom *g;
     const tkvp_plan *P;
     int gh0, sdx;            /* tk_gh_zero; renorm_both with it: dxs from S (tk_dx_s_launch) */
 } tkvp_call;
 
 /* One chunk: logits of the block, the phases with their all-reduces, the backward
- * (fl_chunk_backward; dxs summed over the ranks). */
+ * (fld_chunk_backward; dxs summed over the ranks). */
 static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, int64_t rows) {
     const tk_plan &P = k.P->tk;
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
@@ -293,9 +293,9 @@ static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, in
     const cudaStream_t st = k.gm.st;
     a.r.row0 = r0;
     a.r.rows = rows;
-    kdloss_status s = fl_chunk_logits(&k.gm, r0, rows, P.zs, none, none, 0, NULL);
+    kdloss_status s = fld_chunk_logits(&k.gm, r0, rows, P.zs, none, none, 0, NULL);
     if (s == KDLOSS_OK)
-        s = fl_map_rows(st, P.zs, P.ldz, rows, a.r.v, a.r.map_bias, ds, a.r.map_s);
+        s = fld_map_rows(st, P.zs, P.ldz, rows, a.r.v, a.r.map_bias, ds, a.r.map_s);
     if (s == KDLOSS_OK) s = tkvp_launch(1, ds, a, P.sc, st);
     if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
     if (s == KDLOSS_OK) s = tkvp_launch(2, ds, a, P.sc, st);
@@ -303,7 +303,7 @@ static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, in
         s = kd_cuda_vp_allreduce(k.comm, a.st_sum, a.n_sum * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = tkvp_launch(3, ds, a, P.sc, st);
     if (s != KDLOSS_OK) return s;
-    return fl_chunk_backward(k.gm, k.G, tk_mask_of(a.r, k.gh0), r0, rows, [&] {
+    return fld_chunk_backward(k.gm, k.G, tk_mask_of(a.r, k.gh0), r0, rows, [&] {
         const kdloss_mat dxs = {k.G.out->dxs.data, k.G.out->dxs.dtype, k.G.ld_dxs};
         if (!k.sdx) return kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
         kdloss_status sd = tk_dx_s_launch(st, a.r, ds, P.zs, ds == KDLOSS_BF16 ? 2 * P.ldz : P.ldz,
@@ -333,9 +333,9 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     a.st_sum = a.st_max + 2 * P.chunk;
     kdloss_status s = tk_check_launch(st, c);
     if (s == KDLOSS_OK) s = tk_zero_slices(P, st);
-    s = fl_for_chunks(s, bt, P.chunk,
+    s = fld_for_chunks(s, bt, P.chunk,
                       [&](int64_t r0, int64_t rows) { return tkvp_chunk(k, a, r0, rows); });
-    if (s == KDLOSS_OK) s = fl_end_grads(k.gm, k.G, bt);
+    if (s == KDLOSS_OK) s = fld_end_grads(k.gm, k.G, bt);
     if (s == KDLOSS_OK)
         s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.G.out, p->weight_hard_loss,
                             p->weight_soft_loss,
@@ -347,7 +347,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = fl_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
+    kdloss_status s = fld_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
                                      student_dtype);
     tkvp_plan P;
     if (s == KDLOSS_OK)
@@ -374,7 +374,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
         s = kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
     if (s == KDLOSS_OK)
         s = tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
-    if (s == KDLOSS_OK) s = kd_args_fl_workspace(workspace, workspace_bytes, P.tk.total, &spans);
+    if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.tk.total, &spans);
     /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks
      * passed: the teacher's dtypes are the ids' and the log-probs', no teacher bias; n_valid -1:
      * the device counts it after the agreement */
@@ -402,7 +402,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
         const int gh0 = tk_gh_zero(params);
         const tkvp_call k = {{ctx, st, P.tk.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.tk.zs, P.tk.ldz},
-                             shard->comm, fl_grad_out_of(params, g, out, P.tk), &g, &P, gh0,
+                             shard->comm, fld_grad_out_of(params, g, out, P.tk), &g, &P, gh0,
                              gh0 && params->tail == KDLOSS_TAIL_RENORM_BOTH};
         s = tkvp_run(k, params, shard, bs, teacher, labels, bt);
     }

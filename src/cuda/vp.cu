@@ -58,13 +58,13 @@ kdloss_status kd_cuda_vp_carve(kd_carver *cv, int64_t chunk, int64_t n_st, int64
     return KDLOSS_OK;
 }
 
-kdloss_status kd_cuda_vp_dxs(const fl_gemms *gm, const kdloss_comm *c, float *part, int64_t r0,
+kdloss_status kd_cuda_vp_dxs(const fld_gemms *gm, const kdloss_comm *c, float *part, int64_t r0,
                              int64_t rows, kdloss_mat dxs) {
-    const kdloss_status s = fl_chunk_dx(gm, rows, part, CUDA_R_32F, gm->hs);
+    const kdloss_status s = fld_chunk_dx(gm, rows, part, CUDA_R_32F, gm->hs);
     return s == KDLOSS_OK ? kd_cuda_vp_dxs_reduce(gm, c, part, r0, rows, dxs) : s;
 }
 
-kdloss_status kd_cuda_vp_dxs_reduce(const fl_gemms *gm, const kdloss_comm *c, float *part,
+kdloss_status kd_cuda_vp_dxs_reduce(const fld_gemms *gm, const kdloss_comm *c, float *part,
                                     int64_t r0, int64_t rows, kdloss_mat dxs) {
     const kdloss_status s =
         kd_cuda_vp_allreduce(c, part, rows * gm->hs, KDLOSS_F32, KDLOSS_COMM_SUM);

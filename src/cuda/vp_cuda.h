@@ -16,7 +16,7 @@
 #define KD_VP_AGREE_BYTES ((size_t)KD_VP_AGREE_DOUBLES * sizeof(double))
 
 #ifdef __CUDACC__
-#include "fl_rows.cuh"
+#include "fld_rows.cuh"
 
 /* What decides whether this rank can take part in the agreement: kd_vp_check_comm, a context,
  * a communicator the context's buffer can serve (UNSUPPORTED above KD_VP_MAX_RANKS). */
@@ -47,12 +47,12 @@ kdloss_status kd_cuda_vp_carve(kd_carver *cv, int64_t chunk, int64_t n_st, int64
 /* dxs rows [r0, r0 + rows) of a chunk: this rank's partial dzs ws_r in fp32 into part (rows x
  * hs, contiguous), summed over the ranks, then rounded once into dxs (the caller's, with its
  * effective ld, dtype of xs). */
-kdloss_status kd_cuda_vp_dxs(const fl_gemms *gm, const kdloss_comm *c, float *part, int64_t r0,
+kdloss_status kd_cuda_vp_dxs(const fld_gemms *gm, const kdloss_comm *c, float *part, int64_t r0,
                              int64_t rows, kdloss_mat dxs);
 
 /* kd_cuda_vp_dxs after its GEMM: part (rows x hs fp32, this rank's partial, formed by the
  * caller) summed over the ranks, then rounded once into dxs rows [r0, r0 + rows). */
-kdloss_status kd_cuda_vp_dxs_reduce(const fl_gemms *gm, const kdloss_comm *c, float *part,
+kdloss_status kd_cuda_vp_dxs_reduce(const fld_gemms *gm, const kdloss_comm *c, float *part,
                                     int64_t r0, int64_t rows, kdloss_mat dxs);
 #endif
 

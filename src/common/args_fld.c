@@ -25,7 +25,7 @@ static kdloss_status gemm_view(const char *name, int64_t rows, int64_t cols, con
     return kd_named(name, st);
 }
 
-kdloss_status kd_check_fl_params(const kd_rules *r, const kdloss_fused_linear_distill_params *p) {
+kdloss_status kd_check_fld_params(const kd_rules *r, const kdloss_fused_linear_distill_params *p) {
     (void)r; /* the same parameters on every backend */
     kd_detail_clear();
     if (!p) return kd_named("params", KDLOSS_ERR_NULL_POINTER);
@@ -34,9 +34,9 @@ kdloss_status kd_check_fl_params(const kd_rules *r, const kdloss_fused_linear_di
 
 /* The dense teacher's views (its pair's dtypes unless checked first) into spans. */
 static kdloss_status dense_teacher(const kd_rules *r, int64_t bt, int64_t v,
-                                   const kd_fl_teacher *t, kd_fl_checked *c, kd_spanset *spans) {
+                                   const kd_fld_teacher *t, kd_fld_checked *c, kd_spanset *spans) {
     kdloss_status st = KDLOSS_OK;
-    if (!r->fl_dtypes_first)
+    if (!r->fld_dtypes_first)
         st = pair_dtype("teacher_input", t->xt.dtype, "teacher_weight", t->wt.dtype);
     kd_span s_xt, s_wt;
     if (st == KDLOSS_OK)
@@ -56,7 +56,7 @@ static kdloss_status dense_teacher(const kd_rules *r, int64_t bt, int64_t v,
 
 /* The sparse teacher's views, and its ids' values where the host can read them, into spans. */
 static kdloss_status sparse_teacher(const kd_rules *r, int64_t bt, int64_t v_ids,
-                                    kdloss_topk_teacher k, kd_fl_checked *c, kd_spanset *spans) {
+                                    kdloss_topk_teacher k, kd_fld_checked *c, kd_spanset *spans) {
     kd_span s_ids, s_lp;
     kdloss_status st = kd_topk_check_teacher(k, bt, &s_ids, &s_lp, &c->ld_ids, &c->ld_lp);
     if (st == KDLOSS_OK && r->host_memory) {
@@ -83,7 +83,7 @@ static kdloss_status fl_labels(const kd_rules *r, const kdloss_fused_linear_dist
         return KDLOSS_ERR_INVALID_PARAM;
     }
     if (r->host_memory) return kd_check_labels(labels, bt, v_ids, p->ignore_index, n_valid);
-    return kd_check_label_view(labels, sparse || r->fl_label_align);
+    return kd_check_label_view(labels, sparse || r->fld_label_align);
 }
 
 /* The gradient output `name` (rows x hs) of operand `of` (dtype dt) through a GEMM. */
@@ -104,7 +104,7 @@ static kdloss_status grad_out(const char *name, const char *of, kdloss_dtype dt,
  * their operands' dtypes, dbs only with a bias, every pointer aligned. */
 static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *o, int64_t bt,
                                 int64_t hs, int64_t v, kdloss_dtype xdt, kdloss_dtype wdt,
-                                int has_bias, kd_fl_checked *c, kd_spanset *spans) {
+                                int has_bias, kd_fld_checked *c, kd_spanset *spans) {
     const int grad = o->dxs.data || o->dws.data || o->dbs;
     if (!grad && !o->loss && !o->soft_loss && !o->hard_loss && !o->row_soft && !o->row_hard &&
         !o->row_lse) {
@@ -141,13 +141,13 @@ static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *o, int64_
 static kdloss_status fl_operands(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
                                  int64_t bt, int64_t hs, int64_t v, int64_t v_ids,
                                  kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                                 const kd_fl_teacher *t, kdloss_labels labels,
-                                 const kdloss_fused_linear_distill_out *out, kd_fl_checked *c,
+                                 const kd_fld_teacher *t, kdloss_labels labels,
+                                 const kdloss_fused_linear_distill_out *out, kd_fld_checked *c,
                                  kd_spanset *spans) {
     const int sparse = t->topk != NULL;
     kdloss_status st = kd_fld_check_sizes(bt, hs, sparse ? hs : t->ht, v);
     if (st == KDLOSS_OK) st = pair_dtype("student_input", xs.dtype, "student_weight", ws.dtype);
-    if (st == KDLOSS_OK && !sparse && r->fl_dtypes_first)
+    if (st == KDLOSS_OK && !sparse && r->fld_dtypes_first)
         st = pair_dtype("teacher_input", t->xt.dtype, "teacher_weight", t->wt.dtype);
     kd_span s_xs, s_ws;
     if (st == KDLOSS_OK)
@@ -171,14 +171,14 @@ static kdloss_status fl_operands(const kd_rules *r, const kdloss_fused_linear_di
     return fl_outputs(out, bt, hs, v, xs.dtype, ws.dtype, bs != NULL, c, spans);
 }
 
-kdloss_status kd_check_fl(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
+kdloss_status kd_check_fld(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
                           int64_t bt, int64_t hs, int64_t v, int64_t v_ids, kdloss_cmat xs,
-                          kdloss_cmat ws, const void *bs, const kd_fl_teacher *t,
+                          kdloss_cmat ws, const void *bs, const kd_fld_teacher *t,
                           kdloss_labels labels, const kdloss_fused_linear_distill_out *out,
-                          kd_fl_checked *c, kd_spanset *spans) {
+                          kd_fld_checked *c, kd_spanset *spans) {
     kd_detail_clear();
     if (!p || !out) return kd_named(!p ? "params" : "out", KDLOSS_ERR_NULL_POINTER);
-    kdloss_status st = kd_check_fl_params(r, p);
+    kdloss_status st = kd_check_fld_params(r, p);
     if (st != KDLOSS_OK) return st;
     return fl_operands(r, p, bt, hs, v, v_ids, xs, ws, bs, t, labels, out, c, spans);
 }
@@ -186,14 +186,14 @@ kdloss_status kd_check_fl(const kd_rules *r, const kdloss_fused_linear_distill_p
 kdloss_status kd_check_fltk(const kd_rules *r, const kdloss_fused_linear_topk_distill_params *p,
                             int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
                             const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
-                            const kdloss_fused_linear_distill_out *out, kd_fl_checked *c,
+                            const kdloss_fused_linear_distill_out *out, kd_fld_checked *c,
                             kd_spanset *spans) {
     kd_detail_clear();
     if (!p || !out) return kd_named(!p ? "params" : "out", KDLOSS_ERR_NULL_POINTER);
     kdloss_status st = kd_topk_check_fused_params(p); /* its tail, then the dense checks */
     if (st != KDLOSS_OK) return st;
     const kdloss_fused_linear_distill_params d = kd_topk_fld_params(p);
-    const kd_fl_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
+    const kd_fld_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
                              (int)p->tail};
     return fl_operands(r, &d, bt, hs, v, v, xs, ws, bs, &t, labels, out, c, spans);
 }
@@ -241,7 +241,7 @@ kdloss_status kd_check_workspace(const kd_rules *r, const void *ws, size_t bytes
     return st != KDLOSS_OK ? st : ws_disjoint(ws, need, spans);
 }
 
-kdloss_status kd_check_fl_workspace(const kd_rules *r, const void *ws, size_t bytes, size_t need,
+kdloss_status kd_check_fld_workspace(const kd_rules *r, const void *ws, size_t bytes, size_t need,
                                     const kd_spanset *spans) {
     kdloss_status st = ws_self(r, ws, bytes, need);
     /* the operands' overlaps after the workspace's size, as the CPU always reported them */

@@ -21,15 +21,15 @@
  *   dw_acc  (V x Hs) fp32           only for a bf16 student with gradients
  *   db_acc  [V] fp32                same
  *   xm      (C x Hs) student dtype  with gradients: the chunk's xs for the dws GEMM, the rows
- *                                   whose gradient is 0 (ignored) zeroed (fl_mask_rows)
+ *                                   whose gradient is 0 (ignored) zeroed (fld_mask_rows)
  * C comes from chunk_size, or from memory_budget (0 = 256 MiB) over 2 ldz 4 bytes per row.
  * The steps shared with the other fused drivers (plan, GEMM steps, dzs, the chunk loop) are
- * fl_rows.cuh's. */
-#include "fl_rows.cuh"
+ * fld_rows.cuh's. */
+#include "fld_rows.cuh"
 
-kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
+kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
                             int64_t v, kdloss_dtype sdt, int want_grad, kd_carver *cv,
-                            fl_plan *P) {
+                            fld_plan *P) {
     /* bounds that keep every byte count below 2^62 */
     if (v > ((int64_t)1 << 40) || bt > ((int64_t)1 << 40) || hs > ((int64_t)1 << 40))
         return KDLOSS_ERR_INVALID_SIZE;
@@ -40,7 +40,7 @@ kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t
         c = p->chunk_size < bt ? p->chunk_size : bt;
         if (c > ((int64_t)1 << 30)) c = (int64_t)1 << 30; /* one row block per row: grid limit */
     } else {
-        uint64_t budget = p->memory_budget ? (uint64_t)p->memory_budget : FL_DEFAULT_BUDGET;
+        uint64_t budget = p->memory_budget ? (uint64_t)p->memory_budget : FLD_DEFAULT_BUDGET;
         int64_t cmax = (int64_t)(budget / row_bytes);
         if (cmax < 1) cmax = 1;
         if (cmax > bt) cmax = bt;
@@ -59,7 +59,7 @@ kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t
     P->ldz = ldz;
     P->row_soft = (double *)kd_carve(cv, (size_t)bt * sizeof(double));
     P->row_hard = (double *)kd_carve(cv, (size_t)bt * sizeof(double));
-    P->lt_ws = kd_carve(cv, FL_LT_WS_BYTES);
+    P->lt_ws = kd_carve(cv, FLD_LT_WS_BYTES);
     P->zs = (float *)kd_carve(cv, (size_t)c * (size_t)ldz * sizeof(float));
     P->zt = (float *)kd_carve(cv, (size_t)c * (size_t)ldz * sizeof(float));
     P->dw_acc = NULL;
@@ -72,11 +72,11 @@ kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t
     return KDLOSS_OK;
 }
 
-static kdloss_status fl_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt,
+static kdloss_status fld_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt,
                                   int64_t hs, int64_t v, kdloss_dtype sdt, int want_grad,
-                                  void *ws, fl_plan *P) {
+                                  void *ws, fld_plan *P) {
     kd_carver cv = kd_carver_for(ws);
-    kdloss_status s = fl_plan_carve(p, bt, hs, v, sdt, want_grad, &cv, P);
+    kdloss_status s = fld_plan_carve(p, bt, hs, v, sdt, want_grad, &cv, P);
     P->hdr = (kd_ws_header *)ws;
     P->total = kd_ws_total(&cv);
     return s;
@@ -85,22 +85,22 @@ static kdloss_status fl_plan_make(const kdloss_fused_linear_distill_params *p, i
 /* ---- the row kernel ------------------------------------------------------------------------ */
 
 /* The row's log-sum-exps (every thread gets them): a of zs / T, b of zt / T, h of zs. */
-typedef struct fl_lses {
+typedef struct fld_lses {
     float a, b, h;
-} fl_lses;
+} fld_lses;
 
-/* Pass 1 of fl_row_kernel: online log-sum-exps of zs / T (the divergence, and the cross-entropy
+/* Pass 1 of fld_row_kernel: online log-sum-exps of zs / T (the divergence, and the cross-entropy
  * when T = 1), zt / T (the divergence) and zs (the cross-entropy when T != 1; else h = a). */
 template <int DS, int DT>
-__device__ __forceinline__ fl_lses fl_lse_pass(const fl_row_args &a, const float *zs,
+__device__ __forceinline__ fld_lses fld_lse_pass(const fld_row_args &a, const float *zs,
                                                const float *zt, kd_lse *lred) {
     const int needA = a.do_soft || (a.do_hard && a.same_t);
     const int needH = a.do_hard && !a.same_t;
     kd_lse sA = {-INFINITY, 0.0f}, sB = {-INFINITY, 0.0f}, sH = {-INFINITY, 0.0f};
-    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FL_TILE) {
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FLD_TILE) {
         const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
         float s[8];
-        fl_load<DS>(zs, a.bs, c0, n, s);
+        fld_load<DS>(zs, a.bs, c0, n, s);
         if (needH) kd_lse_add8(&sH, s, n);
         if (needA) {
             float u[8];
@@ -110,32 +110,32 @@ __device__ __forceinline__ fl_lses fl_lse_pass(const fl_row_args &a, const float
         }
         if (a.do_soft) {
             float t[8];
-            fl_load<DT>(zt, a.bt, c0, n, t);
+            fld_load<DT>(zt, a.bt, c0, n, t);
 #pragma unroll
             for (int j = 0; j < 8; j++) t[j] *= a.inv_t;
             kd_lse_add8(&sB, t, n);
         }
     }
-    fl_lses L;
+    fld_lses L;
     L.a = needA ? kd_block_lse(sA, lred) : 0.0f;
     L.b = a.do_soft ? kd_block_lse(sB, lred) : 0.0f;
     L.h = needH ? kd_block_lse(sH, lred) : L.a;
     return L;
 }
 
-/* Pass 2 of fl_row_kernel (the divergence wanted): the row's divergence (valid in thread 0) and,
+/* Pass 2 of fld_row_kernel (the divergence wanted): the row's divergence (valid in thread 0) and,
  * when its gradient is wanted, *S = sum of g = dD/dX (every thread; else 0). Needs pass 1's
  * log-normalizers. */
 template <int DS, int DT>
-__device__ __forceinline__ double fl_soft_pass(const fl_row_args &a, const float *zs,
-                                               const float *zt, const fl_lses &L, double *red,
+__device__ __forceinline__ double fld_soft_pass(const fld_row_args &a, const float *zs,
+                                               const float *zt, const fld_lses &L, double *red,
                                                double *S) {
     float accl = 0.0f, accg = 0.0f;
-    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FL_TILE) {
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FLD_TILE) {
         const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
         float s[8], t[8];
-        fl_load<DS>(zs, a.bs, c0, n, s);
-        fl_load<DT>(zt, a.bt, c0, n, t);
+        fld_load<DS>(zs, a.bs, c0, n, s);
+        fld_load<DT>(zt, a.bt, c0, n, t);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             float g;
@@ -153,14 +153,14 @@ __device__ __forceinline__ double fl_soft_pass(const fl_row_args &a, const float
 
 /* One block per row of the chunk (grid = C). DS: student dtype (student bias and dzs), DT:
  * teacher dtype (teacher bias). Passes over the row:
- *   1. online log-sum-exp of zs/T, zt/T and (T != 1, CE wanted) zs       (fl_lse_pass)
- *   2. the divergence and the row sum of g = dD/dX (needs the lse of pass 1) (fl_soft_pass)
+ *   1. online log-sum-exp of zs/T, zt/T and (T != 1, CE wanted) zs       (fld_lse_pass)
+ *   2. the divergence and the row sum of g = dD/dX (needs the lse of pass 1) (fld_soft_pass)
  *   3. dzs = a (softmax(zs) - onehot(y)) + b (g - softmax(zs/T) sum(g)), with
  *      a = w_hard gs / n_valid and b = w_soft gs / (n_valid T)  (needs sum(g) of pass 2)
- * Pass 3 is fl_dz_pass (in place, tile by tile: fl_rows.cuh). A row whose label does not count
- * takes fl_skip_row, one whose tempered normalizer is NaN fl_special_row (fl_rows.cuh). */
+ * Pass 3 is fld_dz_pass (in place, tile by tile: fld_rows.cuh). A row whose label does not count
+ * takes fld_skip_row, one whose tempered normalizer is NaN fld_special_row (fld_rows.cuh). */
 template <int DS, int DT>
-__global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
+__global__ void __launch_bounds__(FLD_ROW_THREADS) fld_row_kernel(fld_row_args a) {
     __shared__ double red[32];
     __shared__ kd_lse lred[32];
     __shared__ float fred[32];
@@ -170,40 +170,40 @@ __global__ void __launch_bounds__(FL_ROW_THREADS) fl_row_kernel(fl_row_args a) {
     const float *zt = a.zt ? a.zt + r * a.ldz : NULL;
     const int64_t y = kd_label(a.labels, a.lab64, gr);
     if (!(y != a.ignore && y >= 0 && y < a.v)) { /* the whole block: zero dzs, stats 0 or NaN */
-        fl_skip_row<DS>(a, (void *)zs, gr, y);
+        fld_skip_row<DS>(a, (void *)zs, gr, y);
         return;
     }
     /* the label's own logit (thread 0), read before pass 3 may overwrite it */
     float zy = 0.0f;
     if (threadIdx.x == 0 && a.do_hard) zy = zs[y] + (a.bs ? kd_ld<DS>(a.bs, y) : 0.0f);
-    const fl_lses L = fl_lse_pass<DS, DT>(a, zs, zt, lred);
+    const fld_lses L = fld_lse_pass<DS, DT>(a, zs, zt, lred);
     /* one test a row (the same in every thread): a NaN tempered normalizer (a NaN or +inf
      * logit, or z / T beyond fp32) takes the careful form. Wider rows need nothing more here:
      * this kernel forms z / T before subtracting the maximum, so z / T - lse overflows only
      * where the log-prob itself is beyond fp32 (it rounds to -inf, as the CPU's). */
     if (a.do_soft && (isnan(L.a) || isnan(L.b))) {
-        fl_special_row<DS, DT>(a, zs, zt, y, gr, zy, red, fred);
+        fld_special_row<DS, DT>(a, zs, zt, y, gr, zy, red, fred);
         return;
     }
     double S = 0.0;
-    const double soft = a.do_soft ? fl_soft_pass<DS, DT>(a, zs, zt, L, red, &S) : 0.0;
-    fl_put_row(a, gr, soft, a.do_hard ? (double)(L.h - zy) : 0.0, a.do_hard ? L.h : 0.0f);
+    const double soft = a.do_soft ? fld_soft_pass<DS, DT>(a, zs, zt, L, red, &S) : 0.0;
+    fld_put_row(a, gr, soft, a.do_hard ? (double)(L.h - zy) : 0.0, a.do_hard ? L.h : 0.0f);
     if (!a.do_grad) return;
     float ca, cb; /* pass 3: dzs in place */
-    fl_factors(a, &ca, &cb);
+    fld_factors(a, &ca, &cb);
     const float Sf = (float)S;
-    fl_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
-        return fl_dz(a, ca, cb, s, L.h, c == y, s * a.inv_t - L.a, t * a.inv_t - L.b, Sf);
+    fld_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
+        return fld_dz(a, ca, cb, s, L.h, c == y, s * a.inv_t - L.a, t * a.inv_t - L.b, Sf);
     });
 }
 
 /* ---- small kernels ------------------------------------------------------------------------- */
 
-#define FL_FINAL_THREADS 1024
+#define FLD_FINAL_THREADS 1024
 
 /* row_soft, row_hard [bt] -> the three scalar losses (one block, fixed order) and the status. */
-__global__ void __launch_bounds__(FL_FINAL_THREADS)
-fl_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, kd_ws_header *hdr,
+__global__ void __launch_bounds__(FLD_FINAL_THREADS)
+fld_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, kd_ws_header *hdr,
                 float *loss, float *soft_loss, float *hard_loss, double w_hard, double w_soft,
                 double soft_fac) {
     __shared__ double red[32];
@@ -226,82 +226,82 @@ fl_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, kd_w
     }
 }
 
-kdloss_status fl_final(cudaStream_t st, const fl_plan &P, int64_t bt,
+kdloss_status fld_final(cudaStream_t st, const fld_plan &P, int64_t bt,
                        const kdloss_fused_linear_distill_out *out,
                        const kdloss_fused_linear_distill_params *p) {
     const double soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
-    KD_LAUNCH(1, FL_FINAL_THREADS, 0, st, fl_final_kernel)(
+    KD_LAUNCH(1, FLD_FINAL_THREADS, 0, st, fld_final_kernel)(
         P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
         p->weight_hard_loss, p->weight_soft_loss, soft_fac);
     return kd_launch_status();
 }
 
-/* ---- the heads' logit maps (fl_rows.cuh) ---------------------------------------------------- */
+/* ---- the heads' logit maps (fld_rows.cuh) ---------------------------------------------------- */
 
 /* One block per row: z = map(z + bias), the mapped logits every later pass reads. */
 template <int DB>
 __global__ void __launch_bounds__(256)
-fl_map_kernel(float *z, int64_t ldz, int64_t v, const void *bias, kd_logit_map m) {
+fld_map_kernel(float *z, int64_t ldz, int64_t v, const void *bias, kd_logit_map m) {
     float *row = z + (int64_t)blockIdx.x * ldz;
     for (int64_t c = threadIdx.x; c < v; c += blockDim.x)
         row[c] = kd_map_z(&m, bias ? row[c] + kd_ld<DB>(bias, c) : row[c]);
 }
 
-kdloss_status fl_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
+kdloss_status fld_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
                           const void *bias, kdloss_dtype bdt, const kd_logit_map &m) {
     if (!m.on || !z || rows <= 0) return KDLOSS_OK;
     const unsigned grid = kd_grid(rows);
     if (bdt == KDLOSS_BF16)
-        KD_LAUNCH(grid, 256, 0, st, fl_map_kernel<KDLOSS_BF16>)(z, ldz, v, bias, m);
+        KD_LAUNCH(grid, 256, 0, st, fld_map_kernel<KDLOSS_BF16>)(z, ldz, v, bias, m);
     else
-        KD_LAUNCH(grid, 256, 0, st, fl_map_kernel<KDLOSS_F32>)(z, ldz, v, bias, m);
+        KD_LAUNCH(grid, 256, 0, st, fld_map_kernel<KDLOSS_F32>)(z, ldz, v, bias, m);
     return kd_launch_status();
 }
 
-/* ---- the per-chunk GEMM steps (fl_rows.cuh) ------------------------------------------------- */
+/* ---- the per-chunk GEMM steps (fld_rows.cuh) ------------------------------------------------- */
 
-kdloss_status fl_chunk_logits(const fl_gemms *g, int64_t r0, int64_t rows, float *zs,
+kdloss_status fld_chunk_logits(const fld_gemms *g, int64_t r0, int64_t rows, float *zs,
                               kdloss_cmat xt, kdloss_cmat wt, int64_t ht, float *zt) {
     const size_t es = kdloss_dtype_size(g->sdt);
     const char *xs_c = (const char *)g->xs + (size_t)(r0 * g->ld_xs) * es;
     /* zs^T (v x rows, ldz) = ws (hs x v col-major)^T  xs_c (hs x rows col-major) */
-    kdloss_status s = kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N,
-                              g->v, rows, g->hs, g->ws, fl_cuda_type(g->sdt), g->ld_ws, xs_c,
-                              fl_cuda_type(g->sdt), g->ld_xs, 0.0f, zs, CUDA_R_32F, g->ldz);
+    kdloss_status s = kd_gemm(g->ctx, g->st, g->lt_ws, FLD_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N,
+                              g->v, rows, g->hs, g->ws, fld_cuda_type(g->sdt), g->ld_ws, xs_c,
+                              fld_cuda_type(g->sdt), g->ld_xs, 0.0f, zs, CUDA_R_32F, g->ldz);
     if (s != KDLOSS_OK || !wt.data) return s;
     const char *xt_c = (const char *)xt.data + (size_t)(r0 * xt.ld) * kdloss_dtype_size(xt.dtype);
-    return kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, g->v, rows,
-                   ht, wt.data, fl_cuda_type(wt.dtype), wt.ld, xt_c, fl_cuda_type(xt.dtype),
+    return kd_gemm(g->ctx, g->st, g->lt_ws, FLD_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, g->v, rows,
+                   ht, wt.data, fld_cuda_type(wt.dtype), wt.ld, xt_c, fld_cuda_type(xt.dtype),
                    xt.ld, 0.0f, zt, CUDA_R_32F, g->ldz);
 }
 
 /* dzs in the student dtype, in place over zs: the row pitch in elements of that dtype. */
-static int64_t fl_dz_pitch(const fl_gemms *g) {
+static int64_t fld_dz_pitch(const fld_gemms *g) {
     return g->sdt == KDLOSS_BF16 ? 2 * g->ldz : g->ldz;
 }
 
-kdloss_status fl_chunk_dx(const fl_gemms *g, int64_t rows, void *dx, cudaDataType_t dxt,
+kdloss_status fld_chunk_dx(const fld_gemms *g, int64_t rows, void *dx, cudaDataType_t dxt,
                           int64_t ld_dx) {
     /* dx^T (hs x rows, ld_dx) = ws (hs x v col-major)  dzs^T (v x rows, dz pitch) */
-    return kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_N, g->hs, rows,
-                   g->v, g->ws, fl_cuda_type(g->sdt), g->ld_ws, g->zs, fl_cuda_type(g->sdt),
-                   fl_dz_pitch(g), 0.0f, dx, dxt, ld_dx);
+    return kd_gemm(g->ctx, g->st, g->lt_ws, FLD_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_N, g->hs, rows,
+                   g->v, g->ws, fld_cuda_type(g->sdt), g->ld_ws, g->zs, fld_cuda_type(g->sdt),
+                   fld_dz_pitch(g), 0.0f, dx, dxt, ld_dx);
 }
 
-kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
+kdloss_status fld_chunk_wgrad(const fld_gemms *g, int64_t r0, int64_t rows,
                              const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
                              float *dw_acc, float *db_acc, const void *xm) {
     const int first = r0 == 0, bf = g->sdt == KDLOSS_BF16;
-    const int64_t pitch = fl_dz_pitch(g), ld_dw = bf ? g->hs : ld_dws;
+    const int64_t pitch = fld_dz_pitch(g), ld_dw = bf ? g->hs : ld_dws;
     float *dw = !out->dws.data ? NULL : bf ? dw_acc : (float *)out->dws.data;
     float *db = !out->dbs ? NULL : bf ? db_acc : (float *)out->dbs;
     kdloss_status s = KDLOSS_OK;
     if (dw) {
         /* dws^T (hs x v) (+)= xs_c (hs x rows col-major)  (dzs^T (v x rows))^T */
         const char *xs_c = (const char *)g->xs + (size_t)(r0 * g->ld_xs) * kdloss_dtype_size(g->sdt);
-        s = kd_gemm(g->ctx, g->st, g->lt_ws, FL_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_T, g->hs,
-                    g->v, rows, xm ? xm : (const void *)xs_c, fl_cuda_type(g->sdt),
-                    xm ? g->hs : g->ld_xs, g->zs, fl_cuda_type(g->sdt), pitch,
+        s = kd_gemm(g->ctx, g->st, g->lt_ws, FLD_LT_WS_BYTES, CUBLAS_OP_N, CUBLAS_OP_T, g->hs,
+                    g->v, rows, xm ? xm : (const void *)xs_c, fld_cuda_type(g->sdt),
+                    xm ? g->hs : g->ld_xs, g->zs, fld_cuda_type(g->sdt), pitch,
                     first ? 0.0f : 1.0f, dw, CUDA_R_32F, ld_dw);
     }
     if (s != KDLOSS_OK || !db) return s;
@@ -318,7 +318,7 @@ kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
  * elements E, 4 or 2 bytes: a copy, not a conversion), or zeros where the mask names the row. */
 template <typename E>
 static __global__ void __launch_bounds__(256)
-fl_mask_kernel(fl_mask m, const void *xs, int64_t ld_xs, int64_t r0, int64_t rows, int64_t hs,
+fld_mask_kernel(fld_mask m, const void *xs, int64_t ld_xs, int64_t r0, int64_t rows, int64_t hs,
                void *xm) {
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const int64_t gr = r0 + r;
@@ -342,14 +342,14 @@ fl_mask_kernel(fl_mask m, const void *xs, int64_t ld_xs, int64_t r0, int64_t row
     }
 }
 
-kdloss_status fl_mask_rows(const fl_gemms *g, const fl_mask *m, int64_t r0, int64_t rows,
+kdloss_status fld_mask_rows(const fld_gemms *g, const fld_mask *m, int64_t r0, int64_t rows,
                            void *xm) {
     const unsigned grid = kd_grid(rows > 65536 ? 65536 : rows);
     if (g->sdt == KDLOSS_BF16)
-        KD_LAUNCH(grid, 256, 0, g->st, fl_mask_kernel<uint16_t>)(*m, g->xs, g->ld_xs, r0, rows,
+        KD_LAUNCH(grid, 256, 0, g->st, fld_mask_kernel<uint16_t>)(*m, g->xs, g->ld_xs, r0, rows,
                                                                  g->hs, xm);
     else
-        KD_LAUNCH(grid, 256, 0, g->st, fl_mask_kernel<uint32_t>)(*m, g->xs, g->ld_xs, r0, rows,
+        KD_LAUNCH(grid, 256, 0, g->st, fld_mask_kernel<uint32_t>)(*m, g->xs, g->ld_xs, r0, rows,
                                                                  g->hs, xm);
     return kd_launch_status();
 }
@@ -357,7 +357,7 @@ kdloss_status fl_mask_rows(const fl_gemms *g, const fl_mask *m, int64_t r0, int6
 /* rows x cols 2-byte units at out (pitch units between rows) = 0: +0 is all-zero bits in fp32
  * and bf16. */
 static __global__ void __launch_bounds__(256)
-fl_zero_kernel(uint16_t *out, int64_t pitch, int64_t rows, int64_t cols) {
+fld_zero_kernel(uint16_t *out, int64_t pitch, int64_t rows, int64_t cols) {
     const int64_t n = rows * cols;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -366,7 +366,7 @@ fl_zero_kernel(uint16_t *out, int64_t pitch, int64_t rows, int64_t cols) {
     }
 }
 
-kdloss_status fl_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_out *out,
+kdloss_status fld_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_out *out,
                             int64_t ld_dxs, int64_t ld_dws, int64_t bt, int64_t hs, int64_t v,
                             kdloss_dtype sdt) {
     const int64_t u = (int64_t)kdloss_dtype_size(sdt) / 2; /* 2-byte units an element */
@@ -375,7 +375,7 @@ kdloss_status fl_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_o
                                                        {out->dbs, v, 1, v}};
     for (int i = 0; i < 3; i++) {
         if (!m[i].p) continue;
-        KD_LAUNCH(kd_grid_1d(m[i].rows * m[i].cols * u, 256), 256, 0, st, fl_zero_kernel)(
+        KD_LAUNCH(kd_grid_1d(m[i].rows * m[i].cols * u, 256), 256, 0, st, fld_zero_kernel)(
             (uint16_t *)m[i].p, m[i].ld * u, m[i].rows, m[i].cols * u);
         const kdloss_status s = kd_launch_status();
         if (s != KDLOSS_OK) return s;
@@ -383,7 +383,7 @@ kdloss_status fl_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_o
     return KDLOSS_OK;
 }
 
-kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
+kdloss_status fld_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
                             const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
                             int64_t hs, int64_t v) {
     if (out->dws.data) {
@@ -400,19 +400,19 @@ kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *d
 
 /* ---- host side ----------------------------------------------------------------------------- */
 
-static void fl_row_launch(kdloss_dtype ds, kdloss_dtype dt, int64_t rows, const fl_row_args &a,
+static void fld_row_launch(kdloss_dtype ds, kdloss_dtype dt, int64_t rows, const fld_row_args &a,
                           cudaStream_t st) {
     const unsigned grid = kd_grid(rows);
     if (ds == KDLOSS_BF16) {
         if (dt == KDLOSS_BF16)
-            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_BF16, KDLOSS_BF16>)(a);
+            KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fld_row_kernel<KDLOSS_BF16, KDLOSS_BF16>)(a);
         else
-            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_BF16, KDLOSS_F32>)(a);
+            KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fld_row_kernel<KDLOSS_BF16, KDLOSS_F32>)(a);
     } else {
         if (dt == KDLOSS_BF16)
-            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_F32, KDLOSS_BF16>)(a);
+            KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fld_row_kernel<KDLOSS_F32, KDLOSS_BF16>)(a);
         else
-            KD_LAUNCH(grid, FL_ROW_THREADS, 0, st, fl_row_kernel<KDLOSS_F32, KDLOSS_F32>)(a);
+            KD_LAUNCH(grid, FLD_ROW_THREADS, 0, st, fld_row_kernel<KDLOSS_F32, KDLOSS_F32>)(a);
     }
 }
 
@@ -420,23 +420,23 @@ kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = fl_size_checks(kd_args_fl_params(params), bt, hs, ht, v, 1, student_dtype);
-    fl_plan P;
-    if (s == KDLOSS_OK) s = fl_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
+    kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
+    fld_plan P;
+    if (s == KDLOSS_OK) s = fld_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
     if (s == KDLOSS_OK) *bytes = P.total;
     return s;
 }
 
-kdloss_status fl_size_checks(kdloss_status st, int64_t bt, int64_t hs, int64_t ht, int64_t v,
+kdloss_status fld_size_checks(kdloss_status st, int64_t bt, int64_t hs, int64_t ht, int64_t v,
                              int64_t k, kdloss_dtype sdt) {
-    if (st == KDLOSS_OK) st = kd_args_fl_sizes(bt, hs, ht, v);
+    if (st == KDLOSS_OK) st = kd_args_fld_sizes(bt, hs, ht, v);
     if (st == KDLOSS_OK && k < 1) st = KDLOSS_ERR_INVALID_SIZE;
     if (st != KDLOSS_OK) return st;
     return sdt == KDLOSS_F32 || sdt == KDLOSS_BF16 ? KDLOSS_OK : KDLOSS_ERR_INVALID_DTYPE;
 }
 
-void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
-                  const kdloss_fused_linear_distill_out *out, const fl_plan &P, const void *bs,
+void fld_row_setup(fld_row_args *a, const kdloss_fused_linear_distill_params *p,
+                  const kdloss_fused_linear_distill_out *out, const fld_plan &P, const void *bs,
                   const void *bt_bias, kdloss_labels labels, int64_t v, int want_grad) {
     /* "0 skips all cross-entropy work": the CE runs only if it is weighted or asked for; the
      * same for the divergence and its teacher GEMM */
@@ -450,7 +450,7 @@ void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->map_t = kd_logit_map_make(p->teacher_map);
     a->map_bs = bs;
     a->map_bt = bt_bias;
-    a->bs = a->map_s.on ? NULL : bs; /* a mapped head's bias is added by fl_map_rows */
+    a->bs = a->map_s.on ? NULL : bs; /* a mapped head's bias is added by fld_map_rows */
     a->bt = a->map_t.on ? NULL : bt_bias;
     a->labels = labels.data;
     a->lab64 = labels.dtype == KDLOSS_I64;
@@ -463,28 +463,28 @@ void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->do_soft = do_soft;
     a->do_hard = do_hard;
     a->do_grad = want_grad;
-    fl_grad_fields(a, p, out, want_grad);
+    fld_grad_fields(a, p, out, want_grad);
     a->hdr = P.hdr;
     a->row_soft = P.row_soft;
     a->row_hard = P.row_hard;
 }
 
-/* One chunk: its logits, the row kernel, its backward (fl_chunk_backward). */
-static kdloss_status fl_chunk(const fl_gemms &gm, const fl_grad_out &G, kdloss_cmat xt,
-                              kdloss_cmat wt, int64_t ht, const fl_plan &P, fl_row_args &a,
+/* One chunk: its logits, the row kernel, its backward (fld_chunk_backward). */
+static kdloss_status fld_chunk(const fld_gemms &gm, const fld_grad_out &G, kdloss_cmat xt,
+                              kdloss_cmat wt, int64_t ht, const fld_plan &P, fld_row_args &a,
                               int64_t r0, int64_t rows) {
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
-    kdloss_status s = fl_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : none, ht, P.zt);
-    if (s == KDLOSS_OK) s = fl_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bs, gm.sdt, a.map_s);
+    kdloss_status s = fld_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : none, ht, P.zt);
+    if (s == KDLOSS_OK) s = fld_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bs, gm.sdt, a.map_s);
     if (s == KDLOSS_OK && a.zt)
-        s = fl_map_rows(gm.st, P.zt, P.ldz, rows, a.v, a.map_bt, xt.dtype, a.map_t);
+        s = fld_map_rows(gm.st, P.zt, P.ldz, rows, a.v, a.map_bt, xt.dtype, a.map_t);
     if (s != KDLOSS_OK) return s;
     a.row0 = r0;
-    fl_row_launch(gm.sdt, xt.dtype, rows, a, gm.st);
+    fld_row_launch(gm.sdt, xt.dtype, rows, a, gm.st);
     if ((s = kd_launch_status()) != KDLOSS_OK) return s;
-    const fl_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0}; /* label rules */
-    return fl_chunk_backward(gm, G, m, r0, rows, [&] {
-        return fl_chunk_dx(&gm, rows, fl_dxs_at(G, r0, gm.sdt), fl_cuda_type(gm.sdt), G.ld_dxs);
+    const fld_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0}; /* label rules */
+    return fld_chunk_backward(gm, G, m, r0, rows, [&] {
+        return fld_chunk_dx(&gm, rows, fld_dxs_at(G, r0, gm.sdt), fld_cuda_type(gm.sdt), G.ld_dxs);
     });
 }
 
@@ -496,33 +496,33 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
-    kd_fl_geom g;
+    kd_fld_geom g;
     kd_spanset spans;
-    kdloss_status s = kd_args_fl(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out,
+    kdloss_status s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out,
                                  &g, &spans);
     if (s != KDLOSS_OK) return s;
-    fl_plan P;
-    if ((s = fl_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P)) != KDLOSS_OK)
+    fld_plan P;
+    if ((s = fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P)) != KDLOSS_OK)
         return s;
-    if ((s = kd_args_fl_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
+    if ((s = kd_args_fld_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
         return s;
-    fl_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
+    fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
 
-    const fl_grad_out G = fl_grad_out_of(params, g, out, P);
-    fl_row_args a;
-    fl_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad && !G.zero_g);
+    const fld_grad_out G = fld_grad_out_of(params, g, out, P);
+    fld_row_args a;
+    fld_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad && !G.zero_g);
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
-    const fl_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
+    const fld_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
                          P.zs, P.ldz};
     const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
     s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, P.hdr);
-    s = fl_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
-        return fl_chunk(gm, G, xt_e, wt_e, ht, P, a, r0, rows);
+    s = fld_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
+        return fld_chunk(gm, G, xt_e, wt_e, ht, P, a, r0, rows);
     });
-    if (s == KDLOSS_OK) s = fl_end_grads(gm, G, bt);
-    if (s == KDLOSS_OK) s = fl_final(st, P, bt, out, params);
+    if (s == KDLOSS_OK) s = fld_end_grads(gm, G, bt);
+    if (s == KDLOSS_OK) s = fld_final(st, P, bt, out, params);
     kd_dev_leave(&dg);
     return s;
 }

@@ -1,5 +1,5 @@
 /* The chunked fused-linear loss on the GPU, the parts its drivers share: the single-process one
- * (fused_linear_jsd.cu), the sparse teacher's dense path (topk.cu) and the vocabulary-parallel
+ * (fld.cu), the sparse teacher's dense path (topk.cu) and the vocabulary-parallel
  * ones (fld_vp.cu, topk_vp.cu): the workspace plan, the row kernel's arguments and its
  * per-element device functions (one definition of dzs), the per-chunk GEMM steps and the chunk
  * loop with its backward. */
@@ -12,13 +12,13 @@
 #include "logit_map.h"
 #include "row_special.cuh"
 
-#define FL_ROW_THREADS 512
-#define FL_TILE (FL_ROW_THREADS * 8)
-#define FL_LT_WS_BYTES ((size_t)32 << 20)
-#define FL_DEFAULT_BUDGET ((size_t)256 << 20)
+#define FLD_ROW_THREADS 512
+#define FLD_TILE (FLD_ROW_THREADS * 8)
+#define FLD_LT_WS_BYTES ((size_t)32 << 20)
+#define FLD_DEFAULT_BUDGET ((size_t)256 << 20)
 
-/* The dense fused loss's workspace (fused_linear_jsd.cu has the layout). */
-typedef struct fl_plan {
+/* The dense fused loss's workspace (fld.cu has the layout). */
+typedef struct fld_plan {
     int64_t chunk; /* rows per chunk */
     int64_t ldz;   /* row stride of zs and zt, in floats */
     kd_ws_header *hdr;
@@ -27,35 +27,35 @@ typedef struct fl_plan {
     float *zs, *zt;
     float *dw_acc, *db_acc;
     void *xm;      /* (C x hs) in the student's dtype, with gradients: the dws GEMM's xs rows
-                      (fl_mask_rows) */
+                      (fld_mask_rows) */
     size_t total;
-} fl_plan;
+} fld_plan;
 
 /* Whether both gradient factors of a fused call are 0 (the CPU's gs = gh = 0, src/cpu/fld.c):
- * grad_scale 0, or both weights 0. Its gradients are then zeros, written by fl_zero_grads
+ * grad_scale 0, or both weights 0. Its gradients are then zeros, written by fld_zero_grads
  * without running the gradient GEMMs (0 x a NaN weight or hidden state would be NaN). The CPU
  * also gets 0 where a factor underflows fp32 (grad_scale near 1e-45): not decided here, where
  * n_valid is a device value. */
-static inline int fl_zero_factors(double w_hard, double w_soft, double grad_scale) {
+static inline int fld_zero_factors(double w_hard, double w_soft, double grad_scale) {
     return grad_scale == 0.0 || (!(w_hard > 0.0) && !(w_soft > 0.0));
 }
 
 /* Chooses the chunk and carves the plan's regions from cv (after the header); the caller sets
  * hdr and total (kd_ws_total), so that more regions can follow. INVALID_SIZE on overflow. */
-kdloss_status fl_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
+kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
                             int64_t v, kdloss_dtype sdt, int want_grad, kd_carver *cv,
-                            fl_plan *P);
+                            fld_plan *P);
 
-typedef struct fl_row_args {
+typedef struct fld_row_args {
     float *zs;            /* (C x ldz) student logits of the chunk; dzs overwrites them */
     const float *zt;      /* (C x ldz) teacher logits, NULL when the soft loss is skipped */
     int64_t ldz;
     const void *bs, *bt;  /* [v] biases in the student / teacher dtype, or NULL (also when the
-                             head has a logit map: fl_map_rows added it, map_bs / map_bt) */
+                             head has a logit map: fld_map_rows added it, map_bs / map_bt) */
     kd_logit_map map_s, map_t; /* the heads' logit maps (logit_map.h), applied in place by
-                             fl_map_rows before the row kernels; map_s.scale is folded into
-                             fl_factors, the cap's factor 1 - (z/c)^2 into fl_dz_pass */
-    const void *map_bs, *map_bt; /* the biases fl_map_rows adds (NULL when none) */
+                             fld_map_rows before the row kernels; map_s.scale is folded into
+                             fld_factors, the cap's factor 1 - (z/c)^2 into fld_dz_pass */
+    const void *map_bs, *map_bt; /* the biases fld_map_rows adds (NULL when none) */
     const void *labels;   /* [bt], global row index */
     int lab64;
     int64_t ignore;
@@ -65,19 +65,19 @@ typedef struct fl_row_args {
     int same_t;           /* temperature == 1: tempered and plain student softmax coincide */
     kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
     int do_soft, do_hard; /* compute the divergence / the CE at all */
-    int do_grad;          /* write dzs (not when both gradient factors are 0: fl_zero_factors) */
+    int do_grad;          /* write dzs (not when both gradient factors are 0: fld_zero_factors) */
     int grad_soft, grad_hard; /* its terms: weight > 0 and gradients wanted */
     double w_hard, w_soft, grad_scale, temperature;
     double soft_fac;      /* T^2 with t2_scale, else 1: the soft part's factor */
     const kd_ws_header *hdr; /* n_valid, counted before the first chunk */
     double *row_soft, *row_hard; /* [bt] */
     float *out_soft, *out_hard, *out_lse; /* [bt] caller's per-row outputs, or NULL */
-} fl_row_args;
+} fld_row_args;
 
 /* The fields the dense and the top-k row kernels' arguments (A) share: the gradient's terms and
  * factors and the caller's row outputs, from either fused loss's params (P). */
 template <class A, class P>
-static inline void fl_grad_fields(A *a, const P *p, const kdloss_fused_linear_distill_out *out,
+static inline void fld_grad_fields(A *a, const P *p, const kdloss_fused_linear_distill_out *out,
                                   int want_grad) {
     a->grad_soft = want_grad && p->weight_soft_loss > 0.0;
     a->grad_hard = want_grad && p->weight_hard_loss > 0.0;
@@ -93,19 +93,19 @@ static inline void fl_grad_fields(A *a, const P *p, const kdloss_fused_linear_di
 
 /* z = map(z + bias) in place over rows x v of one head's chunk logits (ld ldz; bias of dtype
  * bdt or NULL), when the map is not the identity (logit_map.h). */
-kdloss_status fl_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
+kdloss_status fld_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
                           const void *bias, kdloss_dtype bdt, const kd_logit_map &m);
 
 /* The row-kernel fields of a call (everything but row0). */
-void fl_row_setup(fl_row_args *a, const kdloss_fused_linear_distill_params *p,
-                  const kdloss_fused_linear_distill_out *out, const fl_plan &P, const void *bs,
+void fld_row_setup(fld_row_args *a, const kdloss_fused_linear_distill_params *p,
+                  const kdloss_fused_linear_distill_out *out, const fld_plan &P, const void *bs,
                   const void *bt_bias, kdloss_labels labels, int64_t v, int want_grad);
 
 #ifdef __CUDACC__
 /* Logits c0..c0+n-1 of one row plus bias (dtype DB), fp32. Rows of z are 256-byte aligned and
  * c0 is a multiple of 8, so full groups are two 16-byte loads. */
 template <int DB>
-__device__ __forceinline__ void fl_load(const float *z, const void *bias, int64_t c0, int n,
+__device__ __forceinline__ void fld_load(const float *z, const void *bias, int64_t c0, int n,
                                         float out[8]) {
     if (n == 8) {
         kd_ld8<KDLOSS_F32>(z, c0, out);
@@ -129,7 +129,7 @@ __device__ __forceinline__ void fl_load(const float *z, const void *bias, int64_
  * large T outweighs a divergence of ~1/T^2). Of the two, the one whose constant leaves the
  * smaller offset between Y and X is taken: mt''s rounding times 1/T, or the two normalizers'
  * roundings. *mt_eff, *lst_eff: what Y subtracts (mt, (float)lst without the shift). */
-__device__ __forceinline__ void fl_teacher_shift(float mt, double lss, double lst, float inv_t,
+__device__ __forceinline__ void fld_teacher_shift(float mt, double lss, double lst, float inv_t,
                                                  float *mt_eff, float *lst_eff) {
     const double sh = (lst - lss) / (double)inv_t, it = (double)inv_t;
     const double mts = (double)mt + sh;
@@ -145,7 +145,7 @@ __device__ __forceinline__ void fl_teacher_shift(float mt, double lss, double ls
 
 /* The gradient's factors from the device's n_valid: ca of the cross-entropy, cb of the soft
  * term (1/T and T^2 folded in). */
-__device__ __forceinline__ void fl_factors(const fl_row_args &a, float *ca, float *cb) {
+__device__ __forceinline__ void fld_factors(const fld_row_args &a, float *ca, float *cb) {
     const unsigned long long nv = a.hdr->n_valid;
     const double nvd = nv > 0 ? (double)nv : 1.0;
     const double s = (double)a.map_s.scale; /* dz/du's constant factor (logit_map.h) */
@@ -157,7 +157,7 @@ __device__ __forceinline__ void fl_factors(const fl_row_args &a, float *ca, floa
  * from s = zs_j (bias added), lh the row's untempered log-normalizer, x = log Q_j and
  * y = log P_j at the temperature (g_j = de/dx from kd_div_elem), S = sum g. A factor of 0
  * contributes nothing (a poisoned row's NaN S or lh then writes zeros, as the CPU's). */
-__device__ __forceinline__ float fl_dz(const fl_row_args &a, float ca, float cb, float s,
+__device__ __forceinline__ float fld_dz(const fld_row_args &a, float ca, float cb, float s,
                                        float lh, bool is_label, float x, float y, float S) {
     float d = 0.0f;
     if (a.grad_hard && ca != 0.0f) d = ca * (expf(s - lh) - (is_label ? 1.0f : 0.0f));
@@ -172,19 +172,19 @@ __device__ __forceinline__ float fl_dz(const fl_row_args &a, float ca, float cb,
 /* Writes d_j = f(j, s_j, t_j), times the student softcap's factor at s_j, over the row in place
  * of its logits (dtype DS: a bf16 dzs row occupies the first half of the fp32 zs row), s and t
  * the student's and (when load_t, else 0) the teacher's logits with their biases. Tile by tile with a barrier between the tile's loads
- * and its stores: the stores of tile k land on fp32 elements below (k+1) FL_TILE / 2, which
+ * and its stores: the stores of tile k land on fp32 elements below (k+1) FLD_TILE / 2, which
  * every thread has read by the barrier of tile k. Every thread makes the same trips. */
 template <int DS, int DT, class F>
-__device__ __forceinline__ void fl_dz_pass(const fl_row_args &a, float *zs, const float *zt,
+__device__ __forceinline__ void fld_dz_pass(const fld_row_args &a, float *zs, const float *zt,
                                            int load_t, const F &f) {
     void *dz = (void *)zs;
-    for (int64_t tile0 = 0; tile0 < a.v; tile0 += FL_TILE) {
+    for (int64_t tile0 = 0; tile0 < a.v; tile0 += FLD_TILE) {
         const int64_t c0 = tile0 + (int64_t)threadIdx.x * 8;
         const int n = c0 >= a.v ? 0 : a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
         float s[8], t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         if (n > 0) {
-            fl_load<DS>(zs, a.bs, c0, n, s);
-            if (load_t) fl_load<DT>(zt, a.bt, c0, n, t);
+            fld_load<DS>(zs, a.bs, c0, n, s);
+            if (load_t) fld_load<DT>(zt, a.bt, c0, n, t);
         }
         __syncthreads(); /* every load of this tile precedes any store that narrows over it */
         if (n == 0) continue;
@@ -207,7 +207,7 @@ __device__ __forceinline__ void fl_dz_pass(const fl_row_args &a, float *zs, cons
 
 /* Thread 0 writes a row's results: its divergence and cross-entropy (double: the final sums'
  * terms) and the caller's fp32 row outputs when asked for (lse: the untempered log-sum-exp). */
-__device__ __forceinline__ void fl_put_row(const fl_row_args &a, int64_t gr, double soft,
+__device__ __forceinline__ void fld_put_row(const fld_row_args &a, int64_t gr, double soft,
                                            double hard, float lse) {
     if (threadIdx.x != 0) return;
     a.row_soft[gr] = soft;
@@ -220,34 +220,34 @@ __device__ __forceinline__ void fl_put_row(const fl_row_args &a, int64_t gr, dou
 /* Logit c of a row with its bias (dtype DB; NULL: none): the careful form reads element by
  * element. */
 template <int DB>
-__device__ __forceinline__ float fl_logit(const float *z, const void *bias, int64_t c) {
+__device__ __forceinline__ float fld_logit(const float *z, const void *bias, int64_t c) {
     return bias ? z[c] + kd_ld<DB>(bias, c) : z[c];
 }
 
 /* The careful form's normalizers of a row: the maxima ms, mt of the logits (biases added), and
  * in double the log-normalizers lss, lst of zs / T and zt / T (the divergence) and lsh of zs (the
  * cross-entropy), each relative to its maximum. */
-typedef struct fl_wide_norm {
+typedef struct fld_wide_norm {
     float ms, mt;
     double lss, lst, lsh;
-} fl_wide_norm;
+} fld_wide_norm;
 
 template <int DS, int DT>
-__device__ fl_wide_norm fl_wide_norms(const fl_row_args &a, const float *zs, const float *zt,
+__device__ fld_wide_norm fld_wide_norms(const fld_row_args &a, const float *zs, const float *zt,
                                       double *red, float *fred) {
     const double it = (double)a.inv_t;
-    fl_wide_norm N = {-INFINITY, -INFINITY, 0.0, 0.0, 0.0};
+    fld_wide_norm N = {-INFINITY, -INFINITY, 0.0, 0.0, 0.0};
     kd_cu_each(a.v, [&](int64_t c) {
-        N.ms = fmaxf(N.ms, fl_logit<DS>(zs, a.bs, c));
-        if (a.do_soft) N.mt = fmaxf(N.mt, fl_logit<DT>(zt, a.bt, c));
+        N.ms = fmaxf(N.ms, fld_logit<DS>(zs, a.bs, c));
+        if (a.do_soft) N.mt = fmaxf(N.mt, fld_logit<DT>(zt, a.bt, c));
     });
     N.ms = kd_block_max(N.ms, fred);
     if (a.do_soft) N.mt = kd_block_max(N.mt, fred);
     if (a.do_soft) {
         double es = 0.0, et = 0.0;
         kd_cu_each(a.v, [&](int64_t c) {
-            es += exp(((double)fl_logit<DS>(zs, a.bs, c) - N.ms) * it);
-            et += exp(((double)fl_logit<DT>(zt, a.bt, c) - N.mt) * it);
+            es += exp(((double)fld_logit<DS>(zs, a.bs, c) - N.ms) * it);
+            et += exp(((double)fld_logit<DT>(zt, a.bt, c) - N.mt) * it);
         });
         N.lss = log(kd_block_sum_all(es, red));
         N.lst = log(kd_block_sum_all(et, red));
@@ -258,7 +258,7 @@ __device__ fl_wide_norm fl_wide_norms(const fl_row_args &a, const float *zs, con
         } else {
             double eh = 0.0;
             kd_cu_each(a.v,
-                       [&](int64_t c) { eh += exp((double)fl_logit<DS>(zs, a.bs, c) - N.ms); });
+                       [&](int64_t c) { eh += exp((double)fld_logit<DS>(zs, a.bs, c) - N.ms); });
             N.lsh = log(kd_block_sum_all(eh, red));
         }
     }
@@ -269,14 +269,14 @@ __device__ fl_wide_norm fl_wide_norms(const fl_row_args &a, const float *zs, con
  * double-formed log-probs, and *S = sum of g (every thread; 0 when its gradient is not wanted):
  * both NaN when a normalizer is (the NaN policy). */
 template <int DS, int DT>
-__device__ double fl_wide_soft(const fl_row_args &a, const float *zs, const float *zt,
-                               const fl_wide_norm &N, double *red, double *S) {
+__device__ double fld_wide_soft(const fld_row_args &a, const float *zs, const float *zt,
+                               const fld_wide_norm &N, double *red, double *S) {
     const double it = (double)a.inv_t;
     double accl = 0.0, accg = 0.0;
     kd_cu_each(a.v, [&](int64_t c) {
         float g;
-        accl += (double)kd_div_elem(&a.coef, kd_wide_lp(fl_logit<DS>(zs, a.bs, c), N.ms, it, N.lss),
-                                    kd_wide_lp(fl_logit<DT>(zt, a.bt, c), N.mt, it, N.lst), &g);
+        accl += (double)kd_div_elem(&a.coef, kd_wide_lp(fld_logit<DS>(zs, a.bs, c), N.ms, it, N.lss),
+                                    kd_wide_lp(fld_logit<DT>(zt, a.bt, c), N.mt, it, N.lst), &g);
         accg += (double)g;
     });
     double soft = kd_block_sum(accl, red);
@@ -285,28 +285,28 @@ __device__ double fl_wide_soft(const fl_row_args &a, const float *zs, const floa
     return soft;
 }
 
-/* A row of the single-process fused kernel (fl_row_kernel, the whole block) that the fast
+/* A row of the single-process fused kernel (fld_row_kernel, the whole block) that the fast
  * passes cannot serve (row_special.cuh): a NaN tempered normalizer, from a NaN or +inf logit
  * (the NaN policy) or from z / T beyond fp32 (T < 1). Everything again in the careful form, the
  * CPU's dense phases on such a row (src/cpu/fld_row_phases.h, kd_wide_*): the normalizers
- * (fl_wide_norms), the divergence and S = sum g (fl_wide_soft), the cross-entropy
- * (ms - zs[y]) + lsh, dzs from kd_wide_dz (fl_dz_pass: in place, narrowing safely). zy: zs[y]
+ * (fld_wide_norms), the divergence and S = sum g (fld_wide_soft), the cross-entropy
+ * (ms - zs[y]) + lsh, dzs from kd_wide_dz (fld_dz_pass: in place, narrowing safely). zy: zs[y]
  * with its bias, read by thread 0 before any store. */
 template <int DS, int DT>
-__device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt, int64_t y,
+__device__ void fld_special_row(const fld_row_args &a, float *zs, const float *zt, int64_t y,
                                int64_t gr, float zy, double *red, float *fred) {
     const double it = (double)a.inv_t;
-    const fl_wide_norm N = fl_wide_norms<DS, DT>(a, zs, zt, red, fred);
+    const fld_wide_norm N = fld_wide_norms<DS, DT>(a, zs, zt, red, fred);
     double soft = 0.0, S = 0.0;
-    if (a.do_soft) soft = fl_wide_soft<DS, DT>(a, zs, zt, N, red, &S);
-    fl_put_row(a, gr, soft, a.do_hard ? ((double)N.ms - (double)zy) + N.lsh : 0.0,
+    if (a.do_soft) soft = fld_wide_soft<DS, DT>(a, zs, zt, N, red, &S);
+    fld_put_row(a, gr, soft, a.do_hard ? ((double)N.ms - (double)zy) + N.lsh : 0.0,
                a.do_hard ? (float)((double)N.ms + N.lsh) : 0.0f);
     if (!a.do_grad) return;
     float ca, cb;
-    fl_factors(a, &ca, &cb);
+    fld_factors(a, &ca, &cb);
     const float gs = a.grad_soft ? cb : 0.0f, gh = a.grad_hard ? ca : 0.0f;
     const bool share = a.do_soft && a.same_t && gs != 0.0f;
-    fl_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
+    fld_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
         float g = 0.0f;
         if (gs != 0.0f)
             (void)kd_div_elem(&a.coef, kd_wide_lp(s, N.ms, it, N.lss),
@@ -319,10 +319,10 @@ __device__ void fl_special_row(const fl_row_args &a, float *zs, const float *zt,
 /* A row that does not count (label y ignored, or out of range): zero dzs, row outputs 0 (ignored)
  * or NaN (bad label). The whole block calls it. */
 template <int DS>
-__device__ void fl_skip_row(const fl_row_args &a, void *dz, int64_t gr, int64_t y) {
+__device__ void fld_skip_row(const fld_row_args &a, void *dz, int64_t gr, int64_t y) {
     if (a.do_grad) {
         const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FL_TILE) {
+        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FLD_TILE) {
             if (c0 + 8 <= a.v) {
                 kd_st8<DS>(dz, c0, z8);
             } else {
@@ -334,44 +334,44 @@ __device__ void fl_skip_row(const fl_row_args &a, void *dz, int64_t gr, int64_t 
     }
     /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
     const double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
-    fl_put_row(a, gr, z, z, (float)z);
+    fld_put_row(a, gr, z, z, (float)z);
 }
 #endif /* __CUDACC__ */
 
-static inline cudaDataType_t fl_cuda_type(kdloss_dtype d) {
+static inline cudaDataType_t fld_cuda_type(kdloss_dtype d) {
     return d == KDLOSS_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
-/* ---- the per-chunk GEMM steps (fused_linear_jsd.cu) ----------------------------------------- */
+/* ---- the per-chunk GEMM steps (fld.cu) ----------------------------------------- */
 
 /* One chunk's operands as the GEMMs see them: row-major matrices with their effective lds
  * (cuBLAS reads each as its column-major transpose), xs / ws / dz in the student's dtype sdt. */
-typedef struct fl_gemms {
+typedef struct fld_gemms {
     kdloss_cuda_context *ctx;
     cudaStream_t st;
-    void *lt_ws;              /* cuBLASLt scratch of FL_LT_WS_BYTES */
+    void *lt_ws;              /* cuBLASLt scratch of FLD_LT_WS_BYTES */
     kdloss_dtype sdt;
     const void *xs, *ws;      /* (bt x hs, ld_xs), (v x hs, ld_ws) */
     int64_t ld_xs, ld_ws, hs, v;
     const float *zs;          /* the chunk's logits (rows x v, ldz floats); dzs over them */
     int64_t ldz;
-} fl_gemms;
+} fld_gemms;
 
 /* zs (rows x v, ldz) = xs[r0 .. r0 + rows) ws^T (fp32 from the accumulator); with a teacher
  * (wt not NULL) also zt = xt[r0 ..] wt^T. */
-kdloss_status fl_chunk_logits(const fl_gemms *g, int64_t r0, int64_t rows, float *zs,
+kdloss_status fld_chunk_logits(const fld_gemms *g, int64_t r0, int64_t rows, float *zs,
                               kdloss_cmat xt, kdloss_cmat wt, int64_t ht, float *zt);
 
 /* dx (rows x hs, ld_dx, dtype dxt) = dzs ws: the chunk's dxs rows, complete in one GEMM. */
-kdloss_status fl_chunk_dx(const fl_gemms *g, int64_t rows, void *dx, cudaDataType_t dxt,
+kdloss_status fld_chunk_dx(const fld_gemms *g, int64_t rows, void *dx, cudaDataType_t dxt,
                           int64_t ld_dx);
 
 /* The chunk's dws (+)= dzs^T xs[r0 ..] and dbs (+)= column sums of dzs (fixed row order), each
  * when the caller asked for it, summed in fp32: in the caller's fp32 outputs (dws with ld_dws),
- * or for a bf16 student in dw_acc (v x hs) and db_acc (fl_cast_wgrad rounds them once). r0 == 0
- * starts the sums. xm: the chunk's xs rows with the zero-gradient rows zeroed (fl_mask_rows,
+ * or for a bf16 student in dw_acc (v x hs) and db_acc (fld_cast_wgrad rounds them once). r0 == 0
+ * starts the sums. xm: the chunk's xs rows with the zero-gradient rows zeroed (fld_mask_rows,
  * rows x hs), which the dws GEMM then reads instead of xs. */
-kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
+kdloss_status fld_chunk_wgrad(const fld_gemms *g, int64_t r0, int64_t rows,
                              const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
                              float *dw_acc, float *db_acc, const void *xm);
 
@@ -379,7 +379,7 @@ kdloss_status fl_chunk_wgrad(const fl_gemms *g, int64_t r0, int64_t rows,
  * xs unread: rows whose label does not count (ignored, or a bad label: labels given, flags
  * NULL), rows whose top-k flag is not TK_ROW_OK (0; flags given), and with ids (top-k without
  * the cross-entropy's gradient) rows without a used slot (no id >= 0, on any rank). */
-typedef struct fl_mask {
+typedef struct fld_mask {
     const void *labels;   /* [bt] or NULL */
     int lab64;
     int64_t ignore, v_total;
@@ -387,103 +387,103 @@ typedef struct fl_mask {
     const void *ids;      /* (bt x k, ld_ids) global ids, or NULL */
     int ids64;
     int64_t ld_ids, k;
-} fl_mask;
+} fld_mask;
 
 /* xm (rows x hs, contiguous, the student's dtype) = xs rows [r0, r0 + rows), with zeros in the
  * rows the mask names: the dws GEMM multiplies those rows' dz, which is 0, by xm instead of by an
  * xs that may hold a NaN (0 x NaN; the CPU leaves such rows out of its GEMM). The same sums
  * otherwise: a masked row added 0 x x there. */
-kdloss_status fl_mask_rows(const fl_gemms *g, const fl_mask *m, int64_t r0, int64_t rows,
+kdloss_status fld_mask_rows(const fld_gemms *g, const fld_mask *m, int64_t r0, int64_t rows,
                            void *xm);
 
-/* Both gradient factors 0 (fl_zero_factors): zero dxs (bt x hs, ld_dxs), dws (v x hs, ld_dws)
+/* Both gradient factors 0 (fld_zero_factors): zero dxs (bt x hs, ld_dxs), dws (v x hs, ld_dws)
  * and dbs [v], each when asked for, in the student's dtype sdt. */
-kdloss_status fl_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_out *out,
+kdloss_status fld_zero_grads(cudaStream_t st, const kdloss_fused_linear_distill_out *out,
                             int64_t ld_dxs, int64_t ld_dws, int64_t bt, int64_t hs, int64_t v,
                             kdloss_dtype sdt);
 
 /* bf16 student: dws and dbs were summed in fp32 across chunks; round them once into the
  * caller's outputs (ld_dws of its dws). */
-kdloss_status fl_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
+kdloss_status fld_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *db_acc,
                             const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
                             int64_t hs, int64_t v);
 
 /* ---- the chunk loop of the fused drivers --------------------------------------------------
- * fused_linear_jsd.cu, topk.cu (dense path), fld_vp.cu and topk_vp.cu run the same loop: per
+ * fld.cu, topk.cu (dense path), fld_vp.cu and topk_vp.cu run the same loop: per
  * chunk of rows the logits GEMM, the driver's own row kernel(s) (vocabulary-parallel: with their
  * all-reduces), then the backward; after the last chunk the gradients are completed. The loop,
  * the backward's common steps and the completion are here; the row phases and the dxs step
  * (one GEMM, an all-reduced one, or the top-k's sparse one) are each driver's. */
 
 /* Where a fused call's gradients go, and whether any are computed. */
-typedef struct fl_grad_out {
+typedef struct fld_grad_out {
     const kdloss_fused_linear_distill_out *out; /* dxs, dws, dbs: the caller's, each optional */
     int64_t ld_dxs, ld_dws;  /* their effective lds */
     int want_grad;           /* any of them asked for */
-    int zero_g;              /* both gradient factors 0 (fl_zero_factors): zeros, no GEMMs */
+    int zero_g;              /* both gradient factors 0 (fld_zero_factors): zeros, no GEMMs */
     float *dw_acc, *db_acc;  /* a bf16 student's fp32 sums across chunks (the plan's) */
-    void *xm;                /* the chunk's masked xs rows (fl_mask_rows; the plan's) */
-} fl_grad_out;
+    void *xm;                /* the chunk's masked xs rows (fld_mask_rows; the plan's) */
+} fld_grad_out;
 
-/* From a checked call: p its params (either fused loss's), g its geometry (kd_fl_geom or
- * kd_topk_geom), P its plan (fl_plan or tk_plan). */
+/* From a checked call: p its params (either fused loss's), g its geometry (kd_fld_geom or
+ * kd_topk_geom), P its plan (fld_plan or tk_plan). */
 template <class Params, class Geom, class Plan>
-static inline fl_grad_out fl_grad_out_of(const Params *p, const Geom &g,
+static inline fld_grad_out fld_grad_out_of(const Params *p, const Geom &g,
                                          const kdloss_fused_linear_distill_out *out,
                                          const Plan &P) {
-    const fl_grad_out G = {out, g.ld_dxs, g.ld_dws, g.want_grad,
-                           g.want_grad && fl_zero_factors(p->weight_hard_loss,
+    const fld_grad_out G = {out, g.ld_dxs, g.ld_dws, g.want_grad,
+                           g.want_grad && fld_zero_factors(p->weight_hard_loss,
                                                           p->weight_soft_loss, p->grad_scale),
                            P.dw_acc, P.db_acc, P.xm};
     return G;
 }
 
 /* The caller's dxs from the chunk's first row r0 on (the student's dtype sdt). */
-static inline void *fl_dxs_at(const fl_grad_out &G, int64_t r0, kdloss_dtype sdt) {
+static inline void *fld_dxs_at(const fld_grad_out &G, int64_t r0, kdloss_dtype sdt) {
     return (char *)G.out->dxs.data + (size_t)(r0 * G.ld_dxs) * kdloss_dtype_size(sdt);
 }
 
 /* f(r0, rows) for each chunk [r0, r0 + rows) of bt rows (chunk rows each, the last one shorter)
  * while the status stays KDLOSS_OK, starting from s. */
 template <class F>
-static kdloss_status fl_for_chunks(kdloss_status s, int64_t bt, int64_t chunk, const F &f) {
+static kdloss_status fld_for_chunks(kdloss_status s, int64_t bt, int64_t chunk, const F &f) {
     for (int64_t r0 = 0; s == KDLOSS_OK && r0 < bt; r0 += chunk)
         s = f(r0, bt - r0 < chunk ? bt - r0 : chunk);
     return s;
 }
 
 /* A chunk's backward, after its row kernel wrote dzs (nothing without gradients, or when both
- * factors are 0: fl_end_grads writes the zeros): dxs rows by dx() (the driver's step) when
+ * factors are 0: fld_end_grads writes the zeros): dxs rows by dx() (the driver's step) when
  * asked for, the rows the mask names zeroed in xm (when dws is asked for), then dws and dbs
- * (+)= (fl_chunk_wgrad). */
+ * (+)= (fld_chunk_wgrad). */
 template <class DX>
-static kdloss_status fl_chunk_backward(const fl_gemms &gm, const fl_grad_out &G, const fl_mask &m,
+static kdloss_status fld_chunk_backward(const fld_gemms &gm, const fld_grad_out &G, const fld_mask &m,
                                        int64_t r0, int64_t rows, const DX &dx) {
     if (!G.want_grad || G.zero_g) return KDLOSS_OK;
     kdloss_status s = KDLOSS_OK;
     if (G.out->dxs.data && (s = dx()) != KDLOSS_OK) return s;
-    if (G.out->dws.data && (s = fl_mask_rows(&gm, &m, r0, rows, G.xm)) != KDLOSS_OK) return s;
-    return fl_chunk_wgrad(&gm, r0, rows, G.out, G.ld_dws, G.dw_acc, G.db_acc, G.xm);
+    if (G.out->dws.data && (s = fld_mask_rows(&gm, &m, r0, rows, G.xm)) != KDLOSS_OK) return s;
+    return fld_chunk_wgrad(&gm, r0, rows, G.out, G.ld_dws, G.dw_acc, G.db_acc, G.xm);
 }
 
-/* After the last chunk: both factors 0, the zeros (fl_zero_grads); else for a bf16 student the
- * fp32 sums of dws and dbs rounded once (fl_cast_wgrad). */
-static inline kdloss_status fl_end_grads(const fl_gemms &gm, const fl_grad_out &G, int64_t bt) {
+/* After the last chunk: both factors 0, the zeros (fld_zero_grads); else for a bf16 student the
+ * fp32 sums of dws and dbs rounded once (fld_cast_wgrad). */
+static inline kdloss_status fld_end_grads(const fld_gemms &gm, const fld_grad_out &G, int64_t bt) {
     if (G.zero_g)
-        return fl_zero_grads(gm.st, G.out, G.ld_dxs, G.ld_dws, bt, gm.hs, gm.v, gm.sdt);
+        return fld_zero_grads(gm.st, G.out, G.ld_dxs, G.ld_dws, bt, gm.hs, gm.v, gm.sdt);
     if (G.want_grad && gm.sdt == KDLOSS_BF16)
-        return fl_cast_wgrad(gm.st, G.dw_acc, G.db_acc, G.out, G.ld_dws, gm.hs, gm.v);
+        return fld_cast_wgrad(gm.st, G.dw_acc, G.db_acc, G.out, G.ld_dws, gm.hs, gm.v);
     return KDLOSS_OK;
 }
 
 /* The size queries' checks after the params' (st, in the calls' order): the sizes, K (the sparse
  * teacher's slots; 1 for the dense one), the student's dtype. */
-kdloss_status fl_size_checks(kdloss_status st, int64_t bt, int64_t hs, int64_t ht, int64_t v,
+kdloss_status fld_size_checks(kdloss_status st, int64_t bt, int64_t hs, int64_t ht, int64_t v,
                              int64_t k, kdloss_dtype sdt);
 
 /* The scalar losses from the per-row double losses (one block, fixed order) and the status
  * word (LABEL_OUT_OF_RANGE when the device counted a bad label). */
-kdloss_status fl_final(cudaStream_t st, const fl_plan &P, int64_t bt,
+kdloss_status fld_final(cudaStream_t st, const fld_plan &P, int64_t bt,
                        const kdloss_fused_linear_distill_out *out,
                        const kdloss_fused_linear_distill_params *p);
 
