@@ -1,6 +1,11 @@
 /* The divergence family on LOGITS on the GPU (kdloss.h, kdloss_cuda_distill_logits): the CPU's
- * kdloss_distill_logits (docs/MATH.md 7.4). One block per row (grid-stride over the rows), three
- * passes over the row, each reading the logits from global memory (a row of V = 256k fp32 is
+ * kdloss_distill_logits (docs/MATH.md 7.4), one block per row. */
+#include "args.h"
+#include "div_math.h"
+#include "kd_cuda.cuh"
+#include "row_special.cuh"
+
+/* One block per row (grid-stride over the rows), three passes over the row, each reading the logits from global memory (a row of V = 256k fp32 is
  * 1 MB, so the second and third reads mostly hit L2); a row whose maximum is >= 2^102 or whose
  * normalizer is NaN (a NaN or +inf logit: the NaN policy) leaves after pass 1 for the careful
  * form (dl_special_row, docs/MATH.md 10):
@@ -16,10 +21,6 @@
  * (row_loss, loss = sum / max(1, n_valid) in a fixed order, the status word). No float atomics:
  * every sum has a fixed order, so results are bitwise reproducible.
  * Workspace: the elementwise losses' plan with one partial sum per row (a single tile). */
-#include "args.h"
-#include "div_math.h"
-#include "kd_cuda.cuh"
-#include "row_special.cuh"
 
 #define DL_THREADS 512
 #define DL_TILE (DL_THREADS * 8)

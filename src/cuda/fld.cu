@@ -1,5 +1,9 @@
-/* Chunked fused-linear JSD distillation loss on the GPU (kdloss.h, kdloss_fused_linear_jsd;
- * docs/MATH.md section 4). Per chunk of C rows, on the caller's stream:
+/* The fused-linear distillation loss on the GPU (kdloss.h, kdloss_cuda_fused_linear_distill and
+ * kdloss_cuda_fused_linear_jsd; docs/MATH.md section 4): the chunk loop's host side, the row
+ * kernel and the small kernels around it. */
+#include "fld_rows.cuh"
+
+/* Per chunk of C rows, on the caller's stream:
  *   1. zs = xs[chunk] ws^T and zt = xt[chunk] wt^T  (cuBLASLt, fp32 output from the fp32
  *      accumulator: logits are never rounded to bf16 before the softmax)
  *   2. one row kernel (one block per row): biases, the three log-sum-exps, the JSD, the hard CE,
@@ -25,7 +29,6 @@
  * C comes from chunk_size, or from memory_budget (0 = 256 MiB) over 2 ldz 4 bytes per row.
  * The steps shared with the other fused drivers (plan, GEMM steps, dzs, the chunk loop) are
  * fld_rows.cuh's. */
-#include "fld_rows.cuh"
 
 kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
                             int64_t v, kdloss_dtype sdt, int want_grad, kd_carver *cv,

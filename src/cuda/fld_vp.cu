@@ -1,8 +1,10 @@
 /* The vocabulary-parallel fused-linear distillation loss on the GPU (kdloss.h,
- * kdloss_cuda_fused_linear_distill_vp; docs/MATH.md section 9): fld.cu's chunk loop
- * on this rank's V_r rows of the heads, its row kernel split into four phase kernels with the
- * statistics all-reduced in between (the CPU's phases, src/cpu/fld_row_phases.h, and the same
- * collectives), on the caller's stream:
+ * kdloss_cuda_fused_linear_distill_vp; docs/MATH.md section 9): fld.cu's chunk loop on this
+ * rank's rows of the heads, its row kernel split into four phase kernels with the statistics
+ * all-reduced in between (the CPU's phases, src/cpu/fld_row_phases.h). */
+#include "vp_cuda.h"
+
+/* The launches of a chunk, on the caller's stream:
  *   zs = xs[chunk] ws_r^T, zt = xt[chunk] wt_r^T           (fld_chunk_logits)
  *   1. max   the row maxima of zs and zt                    -> MAX 2 doubles a row  (st_max)
  *   2. sums  sum e^((zs-ms)/T), sum e^((zt-mt)/T),
@@ -19,7 +21,6 @@
  *
  * Workspace: fld.cu's (for this rank's v), then st: 8 doubles a chunk row (st_max,
  * st_sum, st_div), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
-#include "vp_cuda.h"
 
 typedef struct fldvp_args {
     fld_row_args r;   /* v: this rank's columns; row0 and labels global */

@@ -1,9 +1,9 @@
 /* The sparse top-k teacher on the GPU (kdloss.h: kdloss_cuda_topk_distill_logits,
- * kdloss_cuda_fused_linear_topk_distill; docs/MATH.md section 8). Everything that touches only
- * the |S| used slots of a row is kd_topk_row (src/common/topk_row.h), the same code the CPU
- * paths run; this file does the V-wide work around it.
- *
- * Launches of a call, on the caller's stream:
+ * kdloss_cuda_fused_linear_topk_distill; docs/MATH.md section 8): the V-wide work around
+ * kd_topk_row (src/common/topk_row.h, the same code the CPU paths run on the used slots). */
+#include "tk_rows.cuh"
+
+/* Launches of a call, on the caller's stream:
  *   1. tk_check_kernel: per row, the label's kind and the ids' validity (range and repeats: the
  *      ids are device memory, like labels, so a fault goes to the status word, kdloss.h), into
  *      one flag byte per row and the header counters. n_valid is known before any gradient.
@@ -21,7 +21,6 @@
  * No float atomics anywhere: every sum has a fixed order, so results are bitwise reproducible.
  * The only atomics are integer ones (counters, a bitmap, CSR counts), whose results do not
  * depend on their order; the CSR slots they hand out are put in row order by tk_rank_kernel. */
-#include "tk_rows.cuh"
 
 /* ---- 1. row checks ------------------------------------------------------------------------- */
 

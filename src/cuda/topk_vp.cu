@@ -1,7 +1,11 @@
 /* The vocabulary-parallel fused loss against a sparse top-k teacher on the GPU (kdloss.h,
  * kdloss_cuda_fused_linear_topk_distill_vp; docs/MATH.md sections 8 and 9): topk.cu's dense
- * path on this rank's V_r rows of the head, its row kernel split into phases with the
- * statistics all-reduced in between (the CPU's phases and collectives), on the caller's stream:
+ * path on this rank's rows of the head, its row kernel split into phases with the statistics
+ * all-reduced in between. */
+#include "tk_rows.cuh"
+#include "vp_cuda.h"
+
+/* The launches of a chunk, on the caller's stream:
  *   tk_check_kernel   every row's label and ids against v_total (the global ids)
  *   zs = xs[chunk] ws_r^T                                     (fld_chunk_logits)
  *   1. max   over this rank's columns outside S and over all of them -> MAX 2 a row   (st_max)
@@ -21,8 +25,6 @@
  *
  * Workspace: topk.cu's dense plan (for this rank's v), then st: 6 + K doubles a chunk row
  * (st_max, st_sum), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
-#include "tk_rows.cuh"
-#include "vp_cuda.h"
 
 typedef struct tkvp_args {
     tk_row_args r;   /* v: this rank's columns; row0, flags, ids and labels global */
