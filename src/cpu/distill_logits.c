@@ -175,15 +175,15 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     }
     kd_fld_rows a = j->tmpl;
     double st[64];
-    a.st_max = st;
-    a.st_sum = st + 2;
-    a.st_div = st + 2 + a.n_sum;
+    a.stat_max = st;
+    a.stat_sum = st + 2;
+    a.stat_div = st + 2 + a.n_sum;
     if (j->topk.k) {
         zt = NULL;
         a.tk = (char *)bt;
-        a.st_max = (double *)(a.tk + kd_topk_row_scratch(j->topk.k)); /* 4 + K may exceed st */
-        a.st_sum = a.st_max + 2;
-        a.st_div = a.st_sum + a.n_sum;
+        a.stat_max = (double *)(a.tk + kd_topk_row_scratch(j->topk.k)); /* 4 + K may exceed st */
+        a.stat_sum = a.stat_max + 2;
+        a.stat_div = a.stat_sum + a.n_sum;
     } else if (!g && ew->tdt == KDLOSS_F32) {
         zt = (float *)(uintptr_t)xt; /* read only: no bias, g is not stored */
     } else {

@@ -169,13 +169,13 @@ static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *b
 static kdloss_status rows_vp(const kdloss_comm *c, const kd_fld_rows *r) {
     void (*phase)(const kd_fld_rows *, int) = kd_cpu_kernels()->fld_phase;
     phase(r, 1);
-    if (c->allreduce(c->ctx, r->st_max, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_MAX))
+    if (c->allreduce(c->ctx, r->stat_max, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_MAX))
         return KDLOSS_ERR_COMM;
     phase(r, 2);
-    if (c->allreduce(c->ctx, r->st_sum, r->n_sum * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
+    if (c->allreduce(c->ctx, r->stat_sum, r->n_sum * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
         return KDLOSS_ERR_COMM;
     phase(r, 3);
-    if (!r->topk && c->allreduce(c->ctx, r->st_div, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
+    if (!r->topk && c->allreduce(c->ctx, r->stat_div, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_SUM))
         return KDLOSS_ERR_COMM;
     phase(r, 4);
     return KDLOSS_OK;
@@ -376,9 +376,9 @@ static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, 
     r->tk = base + pl->off_tk;
     r->v_lo = k->v_lo;
     r->n_sum = kd_fld_n_sum(k->topk.k);
-    r->st_max = (double *)(base + pl->off_st);
-    r->st_sum = r->st_max + 2 * pl->chunk;
-    r->st_div = r->st_sum + r->n_sum * pl->chunk;
+    r->stat_max = (double *)(base + pl->off_stat);
+    r->stat_sum = r->stat_max + 2 * pl->chunk;
+    r->stat_div = r->stat_sum + r->n_sum * pl->chunk;
     r->labels = k->labels;
     r->ignore_index = p->ignore_index;
     r->coef = kd_div_coef_make(&p->div);

@@ -29,7 +29,7 @@
  *   rows   2 x chunk   f64   per-row soft and hard loss terms of the chunk
  *   dws    V x Hs      fp32  dWs accumulator across chunks (sb and gradients only)
  *   tk     chunk x kd_topk_row_scratch(K) bytes: a sparse teacher's per-row scratch
- *   st     chunk x kd_fld_n_stats(K) f64: the row phases' statistics (fld_rows.h)
+ *   stat   chunk x kd_fld_n_stats(K) f64: the row phases' statistics (fld_rows.h)
  * A sparse teacher (K slots) has no zt, no teacher rows and no teacher weights (Ht = 0).
  * The teacher's dtype is not an argument of kdloss_fljsd_workspace_size(), so the layout
  * reserves the teacher's conversion space (xconv, panel, wt32) whatever that dtype is.
@@ -46,7 +46,7 @@ typedef struct kd_fld_plan {
     int whole;       /* bf16 weights converted once into ws32 / wt32 */
     int64_t xconv_cols;
     size_t off_zs, off_zt, off_xconv, off_xs32, off_panel, off_ws32, off_wt32, off_bias, off_dbs,
-        off_rows, off_dws, off_tk, off_st;
+        off_rows, off_dws, off_tk, off_stat;
     size_t bytes;    /* total, including KD_FLD_ALIGN - 1 bytes to align the caller's pointer */
     size_t min_budget; /* smallest memory_budget that holds a one-row chunk */
 } kd_fld_plan;

@@ -61,7 +61,7 @@ static int plan_layout(kd_fld_plan *plan, int64_t v, int64_t hs, int64_t ht, siz
     plan->off_rows = take(&end, mul3(c, 2, sizeof(double)), &ok);
     plan->off_dws = take(&end, sb && want_grad ? mul3((size_t)v, (size_t)hs, f4) : 0, &ok);
     plan->off_tk = take(&end, mul3(c, tk_row, 1), &ok);
-    plan->off_st = take(&end, mul3(c, (size_t)kd_fld_n_stats(topk_k), sizeof(double)), &ok);
+    plan->off_stat = take(&end, mul3(c, (size_t)kd_fld_n_stats(topk_k), sizeof(double)), &ok);
     if (topk_k > 0 && !mul3(c, tk_row, 1)) ok = 0;
     /* a zero from mul3 where a region must be non-empty means overflow */
     if (!mul3(c, (size_t)v, f4) || (sb && want_grad && !mul3((size_t)v, (size_t)hs, f4))) ok = 0;

@@ -7,10 +7,10 @@
  * nothing to reduce, so both run the same code. */
 
 /* The phases end where a vocabulary-parallel rank needs statistics of the other ranks' columns:
- *   1. max      bias added, logit maps applied; the row maxima  -> all-reduce MAX of st_max
- *   2. sums     sums of exps at those maxima, the label's logit, -> all-reduce SUM of st_sum
+ *   1. max      bias added, logit maps applied; the row maxima  -> all-reduce MAX of stat_max
+ *   2. sums     sums of exps at those maxima, the label's logit, -> all-reduce SUM of stat_sum
  *               a sparse teacher's gathered logits
- *   3. div      log-normalizers, cross-entropy, the divergence  -> all-reduce SUM of st_div
+ *   3. div      log-normalizers, cross-entropy, the divergence  -> all-reduce SUM of stat_div
  *               (dense: the row's terms and sum g over the local columns)      (dense only)
  *   4. grad     dzs over zs, and the row's soft loss into row_soft
  *
@@ -30,7 +30,7 @@
  *                                       z = c1 exp((z - m1) s1 - l1) + c2 exp(z - m2 - l2) (a
  *                                       term whose c is 0 skipped; a -inf element gives 0)
  *
- * Statistics of row i: mx = st_max + 2i, sm = st_sum + n_sum i, dv = st_div + 2i.
+ * Statistics of row i: mx = stat_max + 2i, sm = stat_sum + n_sum i, dv = stat_div + 2i.
  *   dense:  mx = {max zs, max zt}; sm = {sum e^((zs-ms)/T), sum e^((zt-mt)/T), sum e^(zs-ms)
  *           (CE at T != 1), zs[y]}; dv = {divergence terms, sum g}
  *   sparse: mx = {max of zs outside S, max of zs}; sm = {sum e^((zs-mr)/T) outside S,
@@ -83,7 +83,7 @@ static inline void ph_cap_apply(float *z, int64_t n, const float *f) {
 /* ---- dense teacher ---- */
 
 static void PH(dense_max)(const kd_fld_rows *a, int64_t i) {
-    double *mx = a->st_max + 2 * i;
+    double *mx = a->stat_max + 2 * i;
     mx[0] = mx[1] = -INFINITY;
     if (ph_ignored(a, i)) return;
     mx[0] = PH(fold)(a->zs + i * a->v, a->bias_s, a->v, &a->map_s);
@@ -91,9 +91,9 @@ static void PH(dense_max)(const kd_fld_rows *a, int64_t i) {
 }
 
 static void PH(dense_sums)(const kd_fld_rows *a, int64_t i) {
-    double *sm = a->st_sum + a->n_sum * i;
+    double *sm = a->stat_sum + a->n_sum * i;
     const float *zs = a->zs + i * a->v;
-    float ms = (float)a->st_max[2 * i], mt = (float)a->st_max[2 * i + 1], it = a->inv_t;
+    float ms = (float)a->stat_max[2 * i], mt = (float)a->stat_max[2 * i + 1], it = a->inv_t;
     sm[0] = sm[1] = sm[2] = sm[3] = 0.0;
     if (ph_ignored(a, i)) return;
     int64_t y = ph_label_col(a, i);
@@ -115,9 +115,9 @@ static inline void ph_dense_logs(const kd_fld_rows *a, const double *sm, double 
 }
 
 static void PH(dense_div)(const kd_fld_rows *a, const PH_CTX *k, int64_t i) {
-    const double *sm = a->st_sum + a->n_sum * i;
-    double *dv = a->st_div + 2 * i, lss, lst, lsh;
-    float ms = (float)a->st_max[2 * i], mt = (float)a->st_max[2 * i + 1];
+    const double *sm = a->stat_sum + a->n_sum * i;
+    double *dv = a->stat_div + 2 * i, lss, lst, lsh;
+    float ms = (float)a->stat_max[2 * i], mt = (float)a->stat_max[2 * i + 1];
     dv[0] = dv[1] = 0.0;
     a->row_hard[i] = 0.0;
     if (a->row_lse) a->row_lse[i] = 0.0f;
@@ -169,7 +169,7 @@ static void PH(dense_grad_cols)(const kd_fld_rows *a, const double *dv, float *z
 }
 
 static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
-    const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
+    const double *sm = a->stat_sum + a->n_sum * i, *dv = a->stat_div + 2 * i;
     float *zs = a->zs + i * a->v;
     const float *g = a->zt ? a->zt + i * a->v : NULL;
     double lss, lst, lsh;
@@ -180,7 +180,7 @@ static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
         return;
     }
     ph_dense_logs(a, sm, &lss, &lst, &lsh);
-    float ms = (float)a->st_max[2 * i];
+    float ms = (float)a->stat_max[2 * i];
     int64_t y = ph_label_col(a, i);
     if (!ph_capped(a)) {
         PH(dense_grad_cols)(a, dv, zs, g, a->v, ms, lss, lsh);
@@ -244,7 +244,7 @@ static inline float ph_keep_nan(const float *z, int64_t v, float m) {
 }
 
 static void PH(topk_max)(const kd_fld_rows *a, int64_t i) {
-    double *mx = a->st_max + 2 * i, *sm = a->st_sum + a->n_sum * i;
+    double *mx = a->stat_max + 2 * i, *sm = a->stat_sum + a->n_sum * i;
     float *z = a->zs + i * a->v;
     mx[0] = mx[1] = -INFINITY;
     if (ph_ignored(a, i)) return;
@@ -268,9 +268,9 @@ static void PH(topk_max)(const kd_fld_rows *a, int64_t i) {
 }
 
 static void PH(topk_sums)(const kd_fld_rows *a, int64_t i) {
-    double *sm = a->st_sum + a->n_sum * i;
+    double *sm = a->stat_sum + a->n_sum * i;
     const float *z = a->zs + i * a->v;
-    float mr = (float)a->st_max[2 * i], it = a->inv_t;
+    float mr = (float)a->stat_max[2 * i], it = a->inv_t;
     int64_t kk = a->topk->k;
     sm[0] = sm[1] = sm[2] = 0.0;
     if (ph_ignored(a, i)) return;
@@ -284,11 +284,11 @@ static void PH(topk_sums)(const kd_fld_rows *a, int64_t i) {
 }
 
 static void PH(topk_div)(const kd_fld_rows *a, int64_t i) {
-    const double *sm = a->st_sum + a->n_sum * i;
-    double *dv = a->st_div + 2 * i;
+    const double *sm = a->stat_sum + a->n_sum * i;
+    double *dv = a->stat_div + 2 * i;
     int64_t kk = a->topk->k, *col = ph_tk(a, i), n = col[kk];
     float *zk = (float *)(col + kk + 1), *lp = zk + kk, *gk = lp + kk;
-    float mr = (float)a->st_max[2 * i], it = a->inv_t;
+    float mr = (float)a->stat_max[2 * i], it = a->inv_t;
     dv[0] = dv[1] = 0.0;
     a->row_hard[i] = 0.0;
     a->row_soft[i] = 0.0;
@@ -349,7 +349,7 @@ static void PH(topk_rest_capped)(const kd_fld_rows *a, const ph_tk_rest *r, floa
 }
 
 static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
-    const double *sm = a->st_sum + a->n_sum * i, *dv = a->st_div + 2 * i;
+    const double *sm = a->stat_sum + a->n_sum * i, *dv = a->stat_div + 2 * i;
     float *z = a->zs + i * a->v;
     if (!a->grad) return;
     if (ph_ignored(a, i)) {
@@ -361,8 +361,8 @@ static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
     int soft = a->soft && a->gs != 0.0f, capped = ph_capped(a);
     double lse1 = dv[1];
     ph_tk_rest r;
-    r.mr = (float)a->st_max[2 * i];
-    r.m = (float)a->st_max[2 * i + 1];
+    r.mr = (float)a->stat_max[2 * i];
+    r.m = (float)a->stat_max[2 * i + 1];
     int none = r.mr == -INFINITY;
     r.c1 = soft && !none ? (float)(a->gs * dv[0]) : 0.0f;
     r.lr = !none ? (float)log(sm[0]) : 0.0f;

@@ -59,13 +59,13 @@ typedef struct kd_fld_rows {
     char *tk;              /* n x kd_topk_row_scratch(K) bytes of per-row scratch */
     /* the phases' statistics (fld_row_phases.h) and the vocabulary-parallel column offset */
     int64_t v_lo;          /* global id of local column 0 (0 unless vocabulary-parallel) */
-    double *st_max;        /* [2 n] */
-    double *st_sum;        /* [n_sum n] */
-    double *st_div;        /* [2 n] */
+    double *stat_max;        /* [2 n] */
+    double *stat_sum;        /* [n_sum n] */
+    double *stat_div;        /* [2 n] */
     int64_t n_sum;         /* kd_fld_n_sum(): 4, + K with a sparse teacher */
 } kd_fld_rows;
 
-/* Doubles per row of the phases' statistics: st_max 2, st_sum kd_fld_n_sum(K), st_div 2. */
+/* Doubles per row of the phases' statistics: stat_max 2, stat_sum kd_fld_n_sum(K), stat_div 2. */
 static inline int64_t kd_fld_n_sum(int64_t topk_k) { return 4 + topk_k; }
 static inline int64_t kd_fld_n_stats(int64_t topk_k) { return 4 + kd_fld_n_sum(topk_k); }
 

@@ -6,11 +6,11 @@
 
 /* The launches of a chunk, on the caller's stream:
  *   zs = xs[chunk] ws_r^T, zt = xt[chunk] wt_r^T           (fld_chunk_logits)
- *   1. max   the row maxima of zs and zt                    -> MAX 2 doubles a row  (st_max)
+ *   1. max   the row maxima of zs and zt                    -> MAX 2 doubles a row  (stat_max)
  *   2. sums  sum e^((zs-ms)/T), sum e^((zt-mt)/T),
- *            sum e^(zs-ms) (CE at T != 1), zs[y] (its rank)  -> SUM 4              (st_sum)
+ *            sum e^(zs-ms) (CE at T != 1), zs[y] (its rank)  -> SUM 4              (stat_sum)
  *   3. div   the divergence's terms and sum g over the block (the teacher's constants as the
- *            CPU's, fld_teacher_shift); the row's CE and lse  -> SUM 2              (st_div)
+ *            CPU's, fld_teacher_shift); the row's CE and lse  -> SUM 2              (stat_div)
  *   4. grad  dzs in place (fld_dz, the single-process definition), row_soft
  *   dws, dbs of the block (fld_chunk_wgrad; ignored rows zeroed in its xs, fld_mask_rows); dxs:
  *   the partial dzs ws_r in fp32, SUM, rounded once. Both gradient factors 0: none of this (no
@@ -19,14 +19,14 @@
  * are global ids, checked on the device against v_total; a row's label column is local on one
  * rank only. Nothing in this file has run on a GPU yet.
  *
- * Workspace: fld.cu's (for this rank's v), then st: 8 doubles a chunk row (st_max,
- * st_sum, st_div), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
+ * Workspace: fld.cu's (for this rank's v), then st: 8 doubles a chunk row (stat_max,
+ * stat_sum, stat_div), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
 
 typedef struct fldvp_args {
     fld_row_args r;   /* v: this rank's columns; row0 and labels global */
     int64_t v_lo;    /* global id of local column 0 */
     int64_t v_total;
-    double *st_max, *st_sum, *st_div; /* [2 rows], [4 rows], [2 rows] of the chunk */
+    double *stat_max, *stat_sum, *stat_div; /* [2 rows], [4 rows], [2 rows] of the chunk */
 } fldvp_args;
 
 /* The log-normalizers of a row from its reduced statistics (every thread computes them). */
@@ -93,10 +93,10 @@ __device__ double fldvp_sum_exp(const fldvp_args &a, const float *z, const void 
 }
 
 __device__ __forceinline__ fldvp_norms fldvp_norms_of(const fldvp_args &a, int64_t r) {
-    const double *sm = a.st_sum + 4 * r;
+    const double *sm = a.stat_sum + 4 * r;
     fldvp_norms n;
-    n.ms = (float)a.st_max[2 * r];
-    n.mt = (float)a.st_max[2 * r + 1];
+    n.ms = (float)a.stat_max[2 * r];
+    n.mt = (float)a.stat_max[2 * r + 1];
     const double lss = a.r.do_soft ? log(sm[0]) : 0.0, lst = a.r.do_soft ? log(sm[1]) : 0.0;
     /* the CE's normalizer: the tempered one when T = 1 (phase 2 then skipped sm[2]) */
     n.lsh = !a.r.do_hard ? 0.0 : a.r.do_soft && a.r.same_t ? lss : log(sm[2]);
@@ -114,7 +114,7 @@ __device__ __forceinline__ fldvp_norms fldvp_norms_of(const fldvp_args &a, int64
     return n;
 }
 
-/* Phase 1: st_max = {max zs, max zt} over this rank's columns (-inf for rows that do not
+/* Phase 1: stat_max = {max zs, max zt} over this rank's columns (-inf for rows that do not
  * count, and for zt without a soft part). */
 template <int DS, int DT>
 __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_max_kernel(fldvp_args a) {
@@ -127,12 +127,12 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_max_kernel(fldvp_args a
         if (a.r.do_soft) mt = fldvp_row_max<DT>(a, a.r.zt + r * a.r.ldz, a.r.bt, red);
     }
     if (threadIdx.x == 0) {
-        a.st_max[2 * r] = ms;
-        a.st_max[2 * r + 1] = mt;
+        a.stat_max[2 * r] = ms;
+        a.stat_max[2 * r + 1] = mt;
     }
 }
 
-/* Phase 2: st_sum = {sum e^((zs-ms)/T), sum e^((zt-mt)/T), sum e^(zs-ms), zs[y]} over this
+/* Phase 2: stat_sum = {sum e^((zs-ms)/T), sum e^((zt-mt)/T), sum e^(zs-ms), zs[y]} over this
  * rank's columns, at the maxima of every rank (0 for rows that do not count). */
 template <int DS, int DT>
 __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_sums_kernel(fldvp_args a) {
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_sums_kernel(fldvp_args 
     int64_t y, yc;
     double s0 = 0.0, s1 = 0.0, s2 = 0.0, zy = 0.0;
     if (fldvp_label(a, r, &y, &yc)) {
-        const float ms = (float)a.st_max[2 * r], mt = (float)a.st_max[2 * r + 1];
+        const float ms = (float)a.stat_max[2 * r], mt = (float)a.stat_max[2 * r + 1];
         if (a.r.do_soft) {
             s0 = fldvp_sum_exp<DS>(a, zs, a.r.bs, ms, a.r.inv_t, red);
             s1 = fldvp_sum_exp<DT>(a, a.r.zt + r * a.r.ldz, a.r.bt, mt, a.r.inv_t, red);
@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_sums_kernel(fldvp_args 
         if (a.r.do_hard && yc >= 0) zy = zs[yc] + (a.r.bs ? kd_ld<DS>(a.r.bs, yc) : 0.0f);
     }
     if (threadIdx.x == 0) {
-        double *sm = a.st_sum + 4 * r;
+        double *sm = a.stat_sum + 4 * r;
         sm[0] = s0;
         sm[1] = s1;
         sm[2] = s2;
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_sums_kernel(fldvp_args 
     }
 }
 
-/* Phase 3: st_div = {sum of the divergence's terms, sum g} over this rank's columns; the row's
+/* Phase 3: stat_div = {sum of the divergence's terms, sum g} over this rank's columns; the row's
  * cross-entropy and lse (every rank computes the same from the reduced sums). */
 template <int DS, int DT>
 __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_div_kernel(fldvp_args a) {
@@ -211,10 +211,10 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_div_kernel(fldvp_args a
         if (nm.poisoned) d0 = d1 = __longlong_as_double(0x7ff8000000000000LL);
     }
     if (threadIdx.x != 0) return;
-    a.st_div[2 * r] = d0;
-    a.st_div[2 * r + 1] = d1;
+    a.stat_div[2 * r] = d0;
+    a.stat_div[2 * r + 1] = d1;
     if (!valid) return; /* phase 4 writes the row outputs of rows that do not count */
-    const double hard = a.r.do_hard ? ((double)nm.ms - a.st_sum[4 * r + 3]) + nm.lsh : 0.0;
+    const double hard = a.r.do_hard ? ((double)nm.ms - a.stat_sum[4 * r + 3]) + nm.lsh : 0.0;
     a.r.row_hard[gr] = hard;
     if (a.r.out_hard) a.r.out_hard[gr] = (float)hard;
     if (a.r.out_lse) a.r.out_lse[gr] = a.r.do_hard ? nm.lh : 0.0f;
@@ -232,19 +232,19 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_grad_kernel(fldvp_args 
         return;
     }
     if (threadIdx.x == 0) {
-        const double d = a.r.do_soft ? a.st_div[2 * r] : 0.0;
+        const double d = a.r.do_soft ? a.stat_div[2 * r] : 0.0;
         a.r.row_soft[gr] = d;
         if (a.r.out_soft) a.r.out_soft[gr] = (float)d;
     }
     if (!a.r.do_grad) return;
     const fldvp_norms nm = fldvp_norms_of(a, r);
-    const float it = a.r.inv_t, S = (float)a.st_div[2 * r + 1];
+    const float it = a.r.inv_t, S = (float)a.stat_div[2 * r + 1];
     float ca, cb;
     fld_factors(a.r, &ca, &cb);
     if (nm.wide) { /* the careful form (row_special.cuh): kd_wide_dz, S in double */
         const float gs = a.r.grad_soft ? cb : 0.0f, gh = a.r.grad_hard ? ca : 0.0f;
         const bool share = a.r.same_t && gs != 0.0f;
-        const double it64 = (double)it, S64 = a.st_div[2 * r + 1];
+        const double it64 = (double)it, S64 = a.stat_div[2 * r + 1];
         fld_dz_pass<DS, DT>(a.r, zs, zt, a.r.grad_soft, [&](int64_t c, float s, float t) {
             float g = 0.0f;
             if (gs != 0.0f)
@@ -321,11 +321,11 @@ static kdloss_status fldvp_rows(const fldvp_call &k, const fldvp_args &a, int64_
     const kdloss_dtype ds = k.gm.sdt, dt = k.xt.dtype;
     const cudaStream_t st = k.gm.st;
     kdloss_status s = fldvp_launch(1, ds, dt, rows, a, st);
-    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
+    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
     if (s == KDLOSS_OK) s = fldvp_launch(2, ds, dt, rows, a, st);
-    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_sum, 4 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
+    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_sum, 4 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = fldvp_launch(3, ds, dt, rows, a, st);
-    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_div, 2 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
+    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_div, 2 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = fldvp_launch(4, ds, dt, rows, a, st);
     return s;
 }
@@ -360,9 +360,9 @@ static kdloss_status fldvp_run(const fldvp_call &k, const kdloss_fused_linear_di
     fld_row_setup(&a.r, p, k.G.out, P, bs, bt_bias, labels, k.gm.v, k.G.want_grad && !k.G.zero_g);
     a.v_lo = sh->v_begin;
     a.v_total = sh->v_total;
-    a.st_max = k.P->st;
-    a.st_sum = a.st_max + 2 * P.chunk;
-    a.st_div = a.st_sum + 4 * P.chunk;
+    a.stat_max = k.P->st;
+    a.stat_sum = a.stat_max + 2 * P.chunk;
+    a.stat_div = a.stat_sum + 4 * P.chunk;
     const cudaStream_t st = k.gm.st;
     kdloss_status s = kd_cuda_count_labels(st, labels.data, a.r.lab64, bt, sh->v_total,
                                            p->ignore_index, P.hdr);

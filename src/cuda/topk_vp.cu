@@ -8,9 +8,9 @@
 /* The launches of a chunk, on the caller's stream:
  *   tk_check_kernel   every row's label and ids against v_total (the global ids)
  *   zs = xs[chunk] ws_r^T                                     (fld_chunk_logits)
- *   1. max   over this rank's columns outside S and over all of them -> MAX 2 a row   (st_max)
+ *   1. max   over this rank's columns outside S and over all of them -> MAX 2 a row   (stat_max)
  *   2. sums  sum e^((zs-mr)/T) and sum e^(zs-mr) (T != 1) outside S, the label's logit, the
- *            |S| <= K selected logits, each from the rank that holds it -> SUM 4 + K  (st_sum)
+ *            |S| <= K selected logits, each from the rank that holds it -> SUM 4 + K  (stat_sum)
  *   3+4. thread 0: the rest's log-sum-exp R, the untempered lse, kd_topk_row on all of S (the
  *        same numbers on every rank, no third all-reduce); then tk_pass_grad and tk_fixup, the
  *        single-process gradient passes, on this rank's columns and the slots it holds
@@ -24,13 +24,13 @@
  * file has run on a GPU yet.
  *
  * Workspace: topk.cu's dense plan (for this rank's v), then st: 6 + K doubles a chunk row
- * (st_max, st_sum), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
+ * (stat_max, stat_sum), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
 
 typedef struct tkvp_args {
     tk_row_args r;   /* v: this rank's columns; row0, flags, ids and labels global */
     int64_t v_lo;    /* global id of local column 0 */
     int64_t n_sum;   /* 4 + K */
-    double *st_max, *st_sum; /* [2 rows], [n_sum rows] of the chunk */
+    double *stat_max, *stat_sum; /* [2 rows], [n_sum rows] of the chunk */
 } tkvp_args;
 
 /* ---- device side ----------------------------------------------------------------------------- */
@@ -103,7 +103,7 @@ __device__ double tkvp_sum_rest(const tkvp_args &a, int64_t r, const uint32_t *b
     return kd_block_sum(acc, red);
 }
 
-/* Phase 1: st_max = {max zs outside S, max zs} over this rank's columns (-inf for rows that do
+/* Phase 1: stat_max = {max zs outside S, max zs} over this rank's columns (-inf for rows that do
  * not count). One block per row, grid-stride (tk_row_grid). */
 template <int DG>
 __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_max_kernel(tkvp_args a) {
@@ -121,8 +121,8 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_max_kernel(tkvp_args a) {
             __syncthreads(); /* cleared before the next row's marks */
         }
         if (threadIdx.x == 0) {
-            a.st_max[2 * r] = mr;
-            a.st_max[2 * r + 1] = m;
+            a.stat_max[2 * r] = mr;
+            a.stat_max[2 * r + 1] = m;
         }
     }
 }
@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_max_kernel(tkvp_args a) {
  * another rank holds the id), after the two sums; 0 up to n_sum. */
 template <int DG>
 __device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double s0, double s1) {
-    double *sm = a.st_sum + a.n_sum * r;
+    double *sm = a.stat_sum + a.n_sum * r;
     const tk_row_args &b = a.r;
     /* the label's logit wherever the cross-entropy is formed (row_lse alone too: the CPU's) */
     const int64_t y = b.do_hard && b.labels ? kd_label(b.labels, b.lab64, gr) - a.v_lo : -1;
@@ -149,7 +149,7 @@ __device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double
     for (; n < b.k; n++) sm[4 + n] = 0.0;
 }
 
-/* Phase 2: st_sum = {sum e^((zs-mr)/T) outside S, sum e^(zs-mr) outside S (untempered lse at
+/* Phase 2: stat_sum = {sum e^((zs-mr)/T) outside S, sum e^(zs-mr) outside S (untempered lse at
  * T != 1), 0, zs[y], zs at S} over this rank's columns, at the maxima of every rank. */
 template <int DG>
 __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_sums_kernel(tkvp_args a) {
@@ -159,12 +159,12 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_sums_kernel(tkvp_args a) 
     for (int64_t r = blockIdx.x; r < a.r.rows; r += gridDim.x) {
         const int64_t gr = a.r.row0 + r;
         if (a.r.flags[gr] != TK_ROW_OK) {
-            for (int64_t j = threadIdx.x; j < a.n_sum; j += blockDim.x) a.st_sum[a.n_sum * r + j] = 0.0;
+            for (int64_t j = threadIdx.x; j < a.n_sum; j += blockDim.x) a.stat_sum[a.n_sum * r + j] = 0.0;
             continue;
         }
         tkvp_mark(a, gr, bits, true);
         __syncthreads();
-        const float mr = (float)a.st_max[2 * r];
+        const float mr = (float)a.stat_max[2 * r];
         double s0 = 0.0, s1 = 0.0;
         if (mr > -INFINITY) { /* else no column outside S anywhere: both sums are empty */
             s0 = tkvp_sum_rest<DG>(a, r, bits, mr, a.r.inv_t, red);
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_sums_kernel(tkvp_args a) 
 __device__ void tkvp_row_math(const tkvp_args &a, int64_t r, int64_t gr, tk_slots s,
                               tk_row_state *rs) {
     const tk_row_args &b = a.r;
-    const double *sm = a.st_sum + a.n_sum * r;
+    const double *sm = a.stat_sum + a.n_sum * r;
     int64_t n = 0;
     for (int64_t j = 0; j < b.k; j++) {
         const int64_t id = kd_topk_id(b.ids, b.ids64, b.ld_ids, gr, j);
@@ -194,7 +194,7 @@ __device__ void tkvp_row_math(const tkvp_args &a, int64_t r, int64_t gr, tk_slot
         s.lp[n] = tk_ld_any(b.lp, b.lpdt, gr * b.ld_lp + j);
         n++;
     }
-    const float mr = (float)a.st_max[2 * r];
+    const float mr = (float)a.stat_max[2 * r];
     const double rest = mr > -INFINITY ? (double)mr * b.inv_t64 + log(sm[0]) : -INFINITY;
     double lse1 = 0.0;
     if (b.do_hard) {
@@ -299,10 +299,10 @@ static kdloss_status tkvp_chunk(const tkvp_call &k, tkvp_args &a, int64_t r0, in
     if (s == KDLOSS_OK)
         s = fld_map_rows(st, P.zs, P.ldz, rows, a.r.v, a.r.map_bias, ds, a.r.map_s);
     if (s == KDLOSS_OK) s = tkvp_launch(1, ds, a, P.sc, st);
-    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.st_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
+    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
     if (s == KDLOSS_OK) s = tkvp_launch(2, ds, a, P.sc, st);
     if (s == KDLOSS_OK)
-        s = kd_cuda_vp_allreduce(k.comm, a.st_sum, a.n_sum * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
+        s = kd_cuda_vp_allreduce(k.comm, a.stat_sum, a.n_sum * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = tkvp_launch(3, ds, a, P.sc, st);
     if (s != KDLOSS_OK) return s;
     return fld_chunk_backward(k.gm, k.G, tk_mask_of(a.r, k.gh0), r0, rows, [&] {
@@ -331,8 +331,8 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     a.r.v = k.gm.v; /* tk_row_common gave the ids' range, v_total */
     a.v_lo = sh->v_begin;
     a.n_sum = 4 + t.k;
-    a.st_max = k.P->st;
-    a.st_sum = a.st_max + 2 * P.chunk;
+    a.stat_max = k.P->st;
+    a.stat_sum = a.stat_max + 2 * P.chunk;
     kdloss_status s = tk_check_launch(st, c);
     if (s == KDLOSS_OK) s = tk_zero_slices(P, st);
     s = fld_for_chunks(s, bt, P.chunk,
