@@ -38,16 +38,13 @@ orders of magnitude above this bound. (Observed: bitwise equal wherever the sema
 
 import copy
 import datetime
-import gc
-import os
-import time
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from conftest import UNIT, assert_close
+from test_vocab_parallel import WORLD, check_scenario, spawn_scenarios
 
 try:  # torch >= 2.6; torch 2.4 / 2.5 have it under _composable
     from torch.distributed.fsdp import fully_shard
@@ -63,7 +60,6 @@ pytestmark = [
     pytest.mark.skipif(fully_shard is None, reason="this torch has no FSDP2 fully_shard"),
 ]
 
-WORLD = 2
 V, H, HT, B, L, K = 128, 32, 24, 2, 8, 8  # vocabulary, hidden sizes, batch per rank, top-k slots
 LR = 0.5
 TOL = 4 * V * UNIT[torch.float32]  # 3.1e-5: the module docstring's derivation
@@ -261,72 +257,25 @@ def _inside_forward(rank):
 SCENARIOS = {"inside_forward": _inside_forward, "dtensor_head": _dtensor_head}
 
 
-# ---- the harness: one spawn runs every scenario --------------------------------------------------
+# ---- the harness: test_vocab_parallel's (one spawn runs every scenario) -------------------------
 
-def _entry(rank, store, outdir):
-    """A rank: joins the gloo group, runs SCENARIOS in order, writes each one's outcome to
-    outdir/NAME.RANK (empty: passed; else the traceback). A failed check does not end the process
-    (a scenario's collectives have all run by then); any other exception does, with that
-    exception: the ranks may be out of step."""
+KEEP_GOING_ON_ASSERT = True  # a scenario's collectives have all run before it checks anything
+
+
+def rank_setup(rank):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
-                            timeout=COLLECTIVE_TIMEOUT)
-    try:
-        for name, worker in SCENARIOS.items():
-            outcome = os.path.join(outdir, f"{name}.{rank}")
-            try:
-                worker(rank)
-            except BaseException as e:
-                with open(outcome, "w") as f:
-                    f.write(traceback.format_exc())
-                if not isinstance(e, AssertionError):
-                    raise
-                continue
-            open(outcome, "w").close()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    outdir = tmp_path_factory.mktemp("fsdp2")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")  # 2 processes on 2 cores
-        ctx = torch.multiprocessing.start_processes(
-            _entry, args=(str(outdir / "store"), str(outdir)), nprocs=WORLD, join=False,
-            start_method="spawn")
-    deadline, ended = time.monotonic() + DEADLINE_S, None
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() >= deadline:
-                ended = f"the processes were killed after {DEADLINE_S} s"
-                break
-    except Exception as e:  # a rank raised or died
-        ended = str(e)
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    return outdir, ended
-
-
-def _check(outcomes, name):
-    outdir, ended = outcomes
-    for rank in range(WORLD):
-        path = outdir / f"{name}.{rank}"
-        if not path.exists():
-            pytest.fail(f"rank {rank} did not finish {name}: {ended or 'no outcome written'}")
-        text = path.read_text()
-        if text:
-            pytest.fail(f"rank {rank} failed {name}:\n{text}")
+    return spawn_scenarios(tmp_path_factory, __name__, DEADLINE_S)
 
 
 def test_loss_inside_the_wrapped_forward(outcomes):
     """lm_head unsharded by FSDP2 (plain tensors): kdloss sees no DTensor."""
-    _check(outcomes, "inside_forward")
+    check_scenario(outcomes, "inside_forward")
 
 
 def test_dtensor_lm_head_outside_the_forward(outcomes):
     """README's TRL recipe: the loss on student.lm_head.weight / .bias as DTensors."""
-    _check(outcomes, "dtensor_head")
+    check_scenario(outcomes, "dtensor_head")

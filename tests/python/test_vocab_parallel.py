@@ -49,21 +49,27 @@ def _entry(rank, store, outdir, module):
     """A rank: joins the gloo group, runs the scenarios of test module `module` (its SCENARIOS,
     after its rank_setup(rank) if it has one) in order, writes each one's outcome to
     outdir/NAME.RANK (empty: passed; else the traceback). The first failure ends the process with
-    that exception: the ranks are no longer in step, and the parent reports a non-zero exit."""
+    that exception: the ranks are no longer in step, and the parent reports a non-zero exit. A
+    module whose scenarios have run all their collectives before they check anything sets
+    KEEP_GOING_ON_ASSERT: a failed check (AssertionError) then ends only its scenario. The
+    module's COLLECTIVE_TIMEOUT, if it has one, replaces this one's."""
     mod = importlib.import_module(module)
     if hasattr(mod, "rank_setup"):
         mod.rank_setup(rank)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
-                            world_size=WORLD, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD,
+                            timeout=getattr(mod, "COLLECTIVE_TIMEOUT", COLLECTIVE_TIMEOUT))
+    keep_going = getattr(mod, "KEEP_GOING_ON_ASSERT", False)
     try:
         for name, worker in mod.SCENARIOS.items():
             outcome = os.path.join(outdir, f"{name}.{rank}")
             try:
                 worker(rank)
-            except BaseException:
+            except BaseException as e:
                 with open(outcome, "w") as f:
                     f.write(traceback.format_exc())
-                raise
+                if not (keep_going and isinstance(e, AssertionError)):
+                    raise
+                continue
             open(outcome, "w").close()
     finally:
         gc.collect()  # cycles that hold the group (DDP's, the caught errors' tracebacks) go first
