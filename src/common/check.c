@@ -8,6 +8,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "logit_map.h"
+
 int kd_is_float_dtype(kdloss_dtype dt) {
     return dt == KDLOSS_F32 || dt == KDLOSS_BF16 || dt == KDLOSS_F16;
 }
@@ -190,7 +192,7 @@ static kdloss_status check_map(const char *who, kdloss_logit_map m) {
     if (!(m.scale >= 0.0) || !kd_fp32_finite(m.scale))
         return bad_param(what, m.scale, "must be 0 (the identity) or > 0, a finite fp32");
     snprintf(what, sizeof what, "%s.softcap", who);
-    double s = m.scale == 0.0 ? 1.0 : m.scale;
+    double s = kd_logit_map_scale(m);
     if (!(m.softcap >= 0.0) || !kd_fp32_finite(m.softcap) ||
         (m.softcap > 0.0 && (!kd_fp32_finite(1.0 / m.softcap) || !kd_fp32_finite(s / m.softcap))))
         return bad_param(what, m.softcap,
@@ -229,7 +231,7 @@ kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
         return st;
     /* ... times the student map's scale, which the row pass folds into them (logit_map.h) */
     double t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
-    double s = p->student_map.scale == 0.0 ? 1.0 : p->student_map.scale;
+    double s = kd_logit_map_scale(p->student_map);
     if (!kd_fp32_finite(p->grad_scale * p->weight_soft_loss * t_fac * s) ||
         !kd_fp32_finite(p->grad_scale * p->weight_hard_loss * s))
         return bad_param("grad_scale", p->grad_scale,

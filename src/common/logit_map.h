@@ -26,10 +26,13 @@ typedef struct kd_logit_map {
     int on;        /* not the identity: the row pass applies it */
 } kd_logit_map;
 
-/* From a checked public map (kd_logit_map_check). */
+/* The public map's scale as it is meant: 0 (a zeroed map) reads as 1. */
+KD_HDL double kd_logit_map_scale(kdloss_logit_map m) { return m.scale == 0.0 ? 1.0 : m.scale; }
+
+/* From a checked public map (kd_fld_check_params). */
 KD_HDL kd_logit_map kd_logit_map_make(kdloss_logit_map m) {
     kd_logit_map r;
-    double s = m.scale == 0.0 ? 1.0 : m.scale;
+    double s = kd_logit_map_scale(m);
     r.scale = (float)s;
     r.cap = (float)m.softcap;
     r.s_cap = m.softcap > 0.0 ? (float)(s / m.softcap) : 0.0f;

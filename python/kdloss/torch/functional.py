@@ -655,6 +655,16 @@ def _maps(student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0
             num(teacher_softcap, 0.0, "teacher_softcap"))
 
 
+def _logit_map_keywords(student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0,
+                        teacher_softcap=None):
+    """The four logit-map keywords as a dict (what the fused modules keep and pass on), checked
+    by _maps here: a non-number fails when the module is built, not at its first call."""
+    kw = dict(student_logit_scale=student_logit_scale, student_softcap=student_softcap,
+              teacher_logit_scale=teacher_logit_scale, teacher_softcap=teacher_softcap)
+    _maps(**kw)
+    return kw
+
+
 def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
          chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None,
          maps=(1.0, 0.0, 1.0, 0.0)):

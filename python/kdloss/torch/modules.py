@@ -103,11 +103,8 @@ class FusedLinearJSDLoss(torch.nn.Module):
         super().__init__()
         if temperature == 0:
             raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
-        self.logit_maps = dict(student_logit_scale=student_logit_scale,
-                               student_softcap=student_softcap,
-                               teacher_logit_scale=teacher_logit_scale,
-                               teacher_softcap=teacher_softcap)
-        F._maps(**self.logit_maps)  # a non-number fails here
+        self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
+                                                teacher_logit_scale, teacher_softcap)
         self.weight_hard_loss = weight_hard_loss
         self.weight_soft_loss = weight_soft_loss
         self.beta = beta
@@ -177,11 +174,8 @@ class FusedLinearDistillLoss(torch.nn.Module):
                  student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0,
                  teacher_softcap=None):
         super().__init__()
-        self.logit_maps = dict(student_logit_scale=student_logit_scale,
-                               student_softcap=student_softcap,
-                               teacher_logit_scale=teacher_logit_scale,
-                               teacher_softcap=teacher_softcap)
-        F._maps(**self.logit_maps)  # a non-number fails here
+        self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
+                                                teacher_logit_scale, teacher_softcap)
         F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
         self.beta = beta
