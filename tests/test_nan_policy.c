@@ -63,18 +63,6 @@ static void check_poisoned(const char *what, int64_t v, kdloss_dtype dt, float l
     free(b);
 }
 
-/* logits / log-probs of BT x v in [-4, 4) (log-probs: log_softmax of them) */
-static void fill(kt_rng *r, double *x, int64_t v, int logp) {
-    for (int64_t i = 0; i < BT; i++) {
-        double *row = x + i * v, m = -INFINITY, s = 0;
-        for (int64_t j = 0; j < v; j++) row[j] = 8 * kt_uniform(r) - 4;
-        if (!logp) continue;
-        for (int64_t j = 0; j < v; j++) m = fmax(m, row[j]);
-        for (int64_t j = 0; j < v; j++) s += exp(row[j] - m);
-        for (int64_t j = 0; j < v; j++) row[j] -= m + log(s);
-    }
-}
-
 /* The poisoned value put at element (1, col) of the student (who 0) or the teacher (who 1). */
 typedef struct poison {
     const char *name;
@@ -90,8 +78,8 @@ static void distill_logprobs(kt_rng *rng) {
                          {"NaN student where P = 0", 0, NAN, -INFINITY},
                          {"+inf teacher", 1, INFINITY, NAN}};
     double *x = malloc(sizeof(double) * BT * v), *y = malloc(sizeof(double) * BT * v);
-    fill(rng, x, v, 1);
-    fill(rng, y, v, 1);
+    kt_uniform_rows(rng, x, BT, v, 1);
+    kt_uniform_rows(rng, y, BT, v, 1);
     for (int dti = 0; dti < 2; dti++) {
         kdloss_dtype dt = dti ? KDLOSS_BF16 : KDLOSS_F32;
         for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++)
@@ -189,8 +177,8 @@ static void distill_logits(kt_rng *rng) {
     for (int vi = 0; vi < 2; vi++) {
         int64_t v = vs[vi];
         double *x = malloc(sizeof(double) * BT * v), *y = malloc(sizeof(double) * BT * v);
-        fill(rng, x, v, 0);
-        fill(rng, y, v, 0);
+        kt_uniform_rows(rng, x, BT, v, 0);
+        kt_uniform_rows(rng, y, BT, v, 0);
         for (int dti = 0; dti < 2; dti++) {
             kdloss_dtype dt = dti ? KDLOSS_BF16 : KDLOSS_F32;
             for (size_t pi = 0; pi < sizeof ps / sizeof ps[0]; pi++)
@@ -244,7 +232,7 @@ static void distill_logits(kt_rng *rng) {
 static void topk(kt_rng *rng) {
     const int64_t v = 40, k = 6;
     double *x = malloc(sizeof(double) * BT * v);
-    fill(rng, x, v, 0);
+    kt_uniform_rows(rng, x, BT, v, 0);
     float s0[BT * 40], s1[BT * 40], g0[BT * 40], g1[BT * 40], lp0[BT * 6], lp1[BT * 6];
     int32_t ids[BT * 6];
     for (int64_t i = 0; i < BT * v; i++) s0[i] = (float)x[i];

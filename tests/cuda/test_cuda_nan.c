@@ -43,18 +43,6 @@ static void nan_check(const char *what, int64_t v, kdloss_dtype dt, float loss, 
              "nan %s: clean rows' gradients changed", what);
 }
 
-/* NB x v logits in [-4, 4), or (logp) their log_softmax */
-static void nan_fill(kt_rng *r, double *x, int64_t v, int logp) {
-    for (int64_t i = 0; i < NB; i++) {
-        double *row = x + i * v, m = -INFINITY, s = 0;
-        for (int64_t j = 0; j < v; j++) row[j] = 8 * kt_uniform(r) - 4;
-        if (!logp) continue;
-        for (int64_t j = 0; j < v; j++) m = fmax(m, row[j]);
-        for (int64_t j = 0; j < v; j++) s += exp(row[j] - m);
-        for (int64_t j = 0; j < v; j++) row[j] -= m + log(s);
-    }
-}
-
 typedef struct nan_poison {
     const char *name;
     int who;              /* 0 student, 1 teacher */
@@ -78,8 +66,8 @@ static void nan_rows_make(kt_rng *rng, nan_rows *o, int64_t v, int64_t col, int 
     o->v = v, o->col = col;
     o->x = xmalloc(sizeof(double) * NB * v), o->y = xmalloc(sizeof(double) * NB * v);
     o->x1 = xmalloc(sizeof(double) * NB * v), o->y1 = xmalloc(sizeof(double) * NB * v);
-    nan_fill(rng, o->x, v, logp);
-    nan_fill(rng, o->y, v, logp);
+    kt_uniform_rows(rng, o->x, NB, v, logp);
+    kt_uniform_rows(rng, o->y, NB, v, logp);
     o->g0 = xmalloc(4 * NB * v), o->g1 = xmalloc(4 * NB * v);
 }
 
@@ -273,8 +261,8 @@ static void nan_kl_case(int lt, int pi, float *s, float *t) {
 static void nan_kl(kt_rng *rng) {
     enum { V = NAN_KL_V };
     double x[NB * V], y[NB * V];
-    nan_fill(rng, x, V, 1);
-    nan_fill(rng, y, V, 1);
+    kt_uniform_rows(rng, x, NB, V, 1);
+    kt_uniform_rows(rng, y, NB, V, 1);
     for (int lt = 0; lt < 2; lt++)
         for (int pi = 0; pi < 3; pi++) {
             float s[NB * V], t[NB * V];
@@ -427,7 +415,7 @@ static void nan_topk_case(const kdloss_topk_distill_params *p, int c, const floa
 static void nan_topk(kt_rng *rng) {
     enum { V = NAN_TK_V, K = NAN_TK_K };
     double x[NB * V];
-    nan_fill(rng, x, V, 0);
+    kt_uniform_rows(rng, x, NB, V, 0);
     float s0[NB * V], g0[NB * V], lp0[NB * K];
     int32_t ids[NB * K];
     for (int64_t i = 0; i < NB * V; i++) s0[i] = (float)x[i];

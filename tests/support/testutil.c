@@ -60,6 +60,17 @@ uint64_t kt_base_seed(void) {
 
 int kt_quick(void) { return getenv("KDLOSS_TEST_QUICK") != NULL; }
 
+void kt_uniform_rows(kt_rng *r, double *x, int64_t rows, int64_t v, int logp) {
+    for (int64_t i = 0; i < rows; i++) {
+        double *row = x + i * v, m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < v; j++) row[j] = 8 * kt_uniform(r) - 4;
+        if (!logp) continue;
+        for (int64_t j = 0; j < v; j++) m = fmax(m, row[j]);
+        for (int64_t j = 0; j < v; j++) s += exp(row[j] - m);
+        for (int64_t j = 0; j < v; j++) row[j] -= m + log(s);
+    }
+}
+
 void kt_gen_logprobs(kt_rng *rng, double *logp, int64_t bt, int64_t v, int allow_ninf, int shift) {
     int kinds = allow_ninf ? KT_ROW_KINDS : KT_ROW_KINDS - 1;
     for (int64_t r = 0; r < bt; r++) {

@@ -34,6 +34,9 @@ enum {
     KT_ROW_NINF,       /* some entries exactly -inf (only when allow_ninf) */
     KT_ROW_KINDS
 };
+/* Fills x (rows x v) with logits uniform in [-4, 4), or (logp) their log_softmax in double: the
+ * NaN-policy tests' plain rows (test_nan_policy.c, tests/cuda/test_cuda_nan.c). */
+void kt_uniform_rows(kt_rng *r, double *x, int64_t rows, int64_t v, int logp);
 /* Fills logp (bt x v) with log-probs (log_softmax of generated logits), row kind = (r + shift) % kinds. */
 void kt_gen_logprobs(kt_rng *rng, double *logp, int64_t bt, int64_t v, int allow_ninf, int shift);
 /* Rounds each value to what `dt` can hold (bf16/f16 rounding), in place. */
