@@ -369,11 +369,14 @@ static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
     r.l2 = (float)(lse1 - (double)r.m);
     r.nan = soft && isnan(dv[0]);
     r.wide = kd_row_wide(r.mr) && !none;
-    int64_t y_rest = y; /* the label's column when it lies outside S */
-    for (int64_t k = 0; k < n; k++)
-        if (col[k] == y) y_rest = -1;
-    if (capped) PH(topk_rest_capped)(a, &r, z, y_rest);
-    else PH(topk_rest_cols)(a, &r, z, a->v);
+    if (capped) {
+        int64_t y_rest = y; /* the label's column when it lies outside S */
+        for (int64_t k = 0; k < n; k++)
+            if (col[k] == y) y_rest = -1;
+        PH(topk_rest_capped)(a, &r, z, y_rest);
+    } else {
+        PH(topk_rest_cols)(a, &r, z, a->v);
+    }
     for (int64_t k = 0; k < n; k++) {
         if (col[k] < 0) continue;
         float d = soft ? a->gs * gk[k] : 0.0f;
