@@ -11,7 +11,7 @@ FUZZ_LONG  ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build install test test-c test-install test-san test-cuda test-cuda-sim test-py test-fuzz fuzz fuzz-build test-fault bench bench-check cuda clean wheel test-wheel
+.PHONY: gpu-model all deps build install test test-c test-install test-san test-cuda test-cuda-sim test-py test-fuzz fuzz fuzz-build test-fault bench bench-check cuda clean wheel test-wheel
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 all: build
@@ -55,10 +55,18 @@ test-san: deps
 # "cuda-sim: K of N kernels executed, C checker reports".
 test-cuda-sim: deps
 	cmake -S . -B $(BUILD_SIM) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA_SIM=ON $(CMAKE_ARGS) >/dev/null
-	cmake --build $(BUILD_SIM) -j $(JOBS) --target test_cuda test_sim_planted test_sim_blas
-	cd $(BUILD_SIM) && ctest --output-on-failure -R '^test_(cuda|cuda_gemmex|sim_planted|sim_blas)$$'
+	cmake --build $(BUILD_SIM) -j $(JOBS) --target test_cuda test_sim_planted test_sim_blas gpu_model
+	cd $(BUILD_SIM) && ctest --output-on-failure -R '^test_(cuda|cuda_gemmex|sim_planted|sim_blas|gpu_model)$$'
 	@grep -h '^cuda-sim: .* launch sites reached' $(BUILD_SIM)/Testing/Temporary/LastTest.log | head -1
 	@grep -h '^cuda-sim: .* kernels executed' $(BUILD_SIM)/Testing/Temporary/LastTest.log | head -1
+
+# The GPU model (bench/gpu_model/): the seed workloads' time on an H100 SXM and an H200, modelled
+# from what the simulator counts (bytes per launch, GEMM FLOPs, syncs), labelled "modelled, not
+# measured". A few minutes; `make test` runs its --check (test_gpu_model).
+gpu-model: deps
+	cmake -S . -B $(BUILD_SIM) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA_SIM=ON $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD_SIM) -j $(JOBS) --target gpu_model
+	$(BUILD_SIM)/gpu_model
 
 # The CUDA backend is built with nvcc (warnings as errors) wherever nvcc exists; its test skips
 # itself without a GPU (the simulator runs the kernels: test-cuda-sim).

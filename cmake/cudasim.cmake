@@ -84,6 +84,7 @@ function(kd_cudasim_tests)
     target_link_libraries(test_sim_planted PRIVATE kdsim)
     add_test(NAME test_sim_planted COMMAND test_sim_planted)
   endif()
+  kd_gpu_model()
   file(GLOB KD_SIM_TESTS CONFIGURE_DEPENDS cudasim/tests/test_*.c)
   foreach(t ${KD_SIM_TESTS})
     get_filename_component(name ${t} NAME_WE)
@@ -93,4 +94,21 @@ function(kd_cudasim_tests)
     target_link_libraries(${name} PRIVATE kdsim Threads::Threads ${MATH_LIB})
     add_test(NAME ${name} COMMAND ${name})
   endforeach()
+endfunction()
+
+# gpu_model (bench/gpu_model/, `make gpu-model`): the seed workloads' modelled GPU time from the
+# simulator's trace; needs the racecheck build's instrumentation (it counts the bytes). Its
+# --check run is a test: the model must see the chunk count and catch its planted double read.
+function(kd_gpu_model)
+  if(KDLOSS_SANITIZE)
+    return()
+  endif()
+  kd_sim_registry(${CMAKE_BINARY_DIR}/kd_gpu_model_registry.cpp
+                  ${CMAKE_CURRENT_SOURCE_DIR}/bench/gpu_model/planted.cu)
+  add_executable(gpu_model bench/gpu_model/gpu_model.c bench/gpu_model/planted.cu
+                 ${CMAKE_BINARY_DIR}/kd_gpu_model_registry.cpp)
+  kd_cudasim_sources(gpu_model bench/gpu_model/planted.cu)
+  target_link_libraries(gpu_model PRIVATE kdloss kdsim ${MATH_LIB})
+  add_test(NAME test_gpu_model COMMAND gpu_model --check)
+  set_tests_properties(test_gpu_model PROPERTIES TIMEOUT 900)
 endfunction()

@@ -495,8 +495,11 @@ typedef struct kdloss_fljsd_params {
     double weight_soft_loss; /* >= 0; default 0.5                                                 */
     int64_t ignore_index;    /* default -100                                                      */
     int64_t chunk_size;      /* rows per chunk; 0 = automatic from shapes and memory_budget       */
-    size_t memory_budget;    /* bytes of working space the chunk may use; 0 = 256 MiB (or the
-                                one-row minimum when the shapes need more). A non-zero budget below
+    size_t memory_budget;    /* bytes of working space the chunk may use; 0 = 256 MiB on the CPU
+                                and, in the dense kdloss_cuda_* fused losses, 1/32 of the device's
+                                memory between 256 MiB and 2 GiB (the device of the context; the
+                                workspace queries use the current device); the one-row minimum
+                                when the shapes need more. A non-zero budget below
                                 kdloss_fljsd_min_budget() is KDLOSS_ERR_BUDGET_TOO_SMALL          */
     double grad_scale;       /* upstream gradient, folded into every gradient; default 1. The
                                 factors grad_scale * w_soft / T and grad_scale * w_hard must be
@@ -594,7 +597,7 @@ typedef struct kdloss_fused_linear_distill_params {
     int t2_scale;            /* 0 or 1; default 0                                                 */
     int64_t ignore_index;    /* default -100                                                      */
     int64_t chunk_size;      /* as kdloss_fljsd_params; default 0 (automatic)                     */
-    size_t memory_budget;    /* as kdloss_fljsd_params; default 0 (256 MiB)                       */
+    size_t memory_budget;    /* as kdloss_fljsd_params; default 0 (automatic, per backend)        */
     double grad_scale;       /* default 1                                                         */
     kdloss_logit_map student_map; /* the student head's logit map; default the identity        */
     kdloss_logit_map teacher_map; /* the teacher head's logit map; default the identity        */

@@ -110,6 +110,11 @@ extern "C" const char *cudaGetErrorString(cudaError_t e) { return cudaGetErrorNa
 /* ---- device ---------------------------------------------------------------------------------- */
 
 static thread_local int t_device = 0;
+static std::atomic<size_t> g_device_memory{(size_t)16 << 30}; /* what the properties report */
+
+extern "C" void kd_sim_set_device_memory(size_t bytes) {
+    g_device_memory.store(bytes ? bytes : (size_t)16 << 30);
+}
 
 extern "C" cudaError_t cudaGetDeviceCount(int *count) {
     if (!count) return cudaErrorInvalidValue;
@@ -134,7 +139,7 @@ extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
     if (device != 0) return cudaErrorInvalidDevice;
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "kdloss cuda-sim (sm_90 limits, CPU)");
-    p->totalGlobalMem = (size_t)16 << 30;
+    p->totalGlobalMem = g_device_memory.load();
     p->sharedMemPerBlock = 48 * 1024;
     p->sharedMemPerBlockOptin = 227 * 1024;
     p->warpSize = 32;
@@ -147,7 +152,10 @@ extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaDeviceSynchronize(void) { return sticky(); }
+extern "C" cudaError_t cudaDeviceSynchronize(void) {
+    kd_sim_trace_simple(KD_SIM_OP_SYNC, "cudaDeviceSynchronize", 0.0, 0.0);
+    return sticky();
+}
 
 /* ---- device memory --------------------------------------------------------------------------- */
 
@@ -174,8 +182,9 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
                                           cudaErrorMemoryAllocation;
     size_t total = KD_GUARD + (bytes + KD_GUARD - 1) / KD_GUARD * KD_GUARD + KD_GUARD;
     void *raw = aligned_alloc(KD_GUARD, total);
-    uint8_t *shadow = kd_sim_hooks_active() ? (uint8_t *)calloc(bytes, 1) : NULL;
-    if (!raw || (kd_sim_hooks_active() && !shadow)) {
+    const int want_shadow = kd_sim_hooks_active() && !kd_sim_model_mode();
+    uint8_t *shadow = want_shadow ? (uint8_t *)calloc(bytes, 1) : NULL;
+    if (!raw || (want_shadow && !shadow)) {
         free(raw);
         free(shadow);
         kd_sim_set_last_error(cudaErrorMemoryAllocation);
@@ -192,6 +201,7 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t bytes) {
     g_live[a->user] = a;
     g_version++;
     *p = (void *)a->user;
+    kd_sim_trace_simple(KD_SIM_OP_ALLOC, "cudaMalloc", 0.0, (double)bytes);
     return cudaSuccess;
 }
 
@@ -341,6 +351,8 @@ static cudaError_t memcpy_checked(void *dst, const void *src, size_t bytes, cuda
     if (dd && !kd_sim_dev_check(dst, bytes, "cudaMemcpy destination")) return cudaErrorInvalidValue;
     if (sd && !kd_sim_dev_check(src, bytes, "cudaMemcpy source")) return cudaErrorInvalidValue;
     memmove(dst, src, bytes);
+    kd_sim_trace_simple(KD_SIM_OP_COPY, "cudaMemcpy", sd ? (double)bytes : 0.0,
+                        dd ? (double)bytes : 0.0);
     if (dd && sd) copy_shadow(dst, src, bytes);
     else if (dd) kd_sim_dev_mark_init(dst, bytes);
     return cudaSuccess;
@@ -348,6 +360,7 @@ static cudaError_t memcpy_checked(void *dst, const void *src, size_t bytes, cuda
 
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind) {
     cudaError_t e = memcpy_checked(dst, src, bytes, kind);
+    if (bytes) kd_sim_trace_simple(KD_SIM_OP_SYNC, "cudaMemcpy", 0.0, 0.0); /* synchronous */
     if (e != cudaSuccess) return e;
     return sticky();
 }
@@ -363,6 +376,7 @@ extern "C" cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStr
     if (bytes == 0) return cudaSuccess;
     if (!kd_sim_dev_check(p, bytes, "cudaMemset")) return cudaErrorInvalidValue;
     memset(p, value, bytes);
+    kd_sim_trace_simple(KD_SIM_OP_MEMSET, "cudaMemset", 0.0, (double)bytes);
     kd_sim_dev_mark_init(p, bytes);
     return cudaSuccess;
 }
@@ -403,6 +417,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t st) {
 
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     if (!kd_sim_stream_ok(st)) return cudaErrorInvalidResourceHandle;
+    kd_sim_trace_simple(KD_SIM_OP_SYNC, "cudaStreamSynchronize", 0.0, 0.0);
     return sticky();
 }
 

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 #include <unordered_set>
 
 #include "cublasLt.h"
@@ -425,12 +426,58 @@ void epilogue(const kd_gemm &g, const double *acc, int64_t m4, double *col) {
     }
 }
 
+/* The trace's record of a GEMM: 2 m n k FLOPs; A and B read once, C read when beta != 0, D
+ * written (what a tiled GEMM moves at least: the model's floor for its traffic). */
+void trace_gemm(const kd_gemm &g) {
+    if (!kd_sim_tracing()) return;
+    kd_sim_op op;
+    memset(&op, 0, sizeof op);
+    const double mk = (double)g.m * (double)g.k, kn = (double)g.k * (double)g.n,
+                 mn = (double)g.m * (double)g.n;
+    op.kind = KD_SIM_OP_GEMM;
+    op.name = g.api;
+    op.m = g.m, op.n = g.n, op.k = g.k;
+    op.elem_bytes = (int)type_size(g.a.t);
+    op.flops = 2.0 * mk * (double)g.n;
+    op.bytes_read = mk * (double)type_size(g.a.t) + kn * (double)type_size(g.b.t) +
+                    (g.beta != 0.0 ? mn * (double)type_size(g.c.t) : 0.0);
+    op.bytes_written = mn * (double)type_size(g.d.t);
+    kd_sim_trace_add(&op);
+}
+
+/* Model mode's counted GEMM: D gets finite, non-uniform values in O(m n): eight column patterns
+ * in [-4, 4) from a hash of the row, the other columns copies of them. */
+void fill_counted(const kd_gemm &g) {
+    const size_t dsz = type_size(g.d.t);
+    std::vector<double> col((size_t)g.m);
+    for (int64_t j = 0; j < g.n; ++j) {
+        char *dj = (char *)g.d.p + col_off(g.d, j);
+        if (j >= 8) { /* as fast as memcpy */
+            memcpy(dj, (const char *)g.d.p + col_off(g.d, j % 8), (size_t)g.m * dsz);
+            continue;
+        }
+        for (int64_t i = 0; i < g.m; ++i) {
+            uint64_t h = ((uint64_t)i + 1) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)j << 40);
+            h ^= h >> 29;
+            col[(size_t)i] = (double)(h % 8192) / 1024.0 - 4.0;
+        }
+        store_run(dj, g.d.t, g.m, col.data());
+    }
+    for (int64_t j = 0; j < g.n; ++j)
+        kd_sim_dev_mark_init((char *)g.d.p + col_off(g.d, j), (size_t)g.m * dsz);
+}
+
 /* Runs a validated GEMM: checks memory, forms the product, writes D. */
 cublasStatus_t run_gemm(const kd_gemm &g) {
     if (g.m == 0 || g.n == 0) return CUBLAS_STATUS_SUCCESS;
     cublasStatus_t s = check_placement(g);
     if (s == CUBLAS_STATUS_SUCCESS) s = check_init(g);
     if (s != CUBLAS_STATUS_SUCCESS) return s;
+    trace_gemm(g);
+    if (kd_sim_gemm_count_only()) { /* an accumulation in place keeps the values it has */
+        if (g.beta == 0.0 || g.c.p != g.d.p) fill_counted(g);
+        return CUBLAS_STATUS_SUCCESS;
+    }
     const bool product = g.k > 0 && g.alpha != 0.0;
     const int64_t m4 = (g.m + 3) / 4 * 4, n4 = (g.n + 3) / 4 * 4, K = product ? g.k : 0;
     const int64_t ncol = g.m > g.n ? g.m : g.n;

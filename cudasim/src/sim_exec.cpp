@@ -248,8 +248,16 @@ static uint64_t fp_word(void) {
     return (uint64_t)mx | ((uint64_t)cw << 32);
 }
 
-/* Runs blocks [lo, hi) of the grid (linear order x fastest) on this OS thread. */
-static void run_blocks(const kd_launch_run *L, uint64_t lo, uint64_t hi) {
+/* The linear index of the i-th block to run: i itself, or under block sampling (the trace) the
+ * i-th of nrun blocks spread evenly over the grid, first and last included. */
+static uint64_t block_at(const kd_launch_run *L, uint64_t i) {
+    if (L->nrun == L->nblocks || L->nrun < 2) return i;
+    return (uint64_t)((unsigned __int128)i * (L->nblocks - 1) / (L->nrun - 1));
+}
+
+/* Runs the blocks [lo, hi) of the launch's run list (linear order x fastest) on this OS thread;
+ * adds the device bytes they moved to the launch's counts. */
+static void run_blocks(kd_launch_run *L, uint64_t lo, uint64_t hi) {
     kd_exec &x = t_exec;
     if (!ensure_region(x, L->nthreads) || !prepare_shared(x, L)) {
         kd_sim_report("launch", "%s: cannot allocate the simulated block's stacks", L->ref.name);
@@ -258,8 +266,10 @@ static void run_blocks(const kd_launch_run *L, uint64_t lo, uint64_t hi) {
     x.L = L;
     x.fp_word = fp_word();
     x.in_kernel = 1;
+    x.bytes_r = x.bytes_w = 0;
     const dim3 g = L->cfg->grid;
-    for (uint64_t b = lo; b < hi; b++) {
+    for (uint64_t i = lo; i < hi; i++) {
+        const uint64_t b = block_at(L, i);
         uint3 bid;
         bid.x = (unsigned)(b % g.x);
         bid.y = (unsigned)((b / g.x) % g.y);
@@ -268,6 +278,24 @@ static void run_blocks(const kd_launch_run *L, uint64_t lo, uint64_t hi) {
     }
     x.in_kernel = 0;
     x.L = NULL;
+    L->bytes_r += x.bytes_r;
+    L->bytes_w += x.bytes_w;
+}
+
+/* The trace's record of a finished launch: its bytes scaled from the blocks run to the grid. */
+static void trace_launch(const kd_launch_run &L) {
+    if (!kd_sim_tracing()) return;
+    kd_sim_op op;
+    memset(&op, 0, sizeof op);
+    const double scale = L.nrun ? (double)L.nblocks / (double)L.nrun : 0.0;
+    op.kind = KD_SIM_OP_KERNEL;
+    op.name = L.ref.name;
+    op.blocks = (double)L.nblocks;
+    op.blocks_run = (double)L.nrun;
+    op.threads = L.nthreads;
+    op.bytes_read = (double)L.bytes_r.load() * scale;
+    op.bytes_written = (double)L.bytes_w.load() * scale;
+    kd_sim_trace_add(&op);
 }
 
 /* CUDA's launch checks (sm_90): the error a real launch returns, or cudaSuccess. */
@@ -305,16 +333,20 @@ extern "C" void kd_sim_launch(const kd_sim_launch_cfg *cfg,
     L.nthreads = (int)(cfg->block.x * cfg->block.y * cfg->block.z);
     L.snap = kd_sim_alloc_snapshot();
     L.launch_id = kd_next_launch_id();
-    const uint64_t nb = (uint64_t)cfg->grid.x * cfg->grid.y * cfg->grid.z;
+    L.nblocks = (uint64_t)cfg->grid.x * cfg->grid.y * cfg->grid.z;
+    const long k = kd_sim_sample_blocks();
+    L.nrun = k > 0 && L.nblocks > (uint64_t)k ? (uint64_t)k : L.nblocks;
+    const uint64_t nb = L.nrun;
     const int nt = nb > 1 && !omp_in_parallel() ? omp_get_max_threads() : 1;
     if (nt <= 1) {
         run_blocks(&L, 0, nb);
-        return;
-    }
+    } else {
 #pragma omp parallel num_threads(nt)
-    {
-        /* contiguous chunks per thread: each OS thread keeps its stacks hot */
-        const uint64_t t = (uint64_t)omp_get_thread_num(), T = (uint64_t)omp_get_num_threads();
-        run_blocks(&L, nb * t / T, nb * (t + 1) / T);
+        {
+            /* contiguous chunks per thread: each OS thread keeps its stacks hot */
+            const uint64_t t = (uint64_t)omp_get_thread_num(), T = (uint64_t)omp_get_num_threads();
+            run_blocks(&L, nb * t / T, nb * (t + 1) / T);
+        }
     }
+    trace_launch(L);
 }

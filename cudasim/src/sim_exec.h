@@ -3,9 +3,25 @@
 #ifndef KD_SIM_EXEC_H
 #define KD_SIM_EXEC_H
 
+#include <atomic>
+#include <vector>
+
 #include "sim_core.h"
 
 enum { KD_F_READY, KD_F_BARRIER, KD_F_WARP, KD_F_DONE };
+
+/* The trace's model of read traffic (sim_hooks.cpp, kd_trace_read). A warp's lanes run in
+ * lockstep on a GPU: the k-th device read of each lane of a warp is one instruction, whose
+ * distinct 32-byte sectors (a GPU's unit of device traffic) are requested once. Each request
+ * goes through an L1 model of 64 KiB a block, direct-mapped: less than an H100 SM's 256 KiB of
+ * L1 and shared memory, so a kernel is never credited with more reuse than it could get. */
+#define KD_L1_SECTOR 32u
+#define KD_L1_SECTORS 2048u
+#define KD_WARP_SECTORS 16u /* sectors one warp read can touch coalesced: 32 lanes x 16 bytes */
+struct kd_warp_read {
+    uint64_t sec[KD_WARP_SECTORS];
+    uint32_t n;
+};
 
 /* One simulated thread. The kd_sim_thread part is what threadIdx & co. read. */
 struct kd_fiber : kd_sim_thread {
@@ -19,6 +35,7 @@ struct kd_fiber : kd_sim_thread {
     unsigned mask;
     int arg, width;
     uint64_t value, result;
+    uint32_t dev_reads; /* device reads so far in the block: the trace's lockstep index */
 };
 
 /* A launch being executed (shared by the OS threads running its blocks). */
@@ -31,6 +48,8 @@ struct kd_launch_run {
     int nthreads;
     const kd_alloc_snap *snap;
     uint64_t launch_id;
+    uint64_t nblocks, nrun; /* grid size; blocks executed (fewer under block sampling) */
+    std::atomic<uint64_t> bytes_r{0}, bytes_w{0}; /* device memory, the blocks that ran */
 };
 
 /* racecheck's record of one byte of shared memory in the current barrier interval */
@@ -73,6 +92,13 @@ struct kd_exec {
     /* reports made in the current launch, per checker (a few are printed, then suppressed) */
     uint64_t report_launch;
     int reported[8];
+    /* device-memory bytes this thread's fibers read / wrote in the current launch (the trace):
+     * reads through a model of an SM's L1 (kd_l1_read), so a block re-reading what it just
+     * read, or threads reading one word, count once, as on a GPU */
+    uint64_t bytes_r, bytes_w;
+    uint64_t l1_tag[KD_L1_SECTORS]; /* sector address + 1, 0 empty; cleared per block */
+    uint64_t l1_block;              /* the block_serial the tags and warp reads belong to */
+    std::vector<kd_warp_read> warp_reads[32]; /* per warp of the block: its k-th reads */
     ~kd_exec(); /* the thread's stacks and buffers go with it */
 };
 

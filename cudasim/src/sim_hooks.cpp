@@ -77,6 +77,36 @@ static void race(kd_exec &x, kd_fiber *f, kd_race_cell *c, size_t off, size_t n,
     }
 }
 
+/* One sector requested from the L1 model: 32 bytes of device traffic on a miss. */
+static void l1_request(kd_exec &x, uint64_t s) {
+    uint64_t &t = x.l1_tag[s % KD_L1_SECTORS];
+    if (t == s + 1) return;
+    t = s + 1;
+    x.bytes_r += KD_L1_SECTOR;
+}
+
+/* The trace's read traffic (sim_exec.h): fiber f's k-th device read joins its warp's k-th read;
+ * a sector that read already requested costs nothing more. Deterministic: a block's fibers run in
+ * a fixed order. Lanes whose paths diverge pair up approximately. */
+static void trace_read(kd_exec &x, kd_fiber *f, uintptr_t p, size_t n) {
+    if (x.l1_block != x.block_serial) {
+        memset(x.l1_tag, 0, sizeof x.l1_tag);
+        for (auto &w : x.warp_reads) w.clear();
+        x.l1_block = x.block_serial;
+    }
+    std::vector<kd_warp_read> &w = x.warp_reads[(f->lin / 32) & 31];
+    const uint32_t k = f->dev_reads++;
+    if (k >= w.size()) w.push_back(kd_warp_read{{0}, 0});
+    kd_warp_read &r = w[k];
+    for (uint64_t s = p / KD_L1_SECTOR; s <= (p + n - 1) / KD_L1_SECTOR; s++) {
+        uint32_t i = 0;
+        while (i < r.n && r.sec[i] != s) i++;
+        if (i < r.n) continue; /* another lane of this read asked for it */
+        if (r.n < KD_WARP_SECTORS) r.sec[r.n++] = s;
+        l1_request(x, s);
+    }
+}
+
 static void device(kd_exec &x, kd_fiber *f, const kd_alloc *a, uintptr_t p, size_t n, int write,
                    int atomic, int aligned) {
     if (p < a->user || p + n > a->user + a->size) {
@@ -93,6 +123,10 @@ static void device(kd_exec &x, kd_fiber *f, const kd_alloc *a, uintptr_t p, size
     if (aligned && (p & (n - 1)))
         kd_kernel_report(x, KD_CK_MEM, f, "misaligned %zu-byte %s at device address %#lx", n,
                          kind(write, atomic), (unsigned long)p);
+    /* the trace: an atomic reads and writes its bytes at L2; a read goes through the L1 model */
+    if (atomic) x.bytes_r += n;
+    else if (!write) trace_read(x, f, p, n);
+    if (write) x.bytes_w += n;
     uint8_t *s = a->shadow ? a->shadow + (p - a->user) : NULL;
     if (!s) return;
     if (!write || atomic) {

@@ -34,6 +34,14 @@ void kd_sim_dev_mark_init(void *p, size_t bytes);
  * it; cudaGetLastError / cudaStreamSynchronize return it. */
 void kd_sim_set_error(cudaError_t e);
 
+/* The trace (sim_trace.cpp): recording on, model mode's switches, and adding operations. */
+int kd_sim_tracing(void);
+long kd_sim_sample_blocks(void); /* 0: every block runs */
+int kd_sim_gemm_count_only(void);
+int kd_sim_model_mode(void); /* either switch on: the checkers are quiet */
+void kd_sim_trace_add(const kd_sim_op *op);
+void kd_sim_trace_simple(int kind, const char *name, double bytes_read, double bytes_written);
+
 #ifdef __cplusplus
 }
 #endif

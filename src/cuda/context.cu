@@ -44,6 +44,7 @@ kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx) 
     if (s == KDLOSS_OK) {
         c->sm_count = prop.multiProcessorCount;
         c->cc_major = prop.major;
+        c->total_mem = prop.totalGlobalMem;
         s = kd_blas_status(cublasCreate(&c->blas));
     }
     if (s == KDLOSS_OK) {
@@ -79,4 +80,31 @@ void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx) {
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (entered) kd_dev_leave(&g);
     free(ctx);
+}
+
+size_t kd_cuda_budget_for(size_t total_mem) {
+    const size_t lo = (size_t)256 << 20, hi = (size_t)2 << 30, b = total_mem / 32;
+    return b < lo ? lo : b > hi ? hi : b;
+}
+
+/* Cached per device on a GPU (a properties query costs more than a small call); the simulator
+ * asks every time, since a GPU model changes its simulated memory between runs. */
+size_t kd_cuda_default_budget(int device) {
+    static size_t cache[64];
+    if (device < 0 && cudaGetDevice(&device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kd_cuda_budget_for(0);
+    }
+#if !defined(KD_SIM_CUDA_RUNTIME_H)
+    if (device < 64 && __atomic_load_n(&cache[device], __ATOMIC_RELAXED))
+        return __atomic_load_n(&cache[device], __ATOMIC_RELAXED);
+#endif
+    cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return kd_cuda_budget_for(0);
+    }
+    const size_t b = kd_cuda_budget_for(prop.totalGlobalMem);
+    if (device < 64) __atomic_store_n(&cache[device], b, __ATOMIC_RELAXED);
+    return b;
 }

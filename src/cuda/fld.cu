@@ -31,8 +31,8 @@
  * fld_rows.cuh's. */
 
 kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
-                            int64_t v, kdloss_dtype sdt, int want_grad, kd_carver *cv,
-                            fld_plan *P) {
+                            int64_t v, kdloss_dtype sdt, int want_grad, int device,
+                            kd_carver *cv, fld_plan *P) {
     /* bounds that keep every byte count below 2^62 */
     if (v > ((int64_t)1 << 40) || bt > ((int64_t)1 << 40) || hs > ((int64_t)1 << 40))
         return KDLOSS_ERR_INVALID_SIZE;
@@ -43,7 +43,8 @@ kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_
         c = p->chunk_size < bt ? p->chunk_size : bt;
         if (c > ((int64_t)1 << 30)) c = (int64_t)1 << 30; /* one row block per row: grid limit */
     } else {
-        uint64_t budget = p->memory_budget ? (uint64_t)p->memory_budget : FLD_DEFAULT_BUDGET;
+        uint64_t budget =
+            p->memory_budget ? (uint64_t)p->memory_budget : kd_cuda_default_budget(device);
         int64_t cmax = (int64_t)(budget / row_bytes);
         if (cmax < 1) cmax = 1;
         if (cmax > bt) cmax = bt;
@@ -77,9 +78,9 @@ kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_
 
 static kdloss_status fld_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt,
                                   int64_t hs, int64_t v, kdloss_dtype sdt, int want_grad,
-                                  void *ws, fld_plan *P) {
+                                  int device, void *ws, fld_plan *P) {
     kd_carver cv = kd_carver_for(ws);
-    kdloss_status s = fld_plan_carve(p, bt, hs, v, sdt, want_grad, &cv, P);
+    kdloss_status s = fld_plan_carve(p, bt, hs, v, sdt, want_grad, device, &cv, P);
     P->hdr = (kd_ws_header *)ws;
     P->total = kd_ws_total(&cv);
     return s;
@@ -425,7 +426,8 @@ kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
     fld_plan P;
-    if (s == KDLOSS_OK) s = fld_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
+    if (s == KDLOSS_OK)
+        s = fld_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, -1, NULL, &P);
     if (s == KDLOSS_OK) *bytes = P.total;
     return s;
 }
@@ -505,11 +507,12 @@ kdloss_status kdloss_cuda_fused_linear_distill(
                                  &g, &spans);
     if (s != KDLOSS_OK) return s;
     fld_plan P;
-    if ((s = fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P)) != KDLOSS_OK)
+    const int dev = ctx->device;
+    if ((s = fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, dev, NULL, &P)) != KDLOSS_OK)
         return s;
     if ((s = kd_args_fld_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
         return s;
-    fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
+    fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, dev, workspace, &P);
 
     const fld_grad_out G = fld_grad_out_of(params, g, out, P);
     fld_row_args a;

@@ -15,7 +15,6 @@
 #define FLD_ROW_THREADS 512
 #define FLD_TILE (FLD_ROW_THREADS * 8)
 #define FLD_LT_WS_BYTES ((size_t)32 << 20)
-#define FLD_DEFAULT_BUDGET ((size_t)256 << 20)
 
 /* The dense fused loss's workspace (fld.cu has the layout). */
 typedef struct fld_plan {
@@ -42,9 +41,10 @@ static inline int fld_zero_factors(double w_hard, double w_soft, double grad_sca
 
 /* Chooses the chunk and carves the plan's regions from cv (after the header); the caller sets
  * hdr and total (kd_ws_total), so that more regions can follow. INVALID_SIZE on overflow. */
+/* device: whose memory sizes the default budget (kd_cuda_default_budget; -1 the current one) */
 kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_t bt, int64_t hs,
-                            int64_t v, kdloss_dtype sdt, int want_grad, kd_carver *cv,
-                            fld_plan *P);
+                            int64_t v, kdloss_dtype sdt, int want_grad, int device,
+                            kd_carver *cv, fld_plan *P);
 
 typedef struct fld_row_args {
     float *zs;            /* (C x ldz) student logits of the chunk; dzs overwrites them */

@@ -296,9 +296,9 @@ typedef struct fldvp_plan {
 
 static kdloss_status fldvp_plan_make(const kdloss_fused_linear_distill_params *p, int64_t bt,
                                     int64_t hs, int64_t v, kdloss_dtype sdt, int want_grad,
-                                    void *ws, fldvp_plan *P) {
+                                    int device, void *ws, fldvp_plan *P) {
     kd_carver cv = kd_carver_for(ws);
-    kdloss_status s = fld_plan_carve(p, bt, hs, v, sdt, want_grad, &cv, &P->fl);
+    kdloss_status s = fld_plan_carve(p, bt, hs, v, sdt, want_grad, device, &cv, &P->fl);
     if (s == KDLOSS_OK) s = kd_cuda_vp_carve(&cv, P->fl.chunk, 8, hs, want_grad, &P->st, &P->part);
     if (s != KDLOSS_OK) return s;
     P->fl.hdr = (kd_ws_header *)ws;
@@ -379,7 +379,8 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp_workspace_size(
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
     fldvp_plan P;
-    if (s == KDLOSS_OK) s = fldvp_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, NULL, &P);
+    if (s == KDLOSS_OK)
+        s = fldvp_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, -1, NULL, &P);
     if (s == KDLOSS_OK) *bytes = P.fl.total;
     return s;
 }
@@ -401,7 +402,8 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     s = kd_vp_check_shard(shard, v);
     if (s == KDLOSS_OK)
         s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out, &g, &spans);
-    if (s == KDLOSS_OK) s = fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, NULL, &P);
+    if (s == KDLOSS_OK)
+        s = fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, ctx->device, NULL, &P);
     if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.fl.total, &spans);
     /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks
      * passed; n_valid -1: the device counts it after the agreement */
@@ -423,7 +425,8 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
      * every rank makes the chunk loop's collectives */
     s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, ht, &terms, &chunk);
     if (s == KDLOSS_OK) {
-        fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, workspace, &P);
+        fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, ctx->device, workspace,
+                        &P);
         P.fl.chunk = chunk; /* in [1, this rank's] (checked): its regions still hold it */
         const fldvp_call k = {{ctx, st, P.fl.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws,
                               hs, v, P.fl.zs, P.fl.ldz},

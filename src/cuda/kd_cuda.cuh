@@ -33,10 +33,18 @@ struct kdloss_cuda_context {
     int device;
     int sm_count;
     int cc_major;
+    size_t total_mem;     /* the device's memory: the fused losses' default budget */
     cublasHandle_t blas;  /* used only when cuBLASLt offers no algorithm for a GEMM */
     cublasLtHandle_t lt;
     double *vp_agree;     /* device buffer of the vocabulary-parallel agreement (vp.h) */
 };
+
+/* The fused losses' working-space budget when the caller passes memory_budget 0 (docs/MATH.md
+ * section 6, "the chunk plan on a GPU"): 1/32 of the device's memory, between 256 MiB and 2 GiB.
+ * A function of the device alone, so a workspace query and the call agree, and results are
+ * bitwise the same run to run. device -1: the current device. */
+size_t kd_cuda_default_budget(int device);
+size_t kd_cuda_budget_for(size_t total_mem);
 
 /* ---- error mapping: never exit, never print ------------------------------------------------ */
 

@@ -81,6 +81,21 @@ static __global__ void __launch_bounds__(THREADS) write_one(float *out) {
     if (threadIdx.x == 0) out[0] = 1.0f;
 }
 
+/* out[row] = sum of the row, read `reads` times (the trace's planted double read: 2) */
+static __global__ void __launch_bounds__(THREADS) row_reads(const float *in, int n, int reads, float *out) {
+    __shared__ float part[THREADS];
+    float s = 0.0f;
+    for (int r = 0; r < reads; r++)
+        for (int i = threadIdx.x; i < n; i += blockDim.x) s += in[(size_t)blockIdx.x * n + i];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < THREADS; i++) t += part[i];
+        out[blockIdx.x] = t / (float)reads;
+    }
+}
+
 /* ---- the harness -------------------------------------------------------------------------- */
 
 static int g_pass, g_fail;
@@ -217,11 +232,68 @@ static double lt_gemm_error(cublasOperation_t ta, int m) {
 }
 
 static void check_blas(void) {
+    kd_sim_trace_begin();
     expect(lt_gemm_error(CUBLAS_OP_N, 16) < 1e-3, "cuBLASLt, right descriptor: matches the reference");
+    const long cnt = kd_sim_trace_end();
+    int gemms = 0;
+    kd_sim_op op;
+    for (long i = 0; i < cnt; i++)
+        if (kd_sim_trace_get(i, &op) && op.kind == KD_SIM_OP_GEMM)
+            gemms += op.flops == 2.0 * 16 * 16 * 16 && op.bytes_read == 2 * 16 * 16 * 4.0 && op.bytes_written == 16 * 16 * 4.0;
+    expect(gemms == 1, "trace: the GEMM counts 2 m n k FLOPs, A and B read, D written (beta 0: C not read)");
     expect(lt_gemm_error(CUBLAS_OP_T, 16) > 1.0, "cuBLASLt, wrong transpose: the result check fails");
 }
 
+/* The trace's kernel record of one launch of row_reads (rows x n), block sampling k (0: none). */
+static kd_sim_op traced_rows(const float *in, int rows, int n, int reads, long k, float *out) {
+    kd_sim_op op;
+    memset(&op, 0, sizeof op);
+    kd_sim_set_sample_blocks(k);
+    kd_sim_trace_begin();
+    KD_LAUNCH(rows, THREADS, 0, 0, row_reads)(in, n, reads, out);
+    long cnt = kd_sim_trace_end();
+    kd_sim_set_sample_blocks(0);
+    if (cnt != 1 || !kd_sim_trace_get(0, &op)) op.kind = -1;
+    return op;
+}
+
+/* The trace counts what the kernels do: a planted kernel that reads its 128 KiB rows twice shows
+ * twice the bytes (rows larger than the trace's 64 KiB L1 model); a 4 KiB row read twice counts
+ * once (the second read hits that L1); block sampling scales back to the same counts; GEMMs,
+ * syncs and allocations. */
+static void check_trace(void) {
+    const int rows = 64, n = 32768;
+    float *h = (float *)malloc(sizeof(float) * rows * n);
+    for (int i = 0; i < rows * n; i++) h[i] = (float)(i % 5);
+    float *in = dev_floats(h, (size_t)rows * n), *out = dev_floats(NULL, (size_t)rows * 32);
+    const double row_bytes = (double)rows * n * sizeof(float);
+    kd_sim_op once = traced_rows(in, rows, n, 1, 0, out), twice = traced_rows(in, rows, n, 2, 0, out);
+    expect(once.kind == KD_SIM_OP_KERNEL && once.bytes_read == row_bytes && once.bytes_written == rows * sizeof(float),
+           "trace: a kernel reading its rows once counts rows x n x 4 bytes read, rows x 4 written");
+    expect(twice.bytes_read == 2 * row_bytes, "trace: the planted double read counts twice the bytes");
+    kd_sim_op sampled = traced_rows(in, rows, n, 1, 4, out);
+    expect(sampled.blocks == rows && sampled.blocks_run == 4 && sampled.bytes_read == row_bytes,
+           "trace: 4 sampled blocks of 64, counts scaled to the grid");
+    kd_sim_op small = traced_rows(in, rows * 32, n / 32, 2, 0, out);
+    expect(small.bytes_read == row_bytes, "trace: 4 KiB rows read twice count once (the L1 model)");
+    kd_sim_trace_begin();
+    float *p = NULL;
+    cudaMalloc((void **)&p, 4096);
+    cudaMemsetAsync(p, 0, 4096, 0);
+    cudaStreamSynchronize(0);
+    const long cnt = kd_sim_trace_end();
+    kd_sim_op a, m, y;
+    expect(cnt == 3 && kd_sim_trace_get(0, &a) && a.kind == KD_SIM_OP_ALLOC && a.bytes_written == 4096 &&
+           kd_sim_trace_get(1, &m) && m.kind == KD_SIM_OP_MEMSET && kd_sim_trace_get(2, &y) && y.kind == KD_SIM_OP_SYNC,
+           "trace: an allocation, a memset and a host synchronization, in order");
+    cudaFree(p);
+    cudaFree(in);
+    cudaFree(out);
+    free(h);
+}
+
 int main(void) {
+    check_trace();
     check_memcheck();
     check_racecheck();
     check_synccheck();
