@@ -2,7 +2,7 @@
  * simulator counts (cudasim/README.md, "The trace"), not measured. Each seed workload runs through
  * the C entry point with exactly the parameters the PyTorch modules' defaults pass, at the seed's
  * full shape and chunk plan; the simulator runs a sample of each launch's blocks and counts GEMMs
- * without computing them, so only the counts mean anything. The rule (docs/MATH.md section 10):
+ * without computing them, so only the counts mean anything. The rule (docs/MATH.md section 11):
  *   kernel   bytes / (0.85 HBM) + 4 us
  *   GEMM     max(FLOPs / (0.72 peak x wave fill), bytes / (0.85 HBM)) + 4 us, wave fill = output
  *            tiles (128 x 128) / (waves x SMs), no split-K assumed
@@ -32,7 +32,7 @@ typedef struct gm_gpu {
     size_t memory;
 } gm_gpu;
 
-/* docs/MATH.md section 10: public figures */
+/* docs/MATH.md section 11: public figures */
 static const gm_gpu GM_GPUS[2] = {
     {"H100-SXM", 3.35e12, 989e12, 67e12, 132, (size_t)80 << 30},
     {"H200", 4.8e12, 989e12, 67e12, 132, (size_t)141 << 30},
@@ -133,10 +133,13 @@ static void gm_print(const char *what, const gm_call *c) {
     printf("  host syncs %ld, device allocations %ld\n", c->syncs, c->allocs);
 }
 
-static double gm_bytes_of(const gm_call *c, const char *name) {
+/* Bytes moved by the phases whose names start with one of the prefixes (NULL-terminated). */
+static double gm_bytes_of(const gm_call *c, const char *const *prefixes) {
+    double b = 0.0;
     for (int i = 0; i < c->nph; i++)
-        if (!strcmp(c->ph[i].name, name)) return c->ph[i].bytes;
-    return 0.0;
+        for (const char *const *p = prefixes; *p; p++)
+            if (!strncmp(c->ph[i].name, *p, strlen(*p))) b += c->ph[i].bytes;
+    return b;
 }
 
 /* ---- device buffers ---------------------------------------------------------------------------- */
@@ -270,7 +273,9 @@ int main(int argc, char **argv) {
     gm_print("fused_linear_jsd seed bf16, memory_budget 256 MiB", &f256);
     gm_print("kl_div seed fp32, batchmean, loss and gradient", &kl);
     const double h100 = fd[0].sec[0] * 1e3, h200 = fd[1].sec[1] * 1e3;
-    const double row_bpl = gm_bytes_of(&fd[1], "fld_row_kernel") / (8192.0 * 128256.0);
+    /* the row pass: the slab kernel, fld_row_kernel (the rows the slab leaves, or all), the maps */
+    static const char *const row_pass[] = {"fld_slab_kernel", "fld_row_kernel", "fld_map_kernel", NULL};
+    const double row_bpl = gm_bytes_of(&fd[1], row_pass) / (8192.0 * 128256.0);
     const double kl_pct = 100.0 * (kl_bytes / (GM_STREAM * GM_GPUS[1].hbm)) / kl.sec[1];
     const long fsync = fd[1].syncs + fd[1].allocs, ksync = kl.syncs + kl.allocs;
     printf("\n");

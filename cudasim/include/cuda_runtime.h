@@ -161,6 +161,7 @@ struct kd_sim_launch_cfg {
     dim3 grid, block;
     size_t smem;
     cudaStream_t stream;
+    unsigned cluster; /* blocks per thread-block cluster along x (KD_LAUNCH_CLUSTER); 1: none */
 };
 /* Runs the launch (checks the configuration, then every block): thunk(fn, args) is what each
  * simulated thread runs. Sets the calling thread's last error as CUDA does. */
@@ -191,8 +192,28 @@ static inline kd_sim_launch_obj<P...> kd_sim_launcher(void (*fn)(P...), const ch
                                                        const char *file, int line, dim3 grid,
                                                        dim3 block, size_t smem,
                                                        cudaStream_t stream) {
-    return kd_sim_launch_obj<P...>{{(const void *)fn, expr, file, line, grid, block, smem, stream}};
+    return kd_sim_launch_obj<P...>{{(const void *)fn, expr, file, line, grid, block, smem, stream, 1}};
 }
+
+/* A launch in thread-block clusters of `cluster` blocks along x (cudaLaunchKernelEx with
+ * cudaLaunchAttributeClusterDimension on a GPU): the blocks of a cluster run at once, each on an
+ * OS thread of its own, so cluster.sync() and distributed shared memory work
+ * (cooperative_groups.h). */
+template <class... P>
+static inline kd_sim_launch_obj<P...> kd_sim_launcher_cluster(void (*fn)(P...), const char *expr,
+                                                               const char *file, int line,
+                                                               dim3 grid, dim3 block, size_t smem,
+                                                               cudaStream_t stream,
+                                                               unsigned cluster) {
+    return kd_sim_launch_obj<P...>{
+        {(const void *)fn, expr, file, line, grid, block, smem, stream, cluster}};
+}
+
+/* ---- thread-block clusters (cooperative_groups.h's cluster_group) -------------------------- */
+extern "C" KD_SIM_API void kd_sim_cluster_sync(const char *file, int line);
+extern "C" KD_SIM_API unsigned kd_sim_cluster_rank(void);
+extern "C" KD_SIM_API unsigned kd_sim_cluster_size(void);
+extern "C" KD_SIM_API void *kd_sim_map_shared_rank(const void *p, unsigned rank);
 
 #endif /* __cplusplus */
 #endif

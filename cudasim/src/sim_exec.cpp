@@ -20,6 +20,8 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "sim_exec.h"
 
@@ -235,6 +237,7 @@ static void run_block(kd_exec &x, const kd_launch_run *L, uint3 bid) {
         if (ran) continue;
         if (kd_resolve_warps(x, 0)) continue;
         if (kd_resolve_barrier(x, 0)) continue;
+        if (kd_resolve_cluster(x)) continue;
         /* nothing can move: report and force progress rather than hang */
         if (!kd_resolve_warps(x, 1)) kd_resolve_barrier(x, 1);
     }
@@ -298,6 +301,77 @@ static void trace_launch(const kd_launch_run &L) {
     kd_sim_trace_add(&op);
 }
 
+/* ---- thread-block clusters ----------------------------------------------------------------- */
+
+/* The barrier of a cluster launch's OS threads between two clusters: when it opens, every block
+ * of the last cluster has finished (nobody reads its shared memory any more) and every block of
+ * the next one has published its dynamic shared memory. The last to arrive resets the counts. */
+static void cluster_phase(kd_cluster_run &c) {
+    std::unique_lock<std::mutex> lk(c.mu);
+    const uint64_t g = c.phase_gen;
+    if (++c.phase_in == c.size) {
+        c.phase_in = 0, c.arrived = 0, c.exited = 0;
+        c.phase_gen++;
+        c.cv.notify_all();
+        return;
+    }
+    c.cv.wait(lk, [&] { return c.phase_gen != g; });
+}
+
+/* OS thread `rank` of a cluster launch: block `rank` of each of the nrun clusters to run. */
+static void run_cluster_rank(kd_launch_run *L, kd_cluster_run *c, unsigned rank, uint64_t nrun) {
+    kd_exec &x = t_exec;
+    const int ok = ensure_region(x, L->nthreads) && prepare_shared(x, L);
+    x.cl = c, x.crank = rank;
+    x.L = L;
+    x.fp_word = fp_word();
+    x.bytes_r = x.bytes_w = 0;
+    const uint64_t ncl = L->nblocks / c->size;
+    for (uint64_t i = 0; i < nrun; i++) {
+        const uint64_t cl = nrun == ncl || nrun < 2 ? i : i * (ncl - 1) / (nrun - 1);
+        c->dyn_user[rank] = x.dyn_user;
+        c->live[rank] = 1;
+        cluster_phase(*c);
+        if (ok) {
+            x.in_kernel = 1;
+            run_block(x, L, uint3{(unsigned)(cl * c->size + rank), 0, 0});
+            x.in_kernel = 0;
+        }
+        {
+            std::lock_guard<std::mutex> lk(c->mu);
+            c->live[rank] = 0;
+            c->exited++;
+            c->cv.notify_all();
+        }
+        cluster_phase(*c);
+    }
+    if (!ok) kd_sim_report("launch", "%s: cannot allocate the simulated block's stacks", L->ref.name);
+    x.cl = NULL, x.L = NULL;
+    L->bytes_r += x.bytes_r;
+    L->bytes_w += x.bytes_w;
+}
+
+/* A cluster launch: `cluster` OS threads, one per block rank, run the clusters in order (under
+ * block sampling a spread of them). */
+static void run_clusters(kd_launch_run *L, unsigned cluster, long sample) {
+    kd_cluster_run c;
+    c.size = cluster;
+    c.arrived = c.exited = c.phase_in = 0;
+    c.gen = c.phase_gen = 0;
+    c.gone = 0;
+    c.dyn_size = L->cfg->smem;
+    const uint64_t ncl = L->nblocks / cluster;
+    uint64_t nrun = ncl;
+    if (sample > 0) {
+        const uint64_t k = (uint64_t)sample / cluster > 0 ? (uint64_t)sample / cluster : 1;
+        nrun = k < ncl ? k : ncl;
+    }
+    L->nrun = nrun * cluster;
+    std::vector<std::thread> th;
+    for (unsigned r = 0; r < cluster; r++) th.emplace_back(run_cluster_rank, L, &c, r, nrun);
+    for (auto &t : th) t.join();
+}
+
 /* CUDA's launch checks (sm_90): the error a real launch returns, or cudaSuccess. */
 static cudaError_t check_config(const kd_sim_launch_cfg *c, const kd_kernel_ref &r) {
     const dim3 b = c->block, g = c->grid;
@@ -309,6 +383,9 @@ static cudaError_t check_config(const kd_sim_launch_cfg *c, const kd_kernel_ref 
     if (r.launch_bounds && (uint64_t)b.x * b.y * b.z > (uint64_t)r.launch_bounds)
         return cudaErrorLaunchOutOfResources; /* "too many resources requested for launch" */
     if (c->smem > kd_sim_func_smem_limit(c->fn)) return cudaErrorInvalidValue;
+    /* clusters: along x only here, at most the portable 8 blocks, dividing the grid */
+    if (c->cluster > 1 && (c->cluster > KD_MAX_CLUSTER || g.y != 1 || g.z != 1 || g.x % c->cluster))
+        return cudaErrorInvalidConfiguration;
     return cudaSuccess;
 }
 
@@ -335,6 +412,11 @@ extern "C" void kd_sim_launch(const kd_sim_launch_cfg *cfg,
     L.launch_id = kd_next_launch_id();
     L.nblocks = (uint64_t)cfg->grid.x * cfg->grid.y * cfg->grid.z;
     const long k = kd_sim_sample_blocks();
+    if (cfg->cluster > 1) {
+        run_clusters(&L, cfg->cluster, k);
+        trace_launch(L);
+        return;
+    }
     L.nrun = k > 0 && L.nblocks > (uint64_t)k ? (uint64_t)k : L.nblocks;
     const uint64_t nb = L.nrun;
     const int nt = nb > 1 && !omp_in_parallel() ? omp_get_max_threads() : 1;

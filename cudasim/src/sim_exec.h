@@ -4,11 +4,30 @@
 #define KD_SIM_EXEC_H
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <vector>
 
 #include "sim_core.h"
 
-enum { KD_F_READY, KD_F_BARRIER, KD_F_WARP, KD_F_DONE };
+enum { KD_F_READY, KD_F_BARRIER, KD_F_WARP, KD_F_DONE, KD_F_CLUSTER };
+
+/* A thread-block cluster being run (sim_exec.cpp): its blocks run at once, block rank r on OS
+ * thread r of the launch, which meet at host barriers for cluster.sync() and between clusters. */
+#define KD_MAX_CLUSTER 8
+struct kd_cluster_run {
+    unsigned size;
+    std::mutex mu;
+    std::condition_variable cv;
+    unsigned arrived, exited; /* at the current cluster.sync; blocks of this cluster done */
+    uint64_t gen;             /* cluster.sync generations */
+    unsigned gone;            /* blocks exited when the last cluster.sync opened */
+    unsigned phase_in;        /* threads at the between-clusters barrier */
+    uint64_t phase_gen;
+    uintptr_t dyn_user[KD_MAX_CLUSTER]; /* each block's dynamic shared memory */
+    size_t dyn_size;
+    int live[KD_MAX_CLUSTER];           /* the block has not exited */
+};
 
 /* The trace's model of read traffic (sim_hooks.cpp, kd_trace_read). A warp's lanes run in
  * lockstep on a GPU: the k-th device read of each lane of a warp is one instruction, whose
@@ -99,6 +118,9 @@ struct kd_exec {
     uint64_t l1_tag[KD_L1_SECTORS]; /* sector address + 1, 0 empty; cleared per block */
     uint64_t l1_block;              /* the block_serial the tags and warp reads belong to */
     std::vector<kd_warp_read> warp_reads[32]; /* per warp of the block: its k-th reads */
+    /* a cluster launch: the cluster this thread runs a block of, and that block's rank */
+    kd_cluster_run *cl;
+    unsigned crank;
     ~kd_exec(); /* the thread's stacks and buffers go with it */
 };
 
@@ -107,6 +129,7 @@ extern thread_local kd_exec t_exec;
 void kd_yield(kd_exec &x, kd_fiber *f, int dying); /* from fiber f back to the scheduler */
 int kd_resolve_warps(kd_exec &x, int force);
 int kd_resolve_barrier(kd_exec &x, int force);
+int kd_resolve_cluster(kd_exec &x);
 int kd_race_prepare(kd_exec &x);
 uint64_t kd_next_launch_id(void);
 /* A checker's finding inside a kernel: names kernel, site, block and thread. */

@@ -141,6 +141,26 @@ static void device(kd_exec &x, kd_fiber *f, const kd_alloc *a, uintptr_t p, size
     if (write) memset(s, 1, n);
 }
 
+/* Distributed shared memory: an access to another block of the cluster's dynamic shared memory
+ * (its guard zones included) is checked against that block's bounds and liveness; racecheck does
+ * not see it. 0 when p is not there. */
+static int remote_shared(kd_exec &x, kd_fiber *f, uintptr_t p, size_t n, int write, int atomic) {
+    const kd_cluster_run &c = *x.cl;
+    for (unsigned r = 0; r < c.size; r++) {
+        const uintptr_t u = c.dyn_user[r];
+        if (r == x.crank || p < u - KD_GUARD || p >= u + c.dyn_size + KD_GUARD) continue;
+        if (p < u || p + n > u + c.dyn_size)
+            kd_kernel_report(x, KD_CK_MEM, f, "%zu-byte %s at offset %lld of block rank %u's %zu "
+                             "bytes of dynamic shared memory: out of bounds", n,
+                             kind(write, atomic), (long long)(p - u), r, c.dyn_size);
+        else if (!c.live[r])
+            kd_kernel_report(x, KD_CK_MEM, f, "%zu-byte %s of block rank %u's shared memory after "
+                             "that block exited", n, kind(write, atomic), r);
+        return 1;
+    }
+    return 0;
+}
+
 [[maybe_unused]] static void on_access(void *addr, size_t n, int write, int atomic, int aligned) {
     kd_exec &x = t_exec;
     if (!x.in_kernel || !x.cur) return;
@@ -167,6 +187,7 @@ static void device(kd_exec &x, kd_fiber *f, const kd_alloc *a, uintptr_t p, size
         race(x, f, x.race_tls + (p - x.tls_lo), p - x.tls_lo, n, write, atomic, "static shared");
         return;
     }
+    if (x.cl && remote_shared(x, f, p, n, write, atomic)) return;
     const kd_alloc *a = kd_sim_find(L->snap, p);
     if (a) {
         device(x, f, a, p, n, write, atomic, aligned);

@@ -66,6 +66,7 @@ static const char *state_name(const kd_fiber *f) {
     case KD_F_DONE: return "has exited";
     case KD_F_BARRIER: return "waits at __syncthreads";
     case KD_F_WARP: return "waits at another warp operation";
+    case KD_F_CLUSTER: return "waits at cluster.sync";
     }
     return "runs";
 }
@@ -202,5 +203,72 @@ int kd_resolve_barrier(kd_exec &x, int force) {
     for (int i = 0; i < x.nfib; i++)
         if (x.fibers[i].state == KD_F_BARRIER) x.fibers[i].state = KD_F_READY;
     x.epoch++; /* racecheck: a new barrier interval */
+    return 1;
+}
+
+/* ---- thread-block clusters (cooperative_groups.h) ------------------------------------------ */
+
+extern "C" void kd_sim_cluster_sync(const char *file, int line) {
+    kd_exec &x = t_exec;
+    kd_fiber *f = x.cur;
+    if (!f) return;
+    if (!x.cl) { /* a launch without clusters: a cluster of one block */
+        kd_sim_syncthreads(file, line);
+        return;
+    }
+    f->state = KD_F_CLUSTER;
+    f->file = file;
+    f->line = line;
+    kd_yield(x, f, 0);
+}
+
+extern "C" unsigned kd_sim_cluster_rank(void) { return t_exec.cl ? t_exec.crank : 0; }
+extern "C" unsigned kd_sim_cluster_size(void) { return t_exec.cl ? t_exec.cl->size : 1; }
+
+/* Distributed shared memory: p in this block's dynamic shared memory -> the same offset in the
+ * dynamic shared memory of block `rank` of the cluster. */
+extern "C" void *kd_sim_map_shared_rank(const void *p, unsigned rank) {
+    kd_exec &x = t_exec;
+    const uintptr_t a = (uintptr_t)p;
+    const unsigned size = x.cl ? x.cl->size : 1;
+    if (rank >= size || a < x.dyn_user || a >= x.dyn_user + x.dyn_size) {
+        kd_kernel_report(x, KD_CK_MEM, x.cur, "map_shared_rank(%p, %u): %s", p, rank,
+                         rank >= size ? "rank outside the cluster"
+                                      : "not in this block's dynamic shared memory");
+        return (void *)p;
+    }
+    return x.cl ? (void *)(x.cl->dyn_user[rank] + (a - x.dyn_user)) : (void *)p;
+}
+
+/* Every live thread of this block waits at cluster.sync(): the block arrives at the cluster's
+ * host barrier and this OS thread waits for the cluster's other blocks (each on its own OS
+ * thread). A block of the cluster that has exited meanwhile is reported (on a GPU the others would
+ * wait forever) and not waited for. Returns 1 when it released the block's threads. */
+int kd_resolve_cluster(kd_exec &x) {
+    int at = 0;
+    for (int i = 0; i < x.nfib; i++) {
+        const int s = x.fibers[i].state;
+        if (s == KD_F_CLUSTER) at++;
+        else if (s != KD_F_DONE) return 0;
+    }
+    if (!at || !x.cl) return 0;
+    kd_cluster_run &c = *x.cl;
+    {
+        std::unique_lock<std::mutex> lk(c.mu);
+        const uint64_t g = c.gen;
+        auto open = [&] { c.gone = c.exited, c.arrived = 0, c.gen++, c.cv.notify_all(); };
+        if (++c.arrived + c.exited >= c.size) {
+            open();
+        } else {
+            c.cv.wait(lk, [&] { return c.gen != g || c.arrived + c.exited >= c.size; });
+            if (c.gen == g) open(); /* the last block to come exited instead */
+        }
+        if (c.gone)
+            kd_kernel_report(x, KD_CK_SYNC, NULL, "cluster.sync while %u block(s) of the cluster "
+                             "had exited", c.gone);
+    }
+    for (int i = 0; i < x.nfib; i++)
+        if (x.fibers[i].state == KD_F_CLUSTER) x.fibers[i].state = KD_F_READY;
+    x.epoch++; /* racecheck: a cluster barrier is a barrier of the block too */
     return 1;
 }

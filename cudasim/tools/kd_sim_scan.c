@@ -501,7 +501,8 @@ static void add_kernel(const toks *T, int gi, const char *path) {
                                        T->t[name].line, 0};
 }
 
-static void add_site(const toks *T, int li, const char *path) {
+/* nargs: 5 for KD_LAUNCH, 6 for KD_LAUNCH_CLUSTER (the cluster size before the kernel) */
+static void add_site(const toks *T, int li, const char *path, int nargs) {
     const tok *kt = &T->t[li];
     int open = li + 1, close = match_paren(T, open);
     if (close < 0) die("%s:%d: KD_LAUNCH( not closed", path, kt->line);
@@ -515,14 +516,14 @@ static void add_site(const toks *T, int li, const char *path) {
     for (int i = open + 1; i < close; i++) {
         if (tok_is(&T->t[i], "(")) depth++;
         else if (tok_is(&T->t[i], ")")) depth--;
-        else if (depth == 0 && tok_is(&T->t[i], ",") && ++commas == 4) {
+        else if (depth == 0 && tok_is(&T->t[i], ",") && ++commas == nargs - 1) {
             va = i + 1;
             break;
         }
     }
     if (va < 0 || va >= close)
-        die("%s:%d: KD_LAUNCH needs 5 arguments: grid, block, smem, stream, kernel", path,
-            kt->line);
+        die("%s:%d: KD_LAUNCH needs 5 arguments (grid, block, smem, stream, kernel), "
+            "KD_LAUNCH_CLUSTER 6 (the cluster size before the kernel)", path, kt->line);
     /* base identifier: the last identifier outside template arguments; drops `&`, `ns::` and
      * `<...>` (`>>` is two tokens here, so it closes two; a `<` or `>` in parentheses is a
      * comparison) */
@@ -552,7 +553,9 @@ static void scan_file(const toks *T, const char *path) {
         if (t->pp) continue; /* #define KD_LAUNCH(...), #define X __global__, ... */
         if (tok_is(t, "__global__")) add_kernel(T, i, path);
         else if (tok_is(t, "KD_LAUNCH") && i + 1 < T->n && tok_is(&T->t[i + 1], "("))
-            add_site(T, i, path);
+            add_site(T, i, path, 5);
+        else if (tok_is(t, "KD_LAUNCH_CLUSTER") && i + 1 < T->n && tok_is(&T->t[i + 1], "("))
+            add_site(T, i, path, 6);
     }
 }
 

@@ -73,6 +73,7 @@ kdloss_status fld_plan_carve(const kdloss_fused_linear_distill_params *p, int64_
         P->db_acc = (float *)kd_carve(cv, (size_t)v * sizeof(float));
     }
     P->xm = want_grad ? kd_carve(cv, (size_t)c * (size_t)hs * kdloss_dtype_size(sdt)) : NULL;
+    P->only = (uint8_t *)kd_carve(cv, (size_t)c);
     return KDLOSS_OK;
 }
 
@@ -87,11 +88,6 @@ static kdloss_status fld_plan_make(const kdloss_fused_linear_distill_params *p, 
 }
 
 /* ---- the row kernel ------------------------------------------------------------------------ */
-
-/* The row's log-sum-exps (every thread gets them): a of zs / T, b of zt / T, h of zs. */
-typedef struct fld_lses {
-    float a, b, h;
-} fld_lses;
 
 /* Pass 1 of fld_row_kernel: online log-sum-exps of zs / T (the divergence, and the cross-entropy
  * when T = 1), zt / T (the divergence) and zs (the cross-entropy when T != 1; else h = a). */
@@ -169,6 +165,12 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fld_row_kernel(fld_row_args a
     __shared__ kd_lse lred[32];
     __shared__ float fred[32];
     const int64_t r = blockIdx.x;
+    if (a.only) { /* after the slab kernel (fld_slab.cu): only the rows it left, flag cleared */
+        const bool mine = a.only[r] != 0;
+        __syncthreads(); /* every thread has read the flag before thread 0 clears it */
+        if (!mine) return;
+        if (threadIdx.x == 0) a.only[r] = 0;
+    }
     const int64_t gr = a.row0 + r;
     float *zs = a.zs + r * a.ldz;
     const float *zt = a.zt ? a.zt + r * a.ldz : NULL;
@@ -472,12 +474,15 @@ void fld_row_setup(fld_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->hdr = P.hdr;
     a->row_soft = P.row_soft;
     a->row_hard = P.row_hard;
+    a->only = NULL;
 }
 
-/* One chunk: its logits, the row kernel, its backward (fld_chunk_backward). */
+/* One chunk: its logits, the row kernels (the slab kernel where the device has clusters, then
+ * fld_row_kernel on the rows it left; else fld_row_kernel alone), its backward
+ * (fld_chunk_backward). */
 static kdloss_status fld_chunk(const fld_gemms &gm, const fld_grad_out &G, kdloss_cmat xt,
-                              kdloss_cmat wt, int64_t ht, const fld_plan &P, fld_row_args &a,
-                              int64_t r0, int64_t rows) {
+                              kdloss_cmat wt, int64_t ht, const fld_plan &P, const fld_slab &sl,
+                              fld_row_args &a, int64_t r0, int64_t rows) {
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
     kdloss_status s = fld_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : none, ht, P.zt);
     if (s == KDLOSS_OK) s = fld_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bs, gm.sdt, a.map_s);
@@ -485,6 +490,9 @@ static kdloss_status fld_chunk(const fld_gemms &gm, const fld_grad_out &G, kdlos
         s = fld_map_rows(gm.st, P.zt, P.ldz, rows, a.v, a.map_bt, xt.dtype, a.map_t);
     if (s != KDLOSS_OK) return s;
     a.row0 = r0;
+    a.only = sl.blocks ? P.only : NULL;
+    if (sl.blocks && (s = fld_slab_launch(gm.sdt, xt.dtype, rows, a, sl, gm.st)) != KDLOSS_OK)
+        return s;
     fld_row_launch(gm.sdt, xt.dtype, rows, a, gm.st);
     if ((s = kd_launch_status()) != KDLOSS_OK) return s;
     const fld_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0}; /* label rules */
@@ -524,8 +532,11 @@ kdloss_status kdloss_cuda_fused_linear_distill(
                          P.zs, P.ldz};
     const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
     s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, P.hdr);
+    const fld_slab sl = fld_slab_shape(ctx, v, a.do_soft);
+    if (s == KDLOSS_OK && sl.blocks)
+        s = kd_cuda_status(cudaMemsetAsync(P.only, 0, (size_t)P.chunk, st));
     s = fld_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
-        return fld_chunk(gm, G, xt_e, wt_e, ht, P, a, r0, rows);
+        return fld_chunk(gm, G, xt_e, wt_e, ht, P, sl, a, r0, rows);
     });
     if (s == KDLOSS_OK) s = fld_end_grads(gm, G, bt);
     if (s == KDLOSS_OK) s = fld_final(st, P, bt, out, params);

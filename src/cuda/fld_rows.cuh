@@ -27,6 +27,8 @@ typedef struct fld_plan {
     float *dw_acc, *db_acc;
     void *xm;      /* (C x hs) in the student's dtype, with gradients: the dws GEMM's xs rows
                       (fld_mask_rows) */
+    uint8_t *only; /* [C] the slab kernel's flags: rows left to fld_row_kernel (fld_slab.cu);
+                      zeroed once a call, set by the slab kernel, cleared by fld_row_kernel */
     size_t total;
 } fld_plan;
 
@@ -72,7 +74,29 @@ typedef struct fld_row_args {
     const kd_ws_header *hdr; /* n_valid, counted before the first chunk */
     double *row_soft, *row_hard; /* [bt] */
     float *out_soft, *out_hard, *out_lse; /* [bt] caller's per-row outputs, or NULL */
+    uint8_t *only;        /* [C] fld_row_kernel runs only the rows flagged 1 here (the slab
+                             kernel's careful-form rows), or NULL: every row */
 } fld_row_args;
+
+/* The row's log-sum-exps (every thread gets them): a of zs / T, b of zt / T, h of zs. */
+typedef struct fld_lses {
+    float a, b, h;
+} fld_lses;
+
+/* The single-read row pass (fld_slab.cu): a cluster of `blocks` blocks a row, each holding
+ * `cols` columns of zs and zt in `smem` bytes of shared memory. blocks 0: not used. */
+typedef struct fld_slab {
+    int blocks;
+    int64_t cols;
+    size_t smem;
+} fld_slab;
+#define FLD_SLAB_MAX_SMEM ((size_t)200 << 10)
+
+/* The slab shape for rows of v columns on this device, or {0}: sm_80, or rows too wide. */
+fld_slab fld_slab_shape(const kdloss_cuda_context *ctx, int64_t v, int do_soft);
+/* The slab kernel over a chunk's rows (fld_row_kernel then runs the rows it flags). */
+kdloss_status fld_slab_launch(kdloss_dtype ds, kdloss_dtype dt, int64_t rows,
+                              const fld_row_args &a, const fld_slab &sl, cudaStream_t st);
 
 /* The fields the dense and the top-k row kernels' arguments (A) share: the gradient's terms and
  * factors and the caller's row outputs, from either fused loss's params (P). */
@@ -316,25 +340,33 @@ __device__ void fld_special_row(const fld_row_args &a, float *zs, const float *z
     });
 }
 
-/* A row that does not count (label y ignored, or out of range): zero dzs, row outputs 0 (ignored)
- * or NaN (bad label). The whole block calls it. */
+/* Columns [c_lo, c_lo + n) of a row that does not count (label y ignored, or out of range):
+ * zero dzs; with put, the row outputs 0 (ignored) or NaN (bad label). The whole block calls it;
+ * c_lo is a multiple of 8. */
 template <int DS>
-__device__ void fld_skip_row(const fld_row_args &a, void *dz, int64_t gr, int64_t y) {
+__device__ void fld_skip_slice(const fld_row_args &a, void *dz, int64_t c_lo, int64_t n,
+                               int64_t gr, int64_t y, bool put) {
     if (a.do_grad) {
         const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FLD_TILE) {
-            if (c0 + 8 <= a.v) {
-                kd_st8<DS>(dz, c0, z8);
+        for (int64_t j = (int64_t)threadIdx.x * 8; j < n; j += FLD_TILE) {
+            if (j + 8 <= n) {
+                kd_st8<DS>(dz, c_lo + j, z8);
             } else {
 #pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (c0 + j < a.v) kd_st<DS>(dz, c0 + j, 0.0f);
+                for (int k = 0; k < 8; k++)
+                    if (j + k < n) kd_st<DS>(dz, c_lo + j + k, 0.0f);
             }
         }
     }
     /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
     const double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
-    fld_put_row(a, gr, z, z, (float)z);
+    if (put) fld_put_row(a, gr, z, z, (float)z);
+}
+
+/* A whole row that does not count (fld_skip_slice over its v columns). */
+template <int DS>
+__device__ void fld_skip_row(const fld_row_args &a, void *dz, int64_t gr, int64_t y) {
+    fld_skip_slice<DS>(a, dz, 0, a.v, gr, y, true);
 }
 #endif /* __CUDACC__ */
 

@@ -11,6 +11,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <utility>
+
 #include "kdloss.h"
 
 /* ---- one launch form for nvcc and the CUDA simulator (cudasim/) ------------------------------
@@ -23,9 +25,39 @@
 #ifdef KD_SIM_CUDA
 #define KD_LAUNCH(grid, block, smem, stream, ...) \
     kd_sim_launcher(&__VA_ARGS__, #__VA_ARGS__, __FILE__, __LINE__, (grid), (block), (smem), (stream))
+#define KD_LAUNCH_CLUSTER(grid, block, smem, stream, cluster, ...) \
+    kd_sim_launcher_cluster(&__VA_ARGS__, #__VA_ARGS__, __FILE__, __LINE__, (grid), (block), (smem), (stream), (cluster))
 #define KD_DYN_SMEM(type, name, align) type *name = (type *)kd_sim_dyn_smem()
 #else
 #define KD_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<(grid), (block), (smem), (stream)>>>
+#define KD_LAUNCH_CLUSTER(grid, block, smem, stream, cluster, ...) \
+    kd_cluster_launcher(__VA_ARGS__, (grid), (block), (smem), (stream), (cluster))
+/* A launch in thread-block clusters of `cluster` blocks along x (sm_90): cudaLaunchKernelEx with
+ * the cluster dimension attribute. Its error becomes the last error, as a <<<>>> launch's does. */
+template <class... P>
+struct kd_cluster_launch {
+    void (*fn)(P...);
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t st;
+    unsigned cluster;
+    template <class... A>
+    void operator()(A &&...a) const {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = cluster, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, fn, std::forward<A>(a)...);
+    }
+};
+template <class... P>
+static inline kd_cluster_launch<P...> kd_cluster_launcher(void (*fn)(P...), dim3 grid, dim3 block,
+                                                          size_t smem, cudaStream_t st,
+                                                          unsigned cluster) {
+    return kd_cluster_launch<P...>{fn, grid, block, smem, st, cluster};
+}
 #define KD_DYN_SMEM(type, name, align) extern __shared__ __align__(align) type name[]
 #endif
 
@@ -40,7 +72,7 @@ struct kdloss_cuda_context {
 };
 
 /* The fused losses' working-space budget when the caller passes memory_budget 0 (docs/MATH.md
- * section 6, "the chunk plan on a GPU"): 1/32 of the device's memory, between 256 MiB and 2 GiB.
+ * section 11.1): 1/32 of the device's memory, between 256 MiB and 2 GiB.
  * A function of the device alone, so a workspace query and the call agree, and results are
  * bitwise the same run to run. device -1: the current device. */
 size_t kd_cuda_default_budget(int device);
@@ -62,6 +94,14 @@ static inline kdloss_status kd_blas_status(cublasStatus_t s) {
 
 /* After a launch: configuration errors show up here, without a synchronization. */
 static inline kdloss_status kd_launch_status(void) { return kd_cuda_status(cudaGetLastError()); }
+
+/* Raises kernel fn's dynamic shared memory limit to `bytes` where that is over the default
+ * 48 KiB (up to 227 KiB on sm_90); a refusal shows in the launch's status. */
+template <class F>
+static inline void kd_smem_optin(F *fn, size_t bytes) {
+    if (bytes > 48 * 1024)
+        (void)cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
 
 /* ---- run on the context's device, restore the caller's current device afterwards ---------- */
 

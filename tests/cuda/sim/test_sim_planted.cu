@@ -10,11 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cooperative_groups.h>
+
 #include "kd_sim.h"
 
 /* as src/cuda/kd_cuda.cuh spells them for the simulator */
 #define KD_LAUNCH(grid, block, smem, stream, ...) \
     kd_sim_launcher(&__VA_ARGS__, #__VA_ARGS__, __FILE__, __LINE__, (grid), (block), (smem), (stream))
+#define KD_LAUNCH_CLUSTER(grid, block, smem, stream, cluster, ...) \
+    kd_sim_launcher_cluster(&__VA_ARGS__, #__VA_ARGS__, __FILE__, __LINE__, (grid), (block), (smem), (stream), (cluster))
 #define KD_DYN_SMEM(type, name, align) type *name = (type *)kd_sim_dyn_smem()
 
 #define THREADS 128
@@ -94,6 +98,23 @@ static __global__ void __launch_bounds__(THREADS) row_reads(const float *in, int
         for (int i = 0; i < THREADS; i++) t += part[i];
         out[blockIdx.x] = t / (float)reads;
     }
+}
+
+/* Thread-block clusters: each block puts in[blockIdx.x] into its shared memory, and after
+ * cluster.sync() thread 0 sums every block's value through distributed shared memory (rank
+ * order), reading element `at` of each (0: its own value; planted: past the end). */
+static __global__ void __launch_bounds__(THREADS) cluster_sum(const float *in, int at, float *out) {
+    KD_DYN_SMEM(float, sh, 16);
+    namespace cg = cooperative_groups;
+    const cg::cluster_group c = cg::this_cluster();
+    if (threadIdx.x == 0) sh[0] = in[blockIdx.x];
+    c.sync();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (unsigned r = 0; r < c.num_blocks(); r++) s += c.map_shared_rank(sh, r)[at];
+        out[blockIdx.x] = s + (float)c.block_rank() * 1000.0f;
+    }
+    c.sync(); /* no block's shared memory goes while another may read it */
 }
 
 /* ---- the harness -------------------------------------------------------------------------- */
@@ -231,6 +252,29 @@ static double lt_gemm_error(cublasOperation_t ta, int m) {
     return err;
 }
 
+static void check_cluster(void) {
+    const int n = 32, cl = 4;
+    float h[n], got[n];
+    for (int i = 0; i < n; i++) h[i] = (float)(i * i % 7);
+    float *in = dev_floats(h, n), *out = dev_floats(NULL, n);
+    CASE("memcheck", 0, "cluster of 4: shared memory read across the cluster, no report",
+         KD_LAUNCH_CLUSTER(n, THREADS, 16 * sizeof(float), 0, cl, cluster_sum)(in, 0, out));
+    cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost);
+    int right = 1;
+    for (int b = 0; b < n; b++) {
+        float want = (float)(b % cl) * 1000.0f;
+        for (int r = 0; r < cl; r++) want += h[b / cl * cl + r];
+        right &= got[b] == want;
+    }
+    expect(right, "cluster of 4: every block sums its cluster's values in rank order");
+    CASE("memcheck", 1, "cluster of 4: distributed shared memory read past its end: memcheck",
+         KD_LAUNCH_CLUSTER(n, THREADS, 16 * sizeof(float), 0, cl, cluster_sum)(in, 16, out));
+    KD_LAUNCH_CLUSTER(n, THREADS, 16 * sizeof(float), 0, 3, cluster_sum)(in, 0, out);
+    expect(cudaGetLastError() == cudaErrorInvalidConfiguration, "a cluster size that does not divide the grid: invalid configuration");
+    cudaFree(in);
+    cudaFree(out);
+}
+
 static void check_blas(void) {
     kd_sim_trace_begin();
     expect(lt_gemm_error(CUBLAS_OP_N, 16) < 1e-3, "cuBLASLt, right descriptor: matches the reference");
@@ -300,6 +344,7 @@ int main(void) {
     check_initcheck();
     check_launch();
     check_blas();
+    check_cluster();
     printf("test_sim_planted: every planted defect %s\n", g_fail ? "NOT caught" : "caught");
     printf("%d passed, %d failed\n", g_pass, g_fail);
     return g_fail != 0;
