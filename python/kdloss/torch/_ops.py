@@ -26,6 +26,7 @@ Imports only downward: _calls, _backend and _lib.
 
 import contextlib
 import functools
+import inspect
 import itertools
 from typing import Optional, Tuple
 
@@ -98,6 +99,12 @@ def first_order_only(backward):
 
 _LIB = "kdloss"
 _F32 = torch.float32
+
+
+def _params(op):
+    """The names of a custom op's arguments, in order (what its backward returns one gradient
+    or None for): counted from its definition, never typed in."""
+    return list(inspect.signature(op._init_fn).parameters)
 
 
 def _no_grad_out(like):
@@ -213,7 +220,8 @@ def _with_others(setup, n_other):
     return wrapped
 
 
-jsd.register_autograd(_student_backward, setup_context=_with_others(_jsd_setup, 5))
+jsd.register_autograd(_student_backward,
+                      setup_context=_with_others(_jsd_setup, len(_params(jsd)) - 1))
 
 
 # ---- distill_loss, topk_distill_loss ------------------------------------------------------------
@@ -251,7 +259,10 @@ def _(student_logits, teacher_logits, labels, divergence, beta, alpha, temperatu
     return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
 
 
-def _rowwise_setup(reduction_at, n_other):
+def _rowwise_setup(op):
+    params = _params(op)
+    reduction_at, n_other = params.index("reduction"), len(params) - 1
+
     def setup(ctx, inputs, output):
         ctx.rowwise = inputs[reduction_at] == "none"
         ctx.n_other = n_other
@@ -259,7 +270,7 @@ def _rowwise_setup(reduction_at, n_other):
     return setup
 
 
-distill_loss.register_autograd(_student_backward, setup_context=_rowwise_setup(8, 9))
+distill_loss.register_autograd(_student_backward, setup_context=_rowwise_setup(distill_loss))
 
 
 @torch.library.custom_op(f"{_LIB}::topk_distill_loss", mutates_args=())
@@ -292,7 +303,8 @@ def _(student_logits, teacher_ids, teacher_logprobs, labels, divergence, tail, b
     return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
 
 
-topk_distill_loss.register_autograd(_student_backward, setup_context=_rowwise_setup(10, 11))
+topk_distill_loss.register_autograd(_student_backward,
+                                    setup_context=_rowwise_setup(topk_distill_loss))
 
 
 # ---- fused LM head + loss -------------------------------------------------------------------------
@@ -396,7 +408,10 @@ def _(student_input, student_weight, teacher_input, teacher_weight, labels, stud
                        (want_dx, want_dw, want_db and student_bias is not None))
 
 
-def _fused_setup(bias_at, n_inputs):
+def _fused_setup(op):
+    params = _params(op)
+    bias_at, n_inputs = params.index("student_bias"), len(params)
+
     def setup(ctx, inputs, output):
         ctx.bias_at, ctx.n_inputs = bias_at, n_inputs
         ctx.save_for_backward(*output[3:], inputs[0], inputs[1])
@@ -413,7 +428,8 @@ def _fused_backward(ctx, grad_loss, *_others):
     return tuple(grads)
 
 
-fused_linear_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 25))
+fused_linear_distill.register_autograd(_fused_backward,
+                                      setup_context=_fused_setup(fused_linear_distill))
 
 
 @torch.library.custom_op(f"{_LIB}::fused_linear_topk_distill", mutates_args=())
@@ -448,7 +464,8 @@ def _(student_input, student_weight, teacher_ids, teacher_logprobs, labels, stud
                        (want_dx, want_dw, want_db and student_bias is not None))
 
 
-fused_linear_topk_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 24))
+fused_linear_topk_distill.register_autograd(_fused_backward,
+                                           setup_context=_fused_setup(fused_linear_topk_distill))
 
 
 # ---- meta tensors outside FakeTensorMode --------------------------------------------------------
