@@ -228,6 +228,11 @@ class CpuBackend:
         _lib.check(_lib.fn(name)(*args, *self._workspace(name + "_workspace_size", size_args)),
                    name)
 
+    def fused(self, device, c_name, v, size_args, args, may_report):
+        """Any fused C entry point `c_name` (a spec-declared fused loss, _calls.FusedSpec) with
+        this thread's workspace, sized by `c_name`_workspace_size(size_args)."""
+        self._fused(c_name, v, size_args, args)
+
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         _lib.check(_lib.fn("kdloss_kl_div")(ctypes.byref(params), bt, v, inp, tgt, loss, row_loss,
                                             elem, grad), "kdloss_kl_div")
@@ -344,6 +349,11 @@ class CudaBackend:
         capturing = ws is not None and ws.is_cuda and torch.cuda.is_current_stream_capturing()
         if may_report and ws is not None and _CUDA_STATUS_CHECK[0] and not capturing:
             raise_status_word(int(host_read(ws[:4].view(torch.int32))), fname)
+
+    def fused(self, device, c_name, v, size_args, args, may_report):
+        """Any fused entry point's kdloss_cuda_ twin (a spec-declared fused loss), its status
+        word read when `may_report`."""
+        self._run(device, c_name[len("kdloss_"):], size_args, args, may_report)
 
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         self._run(device, "kl_div", (bt, v),

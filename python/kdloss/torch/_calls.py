@@ -9,13 +9,18 @@ fused_linear_topk_distill), each returning (loss(es), gradient(s) or None).
 Imports only downward: _backend and _lib.
 """
 
+import ctypes
+import dataclasses
+from typing import Callable, Tuple
+
 import torch
 
 from .. import _lib
 from .._lib import KdlossError
 from . import _backend
 from ._backend import (as_rows, backend_for, cmat, filled_labels, float_code, label_matches,
-                       labels_view, out_mat, ptr, same_device, scalar_out, topk_teacher)
+                       labels_view, out_mat, ptr, reports, same_device, scalar_out,
+                       topk_teacher)
 
 
 def promoted(*tensors):
@@ -369,4 +374,130 @@ def fused_linear_topk_distill(xs, ws, ids, lps, labels, bs, div, tail, temperatu
                                  want_hard and labels is not None)
     backend.fused_linear_topk_distill(device, params, rows, hs, v, xs_v, ws_v, ptr(bs2), teacher,
                                       lview, out, xs_v.dtype, any(want))
+    return fused_results(outputs, xs, ws, bs)
+
+
+def lm_head_shapes(x, w, b, who):
+    """lm_head's checks that need no data (the fake implementations'): returns V."""
+    check_weight(w, who)
+    v, h = w.shape
+    if x.shape[-1] != h:
+        raise shape_error(f"{who}_input {tuple(x.shape)} / {who}_weight {tuple(w.shape)}: "
+                          "hidden sizes differ")
+    lm_dtype(x, w, who)
+    if b is not None and b.numel() != v:
+        raise shape_error(f"{who}_bias has {b.numel()} elements, expected V={v}")
+    return v
+
+
+def topk_shapes(ids, lps, lead):
+    """topk_teacher's checks that need no data."""
+    if ids.dim() == 0 or ids.shape != lps.shape or tuple(ids.shape[:-1]) != tuple(lead):
+        raise shape_error(f"teacher_ids {tuple(ids.shape)} and teacher_logprobs "
+                          f"{tuple(lps.shape)}: expected both (..., K) with the "
+                          f"student's leading dims {tuple(lead)}")
+    float_code(lps, "teacher_logprobs")
+
+
+# ---- fused losses declared by a spec ------------------------------------------------------------
+
+class DenseTeacher:
+    """A teacher given as its hidden states and LM head (kdloss_fused_linear_distill's form):
+    C size arguments (bt, hs, ht, v, ...), call arguments (..., xs, ws, bs, xt, wt, bt_bias)."""
+
+    tensors = ("teacher_input", "teacher_weight", "teacher_bias")
+    optional = ("teacher_bias",)
+    labels_required = True  # the C call takes labels; without them every row is kept
+    always_reports = False
+
+    @staticmethod
+    def shapes(xs, ws, t):
+        lm_head_shapes(t["teacher_input"], t["teacher_weight"], t["teacher_bias"], "teacher")
+        teacher_head(ws, t["teacher_weight"], t["teacher_bias"])
+        if xs.shape[:-1] != t["teacher_input"].shape[:-1]:
+            raise shape_error(f"student_input {tuple(xs.shape)} and teacher_input "
+                              f"{tuple(t['teacher_input'].shape)} have different token counts")
+
+    @staticmethod
+    def views(xs, ws, t, vp):
+        """(kept tensors, the size query's dims, the call's dims, the teacher's call
+        arguments) for the student's xs, ws."""
+        DenseTeacher.shapes(xs, ws, t)
+        wt, bt_bias = teacher_head(ws, t["teacher_weight"], t["teacher_bias"], vp)
+        keep, xt_v, wt_v, bt2, rows, ht, v = lm_head(t["teacher_input"], wt, bt_bias, "teacher")
+        dims = (rows, xs.shape[-1], ht, v)
+        return keep, dims, dims, (xt_v, wt_v, ptr(bt2))
+
+
+class TopkTeacher:
+    """A stored sparse teacher, ids and log-probs (..., K) (kdloss_fused_linear_topk_distill's
+    form): C size arguments (bt, hs, v, k, ...), call arguments (..., xs, ws, bs, teacher)."""
+
+    tensors = ("teacher_ids", "teacher_logprobs")
+    optional = ()
+    labels_required = False
+    always_reports = True  # the ids are checked on the device: the status word can report them
+
+    @staticmethod
+    def shapes(xs, ws, t):
+        topk_shapes(t["teacher_ids"], t["teacher_logprobs"], xs.shape[:-1])
+
+    @staticmethod
+    def views(xs, ws, t, vp):
+        keep, teacher = topk_teacher(t["teacher_ids"], t["teacher_logprobs"], xs.shape[:-1])
+        rows, hs, v = xs.numel() // max(1, xs.shape[-1]), xs.shape[-1], ws.shape[0]
+        return keep, (rows, hs, v, teacher.k), (rows, hs, v), (teacher,)
+
+
+TEACHER_FORMS = {"dense": DenseTeacher, "topk": TopkTeacher}
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedSpec:
+    """A fused LM-head loss declared once: modules.declare_fused(spec) makes its custom op
+    (kdloss::`name`), its functional form (functional.`name`_loss), its module and its backend
+    call from this record. c_name: the C entry point (its size query c_name + "_workspace_size",
+    its CUDA twin kdloss_cuda_..., its vocabulary-parallel form c_name + "_vp"); teacher: a key
+    of TEACHER_FORMS (the teacher's tensors and their place in the C call); params: builds the
+    C params struct from the scalars (every one of `scalars`, plus ignore_index, chunk_size,
+    memory_budget) as keywords; scalars: ((name, default), ...), the loss's own keyword
+    arguments, each a float, int, bool or str as its default; doc: the functional form's
+    docstring."""
+
+    name: str
+    c_name: str
+    teacher: str
+    params: Callable
+    scalars: Tuple[Tuple[str, object], ...] = ()
+    doc: str = ""
+
+    @property
+    def form(self):
+        return TEACHER_FORMS[self.teacher]
+
+
+def fused_call(spec, tensors, labels, scalars, vp, want):
+    """One call of a spec-declared fused loss. tensors: name -> tensor (student_input (..., H),
+    student_weight (V, H), student_bias [V] or None, and the teacher form's); labels (...) or
+    None (every row kept); scalars: name -> value (spec.params's keywords). Returns (loss,
+    soft, hard, dxs, dws, dbs) as fused_linear_distill."""
+    form = spec.form
+    xs, ws, bs = tensors["student_input"], tensors["student_weight"], tensors["student_bias"]
+    device = same_device(list(tensors.items()))
+    backend = backend_for(device, vp)
+    keep_s, xs_v, ws_v, bs2, rows, hs, v = lm_head(xs, ws, bs, "student")
+    keep_t, size_dims, call_dims, teacher_args = form.views(xs, ws, tensors, vp)
+    if labels is not None:
+        labels, lview = labels_view(labels, rows, device, "labels")
+    elif form.labels_required:
+        labels, lview = filled_labels(rows, scalars["ignore_index"], v, device)
+    else:
+        lview = _lib.Labels(None, _lib.I64)
+    params = spec.params(**scalars)
+    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows,
+                                 form.labels_required or labels is not None)
+    p = ctypes.byref(params)
+    backend.fused(device, spec.c_name, v, (p, *size_dims, xs_v.dtype, int(any(want))),
+                  (p, *call_dims, xs_v, ws_v, ptr(bs2), *teacher_args, lview, ctypes.byref(out)),
+                  form.always_reports or reports(lview))
     return fused_results(outputs, xs, ws, bs)

@@ -286,20 +286,12 @@ def topk_distill_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor,
     return out, _grad_or_none(dz, want_grad, student_logits)
 
 
-def _topk_shapes_fake(ids, lps, lead):
-    if ids.dim() == 0 or ids.shape != lps.shape or tuple(ids.shape[:-1]) != tuple(lead):
-        raise _calls.shape_error(f"teacher_ids {tuple(ids.shape)} and teacher_logprobs "
-                             f"{tuple(lps.shape)}: expected both (..., K) with the "
-                             f"student's leading dims {tuple(lead)}")
-    _backend.float_code(lps, "teacher_logprobs")
-
-
 @topk_distill_loss.register_fake
 def _(student_logits, teacher_ids, teacher_logprobs, labels, divergence, tail, beta, alpha,
       temperature, ignore_index, reduction, want_grad):
     _check_reduction(reduction, "topk_distill_loss")
     _backend.float_code(student_logits, "student_logits")
-    _topk_shapes_fake(teacher_ids, teacher_logprobs, student_logits.shape[:-1])
+    _calls.topk_shapes(teacher_ids, teacher_logprobs, student_logits.shape[:-1])
     return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
 
 
@@ -317,18 +309,6 @@ def _fused_out(results, want, xs, ws, bs):
     loss, soft, hard, dxs, dws, dbs = results
     return (loss, soft, hard, _grad_or_none(dxs, want[0], xs), _grad_or_none(dws, want[1], ws),
             _grad_or_none(dbs, want[2] and bs is not None, ws))
-
-
-def _lm_head_fake(x, w, b, who):
-    _calls.check_weight(w, who)
-    v, h = w.shape
-    if x.shape[-1] != h:
-        raise _calls.shape_error(f"{who}_input {tuple(x.shape)} / {who}_weight {tuple(w.shape)}: "
-                             "hidden sizes differ")
-    _calls.lm_dtype(x, w, who)
-    if b is not None and b.numel() != v:
-        raise _calls.shape_error(f"{who}_bias has {b.numel()} elements, expected V={v}")
-    return v
 
 
 def _fused_fake(xs, ws, bs, want):
@@ -398,8 +378,8 @@ def _(student_input, student_weight, teacher_input, teacher_weight, labels, stud
       ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db, student_scale=1.0,
       student_softcap=0.0, teacher_scale=1.0, teacher_softcap=0.0, memory_budget=0,
       vocab_parallel=0):
-    _lm_head_fake(student_input, student_weight, student_bias, "student")
-    _lm_head_fake(teacher_input, teacher_weight, teacher_bias, "teacher")
+    _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
+    _calls.lm_head_shapes(teacher_input, teacher_weight, teacher_bias, "teacher")
     _calls.teacher_head(student_weight, teacher_weight, teacher_bias)  # more rows: the first V
     if student_input.shape[:-1] != teacher_input.shape[:-1]:
         raise _calls.shape_error(f"student_input {tuple(student_input.shape)} and teacher_input "
@@ -410,8 +390,10 @@ def _(student_input, student_weight, teacher_input, teacher_weight, labels, stud
 
 def _fused_setup(op):
     params = _params(op)
-    bias_at, n_inputs = params.index("student_bias"), len(params)
+    return _fused_setup_at(params.index("student_bias"), len(params))
 
+
+def _fused_setup_at(bias_at, n_inputs):
     def setup(ctx, inputs, output):
         ctx.bias_at, ctx.n_inputs = bias_at, n_inputs
         ctx.save_for_backward(*output[3:], inputs[0], inputs[1])
@@ -458,14 +440,72 @@ def _(student_input, student_weight, teacher_ids, teacher_logprobs, labels, stud
       divergence, tail, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
       ignore_index, chunk_size, t2_scale, want_hard, want_dx, want_dw, want_db, student_scale=1.0,
       student_softcap=0.0, memory_budget=0, vocab_parallel=0):
-    _lm_head_fake(student_input, student_weight, student_bias, "student")
-    _topk_shapes_fake(teacher_ids, teacher_logprobs, student_input.shape[:-1])
+    _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
+    _calls.topk_shapes(teacher_ids, teacher_logprobs, student_input.shape[:-1])
     return _fused_fake(student_input, student_weight, student_bias,
                        (want_dx, want_dw, want_db and student_bias is not None))
 
 
 fused_linear_topk_distill.register_autograd(_fused_backward,
                                            setup_context=_fused_setup(fused_linear_topk_distill))
+
+
+# ---- fused losses declared by a spec (_calls.FusedSpec) ----------------------------------------
+
+_SCHEMA_TYPES = {float: "float", int: "int", bool: "bool", str: "str"}
+_SPEC_TAIL = (("ignore_index", -100), ("chunk_size", 0), ("memory_budget", 0))
+
+
+def spec_arguments(spec):
+    """The argument names of a spec's op, in order: the student's tensors, the teacher form's,
+    labels and the student bias, the scalars (spec.scalars, ignore_index, chunk_size,
+    memory_budget), the wanted gradients, the vocabulary-parallel handle."""
+    tensors = ("student_input", "student_weight") + spec.form.tensors + ("labels", "student_bias")
+    scalars = tuple(n for n, _ in spec.scalars + _SPEC_TAIL)
+    return tensors, scalars, ("want_dx", "want_dw", "want_db", "vocab_parallel")
+
+
+def _spec_schema(spec):
+    tensors, _, _ = spec_arguments(spec)
+    optional = spec.form.optional + ("labels", "student_bias")
+    args = [f"Tensor{'?' if n in optional else ''} {n}" for n in tensors]
+    args += [f"{_SCHEMA_TYPES[type(d)]} {n}" for n, d in spec.scalars + _SPEC_TAIL]
+    args += ["bool want_dx", "bool want_dw", "bool want_db", "int vocab_parallel"]
+    return "(" + ", ".join(args) + ") -> (" + ", ".join(["Tensor"] * 6) + ")"
+
+
+def define_fused(spec):
+    """kdloss::`spec.name`: the custom op of a spec-declared fused loss (the one autograd
+    route of its functional form and module), with its fake and autograd registrations."""
+    tensors, scalars, _ = spec_arguments(spec)
+    names = tensors + scalars + ("want_dx", "want_dw", "want_db", "vocab_parallel")
+
+    def unpack(args):
+        a = dict(zip(names, args))
+        want = (a["want_dx"], a["want_dw"], a["want_db"] and a["student_bias"] is not None)
+        return a, {n: a[n] for n in tensors if n != "labels"}, want
+
+    def impl(*args):
+        a, t, want = unpack(args)
+        results = _calls.fused_call(spec, t, a["labels"], {n: a[n] for n in scalars},
+                                    _lent(a["vocab_parallel"]), want)
+        return _fused_out(results, want, t["student_input"], t["student_weight"],
+                          t["student_bias"])
+
+    def fake(*args):
+        a, t, want = unpack(args)
+        _calls.lm_head_shapes(t["student_input"], t["student_weight"], t["student_bias"],
+                              "student")
+        spec.form.shapes(t["student_input"], t["student_weight"], t)
+        return _fused_fake(t["student_input"], t["student_weight"], t["student_bias"], want)
+
+    op = torch.library.custom_op(f"{_LIB}::{spec.name}", impl, mutates_args=(),
+                                 schema=_spec_schema(spec))
+    op.register_fake(fake)
+    op.register_autograd(_fused_backward, setup_context=_fused_setup_at(
+        names.index("student_bias"), len(names)))
+    _meta_as_before(op)
+    return op
 
 
 # ---- meta tensors outside FakeTensorMode --------------------------------------------------------

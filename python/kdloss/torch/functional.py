@@ -50,6 +50,8 @@ arguments are bad raises its own error and every other rank KdlossError(KDLOSS_E
 when the error is found in Python before the C call.
 """
 
+import inspect
+
 import torch
 
 from .. import _lib
@@ -584,6 +586,56 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
         divergence=divergence, alpha=alpha, t2_scale=t2_scale,
         maps=_maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap),
         memory_budget=memory_budget)
+def _op_tensors(names, t, labels):
+    """A spec op's tensor arguments in order: the teacher's detached (it gets no gradient)."""
+    student = ("student_input", "student_weight", "student_bias")
+    return [labels if n == "labels" else t[n] if n in student else _detached(t[n])
+            for n in names]
+
+
+def fused_form(spec, op):
+    """The functional form of a spec-declared fused loss (_calls.FusedSpec; op: its custom
+    op): `spec.name`_loss(student_input, student_weight, <the teacher form's tensors>,
+    labels=None, student_bias=None, *, <spec.scalars>, ignore_index=-100, chunk_size=None,
+    memory_budget=0, return_soft_hard_loss=False, process_group=None,
+    num_items_in_batch=None), with the dense fused losses' conventions (module docstring)."""
+    tensors, scalars, _ = _ops.spec_arguments(spec)
+    teacher = spec.form.tensors
+    P = inspect.Parameter
+    params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in tensors[:2] + tuple(
+        t for t in teacher if t not in spec.form.optional)]
+    params += [P(n, P.POSITIONAL_OR_KEYWORD, default=None)
+               for n in ("labels", "student_bias") + spec.form.optional]
+    params += [P(n, P.KEYWORD_ONLY, default=d) for n, d in spec.scalars + (
+        ("ignore_index", -100), ("chunk_size", None), ("memory_budget", 0),
+        ("return_soft_hard_loss", False), ("process_group", None),
+        ("num_items_in_batch", None))]
+    sig = inspect.Signature(params)
+    kinds = dict(spec.scalars)
+
+    def loss(*args, **kwargs):
+        a = sig.bind(*args, **kwargs)
+        a.apply_defaults()
+        a = a.arguments
+        group = a["process_group"]
+        with vocab_parallel(group, spec.c_name + "_vp") as vp:
+            _check_items(a["num_items_in_batch"])
+            named = [(n, a[n]) for n in tensors if n != "labels"]
+            t = dict(zip((n for n, _ in named), _gather_all(group, named)))
+            xs, ws, bs = t["student_input"], t["student_weight"], t["student_bias"]
+            values = [type(kinds[n])(a[n]) for n, _ in spec.scalars]
+            with _ops.vocab_call(vp) as handle:
+                results = op(*_op_tensors(tensors, t, a["labels"]), *values,
+                             _index(a["ignore_index"]), int(a["chunk_size"] or 0),
+                             _budget(a["memory_budget"]), *_wanted(xs, ws, bs), handle)[:3]
+        results = _fused_over_items(results, a["labels"], a["ignore_index"], xs,
+                                    a["num_items_in_batch"])
+        return results if a["return_soft_hard_loss"] else results[0]
+    loss.__name__ = loss.__qualname__ = spec.name + "_loss"
+    loss.__signature__, loss.__doc__ = sig, spec.doc
+    return loss
+
+
 # ---- losses on logits -----------------------------------------------------------------------------
 
 def _items_reduction(reduction, num_items_in_batch, zs, fname):

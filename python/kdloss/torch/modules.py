@@ -13,6 +13,7 @@ passes it to compute_loss)."""
 
 import torch
 
+from . import _ops
 from . import functional as F
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "DistillLoss",
@@ -281,3 +282,51 @@ class FusedLinearTopKDistillLoss(_TopKModule):
                                                 process_group=self.process_group,
                                                 num_items_in_batch=num_items_in_batch,
                                                 **self._args())
+
+
+# ---- fused losses declared by a spec -----------------------------------------------------------
+
+DECLARED = {}  # spec name -> (functional form, module class) of each declare_fused() loss
+
+
+class _SpecModule(torch.nn.Module):
+    """The module of a spec-declared fused loss: its keywords (the spec's scalars,
+    ignore_index, chunk_size, memory_budget, return_soft_hard_loss, process_group) are
+    constructor arguments kept as attributes; forward takes the tensors as the functional
+    form does, and num_items_in_batch."""
+
+    _keywords = ()
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        unknown = sorted(set(kwargs) - {n for n, _ in self._keywords})
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword(s) {unknown}")
+        for name, default in self._keywords:
+            setattr(self, name, kwargs.get(name, default))
+
+    def forward(self, *tensors, num_items_in_batch=None):
+        kw = {n: getattr(self, n) for n, _ in self._keywords}
+        return type(self)._fn(*tensors, num_items_in_batch=num_items_in_batch, **kw)
+
+    def extra_repr(self):
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n, _ in self._keywords
+                         if n != "process_group")
+
+
+def declare_fused(spec, module_name):
+    """A fused LM-head loss from its one declaration, spec (a _calls.FusedSpec): its custom op
+    kdloss::`spec.name` (_ops.define_fused), its functional form functional.`spec.name`_loss
+    (functional.fused_form) and its module `module_name` (here), both also set as attributes
+    of functional and of this module. Returns (function, module class)."""
+    fn = F.fused_form(spec, _ops.define_fused(spec))
+    keywords = tuple(spec.scalars) + (("ignore_index", -100), ("chunk_size", None),
+                                      ("memory_budget", 0), ("return_soft_hard_loss", False),
+                                      ("process_group", None))
+    cls = type(module_name, (_SpecModule,), {
+        "_fn": staticmethod(fn), "_keywords": keywords, "__module__": __name__,
+        "__doc__": f"The module of functional.{fn.__name__} (declare_fused)."})
+    setattr(F, fn.__name__, fn)
+    globals()[module_name] = cls
+    DECLARED[spec.name] = (fn, cls)
+    return fn, cls
