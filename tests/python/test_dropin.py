@@ -1,4 +1,4 @@
-"""Issue 24 item 6 ("drop-in means drop-in") and the Python side of item 3: Liger-Kernel's keyword
+"""Drop-in means drop-in: Liger-Kernel's keyword
 names, positional orders and autograd Functions; losses in float32 whatever the input dtype; torch's
 type promotion for kl_div(reduction="none"); torch's batchmean (/ input.size(0)) and mean; the
 budgeted chunk as every fused module's default; fp16 and mixed dtypes; DTensor weights; the hint

@@ -1,4 +1,4 @@
-"""Vocabulary-parallel fused losses (issue 11: process_group=...) and the fused loss under
+"""Vocabulary-parallel fused losses (process_group=...) and the fused loss under
 DistributedDataParallel, in a gloo group of 2 processes on this machine (one spawn runs every
 scenario; each test reads its scenario's outcome).
 
