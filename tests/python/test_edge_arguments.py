@@ -42,6 +42,15 @@ def test_fused_without_labels_counts_every_row_at_ignore_index_0(gen):
             assert torch.equal(g0, g), name
 
 
+def test_fused_without_labels_one_token_vocabulary(gen):
+    # V = 1: the only id is 0, which ignore_index 0 matches; the losses are 0 either way
+    xs, ws, xt, wt = _heads(gen, v=1)
+    for ii in (0, -100):
+        loss = F.fused_linear_jsd(xs, ws, xt, wt, None, 0.5, ii)
+        assert loss.item() == 0.0
+        assert all(float(g.abs().max()) == 0.0 for g in _grads(loss, xs, ws))
+
+
 # ---- num_items_in_batch as a tensor ------------------------------------------------------------
 
 @pytest.mark.parametrize("bad", [torch.tensor(0), torch.tensor(-3.0), torch.tensor([7.0, 14.0]),

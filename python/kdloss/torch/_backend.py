@@ -141,12 +141,13 @@ def label_matches(labels, ignore_index):
     return labels == ignore_index
 
 
-def filled_labels(rows, ignore_index, v, device):
+def filled_labels(rows, ignore_index, one_token, device):
     """(tensor, kdloss_labels) for a call that needs labels when the caller has none: every row
-    kept, so one id in [0, v) that is not ignore_index (with v = 1 the only id, 0: the losses of
-    a one-token vocabulary are 0 either way). The view is marked `filled`: its status word can
-    report nothing."""
-    fill = 1 if ignore_index == 0 and v > 1 else 0
+    kept, so one id that is not ignore_index: 0, or 1 when ignore_index is 0 (with a one-token
+    vocabulary, `one_token`, the only id, 0: its losses are 0 either way). The same on every
+    rank of a vocabulary-parallel call (pass one_token False there: a rank's block says nothing
+    of the whole vocabulary). The view is marked `filled`: its status word can report nothing."""
+    fill = 1 if ignore_index == 0 and not one_token else 0
     labels = torch.full((rows,), fill, dtype=torch.int32, device=device)
     view = _lib.Labels(labels.data_ptr(), _lib.I32)
     view.filled = True

@@ -341,7 +341,7 @@ def fused_linear_distill(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, 
         raise shape_error(f"student_input {tuple(xs.shape)} and teacher_input {tuple(xt.shape)} "
                           "have different token counts")
     if labels is None:  # every row counts (the C call needs labels; the CE weight is 0)
-        labels, lview = filled_labels(rows, ignore_index, v, device)
+        labels, lview = filled_labels(rows, ignore_index, vp is None and v == 1, device)
     else:
         labels, lview = labels_view(labels, rows, device, "labels")
     params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
@@ -490,7 +490,8 @@ def fused_call(spec, tensors, labels, scalars, vp, want):
     if labels is not None:
         labels, lview = labels_view(labels, rows, device, "labels")
     elif form.labels_required:
-        labels, lview = filled_labels(rows, scalars["ignore_index"], v, device)
+        labels, lview = filled_labels(rows, scalars["ignore_index"], vp is None and v == 1,
+                                      device)
     else:
         lview = _lib.Labels(None, _lib.I64)
     params = spec.params(**scalars)
