@@ -340,14 +340,16 @@ def fused_linear_distill(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, 
     if xs.shape[:-1] != xt.shape[:-1]:
         raise shape_error(f"student_input {tuple(xs.shape)} and teacher_input {tuple(xt.shape)} "
                           "have different token counts")
-    if labels is None:  # every row counts (the C call needs labels; the CE weight is 0)
+    given = labels is not None
+    if not given:  # every row counts (the C call needs labels; the CE weight is 0)
         labels, lview = filled_labels(rows, ignore_index, vp is None and v == 1, device)
     else:
         labels, lview = labels_view(labels, rows, device, "labels")
     params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
                              int(ignore_index), int(chunk_size or 0), t2_scale,
                              int(memory_budget), maps=maps)
-    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows)
+    # without labels the hard loss is 0, not the cross-entropy against the filled ids
+    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows, given)
     backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
                                  wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
     return fused_results(outputs, xs, ws, bs)
@@ -487,7 +489,8 @@ def fused_call(spec, tensors, labels, scalars, vp, want):
     backend = backend_for(device, vp)
     keep_s, xs_v, ws_v, bs2, rows, hs, v = lm_head(xs, ws, bs, "student")
     keep_t, size_dims, call_dims, teacher_args = form.views(xs, ws, tensors, vp)
-    if labels is not None:
+    given = labels is not None
+    if given:
         labels, lview = labels_view(labels, rows, device, "labels")
     elif form.labels_required:
         labels, lview = filled_labels(rows, scalars["ignore_index"], vp is None and v == 1,
@@ -495,8 +498,7 @@ def fused_call(spec, tensors, labels, scalars, vp, want):
     else:
         lview = _lib.Labels(None, _lib.I64)
     params = spec.params(**scalars)
-    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows,
-                                 form.labels_required or labels is not None)
+    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows, given)
     p = ctypes.byref(params)
     backend.fused(device, spec.c_name, v, (p, *size_dims, xs_v.dtype, int(any(want))),
                   (p, *call_dims, xs_v, ws_v, ptr(bs2), *teacher_args, lview, ctypes.byref(out)),

@@ -575,7 +575,7 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     add up to the full batch's. Cost: one multiply over the saved gradients in backward.
     student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap: the heads' logit
     maps, as fused_linear_jsd_loss's (a scale of 0.0 acts as 1). Without true_labels (and
-    weight_hard_loss 0) every row counts, whatever ignore_index is.
+    weight_hard_loss 0) every row counts, whatever ignore_index is, and hard_loss is 0.
     memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
     library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
     return _dense_call(
