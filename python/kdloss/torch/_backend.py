@@ -595,7 +595,8 @@ def register_backend(device_type, backend):
     """Route tensors on `device_type` (e.g. "cuda", "xpu") to `backend`, an object with the
     kl_div / jsd / distill / fused_linear_distill methods of CpuBackend (and distill_logits for
     one call on logits, topk_distill_logits / fused_linear_topk_distill for the sparse-teacher
-    losses). Overrides the built-in choice."""
+    losses, fused for a loss declared by a spec, modules.declare_fused). Overrides the built-in
+    choice."""
     _BACKENDS[device_type] = backend
 
 
