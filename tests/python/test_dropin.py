@@ -427,7 +427,7 @@ def test_fused_modules_default_to_the_budgeted_chunk(spy, gen):
     for cls, kw in dense:
         assert cls(**kw).chunk_size is None
         cls(**kw)(xs, ws, xt, wt, labels)
-        assert _chunk_of(spy) == 0  # 0: the library picks it from its 256 MiB budget
+        assert _chunk_of(spy) == 0  # 0: the library picks it from its memory budget
         cls(chunk_size=3, **kw)(xs, ws, xt, wt, labels)
         assert _chunk_of(spy) == 3  # the caller's wins
     FusedLinearJSD()(xs, ws, xt, wt, labels)

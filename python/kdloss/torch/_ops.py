@@ -154,7 +154,7 @@ def _(input, target, reduction, log_target, eps, want_grad):
 
 def _kl_setup(ctx, inputs, output):
     ctx.elementwise = inputs[2] == "none"
-    ctx.save_for_backward(output[1], inputs[0])  # the student: _first_order_only's anchor
+    ctx.save_for_backward(output[1], inputs[0])  # the student: first_order_only's anchor
     ctx.mark_non_differentiable(output[1])
 
 

@@ -500,7 +500,7 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
     the tempered distributions, each averaged over the valid rows. Gradients for student_input,
     student_weight and student_bias. `compiled` is accepted for compatibility and ignored.
     `chunk_size` rows per chunk; None or 0 (the default: Liger's is 1024) lets the library pick
-    it from its 256 MiB budget, a number given here wins. Returns the loss (float32), or (loss,
+    it from memory_budget, a number given here wins. Returns the loss (float32), or (loss,
     soft_loss, hard_loss) when return_soft_hard_loss. process_group: vocabulary-parallel LM heads
     (see the module docstring). A teacher head (and bias) with more rows than the student's (a
     padded vocabulary) is used through its first V rows (a view).

@@ -94,7 +94,7 @@ class FusedLinearJSDLoss(torch.nn.Module):
     """Chunked fused-linear distillation loss, as Liger's LigerFusedLinearJSDLoss:
     w_hard * CE + w_soft * JSD(beta) at temperature T, averaged over valid rows.
     `compiled` is accepted and ignored (there is nothing to compile). chunk_size: rows per
-    chunk; None (the default; Liger's is 1024) lets the library pick it from its 256 MiB budget,
+    chunk; None (the default; Liger's is 1024) lets the library pick it from memory_budget,
     a number given wins. memory_budget (keyword): the chunked workspace's bytes, 0 (the
     default) = the library's choice. process_group: the vocabulary-parallel group (module
     docstring). Logit maps: functional.fused_linear_jsd_loss (a scale of 0.0 acts as 1).
