@@ -1,5 +1,5 @@
 """kdloss.torch.adapters: axolotl's and DistillKit-style stored top-k teachers as kdloss's sparse
-teacher, with re-tempering (issue 24 item 5), against a float64 reference built from the full
+teacher, with re-tempering, against a float64 reference built from the full
 teacher logits. Tolerances: the adapter computes in float64 from float32 stored log-probs and
 returns float32: a few fp32 ulps, 1e-6 relative (1e-6 of the largest entry absolute)."""
 

@@ -1,4 +1,4 @@
-"""torch.compile, torch.export and FakeTensor over kdloss's losses (issue 24 item 2).
+"""torch.compile, torch.export and FakeTensor over kdloss's losses.
 
 Every loss of one process is a torch.library custom op (kdloss/torch/_ops.py): the ctypes call
 runs inside the op, so Dynamo traces the public functions and modules without a graph break,

@@ -1,4 +1,4 @@
-"""Issue 12's binding defects, kept fixed: first-order-only autograd functions refuse double
+"""Binding defects, kept fixed: first-order-only autograd functions refuse double
 backward with a clear error (instead of a misleading one, or silently wrong second-order
 gradients), and labels must have an integer dtype (bool is not a token id). Also the
 parameter checks of the C library as the binding reports them."""

@@ -1,4 +1,4 @@
-"""Issue 24 item 6 ("drop-in means drop-in") and the Python side of item 3: Liger-Kernel's keyword
+"""Drop-in means drop-in: Liger-Kernel's keyword
 names, positional orders and autograd Functions; losses in float32 whatever the input dtype; torch's
 type promotion for kl_div(reduction="none"); torch's batchmean (/ input.size(0)) and mean; the
 budgeted chunk as every fused module's default; fp16 and mixed dtypes; DTensor weights; the hint
@@ -427,7 +427,7 @@ def test_fused_modules_default_to_the_budgeted_chunk(spy, gen):
     for cls, kw in dense:
         assert cls(**kw).chunk_size is None
         cls(**kw)(xs, ws, xt, wt, labels)
-        assert _chunk_of(spy) == 0  # 0: the library picks it from its 256 MiB budget
+        assert _chunk_of(spy) == 0  # 0: the library picks it from its memory budget
         cls(chunk_size=3, **kw)(xs, ws, xt, wt, labels)
         assert _chunk_of(spy) == 3  # the caller's wins
     FusedLinearJSD()(xs, ws, xt, wt, labels)

@@ -1,5 +1,5 @@
 """The fused-linear losses under FSDP2 (torch.distributed.fsdp.fully_shard) with 2 data-parallel
-processes on the CPU (gloo), issue 24. One spawn runs every scenario; each test reads its own.
+processes on the CPU (gloo). One spawn runs every scenario; each test reads its own.
 
 The student is a tiny LM laid out as a Hugging Face causal LM: `model` (embedding, a linear
 layer, tanh) and `lm_head` (Linear with bias); fully_shard(student.model), then

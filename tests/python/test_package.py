@@ -36,7 +36,7 @@ def test_cpu_isa_switch_round_trip():
 
 
 def test_bf16_gemm_modes_round_trip():
-    """The bf16 GEMM choice (issue 23): measured once and cached, forced modes on top of it, the
+    """The bf16 GEMM choice: measured once and cached, forced modes on top of it, the
     exact backward as an option; bf16 fused-linear gradients agree across the modes."""
     info = kdloss.bf16_gemm_info()
     assert info["mode"] == "auto" and info["grad"] == "auto" and info["measurements"] == 1

@@ -1,4 +1,4 @@
-"""Issue 24 item 4 and 5 (Python side): a teacher whose vocabulary is padded past the student's
+"""A teacher whose vocabulary is padded past the student's
 (Qwen2.5: 152064 rows against 151936) is used through its first V rows / columns, as TRL slices
 logits (TRL #3028), without a copy; and num_items_in_batch= normalizes for gradient accumulation
 (TRL #6006): micro-batches divided by the step's total of kept tokens add up to the full batch.

@@ -1,4 +1,4 @@
-"""topk_distill_loss / TopKDistillLoss / FusedLinearTopKDistillLoss (issue 10, the sparse top-k
+"""topk_distill_loss / TopKDistillLoss / FusedLinearTopKDistillLoss (the sparse top-k
 teacher) against float64 torch references written from docs/MATH.md section 8
 (reference.topk_rows; never from the library's code), plus K = V against the dense
 distill_loss, the error paths and finite differences.

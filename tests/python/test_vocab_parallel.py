@@ -1,4 +1,4 @@
-"""Vocabulary-parallel fused losses (issue 11: process_group=...) and the fused loss under
+"""Vocabulary-parallel fused losses (process_group=...) and the fused loss under
 DistributedDataParallel, in a gloo group of 2 processes on this machine (one spawn runs every
 scenario; each test reads its scenario's outcome).
 
@@ -170,6 +170,15 @@ def _dense_worker(rank):
             mine = dict(detached(t), **{k: t[k][lo:hi].clone() for k in ("ws", "bs", "wt", "bt")})
             got = run(mine, cls(return_soft_hard_loss=True, process_group=group, **kw))
             check_rank(what, got[:3], got[3], want[:3], want[3], lo, hi)
+        # without labels every row counts whatever ignore_index (0 included), on every rank
+        base = dict(t, labels=None)
+        kw = dict(divergence="forward_kl", weight_hard_loss=0.0, weight_soft_loss=1.0,
+                  return_soft_hard_loss=True)
+        want = run(detached(base), FusedLinearDistillLoss(**kw))
+        mine = dict(detached(base), **{k: base[k][lo:hi].clone() for k in ("ws", "bs", "wt", "bt")})
+        got = run(mine, FusedLinearDistillLoss(process_group=group, ignore_index=0, **kw))
+        check_rank(f"rank {rank} {layout} no labels, ignore_index 0", got[:3], got[3],
+                   want[:3], want[3], lo, hi)
 
 
 def test_dense_matches_single_process(outcomes):

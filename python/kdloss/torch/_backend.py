@@ -1,5 +1,7 @@
-"""The only place where torch tensors meet the C API (STYLE.md: one binding file that checks
-tensors and fills plain structs; the kernels never see a framework object).
+"""The backend floor of kdloss.torch, the only place where torch tensors meet the C API: it
+checks tensors and fills the C API's plain structs (the kernels never see a framework object),
+and makes the ctypes call for a device. Above it, _calls.py turns each operation's tensors into
+these views; below it there is only kdloss._lib (docs/ARCHITECTURE.md, "The Python binding").
 
 Tensors are passed by data pointer, never copied, when their layout allows it: a tensor whose last
 dimension is contiguous and whose leading dimensions collapse to one uniform row stride goes in as
@@ -13,6 +15,11 @@ CUDA (kdloss_cuda_available() == 1) and otherwise raise a KdlossError saying so.
 the same arguments (views, params, output pointers); the CUDA one adds its context, the current
 stream and a caller-owned workspace, as the header asks. A vocabulary-parallel call (process_group)
 goes through VocabParallel on either device.
+
+Host reads. Every read of a tensor's value on the host goes through host_read (for device memory
+that is a stream synchronization): the CUDA path reads the status word only after a call whose
+status word can carry an error (labels or teacher ids given), and nothing else in a call's
+forward or backward reads the device (docs/ARCHITECTURE.md, "Host synchronizations").
 """
 
 import contextlib
@@ -27,6 +34,17 @@ from .._lib import KdlossError
 
 FLOAT_CODES = {torch.float32: _lib.F32, torch.bfloat16: _lib.BF16, torch.float16: _lib.F16}
 LABEL_CODES = {torch.int64: _lib.I64, torch.int32: _lib.I32}
+
+
+def host_read(t):
+    """The value of a one-element tensor as a Python number: the binding's one door from tensor
+    values to the host (for device memory a stream synchronization; tests count the calls)."""
+    return t.item()
+
+
+def is_host(t):
+    """True when reading `t`'s value costs no synchronization (host memory)."""
+    return t.device.type == "cpu"
 
 
 def float_code(t, what):
@@ -113,6 +131,34 @@ def labels_view(labels, rows, device, what):
     return labels, _lib.Labels(labels.data_ptr(), LABEL_CODES[labels.dtype])
 
 
+def label_matches(labels, ignore_index):
+    """labels == ignore_index compared as the C call compares, in int64: an ignore_index outside
+    the labels' integer range matches no label (torch would wrap it to that range)."""
+    if not labels.dtype.is_floating_point and labels.dtype != torch.bool:
+        info = torch.iinfo(labels.dtype)
+        if not info.min <= ignore_index <= info.max:
+            return torch.zeros(labels.shape, dtype=torch.bool, device=labels.device)
+    return labels == ignore_index
+
+
+def filled_labels(rows, ignore_index, one_token, device):
+    """(tensor, kdloss_labels) for a call that needs labels when the caller has none: every row
+    kept, so one id that is not ignore_index: 0, or 1 when ignore_index is 0 (with a one-token
+    vocabulary, `one_token`, the only id, 0: its losses are 0 either way). The same on every
+    rank of a vocabulary-parallel call (pass one_token False there: a rank's block says nothing
+    of the whole vocabulary). The view is marked `filled`: its status word can report nothing."""
+    fill = 1 if ignore_index == 0 and not one_token else 0
+    labels = torch.full((rows,), fill, dtype=torch.int32, device=device)
+    view = _lib.Labels(labels.data_ptr(), _lib.I32)
+    view.filled = True
+    return labels, view
+
+
+def reports(labels):
+    """Whether a CUDA call's status word can carry an error: its labels are the caller's."""
+    return labels.data is not None and not getattr(labels, "filled", False)
+
+
 def topk_teacher(ids, logprobs, lead):
     """(kept tensors, kdloss_topk_teacher) for a sparse teacher: ids (..., K) int32/int64 (-1 =
     unused slot) and logprobs (..., K) float on one device (the caller checks it), whose leading
@@ -183,6 +229,11 @@ class CpuBackend:
         _lib.check(_lib.fn(name)(*args, *self._workspace(name + "_workspace_size", size_args)),
                    name)
 
+    def fused(self, device, c_name, v, size_args, args, may_report):
+        """Any fused C entry point `c_name` (a spec-declared fused loss, _calls.FusedSpec) with
+        this thread's workspace, sized by `c_name`_workspace_size(size_args)."""
+        self._fused(c_name, v, size_args, args)
+
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         _lib.check(_lib.fn("kdloss_kl_div")(ctypes.byref(params), bt, v, inp, tgt, loss, row_loss,
                                             elem, grad), "kdloss_kl_div")
@@ -231,8 +282,8 @@ _CUDA_STATUS_CHECK = [True]
 
 
 def set_cuda_status_check(on=True):
-    """Whether CUDA calls read their status word and raise on a bad label or teacher id (default
-    True: one stream synchronization a call). Off, such a call returns NaN losses, as kdloss.h
+    """Whether CUDA calls with labels or teacher ids read their status word and raise on a bad
+    label or id (default True: one stream synchronization such a call). Off, such a call returns NaN losses, as kdloss.h
     describes, and nothing is raised. Process-wide."""
     _CUDA_STATUS_CHECK[0] = bool(on)
 
@@ -247,10 +298,12 @@ def raise_status_word(word, fname):
 class CudaBackend:
     """kdloss_cuda_* on device memory: one context per device, torch's current stream, workspace
     allocated through torch's caching allocator. Only used when the library reports CUDA.
-    After each call the workspace's status word (kdloss.h, CUDA section: an out-of-range label or
-    teacher id found on the device) is read and raised as KdlossError, which synchronizes the
-    stream once a call; set_cuda_status_check(False) skips it (the losses are NaN then, as the
-    header says), and it is skipped while a CUDA graph is being captured."""
+    After a call with labels or teacher ids the workspace's status word (kdloss.h, CUDA section:
+    an out-of-range label or teacher id found on the device) is read and raised as KdlossError,
+    which synchronizes the stream once; a call without either (kl_div, jsd or distill without
+    labels, a fused loss without labels) is not read: its word is always OK.
+    set_cuda_status_check(False) skips the read (the losses are NaN then, as the header says),
+    and it is skipped while a CUDA graph is being captured."""
 
     name = "cuda"
 
@@ -280,11 +333,13 @@ class CudaBackend:
         ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return ws, nbytes
 
-    def _run(self, device, name, size_args, args):
+    def _run(self, device, name, size_args, args, may_report=True):
         """kdloss_cuda_`name` on this device's context and torch's current stream, with a fresh
         workspace of kdloss_cuda_`name`_workspace_size(size_args) bytes. Invalid labels or
-        teacher ids are not reported here: the C call returns OK and writes the status word
-        into the workspace (include/kdloss.h, CUDA section), with NaN losses."""
+        teacher ids are not reported by the C call: it returns OK and writes the status word
+        into the workspace (include/kdloss.h, CUDA section), with NaN losses. The word is read
+        (one host synchronization) only when `may_report`: a call without labels or ids writes
+        OK there, so reading it would only stall the stream."""
         ctx, index = self._ctx(device)
         fname = "kdloss_cuda_" + name
         size = ctypes.c_size_t()
@@ -293,32 +348,41 @@ class CudaBackend:
         ws, n = self._workspace(size.value, device)
         _lib.check(_lib.fn(fname)(ctx, self._stream(index), *args, ptr(ws), n), fname)
         capturing = ws is not None and ws.is_cuda and torch.cuda.is_current_stream_capturing()
-        if ws is not None and _CUDA_STATUS_CHECK[0] and not capturing:
-            raise_status_word(int(ws[:4].view(torch.int32).item()), fname)
+        if may_report and ws is not None and _CUDA_STATUS_CHECK[0] and not capturing:
+            raise_status_word(int(host_read(ws[:4].view(torch.int32))), fname)
+
+    def fused(self, device, c_name, v, size_args, args, may_report):
+        """Any fused entry point's kdloss_cuda_ twin (a spec-declared fused loss), its status
+        word read when `may_report`."""
+        self._run(device, c_name[len("kdloss_"):], size_args, args, may_report)
 
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         self._run(device, "kl_div", (bt, v),
-                  (ctypes.byref(params), bt, v, inp, tgt, loss, row_loss, elem, grad))
+                  (ctypes.byref(params), bt, v, inp, tgt, loss, row_loss, elem, grad), False)
 
     def jsd(self, device, params, bt, v, student, teacher, labels, loss, row_loss, grad):
         self._run(device, "jsd", (bt, v),
-                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
+                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad),
+                  reports(labels))
 
     def distill(self, device, params, bt, v, student, teacher, labels, loss, row_loss, grad):
         self._run(device, "distill", (bt, v),
-                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
+                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad),
+                  reports(labels))
 
     def distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
                        grad):
         """params: DistillLogitsParams (kdloss_cuda_distill_logits: the loss on logits)."""
         self._run(device, "distill_logits", (bt, v),
-                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad))
+                  (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad),
+                  reports(labels))
 
     def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
                              labels, out, student_dtype, want_grad):
         p = ctypes.byref(params)
         self._run(device, "fused_linear_distill", (p, bt, hs, ht, v, student_dtype, int(want_grad)),
-                  (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)))
+                  (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)),
+                  reports(labels))
 
     def topk_distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
                             grad):
@@ -458,7 +522,7 @@ class VocabParallel(CpuBackend):
         counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.comm.size)]
         self._dist.all_gather(counts, torch.tensor([v], dtype=torch.int64, device=device),
                               group=self.group)
-        counts = [int(c) for c in counts]
+        counts = [int(host_read(c)) for c in counts]
         if min(counts) < 0:
             failed = [r for r, c in enumerate(counts) if c < 0]
             raise KdlossError(_lib.ERR_PEER, f"rank(s) {failed} of process_group failed before "
@@ -531,7 +595,8 @@ def register_backend(device_type, backend):
     """Route tensors on `device_type` (e.g. "cuda", "xpu") to `backend`, an object with the
     kl_div / jsd / distill / fused_linear_distill methods of CpuBackend (and distill_logits for
     one call on logits, topk_distill_logits / fused_linear_topk_distill for the sparse-teacher
-    losses). Overrides the built-in choice."""
+    losses, fused for a loss declared by a spec, modules.declare_fused). Overrides the built-in
+    choice."""
     _BACKENDS[device_type] = backend
 
 

@@ -1,6 +1,7 @@
-"""kdloss's losses as torch.library custom ops (namespace `kdloss`), so that torch.compile
-(fullgraph=True, no graph breaks), torch.export, FakeTensor and meta tensors see them as single
-opaque ops: the ctypes call happens only inside each op's implementation, on real tensors.
+"""The ops floor of kdloss.torch: its losses as torch.library custom ops (namespace `kdloss`) and
+the autograd helpers they share, so that torch.compile (fullgraph=True, no graph breaks),
+torch.export, FakeTensor and meta tensors see each loss as one opaque op: the ctypes call happens
+only inside each op's implementation (_calls.py), on real tensors.
 
     torch.ops.kdloss.kl_div, jsd, distill_loss, topk_distill_loss          (losses on logits)
     torch.ops.kdloss.fused_linear_distill, fused_linear_topk_distill        (fused LM head)
@@ -9,25 +10,101 @@ Each op takes tensors and plain scalars (float / int / bool / str; Optional tens
 and biases), mutates nothing, and returns the loss together with the gradient(s) of the student
 tensor(s) formed in the same C pass (an empty float32 tensor of shape (0,) for a gradient not
 asked for: want_* False). register_autograd's backward only scales the saved gradients by the
-upstream gradient; as the eager autograd Functions, it is first-order only (functional's
-_first_order_only: double backward raises). The fake (meta) implementations give the outputs'
-shapes and dtypes from the inputs' and check what can be checked without data (shapes, dtypes).
-The backend (CPU, CUDA, a registered one) is chosen by device inside the op, as before.
+upstream gradient, and is first-order only (first_order_only: double backward raises). These are
+the one autograd route of each operation: the functional forms, the Liger-named Functions'
+apply and the vocabulary-parallel calls all go through them. The fake (meta) implementations
+give the outputs' shapes and dtypes from the inputs' and check what can be checked without data
+(shapes, dtypes). The backend (CPU, CUDA, a registered one) is chosen by device inside the op.
 
-The vocabulary-parallel calls (process_group=) do not go through these ops (their C call runs
-torch.distributed collectives from a ctypes callback): they stay eager. functional.py calls the
-ops; this module is private.
+A vocabulary-parallel call (process_group=) cannot hand its group to an op (an op takes tensors
+and scalars): functional.py enters it with vocab_call(vp), which lends the op an integer handle
+to it for the call; the op's implementation looks the VocabParallel up by that handle (0: none).
+Such a call stays eager (its C call runs torch.distributed collectives from a ctypes callback).
+
+Imports only downward: _calls, _backend and _lib.
 """
 
+import contextlib
+import functools
+import inspect
+import itertools
 from typing import Optional, Tuple
 
 import torch
 
 from .. import _lib
-from . import functional as F
+from . import _backend, _calls
+
+def traced(t):
+    """True while `t` is being traced (torch.compile, torch.export, make_fx, FakeTensor): its
+    value is then unknown, or reading it would freeze one value into the graph."""
+    if torch.compiler.is_compiling() or type(t) is not torch.Tensor:
+        return True
+    if torch._is_functional_tensor(t):
+        return True
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    return get_proxy_mode() is not None
+
+
+def scale(saved, grad_output):
+    """saved * grad_output for a scalar loss. In host memory the pass over `saved` is skipped
+    when grad_output == 1 (reading it is free there; eager only: a traced grad_output is always
+    multiplied). On a device it is always multiplied there: reading grad_output would
+    synchronize the stream, and the multiply costs one pass over the saved gradient
+    (docs/ARCHITECTURE.md, "Host synchronizations")."""
+    if saved is None:
+        return None
+    if (grad_output.numel() == 1 and not traced(grad_output) and _backend.is_host(grad_output)
+            and _backend.host_read(grad_output) == 1.0):
+        return saved
+    return saved * grad_output.to(saved.dtype)
+
+
+_TWICE = ("kdloss: these losses are differentiable once only (backward returns the gradient "
+          "saved by forward, a constant); double backward, e.g. a gradient penalty through the "
+          "loss, is not supported")
+
+
+def first_order_only(backward):
+    """Marks an autograd backward first-order only, like torch's @once_differentiable, but also
+    when the upstream gradient does not require grad: under create_graph=True every returned
+    gradient gets a node that raises _TWICE if anything differentiates through it. That node's
+    inputs are the tensors forward saved (the student inputs among them) and the upstream
+    gradients, so torch.autograd.grad(..., inputs=x) reaches it too instead of pruning it and
+    silently dropping the second-order term. (Plain @once_differentiable leaves gradients
+    without a grad_fn when the upstream gradient is a constant: a gradient penalty then fails
+    with a misleading "does not require grad" error.)"""
+    @functools.wraps(backward)
+    def wrapper(ctx, *grad_outputs):
+        create_graph = torch.is_grad_enabled()
+        with torch.no_grad():
+            grads = backward(ctx, *grad_outputs)
+        if not create_graph:
+            return grads
+        idx = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+        anchors = [t for t in tuple(ctx.saved_tensors) + tuple(grad_outputs)
+                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not idx:
+            return grads
+        if not anchors:  # nothing to differentiate through anyway; still mark the gradients
+            anchors = [grads[idx[0]].detach().requires_grad_()]
+        err = torch._C._functions.DelayedError(_TWICE.encode(), len(idx) + len(anchors))
+        wrapped = err(*[grads[i] for i in idx], *anchors)
+        out = list(grads)
+        for i, w in zip(idx, wrapped):
+            out[i] = w
+        return tuple(out)
+    return wrapper
+
 
 _LIB = "kdloss"
 _F32 = torch.float32
+
+
+def _params(op):
+    """The names of a custom op's arguments, in order (what its backward returns one gradient
+    or None for): counted from its definition, never typed in."""
+    return list(inspect.signature(op._init_fn).parameters)
 
 
 def _no_grad_out(like):
@@ -43,13 +120,13 @@ def _fake_grad(t, want):
     return t.new_empty(t.shape, dtype=t.dtype) if want else t.new_empty((0,), dtype=_F32)
 
 
-def _saved(g):
+def saved(g):
     """A saved gradient, None for the (0,) placeholder of one not formed."""
     return g if g.dim() != 1 or g.numel() != 0 else None
 
 
 def _scaled(g, grad_output):
-    return None if g is None else F._scale(g, grad_output)
+    return None if g is None else scale(g, grad_output)
 
 
 # ---- kl_div ---------------------------------------------------------------------------------------
@@ -57,19 +134,19 @@ def _scaled(g, grad_output):
 @torch.library.custom_op(f"{_LIB}::kl_div", mutates_args=())
 def kl_div(input: torch.Tensor, target: torch.Tensor, reduction: str, log_target: bool,
            eps: float, want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    out, grad = F._kl_compute(input, target, reduction, log_target, eps, want_grad)
+    out, grad = _calls.kl_div(input, target, reduction, log_target, eps, want_grad)
     return out, _grad_or_none(grad, want_grad, input)
 
 
 @kl_div.register_fake
 def _(input, target, reduction, log_target, eps, want_grad):
-    F.reduction_code(reduction)
+    _calls.reduction_code(reduction)
     if input.shape != target.shape:
-        raise F._shape_error(f"kl_div: input {tuple(input.shape)} vs target "
+        raise _calls.shape_error(f"kl_div: input {tuple(input.shape)} vs target "
                              f"{tuple(target.shape)}")
-    F.float_code(input, "input"), F.float_code(target, "target")
+    _backend.float_code(input, "input"), _backend.float_code(target, "target")
     if reduction == "none":
-        out = input.new_empty(input.shape, dtype=F._promoted(input, target))
+        out = input.new_empty(input.shape, dtype=_calls.promoted(input, target))
     else:
         out = input.new_empty((), dtype=_F32)
     return out, _fake_grad(input, want_grad)
@@ -77,18 +154,18 @@ def _(input, target, reduction, log_target, eps, want_grad):
 
 def _kl_setup(ctx, inputs, output):
     ctx.elementwise = inputs[2] == "none"
-    ctx.save_for_backward(output[1], inputs[0])  # the student: _first_order_only's anchor
+    ctx.save_for_backward(output[1], inputs[0])  # the student: first_order_only's anchor
     ctx.mark_non_differentiable(output[1])
 
 
-@F._first_order_only
+@first_order_only
 def _kl_backward(ctx, grad_output, _grad_grad):
-    grad = _saved(ctx.saved_tensors[0])
+    grad = saved(ctx.saved_tensors[0])
     if grad is not None:
         if ctx.elementwise:
             grad = grad * grad_output.to(grad.dtype)
         else:
-            grad = F._scale(grad, grad_output)
+            grad = scale(grad, grad_output)
     return grad, None, None, None, None, None
 
 
@@ -100,16 +177,16 @@ kl_div.register_autograd(_kl_backward, setup_context=_kl_setup)
 @torch.library.custom_op(f"{_LIB}::jsd", mutates_args=())
 def jsd(input: torch.Tensor, target: torch.Tensor, shift_labels: Optional[torch.Tensor],
         beta: float, ignore_index: int, want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-    out, grad = F._jsd_compute(input, target, shift_labels, beta, ignore_index, want_grad)
+    out, grad = _calls.jsd(input, target, shift_labels, beta, ignore_index, want_grad)
     return out, _grad_or_none(grad, want_grad, input)
 
 
 @jsd.register_fake
 def _(input, target, shift_labels, beta, ignore_index, want_grad):
     if input.shape != target.shape:
-        raise F._shape_error(f"jsd: input (log_q) {tuple(input.shape)} vs target (log_p) "
+        raise _calls.shape_error(f"jsd: input (log_q) {tuple(input.shape)} vs target (log_p) "
                              f"{tuple(target.shape)}")
-    F.float_code(input, "input (log_q)"), F.float_code(target, "target (log_p)")
+    _backend.float_code(input, "input (log_q)"), _backend.float_code(target, "target (log_p)")
     return input.new_empty((), dtype=_F32), _fake_grad(input, want_grad)
 
 
@@ -125,14 +202,14 @@ def _jsd_setup(ctx, inputs, output):
     _student_setup(ctx, inputs, output)
 
 
-@F._first_order_only
+@first_order_only
 def _student_backward(ctx, grad_output, _grad_grad):
-    dz = _saved(ctx.saved_tensors[0])
+    dz = saved(ctx.saved_tensors[0])
     if dz is not None:
         if ctx.rowwise:
             dz = dz * grad_output.to(dz.dtype).unsqueeze(-1)
         else:
-            dz = F._scale(dz, grad_output)
+            dz = scale(dz, grad_output)
     return (dz,) + (None,) * ctx.n_other
 
 
@@ -143,7 +220,8 @@ def _with_others(setup, n_other):
     return wrapped
 
 
-jsd.register_autograd(_student_backward, setup_context=_with_others(_jsd_setup, 5))
+jsd.register_autograd(_student_backward,
+                      setup_context=_with_others(_jsd_setup, len(_params(jsd)) - 1))
 
 
 # ---- distill_loss, topk_distill_loss ------------------------------------------------------------
@@ -155,7 +233,7 @@ def _row_loss_fake(zs, reduction):
 
 
 def _check_reduction(reduction, fname):
-    if reduction not in F._DISTILL_REDUCTIONS:
+    if reduction not in _calls.DISTILL_REDUCTIONS:
         raise _lib.KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
                                f"({fname} takes batchmean, sum, mean or none)")
 
@@ -166,7 +244,7 @@ def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                  temperature: float, ignore_index: int, reduction: str,
                  want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     div = _lib.div_params(divergence, beta, alpha)
-    out, dz = F._distill_compute(student_logits, teacher_logits, labels, div, temperature,
+    out, dz = _calls.distill_loss(student_logits, teacher_logits, labels, div, temperature,
                                  ignore_index, reduction, want_grad)
     return out, _grad_or_none(dz, want_grad, student_logits)
 
@@ -175,13 +253,16 @@ def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
 def _(student_logits, teacher_logits, labels, divergence, beta, alpha, temperature,
       ignore_index, reduction, want_grad):
     _check_reduction(reduction, "distill_loss")
-    F.float_code(student_logits, "student_logits")
-    F._teacher_logits(student_logits, teacher_logits, "distill_loss")  # more columns: sliced
-    F.float_code(teacher_logits, "teacher_logits")
+    _backend.float_code(student_logits, "student_logits")
+    _calls.teacher_logits(student_logits, teacher_logits, "distill_loss")  # more columns: sliced
+    _backend.float_code(teacher_logits, "teacher_logits")
     return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
 
 
-def _rowwise_setup(reduction_at, n_other):
+def _rowwise_setup(op):
+    params = _params(op)
+    reduction_at, n_other = params.index("reduction"), len(params) - 1
+
     def setup(ctx, inputs, output):
         ctx.rowwise = inputs[reduction_at] == "none"
         ctx.n_other = n_other
@@ -189,7 +270,7 @@ def _rowwise_setup(reduction_at, n_other):
     return setup
 
 
-distill_loss.register_autograd(_student_backward, setup_context=_rowwise_setup(8, 9))
+distill_loss.register_autograd(_student_backward, setup_context=_rowwise_setup(distill_loss))
 
 
 @torch.library.custom_op(f"{_LIB}::topk_distill_loss", mutates_args=())
@@ -200,29 +281,22 @@ def topk_distill_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor,
                       want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     div = _lib.div_params(divergence, beta, alpha)
     code = _lib.topk_tail(tail)
-    out, dz = F._topk_compute(student_logits, teacher_ids, teacher_logprobs, labels, div, code,
+    out, dz = _calls.topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels, div, code,
                               temperature, ignore_index, reduction, want_grad)
     return out, _grad_or_none(dz, want_grad, student_logits)
-
-
-def _topk_shapes_fake(ids, lps, lead):
-    if ids.dim() == 0 or ids.shape != lps.shape or tuple(ids.shape[:-1]) != tuple(lead):
-        raise F._shape_error(f"teacher_ids {tuple(ids.shape)} and teacher_logprobs "
-                             f"{tuple(lps.shape)}: expected both (..., K) with the "
-                             f"student's leading dims {tuple(lead)}")
-    F.float_code(lps, "teacher_logprobs")
 
 
 @topk_distill_loss.register_fake
 def _(student_logits, teacher_ids, teacher_logprobs, labels, divergence, tail, beta, alpha,
       temperature, ignore_index, reduction, want_grad):
     _check_reduction(reduction, "topk_distill_loss")
-    F.float_code(student_logits, "student_logits")
-    _topk_shapes_fake(teacher_ids, teacher_logprobs, student_logits.shape[:-1])
+    _backend.float_code(student_logits, "student_logits")
+    _calls.topk_shapes(teacher_ids, teacher_logprobs, student_logits.shape[:-1])
     return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
 
 
-topk_distill_loss.register_autograd(_student_backward, setup_context=_rowwise_setup(10, 11))
+topk_distill_loss.register_autograd(_student_backward,
+                                    setup_context=_rowwise_setup(topk_distill_loss))
 
 
 # ---- fused LM head + loss -------------------------------------------------------------------------
@@ -237,23 +311,44 @@ def _fused_out(results, want, xs, ws, bs):
             _grad_or_none(dbs, want[2] and bs is not None, ws))
 
 
-def _lm_head_fake(x, w, b, who):
-    F._check_weight(w, who)
-    v, h = w.shape
-    if x.shape[-1] != h:
-        raise F._shape_error(f"{who}_input {tuple(x.shape)} / {who}_weight {tuple(w.shape)}: "
-                             "hidden sizes differ")
-    F._lm_dtype(x, w, who)
-    if b is not None and b.numel() != v:
-        raise F._shape_error(f"{who}_bias has {b.numel()} elements, expected V={v}")
-    return v
-
-
 def _fused_fake(xs, ws, bs, want):
     scalar = xs.new_empty((), dtype=_F32)
     return (scalar, scalar.new_empty(()), scalar.new_empty(()), _fake_grad(xs, want[0]),
             _fake_grad(ws, want[1]),
             _fake_grad(bs, want[2]) if bs is not None else ws.new_empty((0,), dtype=_F32))
+
+
+# ---- vocabulary-parallel calls: the group lent to an op by handle -------------------------------
+
+_LENT = {}  # handle -> the VocabParallel of a call in progress
+_HANDLES = itertools.count(1)
+
+
+@contextlib.contextmanager
+def vocab_call(vp):
+    """The handle a fused op takes as `vocab_parallel` for the VocabParallel `vp` (0 for None),
+    valid for the `with` block."""
+    if vp is None:
+        yield 0
+        return
+    handle = next(_HANDLES)
+    _LENT[handle] = vp
+    try:
+        yield handle
+    finally:
+        del _LENT[handle]
+
+
+def _lent(handle):
+    """The VocabParallel lent under `handle` (None for 0)."""
+    if handle == 0:
+        return None
+    vp = _LENT.get(handle)
+    if vp is None:
+        raise _lib.KdlossError(_lib.ERR_INVALID_PARAM, f"vocab_parallel={handle}: no "
+                               "vocabulary-parallel call holds this handle (functional.py "
+                               "lends one for the duration of a call)")
+    return vp
 
 
 @torch.library.custom_op(f"{_LIB}::fused_linear_distill", mutates_args=())
@@ -265,14 +360,15 @@ def fused_linear_distill(student_input: torch.Tensor, student_weight: torch.Tens
                          weight_soft_loss: float, ignore_index: int, chunk_size: int,
                          t2_scale: bool, want_dx: bool, want_dw: bool, want_db: bool,
                          student_scale: float = 1.0, student_softcap: float = 0.0,
-                         teacher_scale: float = 1.0, teacher_softcap: float = 0.0) -> _FusedOut:
+                         teacher_scale: float = 1.0, teacher_softcap: float = 0.0,
+                         memory_budget: int = 0, vocab_parallel: int = 0) -> _FusedOut:
     div = _lib.div_params(divergence, beta, alpha)
     want = (want_dx, want_dw, want_db and student_bias is not None)
     maps = (student_scale, student_softcap, teacher_scale, teacher_softcap)
-    results = F._fld_compute(student_input, student_weight, teacher_input, teacher_weight, labels,
-                             student_bias, teacher_bias, div, temperature, weight_hard_loss,
-                             weight_soft_loss, ignore_index, chunk_size, t2_scale, None, want,
-                             maps)
+    results = _calls.fused_linear_distill(
+        student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+        teacher_bias, div, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
+        chunk_size, t2_scale, _lent(vocab_parallel), want, maps, memory_budget)
     return _fused_out(results, want, student_input, student_weight, student_bias)
 
 
@@ -280,18 +376,24 @@ def fused_linear_distill(student_input: torch.Tensor, student_weight: torch.Tens
 def _(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
       teacher_bias, divergence, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
       ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db, student_scale=1.0,
-      student_softcap=0.0, teacher_scale=1.0, teacher_softcap=0.0):
-    _lm_head_fake(student_input, student_weight, student_bias, "student")
-    _lm_head_fake(teacher_input, teacher_weight, teacher_bias, "teacher")
-    F._teacher_head(student_weight, teacher_weight, teacher_bias)  # more rows: the first V
+      student_softcap=0.0, teacher_scale=1.0, teacher_softcap=0.0, memory_budget=0,
+      vocab_parallel=0):
+    _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
+    _calls.lm_head_shapes(teacher_input, teacher_weight, teacher_bias, "teacher")
+    _calls.teacher_head(student_weight, teacher_weight, teacher_bias)  # more rows: the first V
     if student_input.shape[:-1] != teacher_input.shape[:-1]:
-        raise F._shape_error(f"student_input {tuple(student_input.shape)} and teacher_input "
-                             f"{tuple(teacher_input.shape)} have different token counts")
+        raise _calls.shape_error(f"student_input {tuple(student_input.shape)} and teacher_input "
+                                 f"{tuple(teacher_input.shape)} have different token counts")
     return _fused_fake(student_input, student_weight, student_bias,
                        (want_dx, want_dw, want_db and student_bias is not None))
 
 
-def _fused_setup(bias_at, n_inputs):
+def _fused_setup(op):
+    params = _params(op)
+    return _fused_setup_at(params.index("student_bias"), len(params))
+
+
+def _fused_setup_at(bias_at, n_inputs):
     def setup(ctx, inputs, output):
         ctx.bias_at, ctx.n_inputs = bias_at, n_inputs
         ctx.save_for_backward(*output[3:], inputs[0], inputs[1])
@@ -299,16 +401,17 @@ def _fused_setup(bias_at, n_inputs):
     return setup
 
 
-@F._first_order_only
+@first_order_only
 def _fused_backward(ctx, grad_loss, *_others):
-    dxs, dws, dbs = (_saved(g) for g in ctx.saved_tensors[:3])
+    dxs, dws, dbs = (saved(g) for g in ctx.saved_tensors[:3])
     grads = [None] * ctx.n_inputs
     grads[0], grads[1] = _scaled(dxs, grad_loss), _scaled(dws, grad_loss)
     grads[ctx.bias_at] = _scaled(dbs, grad_loss)
     return tuple(grads)
 
 
-fused_linear_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 23))
+fused_linear_distill.register_autograd(_fused_backward,
+                                      setup_context=_fused_setup(fused_linear_distill))
 
 
 @torch.library.custom_op(f"{_LIB}::fused_linear_topk_distill", mutates_args=())
@@ -320,14 +423,15 @@ def fused_linear_topk_distill(student_input: torch.Tensor, student_weight: torch
                               weight_soft_loss: float, ignore_index: int, chunk_size: int,
                               t2_scale: bool, want_hard: bool, want_dx: bool, want_dw: bool,
                               want_db: bool, student_scale: float = 1.0,
-                              student_softcap: float = 0.0) -> _FusedOut:
+                              student_softcap: float = 0.0, memory_budget: int = 0,
+                              vocab_parallel: int = 0) -> _FusedOut:
     div = _lib.div_params(divergence, beta, alpha)
     code = _lib.topk_tail(tail)
     want = (want_dx, want_dw, want_db and student_bias is not None)
-    results = F._fltk_compute(student_input, student_weight, teacher_ids, teacher_logprobs,
-                              labels, student_bias, div, code, temperature, weight_hard_loss,
-                              weight_soft_loss, ignore_index, chunk_size, t2_scale, want_hard,
-                              None, want, (student_scale, student_softcap))
+    results = _calls.fused_linear_topk_distill(
+        student_input, student_weight, teacher_ids, teacher_logprobs, labels, student_bias, div,
+        code, temperature, weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
+        want_hard, _lent(vocab_parallel), want, (student_scale, student_softcap), memory_budget)
     return _fused_out(results, want, student_input, student_weight, student_bias)
 
 
@@ -335,14 +439,73 @@ def fused_linear_topk_distill(student_input: torch.Tensor, student_weight: torch
 def _(student_input, student_weight, teacher_ids, teacher_logprobs, labels, student_bias,
       divergence, tail, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
       ignore_index, chunk_size, t2_scale, want_hard, want_dx, want_dw, want_db, student_scale=1.0,
-      student_softcap=0.0):
-    _lm_head_fake(student_input, student_weight, student_bias, "student")
-    _topk_shapes_fake(teacher_ids, teacher_logprobs, student_input.shape[:-1])
+      student_softcap=0.0, memory_budget=0, vocab_parallel=0):
+    _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
+    _calls.topk_shapes(teacher_ids, teacher_logprobs, student_input.shape[:-1])
     return _fused_fake(student_input, student_weight, student_bias,
                        (want_dx, want_dw, want_db and student_bias is not None))
 
 
-fused_linear_topk_distill.register_autograd(_fused_backward, setup_context=_fused_setup(5, 22))
+fused_linear_topk_distill.register_autograd(_fused_backward,
+                                           setup_context=_fused_setup(fused_linear_topk_distill))
+
+
+# ---- fused losses declared by a spec (_calls.FusedSpec) ----------------------------------------
+
+_SCHEMA_TYPES = {float: "float", int: "int", bool: "bool", str: "str"}
+_SPEC_TAIL = (("ignore_index", -100), ("chunk_size", 0), ("memory_budget", 0))
+
+
+def spec_arguments(spec):
+    """The argument names of a spec's op, in order: the student's tensors, the teacher form's,
+    labels and the student bias, the scalars (spec.scalars, ignore_index, chunk_size,
+    memory_budget), the wanted gradients, the vocabulary-parallel handle."""
+    tensors = ("student_input", "student_weight") + spec.form.tensors + ("labels", "student_bias")
+    scalars = tuple(n for n, _ in spec.scalars + _SPEC_TAIL)
+    return tensors, scalars, ("want_dx", "want_dw", "want_db", "vocab_parallel")
+
+
+def _spec_schema(spec):
+    tensors, _, _ = spec_arguments(spec)
+    optional = spec.form.optional + ("labels", "student_bias")
+    args = [f"Tensor{'?' if n in optional else ''} {n}" for n in tensors]
+    args += [f"{_SCHEMA_TYPES[type(d)]} {n}" for n, d in spec.scalars + _SPEC_TAIL]
+    args += ["bool want_dx", "bool want_dw", "bool want_db", "int vocab_parallel"]
+    return "(" + ", ".join(args) + ") -> (" + ", ".join(["Tensor"] * 6) + ")"
+
+
+def define_fused(spec):
+    """kdloss::`spec.name`: the custom op of a spec-declared fused loss (the one autograd
+    route of its functional form and module), with its fake and autograd registrations."""
+    tensors, scalars, _ = spec_arguments(spec)
+    names = tensors + scalars + ("want_dx", "want_dw", "want_db", "vocab_parallel")
+
+    def unpack(args):
+        a = dict(zip(names, args))
+        want = (a["want_dx"], a["want_dw"], a["want_db"] and a["student_bias"] is not None)
+        return a, {n: a[n] for n in tensors if n != "labels"}, want
+
+    def impl(*args):
+        a, t, want = unpack(args)
+        results = _calls.fused_call(spec, t, a["labels"], {n: a[n] for n in scalars},
+                                    _lent(a["vocab_parallel"]), want)
+        return _fused_out(results, want, t["student_input"], t["student_weight"],
+                          t["student_bias"])
+
+    def fake(*args):
+        a, t, want = unpack(args)
+        _calls.lm_head_shapes(t["student_input"], t["student_weight"], t["student_bias"],
+                              "student")
+        spec.form.shapes(t["student_input"], t["student_weight"], t)
+        return _fused_fake(t["student_input"], t["student_weight"], t["student_bias"], want)
+
+    op = torch.library.custom_op(f"{_LIB}::{spec.name}", impl, mutates_args=(),
+                                 schema=_spec_schema(spec))
+    op.register_fake(fake)
+    op.register_autograd(_fused_backward, setup_context=_fused_setup_at(
+        names.index("student_bias"), len(names)))
+    _meta_as_before(op)
+    return op
 
 
 # ---- meta tensors outside FakeTensorMode --------------------------------------------------------
@@ -358,8 +521,9 @@ def _meta_as_before(op):
     impl = op._init_fn
 
     def meta(*args):
-        from ._backend import backend_for
-        backend_for(torch.device("meta"))
+        lent = args and type(args[-1]) is int and args[-1] in _LENT
+        if not lent:  # a vocabulary-parallel call binds its device itself (and refuses meta)
+            _backend.backend_for(torch.device("meta"))
         return impl(*args)
     try:
         _META.impl(op._qualname, meta, "Meta", allow_override=True)

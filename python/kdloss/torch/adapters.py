@@ -1,4 +1,4 @@
-"""Stored top-k teachers from other tools, as kdloss's sparse teacher (issue 24 item 5).
+"""Stored top-k teachers from other tools, as kdloss's sparse teacher.
 
 kdloss's top-k losses (topk_distill_loss, TopKDistillLoss, FusedLinearTopKDistillLoss) take
 teacher_ids (..., K), int32/int64, -1 for an unused slot, and teacher_logprobs (..., K): the
@@ -39,6 +39,8 @@ import math
 
 import torch
 
+from . import functional as F
+
 __all__ = ["retemper", "from_axolotl", "from_sparse", "logit_map_kwargs",
            "generalized_jsd_loss"]
 
@@ -57,7 +59,6 @@ def generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0.5, 
       kdloss's C kernels form per-row sums only, so this one reduction is computed by torch
       (log-softmax, the mixture in log space, float32 or the logits' dtype), materializing what
       TRL does; the others are one fused kdloss pass (distill_loss)."""
-    from . import functional as F  # noqa: PLC0415  (functional imports this module's users)
     if num_items_in_batch is not None:
         return F.distill_loss(student_logits, teacher_logits, labels, divergence="jsd",
                               beta=beta, temperature=temperature, reduction="batchmean",
@@ -138,8 +139,22 @@ def retemper(logprobs, valid, generation_temperature=1.0, training_temperature=1
         return torch.where(valid, x, torch.zeros_like(x)).float()
     x = torch.where(valid, x * (t_gen / t_train), torch.full_like(x, -math.inf))
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    _check_mass(lse, valid)
     out = torch.where(valid, x - lse, torch.zeros_like(x))  # rows with no valid slot: all 0
     return out.float()
+
+
+def _check_mass(lse, valid):
+    """ValueError naming the first row (flat index over the leading dims) that has kept slots
+    but no mass to renormalize (every kept log-prob -inf, or NaN): its log-probs would be NaN."""
+    bad = valid.any(dim=-1) & ~torch.isfinite(lse.squeeze(-1))
+    if bool(bad.any()):
+        r = int(bad.reshape(-1).nonzero()[0])
+        idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(r), valid.shape[:-1])) \
+            if valid.dim() > 1 else ()
+        raise ValueError(f"row {r} (index {idx}): every kept log-prob is -inf (or one is NaN), "
+                         "so the row cannot be re-tempered or renormalized; mask such slots out "
+                         "or drop the row")
 
 
 def _ids(ids):

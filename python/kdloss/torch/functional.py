@@ -50,14 +50,15 @@ arguments are bad raises its own error and every other rank KdlossError(KDLOSS_E
 when the error is found in Python before the C call.
 """
 
-import functools
+import inspect
 
 import torch
 
 from .. import _lib
 from .._lib import KdlossError
-from ._backend import (as_rows, backend_for, cmat, float_code, is_dtensor, labels_view, out_mat,
-                       ptr, same_device, scalar_out, topk_teacher, vocab_parallel)
+from . import _backend, _ops
+from ._backend import as_rows, is_dtensor, label_matches, vocab_parallel
+from ._calls import check_distill_reduction, reduction_code
 
 __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
            "fused_linear_distill_loss", "topk_distill_loss", "fused_linear_topk_distill_loss",
@@ -122,13 +123,20 @@ def _refuse_dtensors(*named):
             as_rows(t, name)
 
 
-def _promoted(*tensors):
-    """torch's type promotion over the given float tensors (None skipped)."""
-    dt = None
-    for t in tensors:
-        if t is not None:
-            dt = t.dtype if dt is None else torch.promote_types(dt, t.dtype)
-    return dt
+def _index(ignore_index):
+    """ignore_index as the int64 the C API takes; KdlossError (not torch's schema error) for a
+    value outside int64."""
+    i = int(ignore_index)
+    if not -2**63 <= i < 2**63:
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"ignore_index={ignore_index!r}: outside "
+                          "int64 (labels are int32 or int64 token ids)")
+    return i
+
+
+def _check_temperature(temperature):
+    """temperature 0 refused here, before any tensor work (other bad values by the C call)."""
+    if temperature == 0:
+        raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
 
 
 def _needs_grad(*tensors):
@@ -155,124 +163,27 @@ def _check_names(divergence, beta, alpha, tail=_NO_TAIL):
         _lib.topk_tail(tail)
 
 
-def _traced(t):
-    """True while `t` is being traced (torch.compile, torch.export, make_fx, FakeTensor): its
-    value is then unknown, or reading it would freeze one value into the graph."""
-    if torch.compiler.is_compiling() or type(t) is not torch.Tensor:
-        return True
-    if torch._is_functional_tensor(t):
-        return True
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
-    return get_proxy_mode() is not None
-
-
-def _scale(saved, grad_output):
-    """saved * grad_output for a scalar loss, without a pass over `saved` when grad_output == 1
-    (eager only: a traced grad_output is always multiplied)."""
-    if saved is None:
-        return None
-    if grad_output.numel() == 1 and not _traced(grad_output) and float(grad_output) == 1.0:
-        return saved
-    return saved * grad_output.to(saved.dtype)
-
-
-_TWICE = ("kdloss: these losses are differentiable once only (backward returns the gradient "
-          "saved by forward, a constant); double backward, e.g. a gradient penalty through the "
-          "loss, is not supported")
-
-
-def _first_order_only(backward):
-    """Marks an autograd backward first-order only, like torch's @once_differentiable, but also
-    when the upstream gradient does not require grad: under create_graph=True every returned
-    gradient gets a node that raises _TWICE if anything differentiates through it. That node's
-    inputs are the tensors forward saved (the student inputs among them) and the upstream
-    gradients, so torch.autograd.grad(..., inputs=x) reaches it too instead of pruning it and
-    silently dropping the second-order term. (Plain @once_differentiable leaves gradients
-    without a grad_fn when the upstream gradient is a constant: a gradient penalty then fails
-    with a misleading "does not require grad" error.)"""
-    @functools.wraps(backward)
-    def wrapper(ctx, *grad_outputs):
-        create_graph = torch.is_grad_enabled()
-        with torch.no_grad():
-            grads = backward(ctx, *grad_outputs)
-        if not create_graph:
-            return grads
-        idx = [i for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
-        anchors = [t for t in tuple(ctx.saved_tensors) + tuple(grad_outputs)
-                   if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not idx:
-            return grads
-        if not anchors:  # nothing to differentiate through anyway; still mark the gradients
-            anchors = [grads[idx[0]].detach().requires_grad_()]
-        err = torch._C._functions.DelayedError(_TWICE.encode(), len(idx) + len(anchors))
-        wrapped = err(*[grads[i] for i in idx], *anchors)
-        out = list(grads)
-        for i, w in zip(idx, wrapped):
-            out[i] = w
-        return tuple(out)
-    return wrapper
-
-
-def _shape_error(what):
-    return KdlossError(_lib.ERR_SHAPE_MISMATCH, what)
-
-
-# ---- a teacher with a larger (padded) vocabulary -------------------------------------------------
-
-def _teacher_head(ws, wt, bt, vp=None):
-    """(teacher_weight, teacher_bias) cut to the student's V rows. A teacher head with MORE rows
-    than the student's (a padded vocabulary: Qwen2.5's 152064 against 151936) is used through
-    its first V rows, as TRL slices the teacher's logits (TRL #3028): wt[:V] and bt[:V] are views
-    (contiguous for a contiguous head), never copies. Fewer rows: KdlossError naming both shapes.
-    With process_group (vocabulary-parallel blocks) the rows must match per rank: the blocks'
-    split of a padded head need not be the student's."""
-    _check_weight(ws, "student")
-    _check_weight(wt, "teacher")
-    v, vt = ws.shape[0], wt.shape[0]
-    if vt == v:
-        return wt, bt
-    if vt < v or vp is not None:
-        why = ("fewer rows: the teacher's head must cover the student's vocabulary (a teacher "
-               "with MORE rows, a padded vocabulary, is used through its first V rows)"
-               if vt < v else
-               "different rows: with process_group each rank's teacher block must have its "
-               "student block's rows (slice a padded teacher head before splitting it)")
-        raise _shape_error(f"teacher_weight {tuple(wt.shape)} and student_weight "
-                           f"{tuple(ws.shape)}: {why}")
-    if bt is not None:
-        if bt.numel() != vt:
-            raise _shape_error(f"teacher_bias has {bt.numel()} elements, expected one per row "
-                               f"of teacher_weight {tuple(wt.shape)}")
-        bt = bt.reshape(vt)[:v]
-    return wt[:v], bt
-
-
-def _teacher_logits(zs, zt, fname):
-    """teacher_logits cut to the student's V columns: teacher logits with MORE columns (a
-    padded vocabulary) are used through their first V, as TRL slices them (TRL #3028). The slice
-    zt[..., :V] is a strided view that goes to C with the teacher's own row stride (ld = its
-    padded width), without a copy. Other shape differences: KdlossError naming both shapes."""
-    if zs.shape == zt.shape:
-        return zt
-    if (zs.dim() == zt.dim() and zs.dim() > 0 and zs.shape[:-1] == zt.shape[:-1]
-            and zt.shape[-1] > zs.shape[-1]):
-        return zt[..., :zs.shape[-1]]
-    raise _shape_error(f"{fname}: student_logits {tuple(zs.shape)} vs teacher_logits "
-                       f"{tuple(zt.shape)} (the teacher may have more columns, a padded "
-                       "vocabulary: its first V are used; nothing else may differ)")
-
-
-# ---- gradient accumulation: num_items_in_batch ---------------------------------------------------
-
 def _check_items(num_items_in_batch):
-    """KdlossError for a Python number that is not > 0 (a tensor is not read: no sync)."""
+    """KdlossError unless num_items_in_batch is None or a number > 0: a Python int or float, or
+    a one-element real tensor holding one. A tensor's value is read once (_backend.host_read:
+    free in host memory, one stream synchronization for a device tensor, which only this check
+    costs; traced tensors are not read)."""
     n = num_items_in_batch
-    if n is None or isinstance(n, torch.Tensor):
+    if n is None:
         return
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or not n > 0:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, f"num_items_in_batch={n!r}: a number > 0 "
-                          "(or a tensor holding one), the non-ignored tokens of every "
-                          "accumulation micro-batch together")
+    if isinstance(n, torch.Tensor):
+        value = f"a {n.dtype} tensor of shape {tuple(n.shape)}"
+        ok = n.numel() == 1 and not (n.is_complex() or n.dtype == torch.bool)
+        if ok and not _ops.traced(n):
+            read = _backend.host_read(n.detach())
+            ok, value = read > 0, f"tensor({read!r})"
+    else:
+        ok = not isinstance(n, bool) and isinstance(n, (int, float)) and n > 0
+        value = repr(n)
+    if not ok:
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"num_items_in_batch={value}: a number > 0 "
+                          "(or a one-element tensor holding one), the non-ignored tokens of "
+                          "every accumulation micro-batch together")
 
 
 def _over_items(loss, num_items_in_batch, times=1.0):
@@ -280,7 +191,7 @@ def _over_items(loss, num_items_in_batch, times=1.0):
     differentiable (backward scales the saved gradient once)."""
     n = num_items_in_batch
     if isinstance(n, torch.Tensor):
-        d = n.detach().to(device=loss.device, dtype=torch.float64) * times
+        d = n.detach().reshape(()).to(device=loss.device, dtype=torch.float64) * times
     else:
         d = float(n) * times
     return (loss.double() / d).float()
@@ -291,83 +202,33 @@ def _kept_rows(labels, ignore_index, rows):
     losses' per-call mean used; a tensor (no sync) when labels are given."""
     if labels is None:
         return float(max(1, rows))
-    return (labels.detach() != ignore_index).sum().clamp(min=1).double()
+    return (~label_matches(labels.detach(), ignore_index)).sum().clamp(min=1).double()
 
 
 def _fused_over_items(results, labels, ignore_index, xs, num_items_in_batch):
     """The fused losses' (loss, soft, hard), each a per-call mean over the kept rows, turned
-    into sums / num_items_in_batch (gradient accumulation: TRL #6006)."""
+    into sums / num_items_in_batch (gradient accumulation, TRL #6006)."""
     if num_items_in_batch is None:
         return results
     kept = _kept_rows(labels, ignore_index, xs.numel() // max(1, xs.shape[-1]))
     return tuple(_over_items(r.double() * kept, num_items_in_batch) for r in results)
 
 
-# ---- KL divergence ------------------------------------------------------------------------------
+# ---- KL divergence and JSD ------------------------------------------------------------------------
 
-def reduction_code(reduction):
-    code = _lib.REDUCTIONS.get(reduction)
-    if code is None:
-        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r}")
-    return code
-
-
-def _kl_compute(y_pred, y_true, reduction, log_target, eps, want_grad):
-    code = reduction_code(reduction)
-    device = same_device([("input", y_pred), ("target", y_true)])
-    if y_pred.shape != y_true.shape:
-        raise _shape_error(f"kl_div: input {tuple(y_pred.shape)} vs target "
-                           f"{tuple(y_true.shape)}")
-    yp, bt, v, ldp = as_rows(y_pred, "input")
-    yt, _, _, ldt = as_rows(y_true, "target")
-    pc, tc = float_code(y_pred, "input"), float_code(y_true, "target")
-    # batchmean divides by input.size(0) as torch does (B for a (B, T, V) input): the C
-    # batchmean divides by the rows, so other shapes take the C sum scaled by 1 / size(0)
-    scale = 1.0
-    if code == _lib.REDUCTIONS["batchmean"] and y_pred.dim() != 2:
-        code, scale = _lib.REDUCTIONS["sum"], 1.0 / max(1, y_pred.shape[0])
-    params = _lib.kl_params(code, log_target, float(eps), scale)
-    loss = elem = None
-    if code == _lib.REDUCTIONS["none"]:
-        elem = torch.empty(bt, v, dtype=torch.float32, device=device)
-    else:
-        loss = scalar_out(device)
-    grad = torch.empty(bt, v, dtype=y_pred.dtype, device=device) if want_grad else None
-    backend_for(device).kl_div(device, params, bt, v, cmat(yp, ldp, pc), cmat(yt, ldt, tc),
-                               ptr(loss), None, out_mat(elem), out_mat(grad))
-    if elem is None:  # the loss: fp32 whatever the dtypes
-        out = loss[0] if scale == 1.0 else (loss[0].double() * scale).float()
-    else:  # elementwise: torch's type promotion of input and target, as F.kl_div
-        out = elem.view(y_pred.shape).to(_promoted(y_pred, y_true))
-    return out, (grad.view(y_pred.shape) if grad is not None else None)
-
-
-class KLDivFunction(torch.autograd.Function):
-    """The KL divergence as an autograd Function with Liger's LigerKLDivLossFunction.apply
-    signature: KLDivFunction.apply(y_pred, y_true, reduction="batchmean", log_target=False,
-    eps=1e-10) (kl_div's semantics and dtypes; note Liger's default reduction here is
-    batchmean, kl_div's and torch's is mean). The gradient is formed in forward."""
+class KLDivFunction:
+    """The KL divergence with Liger's LigerKLDivLossFunction.apply signature:
+    KLDivFunction.apply(y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10)
+    (kl_div's semantics and dtypes; note Liger's default reduction here is batchmean, kl_div's
+    and torch's is mean). apply calls the kdloss::kl_div op, whose autograd is the only one
+    (_ops.py); DTensors are refused here (kl_div gathers them)."""
 
     @staticmethod
-    def forward(ctx, y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
+    def apply(y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
         reduction_code(reduction)
         _refuse_dtensors(("input", y_pred), ("target", y_true))
-        out, grad = _ops.kl_div(y_pred, y_true, reduction, bool(log_target), float(eps),
-                                ctx.needs_input_grad[0])  # the op: torch.compile traces it
-        grad = _ops._saved(grad)
-        ctx.elementwise = reduction == "none"
-        ctx.save_for_backward(grad, y_pred)  # y_pred: for _first_order_only's error node
-        return out
-
-    @staticmethod
-    @_first_order_only  # the saved gradient is a constant: no double backward
-    def backward(ctx, grad_output):
-        grad = ctx.saved_tensors[0]
-        if ctx.elementwise:
-            grad = grad * grad_output.to(grad.dtype)
-        else:
-            grad = _scale(grad, grad_output)
-        return grad, None, None, None, None
+        return _ops.kl_div(y_pred, _detached(y_true), reduction, bool(log_target), float(eps),
+                           _needs_grad(y_pred))[0]
 
 
 _KLDivFunction = KLDivFunction  # the name before it was public
@@ -426,46 +287,18 @@ def kl_div(input=None, target=None, size_average=None, reduce=None, reduction="m
                        _needs_grad(input))[0]
 
 
-# ---- JSD ----------------------------------------------------------------------------------------
-
-def _jsd_compute(log_q, log_p, shift_labels, beta, ignore_index, want_grad):
-    device = same_device([("input", log_q), ("target", log_p)])
-    if log_q.shape != log_p.shape:
-        raise _shape_error(f"jsd: input (log_q) {tuple(log_q.shape)} vs target (log_p) "
-                           f"{tuple(log_p.shape)}")
-    q, bt, v, ldq = as_rows(log_q, "input (log_q)")
-    p, _, _, ldp = as_rows(log_p, "target (log_p)")
-    qc, pc = float_code(log_q, "input (log_q)"), float_code(log_p, "target (log_p)")
-    labels, lview = labels_view(shift_labels, bt, device, "shift_labels")
-    params = _lib.jsd_params(float(beta), int(ignore_index))
-    loss = scalar_out(device)
-    grad = torch.empty(bt, v, dtype=log_q.dtype, device=device) if want_grad else None
-    backend_for(device).jsd(device, params, bt, v, cmat(q, ldq, qc), cmat(p, ldp, pc), lview,
-                            ptr(loss), None, out_mat(grad))
-    return loss[0], (grad.view(log_q.shape) if grad is not None else None)  # loss: fp32
-
-
-class JSDFunction(torch.autograd.Function):
-    """JSD(beta) as an autograd Function with Liger's LigerJSDFunction.apply signature:
-    JSDFunction.apply(input, target, shift_labels=None, beta=0.5, ignore_index=-100,
-    jsd_impl=None, jsd_mode=None); jsd_impl / jsd_mode (Liger's kernel choice) are ignored.
-    The gradient is formed in forward."""
+class JSDFunction:
+    """JSD(beta) with Liger's LigerJSDFunction.apply signature: JSDFunction.apply(input, target,
+    shift_labels=None, beta=0.5, ignore_index=-100, jsd_impl=None, jsd_mode=None); jsd_impl /
+    jsd_mode (Liger's kernel choice) are ignored. apply calls the kdloss::jsd op (the one
+    autograd route); DTensors are refused here (jsd gathers them)."""
 
     @staticmethod
-    def forward(ctx, input, target, shift_labels=None, beta=0.5, ignore_index=-100,
-                jsd_impl=None, jsd_mode=None):
+    def apply(input, target, shift_labels=None, beta=0.5, ignore_index=-100, jsd_impl=None,
+              jsd_mode=None):
         _refuse_dtensors(("input (log_q)", input), ("target (log_p)", target))
-        out, grad = _ops.jsd(input, target, shift_labels, float(beta), int(ignore_index),
-                             ctx.needs_input_grad[0])  # the op: torch.compile traces it
-        grad = _ops._saved(grad)
-        ctx.save_for_backward(grad, input)  # input: for _first_order_only's error node
-        return out
-
-    @staticmethod
-    @_first_order_only  # the saved gradient is a constant: no double backward
-    def backward(ctx, grad_output):
-        grad = ctx.saved_tensors[0]
-        return _scale(grad, grad_output), None, None, None, None, None, None
+        return _ops.jsd(input, _detached(target), shift_labels, float(beta), _index(ignore_index),
+                        _needs_grad(input))[0]
 
 
 _JSDFunction = JSDFunction  # the name before it was public
@@ -483,143 +316,11 @@ def jsd(input=None, target=None, shift_labels=None, beta=0.5, ignore_index=-100,
     """
     input, target = _operands("jsd", input, target, ("log_q", log_q), ("log_p", log_p))
     input, target = _gathered(input, "input"), _gathered(target, "target")
-    return _ops.jsd(input, _detached(target), shift_labels, float(beta), int(ignore_index),
+    return _ops.jsd(input, _detached(target), shift_labels, float(beta), _index(ignore_index),
                     _needs_grad(input))[0]
 
 
-# ---- fused linear JSD -----------------------------------------------------------------------------
-
-def _check_weight(w, who):
-    """KdlossError unless the LM head weight is 2-D; a 1-D one (an FSDP1 flat parameter's view,
-    a DeepSpeed ZeRO-3 placeholder of shape (0,)) gets a hint."""
-    if w.dim() == 2:
-        return
-    msg = f"{who}_weight must be 2-D (V, H), got {tuple(w.shape)}"
-    if w.dim() == 1:
-        if hasattr(w, "ds_shape"):
-            kind = f"a DeepSpeed ZeRO-3 partitioned parameter (full shape {tuple(w.ds_shape)})"
-        elif type(w).__name__ == "FlatParameter":
-            kind = "an FSDP1 FlatParameter"
-        else:
-            kind = ("a sharded parameter's local placeholder (an FSDP1 flat parameter's view, a "
-                    "DeepSpeed ZeRO-3 partition)")
-        msg += (f": this looks like {kind} seen outside the wrapped module's forward. Call the "
-                "loss inside that forward, where the weight is gathered, or gather it first "
-                "(FSDP.summon_full_params, deepspeed.zero.GatheredParameters); FSDP2 weights "
-                "(DTensor) kdloss gathers itself")
-    raise _shape_error(msg)
-
-
-_NATIVE_LM_DTYPES = (torch.float32, torch.bfloat16)
-
-
-def _lm_dtype(x, w, who):
-    """The dtype one model's GEMMs run in: x's when x and w are both float32 or both bfloat16,
-    else torch.promote_types(x, w) with float16 widened to float32 (module docstring: the
-    narrower operand is then cast once per call)."""
-    float_code(x, f"{who}_input")  # float64 or an integer dtype: refused, naming the operand
-    float_code(w, f"{who}_weight")
-    if x.dtype == w.dtype and x.dtype in _NATIVE_LM_DTYPES:
-        return x.dtype
-    dt = torch.promote_types(x.dtype, w.dtype)
-    return torch.float32 if dt == torch.float16 else dt
-
-
-def _lm_head(x, w, b, who):
-    """C views of one model's hidden states x (..., H), LM head w (V, H) and bias b [V] or None,
-    all in _lm_dtype(x, w) (the bias in the weight's, as the C API takes it). Returns (kept
-    tensors, x view, w view, bias, rows, H, V); the kept tensors (x and w as (rows x H) and
-    (V x H) in that dtype, the bias) must outlive the C call (they may be copies)."""
-    _check_weight(w, who)
-    v, h = w.shape
-    if x.shape[-1] != h:
-        raise _shape_error(f"{who}_input {tuple(x.shape)} / {who}_weight {tuple(w.shape)}: "
-                           "hidden sizes differ")
-    dt = _lm_dtype(x, w, who)
-    x2, rows, _, ldx = as_rows(x.to(dt), f"{who}_input")
-    w2, _, _, ldw = as_rows(w.to(dt), f"{who}_weight")
-    xv = cmat(x2, ldx, float_code(x2, f"{who}_input"))
-    wv = cmat(w2, ldw, float_code(w2, f"{who}_weight"))
-    if b is not None:
-        if b.numel() != v:
-            raise _shape_error(f"{who}_bias has {b.numel()} elements, expected V={v}")
-        b = b.reshape(v).to(dt).contiguous()
-    return (x2, w2, b), xv, wv, b, rows, h, v
-
-
-def _fused_outputs(want, xs, ws, bs, rows, want_hard=True):
-    """Fresh outputs of a fused-linear call: loss, soft, hard ([1] fp32; hard zero and not passed
-    to C unless want_hard) and the wanted gradients, with the FldOut that points at them. xs, ws:
-    the operands as the C call sees them (_lm_head's kept tensors: the gradients' dtypes)."""
-    device = xs.device
-    v, hs = ws.shape
-    loss, soft = scalar_out(device), scalar_out(device)
-    hard = scalar_out(device) if want_hard else torch.zeros(1, device=device)
-    dxs = torch.empty(rows, hs, dtype=xs.dtype, device=device) if want[0] else None
-    dws = torch.empty(v, hs, dtype=ws.dtype, device=device) if want[1] else None
-    dbs = torch.empty(v, dtype=ws.dtype, device=device) if want[2] and bs is not None else None
-    out = _lib.FldOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr() if want_hard else None,
-                      out_mat(dxs), out_mat(dws), ptr(dbs), None, None, None)
-    return (loss, soft, hard, dxs, dws, dbs), out
-
-
-def _fused_results(outputs, xs, ws, bs):
-    """(loss, soft, hard, dxs, dws, dbs): losses fp32, gradients shaped like the caller's xs, ws,
-    bs and in their dtypes (cast back once when _lm_head computed in another)."""
-    loss, soft, hard, dxs, dws, dbs = outputs
-    if dxs is not None:
-        dxs = dxs.view(xs.shape).to(xs.dtype)
-    if dws is not None:
-        dws = dws.to(ws.dtype)
-    if dbs is not None:
-        dbs = dbs.to(bs.dtype).view(bs.shape)
-    return loss[0], soft[0], hard[0], dxs, dws, dbs
-
-
-def _fld_compute(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-                 ignore_index, chunk_size, t2_scale, vp, want, maps=(1.0, 0.0, 1.0, 0.0)):
-    """One kdloss_fused_linear_distill call (div: a _lib.DivParams; vp: a VocabParallel or
-    None). `want` = (dxs, dws, dbs); maps: the heads' logit maps (_maps). Returns (loss, soft,
-    hard, dxs, dws, dbs) with the gradients shaped like their inputs."""
-    device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
-                          ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
-    backend = backend_for(device, vp)
-    wt, bt_bias = _teacher_head(ws, wt, bt_bias, vp)  # a padded teacher: its first V rows
-    keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
-    keep_t, xt_v, wt_v, bt2, _, ht, vt = _lm_head(xt, wt, bt_bias, "teacher")
-    if vt != v:
-        raise _shape_error(f"student_weight has V={v} rows, teacher_weight {vt}")
-    if xs.shape[:-1] != xt.shape[:-1]:
-        raise _shape_error(f"student_input {tuple(xs.shape)} and teacher_input {tuple(xt.shape)} "
-                           "have different token counts")
-    if labels is None:  # pure soft loss without labels: every row counts, CE weight is 0
-        labels = torch.zeros(rows, dtype=torch.int32, device=device)
-    labels, lview = labels_view(labels, rows, device, "labels")
-    params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
-                             int(ignore_index), int(chunk_size or 0), t2_scale, maps=maps)
-    outputs, out = _fused_outputs(want, keep_s[0], keep_s[1], bs, rows)
-    backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
-                                 wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
-    return _fused_results(outputs, xs, ws, bs)
-
-
-class _FusedLinearFunction(torch.autograd.Function):
-    """Autograd of a fused-linear loss whose gradients `compute(want)` forms in forward:
-    compute returns (loss, soft, hard, dxs, dws, dbs); backward only scales them."""
-
-    @staticmethod
-    def forward(ctx, xs, ws, bs, compute, want):
-        loss, soft, hard, dxs, dws, dbs = compute(want)
-        ctx.save_for_backward(dxs, dws, dbs, xs, ws, bs)  # inputs: for _first_order_only
-        ctx.mark_non_differentiable(soft, hard)  # their gradients are not computed separately
-        return loss, soft, hard
-
-    @staticmethod
-    @_first_order_only  # the saved gradients are constants: no double backward
-    def backward(ctx, grad_loss, grad_soft, grad_hard):
-        dxs, dws, dbs = ctx.saved_tensors[:3]
-        return _scale(dxs, grad_loss), _scale(dws, grad_loss), _scale(dbs, grad_loss), None, None
-
+# ---- fused linear losses --------------------------------------------------------------------------
 
 def _wanted(xs, ws, bs):
     """Which of (dxs, dws, dbs) a fused loss must form: those of the student tensors that
@@ -627,15 +328,6 @@ def _wanted(xs, ws, bs):
     grad_on = torch.is_grad_enabled()
     return (grad_on and xs.requires_grad, grad_on and ws.requires_grad,
             grad_on and bs is not None and bs.requires_grad)
-
-
-def _fused_apply(xs, ws, bs, compute):
-    """(loss, soft, hard) of compute(want), through autograd when a student tensor needs a
-    gradient; want = which of (dxs, dws, dbs) to form (the vocabulary-parallel calls)."""
-    want = _wanted(xs, ws, bs)
-    if any(want):
-        return _FusedLinearFunction.apply(xs, ws, bs, compute, want)
-    return compute(want)[:3]
 
 
 def _maps(student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0,
@@ -665,20 +357,31 @@ def _logit_map_keywords(student_logit_scale=1.0, student_softcap=None, teacher_l
     return kw
 
 
+_MEMORY = ("memory_budget: bytes the call may use for its chunked workspace; 0 (the "
+           "default) lets the library choose, as the C API's memory_budget 0")
+
+
+def _budget(memory_budget):
+    """memory_budget as the C API's size_t; KdlossError for a negative or non-integer one."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) \
+            or not 0 <= memory_budget < 2**64:
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"memory_budget={memory_budget!r}: an int "
+                          ">= 0 (bytes; 0 lets the library choose)")
+    return memory_budget
+
+
 def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
          chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None,
-         maps=(1.0, 0.0, 1.0, 0.0)):
-    if vp is None:  # one process: the custom op (torch.compile, torch.export, FakeTensor)
-        _check_names(divergence, beta, alpha)
+         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0):
+    """(loss, soft, hard) of one dense fused call through the kdloss::fused_linear_distill op
+    (its autograd is the only one), with `vp` lent to it for a vocabulary-parallel call."""
+    _check_names(divergence, beta, alpha)
+    with _ops.vocab_call(vp) as handle:
         return _ops.fused_linear_distill(
             xs, ws, _detached(xt), _detached(wt), labels, bs, _detached(bt_bias), divergence,
             float(beta), float(alpha), float(temperature), float(w_hard), float(w_soft),
-            int(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
-            *maps)[:3]
-    div = _lib.div_params(divergence, beta, alpha)
-    return _fused_apply(xs, ws, bs, functools.partial(
-        _fld_compute, xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
-        ignore_index, chunk_size, t2_scale, vp, maps=maps))
+            _index(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
+            *maps, _budget(memory_budget), handle)[:3]
 
 
 def _check_accum_dtype(accum_dtype):
@@ -706,7 +409,7 @@ def _gather_all(process_group, named):
 
 def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
                      shift_labels=None, jsd_beta=0.5, ignore_index=-100, temperature=1.0,
-                     accum_dtype=None, *, num_items_in_batch=None):
+                     accum_dtype=None, *, num_items_in_batch=None, memory_budget=0):
     """Pure soft distillation loss (Liger's liger_fused_linear_jsd / LigerFusedLinearJSD, same
     signature): JSD(jsd_beta) between log_softmax(student_input @ student_weight.T / T) and the
     teacher's, averaged over the rows whose shift_labels != ignore_index, without ever forming
@@ -719,46 +422,37 @@ def fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weigh
     micro-batches of one optimizer step together (an int, or a tensor as the HF Trainer passes
     it); given, the loss is the sum over this call's kept rows divided by it, instead of by this
     call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
-    add up to the full batch's. Cost: one multiply over the saved gradients in backward."""
+    add up to the full batch's. Cost: one multiply over the saved gradients in backward.
+    Without shift_labels every row counts, whatever ignore_index is.
+    memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
+    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
     _check_accum_dtype(accum_dtype)
-    _check_items(num_items_in_batch)
-    xs, ws, xt, wt = _gather_all(None, [("student_input", student_input),
-                                        ("student_weight", student_weight),
-                                        ("teacher_input", teacher_input),
-                                        ("teacher_weight", teacher_weight)])
-    loss = _fld(xs, ws, xt, wt, shift_labels, None, None, jsd_beta, temperature, 0.0, 1.0,
-                ignore_index, 0)[0]
-    return _fused_over_items((loss,), shift_labels, ignore_index, xs, num_items_in_batch)[0]
+    return _dense_call(_dense_named(student_input, student_weight, teacher_input, teacher_weight),
+                       shift_labels, None, num_items_in_batch, False, beta=jsd_beta,
+                       temperature=temperature, w_hard=0.0, w_soft=1.0,
+                       ignore_index=ignore_index, chunk_size=0, memory_budget=memory_budget)
 
 
-class FusedLinearJSDFunction(torch.autograd.Function):
-    """fused_linear_jsd as an autograd Function with the apply signature of Liger's
+class FusedLinearJSDFunction:
+    """fused_linear_jsd with the apply signature of Liger's
     liger_kernel.ops.fused_linear_jsd.LigerFusedLinearJSDFunction: apply(student_input,
     student_weight, teacher_input, teacher_weight, shift_labels=None, jsd_beta=0.5,
     ignore_index=-100, temperature=1.0, accum_dtype=None, jsd_impl=None, jsd_mode=None)
-    (jsd_impl / jsd_mode, Liger's kernel choice, are ignored). The gradients are formed in
-    forward. DTensors are not gathered here (the functional and module forms do it)."""
+    (jsd_impl / jsd_mode, Liger's kernel choice, are ignored). apply calls the
+    kdloss::fused_linear_distill op (the one autograd route). DTensors are not gathered here
+    (the functional and module forms do it)."""
 
     @staticmethod
-    def forward(ctx, student_input, student_weight, teacher_input, teacher_weight,
-                shift_labels=None, jsd_beta=0.5, ignore_index=-100, temperature=1.0,
-                accum_dtype=None, jsd_impl=None, jsd_mode=None):
+    def apply(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None,
+              jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None, jsd_impl=None,
+              jsd_mode=None):
         _check_accum_dtype(accum_dtype)
         _refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
                          ("teacher_input", teacher_input), ("teacher_weight", teacher_weight))
-        loss, _, _, dxs, dws, _ = _ops.fused_linear_distill(  # the op: torch.compile traces it
-            student_input, student_weight, teacher_input, teacher_weight, shift_labels, None,
-            None, "jsd", float(jsd_beta), 0.1, float(temperature), 0.0, 1.0, int(ignore_index),
-            0, False, ctx.needs_input_grad[0], ctx.needs_input_grad[1], False)
-        dxs, dws = _ops._saved(dxs), _ops._saved(dws)
-        ctx.save_for_backward(dxs, dws, student_input, student_weight)
-        return loss
-
-    @staticmethod
-    @_first_order_only  # the saved gradients are constants: no double backward
-    def backward(ctx, grad_output):
-        dxs, dws = ctx.saved_tensors[:2]
-        return (_scale(dxs, grad_output), _scale(dws, grad_output)) + (None,) * 9
+        return _dense_call(_dense_named(student_input, student_weight, teacher_input,
+                                        teacher_weight), shift_labels, None, None, False,
+                           beta=jsd_beta, temperature=temperature, w_hard=0.0, w_soft=1.0,
+                           ignore_index=ignore_index, chunk_size=0)
 
 
 # the vocabulary-parallel entry points (process_group) of the fused losses
@@ -771,20 +465,42 @@ def _require_labels(true_labels, weight_hard_loss):
                           "true_labels is required when weight_hard_loss != 0")
 
 
+def _dense_named(xs, ws, xt, wt, bs=None, bt_bias=None):
+    return [("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
+            ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)]
+
+
+def _dense_call(named, labels, process_group, num_items_in_batch, soft_hard, refuse_t0=False,
+                **fld):
+    """The body of every dense fused loss: its checks inside the vocabulary-parallel context
+    (a rank that fails lets its peers know), DTensors gathered, one _fld call (fld: its
+    keywords), then num_items_in_batch. Returns the loss, or (loss, soft, hard) when
+    soft_hard."""
+    with vocab_parallel(process_group, _VP_DENSE) as vp:
+        if refuse_t0:
+            _check_temperature(fld["temperature"])
+        _require_labels(labels, fld["w_hard"])
+        _check_items(num_items_in_batch)
+        xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, named)
+        results = _fld(xs, ws, xt, wt, labels, bs, bt_bias, vp=vp, **fld)
+    results = _fused_over_items(results, labels, fld["ignore_index"], xs, num_items_in_batch)
+    return results if soft_hard else results[0]
+
+
 def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_weight,
                           true_labels, student_bias=None, teacher_bias=None, weight_hard_loss=0.5,
                           weight_soft_loss=0.5, beta=0.5, ignore_index=-100, temperature=1.0,
                           compiled=True, chunk_size=None, return_soft_hard_loss=False,
                           process_group=None, *, num_items_in_batch=None,
                           student_logit_scale=1.0, student_softcap=None,
-                          teacher_logit_scale=1.0, teacher_softcap=None):
+                          teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0):
     """Chunked fused-linear distillation loss (Liger's chunked LigerFusedLinearJSDLoss and its
     functional liger_kernel.chunked_loss.functional.liger_fused_linear_jsd, same positional
     order; docs/MATH.md section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of
     the tempered distributions, each averaged over the valid rows. Gradients for student_input,
     student_weight and student_bias. `compiled` is accepted for compatibility and ignored.
     `chunk_size` rows per chunk; None or 0 (the default: Liger's is 1024) lets the library pick
-    it from its 256 MiB budget, a number given here wins. Returns the loss (float32), or (loss,
+    it from memory_budget, a number given here wins. Returns the loss (float32), or (loss,
     soft_loss, hard_loss) when return_soft_hard_loss. process_group: vocabulary-parallel LM heads
     (see the module docstring). A teacher head (and bias) with more rows than the student's (a
     padded vocabulary) is used through its first V rows (a view).
@@ -798,64 +514,43 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
     Gemma 2's final_logit_softcapping; TRL #6629): logits = softcap * tanh(scale * (x W^T + b) /
     softcap), or scale * (x W^T + b) without a softcap (None), before the temperature; the
     gradients flow through it. kdloss.torch.adapters.logit_map_kwargs(student_config,
-    teacher_config) reads them from Hugging Face configs."""
-    maps = _maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap)
-    with vocab_parallel(process_group, _VP_DENSE) as vp:
-        if temperature == 0:
-            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
-        _require_labels(true_labels, weight_hard_loss)
-        _check_items(num_items_in_batch)
-        xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, [
-            ("student_input", student_input), ("student_weight", student_weight),
-            ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
-            ("student_bias", student_bias), ("teacher_bias", teacher_bias)])
-        loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
-                                weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
-                                vp=vp, maps=maps)
-    loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
-                                         num_items_in_batch)
-    return (loss, soft, hard) if return_soft_hard_loss else loss
+    teacher_config) reads them from Hugging Face configs. A scale of 0.0 acts as 1 (the C API's
+    kdloss_logit_map: 0 is "unset"), as does None.
+    memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
+    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
+    return _dense_call(
+        _dense_named(student_input, student_weight, teacher_input, teacher_weight, student_bias,
+                     teacher_bias), true_labels, process_group, num_items_in_batch,
+        return_soft_hard_loss, True, beta=beta, temperature=temperature,
+        w_hard=weight_hard_loss, w_soft=weight_soft_loss, ignore_index=ignore_index,
+        chunk_size=chunk_size, maps=_maps(student_logit_scale, student_softcap,
+                                          teacher_logit_scale, teacher_softcap),
+        memory_budget=memory_budget)
 
 
-class FusedLinearJSDLossFunction(torch.autograd.Function):
-    """fused_linear_jsd_loss as an autograd Function with the apply signature of Liger's
-    chunked liger_kernel.chunked_loss.jsd_loss.LigerFusedLinearJSDFunction: apply(student_input,
+class FusedLinearJSDLossFunction:
+    """fused_linear_jsd_loss with the apply signature of Liger's chunked
+    liger_kernel.chunked_loss.jsd_loss.LigerFusedLinearJSDFunction: apply(student_input,
     student_weight, teacher_input, teacher_weight, true_labels, student_bias=None,
     teacher_bias=None, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
     temperature=1.0, compiled=True, chunk_size=None, return_soft_hard_loss=False) (chunk_size
-    None: the library's budgeted chunk). No process_group; DTensors are not gathered here (the
-    functional and module forms do both)."""
+    None: the library's budgeted chunk). apply calls the kdloss::fused_linear_distill op (the
+    one autograd route). No process_group; DTensors are not gathered here (the functional and
+    module forms do both)."""
 
     @staticmethod
-    def forward(ctx, student_input, student_weight, teacher_input, teacher_weight, true_labels,
-                student_bias=None, teacher_bias=None, weight_hard_loss=0.5, weight_soft_loss=0.5,
-                beta=0.5, ignore_index=-100, temperature=1.0, compiled=True, chunk_size=None,
-                return_soft_hard_loss=False):
-        if temperature == 0:
-            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
-        _require_labels(true_labels, weight_hard_loss)
-        need = ctx.needs_input_grad
-        _refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
-                         ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
-                         ("student_bias", student_bias), ("teacher_bias", teacher_bias))
-        loss, soft, hard, dxs, dws, dbs = _ops.fused_linear_distill(  # torch.compile traces it
-            student_input, student_weight, teacher_input, teacher_weight, true_labels,
-            student_bias, teacher_bias, "jsd", float(beta), 0.1, float(temperature),
-            float(weight_hard_loss), float(weight_soft_loss), int(ignore_index),
-            int(chunk_size or 0), False, need[0], need[1], student_bias is not None and need[5])
-        dxs, dws, dbs = _ops._saved(dxs), _ops._saved(dws), _ops._saved(dbs)
-        ctx.save_for_backward(dxs, dws, dbs, student_input, student_weight, student_bias)
-        if not return_soft_hard_loss:
-            return loss
-        ctx.mark_non_differentiable(soft, hard)
-        return loss, soft, hard
-
-    @staticmethod
-    @_first_order_only  # the saved gradients are constants: no double backward
-    def backward(ctx, grad_loss, *grad_soft_hard):
-        dxs, dws, dbs = ctx.saved_tensors[:3]
-        return (_scale(dxs, grad_loss), _scale(dws, grad_loss), None, None, None,
-                _scale(dbs, grad_loss)) + (None,) * 9
+    def apply(student_input, student_weight, teacher_input, teacher_weight, true_labels,
+              student_bias=None, teacher_bias=None, weight_hard_loss=0.5, weight_soft_loss=0.5,
+              beta=0.5, ignore_index=-100, temperature=1.0, compiled=True, chunk_size=None,
+              return_soft_hard_loss=False):
+        named = _dense_named(student_input, student_weight, teacher_input, teacher_weight,
+                             student_bias, teacher_bias)
+        _check_temperature(temperature)
+        _refuse_dtensors(*named)
+        return _dense_call(named, true_labels, None, None, return_soft_hard_loss, beta=beta,
+                           temperature=temperature, w_hard=weight_hard_loss,
+                           w_soft=weight_soft_loss, ignore_index=ignore_index,
+                           chunk_size=chunk_size)
 
 
 def fused_linear_distill_loss(student_input, student_weight, teacher_input, teacher_weight,
@@ -865,7 +560,7 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
                               t2_scale=False, chunk_size=None, return_soft_hard_loss=False,
                               process_group=None, num_items_in_batch=None,
                               student_logit_scale=1.0, student_softcap=None,
-                              teacher_logit_scale=1.0, teacher_softcap=None):
+                              teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
@@ -879,59 +574,69 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     call's own kept rows (soft and hard alike), so that the micro-batches' losses and gradients
     add up to the full batch's. Cost: one multiply over the saved gradients in backward.
     student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap: the heads' logit
-    maps, as fused_linear_jsd_loss's."""
-    maps = _maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap)
-    with vocab_parallel(process_group, _VP_DENSE) as vp:
-        _require_labels(true_labels, weight_hard_loss)
-        _check_items(num_items_in_batch)
-        xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, [
-            ("student_input", student_input), ("student_weight", student_weight),
-            ("teacher_input", teacher_input), ("teacher_weight", teacher_weight),
-            ("student_bias", student_bias), ("teacher_bias", teacher_bias)])
-        loss, soft, hard = _fld(xs, ws, xt, wt, true_labels, bs, bt_bias, beta, temperature,
-                                weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
-                                divergence, alpha, t2_scale, vp, maps)
-    loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
-                                         num_items_in_batch)
-    return (loss, soft, hard) if return_soft_hard_loss else loss
+    maps, as fused_linear_jsd_loss's (a scale of 0.0 acts as 1). Without true_labels (and
+    weight_hard_loss 0) every row counts, whatever ignore_index is, and hard_loss is 0.
+    memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
+    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
+    return _dense_call(
+        _dense_named(student_input, student_weight, teacher_input, teacher_weight, student_bias,
+                     teacher_bias), true_labels, process_group, num_items_in_batch,
+        return_soft_hard_loss, beta=beta, temperature=temperature, w_hard=weight_hard_loss,
+        w_soft=weight_soft_loss, ignore_index=ignore_index, chunk_size=chunk_size,
+        divergence=divergence, alpha=alpha, t2_scale=t2_scale,
+        maps=_maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap),
+        memory_budget=memory_budget)
+def _op_tensors(names, t, labels):
+    """A spec op's tensor arguments in order: the teacher's detached (it gets no gradient)."""
+    student = ("student_input", "student_weight", "student_bias")
+    return [labels if n == "labels" else t[n] if n in student else _detached(t[n])
+            for n in names]
 
 
-# ---- distillation loss on logits ------------------------------------------------------------------
+def fused_form(spec, op):
+    """The functional form of a spec-declared fused loss (_calls.FusedSpec; op: its custom
+    op): `spec.name`_loss(student_input, student_weight, <the teacher form's tensors>,
+    labels=None, student_bias=None, *, <spec.scalars>, ignore_index=-100, chunk_size=None,
+    memory_budget=0, return_soft_hard_loss=False, process_group=None,
+    num_items_in_batch=None), with the dense fused losses' conventions (module docstring)."""
+    tensors, scalars, _ = _ops.spec_arguments(spec)
+    teacher = spec.form.tensors
+    P = inspect.Parameter
+    params = [P(n, P.POSITIONAL_OR_KEYWORD) for n in tensors[:2] + tuple(
+        t for t in teacher if t not in spec.form.optional)]
+    params += [P(n, P.POSITIONAL_OR_KEYWORD, default=None)
+               for n in ("labels", "student_bias") + spec.form.optional]
+    params += [P(n, P.KEYWORD_ONLY, default=d) for n, d in spec.scalars + (
+        ("ignore_index", -100), ("chunk_size", None), ("memory_budget", 0),
+        ("return_soft_hard_loss", False), ("process_group", None),
+        ("num_items_in_batch", None))]
+    sig = inspect.Signature(params)
+    kinds = dict(spec.scalars)
 
-_DISTILL_REDUCTIONS = ("batchmean", "sum", "mean", "none")
+    def loss(*args, **kwargs):
+        a = sig.bind(*args, **kwargs)
+        a.apply_defaults()
+        a = a.arguments
+        group = a["process_group"]
+        with vocab_parallel(group, spec.c_name + "_vp") as vp:
+            _check_items(a["num_items_in_batch"])
+            named = [(n, a[n]) for n in tensors if n != "labels"]
+            t = dict(zip((n for n, _ in named), _gather_all(group, named)))
+            xs, ws, bs = t["student_input"], t["student_weight"], t["student_bias"]
+            values = [type(kinds[n])(a[n]) for n, _ in spec.scalars]
+            with _ops.vocab_call(vp) as handle:
+                results = op(*_op_tensors(tensors, t, a["labels"]), *values,
+                             _index(a["ignore_index"]), int(a["chunk_size"] or 0),
+                             _budget(a["memory_budget"]), *_wanted(xs, ws, bs), handle)[:3]
+        results = _fused_over_items(results, a["labels"], a["ignore_index"], xs,
+                                    a["num_items_in_batch"])
+        return results if a["return_soft_hard_loss"] else results[0]
+    loss.__name__ = loss.__qualname__ = spec.name + "_loss"
+    loss.__signature__, loss.__doc__ = sig, spec.doc
+    return loss
 
 
-def _check_distill_reduction(reduction, fname):
-    if not (isinstance(reduction, str) and reduction in _DISTILL_REDUCTIONS):
-        raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"reduction={reduction!r} "
-                          f"({fname} takes batchmean, sum, mean or none)")
-
-
-def _logits_frame(zs, labels, ignore_index, reduction, device, fname):
-    """The part every loss on student logits shares: the reduction check, the logits as a
-    (bt x v) view, the labels, the reduction's divisor (None: the C call's own, max(1, n_kept))
-    and the C grad_scale that makes the gradient the reduction's (the C gradient is scaled by
-    grad_scale / max(1, n_kept)). Returns (kept tensors, logits view, bt, v, labels view,
-    grad_scale, divisor).
-
-    Divisors: batchmean with labels max(1, n_kept) (the per-token mean over the kept rows, as
-    TRL's generalized_jsd_loss), without labels student_logits.size(0) (torch's batchmean: B for
-    (B, T, V) logits, the rows for 2-D, 1 for 1-D); mean: the kept rows times V (every element, as torch's
-    and TRL's mean); sum 1; none: per row, unscaled."""
-    _check_distill_reduction(reduction, fname)
-    zc = float_code(zs, "student_logits")
-    zs2, bt, v, ldz = as_rows(zs.detach(), "student_logits")
-    labels, lview = labels_view(labels, bt, device, "labels")
-    n_kept = bt if labels is None else int((labels != ignore_index).sum())
-    kept = max(1, n_kept)
-    batch = zs.shape[0] if zs.dim() > 1 else 1  # 1-D logits: one row (one distribution)
-    divisor = {"batchmean": kept if labels is not None else batch,
-               "sum": 1, "mean": kept * v, "none": 1}[reduction]
-    gscale = float(kept) / max(1, divisor)
-    if reduction == "batchmean" and divisor == kept:
-        divisor = None  # the C call's loss is already this one
-    return (zs2, labels), cmat(zs2, ldz, zc), bt, v, lview, gscale, divisor
-
+# ---- losses on logits -----------------------------------------------------------------------------
 
 def _items_reduction(reduction, num_items_in_batch, zs, fname):
     """(the reduction the op computes, the factor of num_items_in_batch in the divisor, None
@@ -943,53 +648,6 @@ def _items_reduction(reduction, num_items_in_batch, zs, fname):
         raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"{fname}: num_items_in_batch with "
                           "reduction='none' (per-row losses have no divisor)")
     return "sum", float(zs.shape[-1]) if reduction == "mean" else 1.0
-
-
-def _reduced(loss, rows, reduction, divisor, zs):
-    """The loss, float32 whatever zs's dtype, from the C call's loss (sum / max(1, kept)) or
-    the row losses (reduced in double)."""
-    if reduction == "none":
-        return rows.view(zs.shape[:-1])
-    if divisor is None:
-        return loss[0]
-    return (rows.double().sum() / max(1, divisor)).float()
-
-
-def _distill_compute(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad):
-    """Returns (loss, dz or None): dz = dloss/dzs for upstream 1 ("none": per row, unscaled).
-    Backends with distill_logits (the CPU's and the CUDA one's) make one call on the logits that
-    writes dz in the student's dtype; others (a backend registered without it) get log-probs from
-    torch, kdloss_distill and the chain rule here."""
-    device = same_device([("student_logits", zs), ("teacher_logits", zt)])
-    keep, zs_v, bt, v, lview, gscale, divisor = _logits_frame(zs, labels, ignore_index,
-                                                              reduction, device, "distill_loss")
-    zt = _teacher_logits(zs, zt, "distill_loss")  # a padded teacher: its first V columns
-    tc = float_code(zt, "teacher_logits")
-    backend = backend_for(device)
-    zt2, _, _, ldt = as_rows(zt.detach(), "teacher_logits")
-    loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
-    t = float(temperature)
-    if hasattr(backend, "distill_logits"):
-        params = _lib.distill_logits_params(div, t, int(ignore_index), gscale)
-        g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
-        backend.distill_logits(device, params, bt, v, zs_v, cmat(zt2, ldt, tc), lview, ptr(loss),
-                               ptr(rows), out_mat(g))
-        dz = g.view(zs.shape) if g is not None else None
-    else:
-        if not t > 0.0 or t == float("inf"):  # NaN fails too; the C library's message
-            raise KdlossError(_lib.ERR_INVALID_PARAM, f"temperature={temperature!r}")
-        # log-probs in fp32; the divergence and its gradient in X come from one C pass
-        x = torch.log_softmax(keep[0].float() / t, dim=-1)
-        y = torch.log_softmax(zt2.float() / t, dim=-1)
-        params = _lib.distill_params(div, int(ignore_index), gscale)
-        g = torch.empty(bt, v, dtype=torch.float32, device=device) if want_grad else None
-        backend.distill(device, params, bt, v, cmat(x, v, _lib.F32), cmat(y, v, _lib.F32), lview,
-                        ptr(loss), ptr(rows), out_mat(g))
-        dz = None
-        if g is not None:  # chain rule of X = log_softmax(z / T): (g - softmax * sum(g)) / T
-            dz = (g - x.exp() * g.sum(-1, keepdim=True)) / t
-            dz = dz.to(zs.dtype).view(zs.shape)
-    return _reduced(loss, rows, reduction, divisor, zs), dz
 
 
 def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="forward_kl", beta=0.5,
@@ -1018,32 +676,13 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     _check_names(divergence, beta, alpha)
     student_logits = _gathered(student_logits, "student_logits")
     teacher_logits = _gathered(teacher_logits, "teacher_logits")
-    _check_distill_reduction(reduction, "distill_loss")
+    check_distill_reduction(reduction, "distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "distill_loss")
     loss = _ops.distill_loss(student_logits, _detached(teacher_logits), labels, divergence,
-                             float(beta), float(alpha), float(temperature), int(ignore_index),
+                             float(beta), float(alpha), float(temperature), _index(ignore_index),
                              reduction, _needs_grad(student_logits))[0]
     return loss if times is None else _over_items(loss, num_items_in_batch, times)
-
-
-# ---- sparse top-k teacher ------------------------------------------------------------------------
-
-def _topk_compute(zs, ids, lps, labels, div, tail, temperature, ignore_index, reduction,
-                  want_grad):
-    """One kdloss_topk_distill_logits call: (loss, dz or None) as _distill_compute's."""
-    device = same_device([("student_logits", zs), ("teacher_ids", ids),
-                          ("teacher_logprobs", lps)])
-    keep, zs_v, bt, v, lview, gscale, divisor = _logits_frame(
-        zs, labels, ignore_index, reduction, device, "topk_distill_loss")
-    keep_t, teacher = topk_teacher(ids, lps, zs.shape[:-1])
-    params = _lib.topk_distill_params(div, tail, float(temperature), int(ignore_index), gscale)
-    loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
-    g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
-    backend_for(device).topk_distill_logits(device, params, bt, v, zs_v, teacher, lview,
-                                            ptr(loss), ptr(rows), out_mat(g))
-    return _reduced(loss, rows, reduction, divisor, zs), (g.view(zs.shape) if g is not None
-                                                         else None)
 
 
 def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None, *,
@@ -1066,36 +705,14 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     distill_loss's (gradient accumulation)."""
     _check_names(divergence, beta, alpha, tail)
     student_logits = _gathered(student_logits, "student_logits")
-    _check_distill_reduction(reduction, "topk_distill_loss")
+    check_distill_reduction(reduction, "topk_distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "topk_distill_loss")
     loss = _ops.topk_distill_loss(student_logits, teacher_ids, _detached(teacher_logprobs),
                                   labels, divergence, tail, float(beta), float(alpha),
-                                  float(temperature), int(ignore_index), reduction,
+                                  float(temperature), _index(ignore_index), reduction,
                                   _needs_grad(student_logits))[0]
     return loss if times is None else _over_items(loss, num_items_in_batch, times)
-
-
-def _fltk_compute(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard, w_soft,
-                  ignore_index, chunk_size, t2_scale, want_hard, vp, want, student_map=(1.0, 0.0)):
-    """One kdloss_fused_linear_topk_distill call; returns what _fld_compute does. labels None
-    passes no labels (every row kept; the C call then needs w_hard 0 and no hard-loss output)."""
-    device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_ids", ids),
-                          ("teacher_logprobs", lps), ("student_bias", bs)])
-    backend = backend_for(device, vp)
-    keep_s, xs_v, ws_v, bs2, rows, hs, v = _lm_head(xs, ws, bs, "student")
-    keep_t, teacher = topk_teacher(ids, lps, xs.shape[:-1])
-    labels, lview = labels_view(labels, rows, device, "true_labels")
-    params = _lib.fltk_params(div, tail, float(temperature), float(w_hard), float(w_soft),
-                              int(ignore_index), int(chunk_size or 0), t2_scale,
-                              student_map=student_map)
-    # the hard loss is asked for only when wanted: any cross-entropy output turns renorm_both's
-    # sparse path (K gathered weight rows, no BT x V logits) off
-    outputs, out = _fused_outputs(want, keep_s[0], keep_s[1], bs, rows,
-                                  want_hard and labels is not None)
-    backend.fused_linear_topk_distill(device, params, rows, hs, v, xs_v, ws_v, ptr(bs2), teacher,
-                                      lview, out, xs_v.dtype, any(want))
-    return _fused_results(outputs, xs, ws, bs)
 
 
 def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, teacher_logprobs,
@@ -1105,7 +722,7 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
                                    temperature=1.0, t2_scale=False, chunk_size=None,
                                    return_soft_hard_loss=False, process_group=None,
                                    num_items_in_batch=None, student_logit_scale=1.0,
-                                   student_softcap=None):
+                                   student_softcap=None, memory_budget=0):
     """The fused LM head + sparse top-k teacher loss (docs/MATH.md sections 4 and 8): student
     logits zs = student_input @ student_weight.T + student_bias formed chunk by chunk, never in
     full; (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept), CE on
@@ -1123,7 +740,10 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     add up to the full batch's. Cost: one multiply over the saved gradients in backward.
     student_logit_scale, student_softcap: the student head's logit map, as
     fused_linear_jsd_loss's (the teacher's log-probs come already mapped). With one, the
-    renorm_both tail runs the full-vocabulary path (not the K-gathered-rows one)."""
+    renorm_both tail runs the full-vocabulary path (not the K-gathered-rows one). A scale of
+    0.0 acts as 1, as does None.
+    memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
+    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
     smap = _maps(student_logit_scale, student_softcap)[:2]
     with vocab_parallel(process_group, _VP_TOPK) as vp:
         _check_names(divergence, beta, alpha, tail)
@@ -1132,25 +752,13 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
             ("student_input", student_input), ("student_weight", student_weight),
             ("student_bias", student_bias), ("teacher_ids", teacher_ids),
             ("teacher_logprobs", teacher_logprobs)])
-        if vp is None:  # one process: the custom op (torch.compile, torch.export, FakeTensor)
+        with _ops.vocab_call(vp) as handle:  # the op: its autograd is the only one
             loss, soft, hard = _ops.fused_linear_topk_distill(
                 xs, ws, ids, _detached(lps), true_labels, bs, divergence, tail, float(beta),
                 float(alpha), float(temperature), float(weight_hard_loss),
-                float(weight_soft_loss), int(ignore_index), int(chunk_size or 0),
-                bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs), *smap)[:3]
-            loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index,
-                                                 xs, num_items_in_batch)
-            return (loss, soft, hard) if return_soft_hard_loss else loss
-        div = _lib.div_params(divergence, beta, alpha)
-        code = _lib.topk_tail(tail)
-        compute = functools.partial(
-            _fltk_compute, xs, ws, ids, lps, true_labels, bs, div, code, temperature,
-            weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
-            return_soft_hard_loss, vp, student_map=smap)
-        loss, soft, hard = _fused_apply(xs, ws, bs, compute)
+                float(weight_soft_loss), _index(ignore_index), int(chunk_size or 0),
+                bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs), *smap,
+                _budget(memory_budget), handle)[:3]
     loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
                                          num_items_in_batch)
     return (loss, soft, hard) if return_soft_hard_loss else loss
-
-
-from . import _ops  # noqa: E402  (the custom ops call this module's compute functions)

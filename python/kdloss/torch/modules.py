@@ -13,8 +13,7 @@ passes it to compute_loss)."""
 
 import torch
 
-from .. import _lib
-from .._lib import KdlossError
+from . import _ops
 from . import functional as F
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "DistillLoss",
@@ -64,23 +63,27 @@ class FusedLinearJSD(torch.nn.Module):
     """Fused LM head + JSD soft loss, as Liger's LigerFusedLinearJSD (no hard loss).
     forward(student_input, student_weight, teacher_input, teacher_weight, shift_labels=None).
     accum_dtype: accepted as Liger's (None or a floating dtype) and not needed: kdloss
-    accumulates dW in fp32 across chunks whatever the weight's dtype, and the loss in double."""
+    accumulates dW in fp32 across chunks whatever the weight's dtype, and the loss in double.
+    memory_budget (keyword): the chunked workspace's bytes, 0 = the library's choice
+    (functional.fused_linear_jsd). Without shift_labels every row counts."""
 
-    def __init__(self, jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None):
+    def __init__(self, jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None, *,
+                 memory_budget=0):
         super().__init__()
-        if temperature == 0:
-            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        F._check_temperature(temperature)
         F._check_accum_dtype(accum_dtype)
         self.jsd_beta = jsd_beta
         self.ignore_index = ignore_index
         self.temperature = temperature
         self.accum_dtype = accum_dtype
+        self.memory_budget = F._budget(memory_budget)
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight,
                 shift_labels=None, *, num_items_in_batch=None):
         return F.fused_linear_jsd(student_input, student_weight, teacher_input, teacher_weight,
                                   shift_labels, self.jsd_beta, self.ignore_index, self.temperature,
-                                  self.accum_dtype, num_items_in_batch=num_items_in_batch)
+                                  self.accum_dtype, num_items_in_batch=num_items_in_batch,
+                                  memory_budget=self.memory_budget)
 
     def extra_repr(self):
         return (f"jsd_beta={self.jsd_beta}, ignore_index={self.ignore_index}, "
@@ -91,18 +94,20 @@ class FusedLinearJSDLoss(torch.nn.Module):
     """Chunked fused-linear distillation loss, as Liger's LigerFusedLinearJSDLoss:
     w_hard * CE + w_soft * JSD(beta) at temperature T, averaged over valid rows.
     `compiled` is accepted and ignored (there is nothing to compile). chunk_size: rows per
-    chunk; None (the default; Liger's is 1024) lets the library pick it from its 256 MiB budget,
-    a number given wins. process_group: the vocabulary-parallel group (module docstring).
+    chunk; None (the default; Liger's is 1024) lets the library pick it from memory_budget,
+    a number given wins. memory_budget (keyword): the chunked workspace's bytes, 0 (the
+    default) = the library's choice. process_group: the vocabulary-parallel group (module
+    docstring). Logit maps: functional.fused_linear_jsd_loss (a scale of 0.0 acts as 1).
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias=None, teacher_bias=None)."""
 
     def __init__(self, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
                  temperature=1.0, compiled=True, chunk_size=None, return_soft_hard_loss=False,
                  process_group=None, *, student_logit_scale=1.0, student_softcap=None,
-                 teacher_logit_scale=1.0, teacher_softcap=None):
+                 teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0):
         super().__init__()
-        if temperature == 0:
-            raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
+        F._check_temperature(temperature)
+        self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
                                                 teacher_logit_scale, teacher_softcap)
         self.weight_hard_loss = weight_hard_loss
@@ -122,7 +127,8 @@ class FusedLinearJSDLoss(torch.nn.Module):
             student_bias, teacher_bias, self.weight_hard_loss, self.weight_soft_loss, self.beta,
             self.ignore_index, self.temperature, self.compiled, self.chunk_size,
             self.return_soft_hard_loss, self.process_group,
-            num_items_in_batch=num_items_in_batch, **self.logit_maps)
+            num_items_in_batch=num_items_in_batch, memory_budget=self.memory_budget,
+            **self.logit_maps)
 
     def extra_repr(self):
         return (f"weight_hard_loss={self.weight_hard_loss}, "
@@ -164,7 +170,8 @@ class FusedLinearDistillLoss(torch.nn.Module):
     chunk_size None (or 0): the library's budgeted chunk. process_group: the
     vocabulary-parallel group (module docstring). student_logit_scale, student_softcap,
     teacher_logit_scale, teacher_softcap: the heads' logit maps (Cohere's logit_scale, Gemma 2's
-    final_logit_softcapping; functional.fused_linear_jsd_loss).
+    final_logit_softcapping; functional.fused_linear_jsd_loss; a scale of 0.0 acts as 1).
+    memory_budget: the chunked workspace's bytes, 0 (the default) = the library's choice.
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias=None, teacher_bias=None)."""
 
@@ -172,8 +179,9 @@ class FusedLinearDistillLoss(torch.nn.Module):
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
                  return_soft_hard_loss=False, chunk_size=None, process_group=None, *,
                  student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0,
-                 teacher_softcap=None):
+                 teacher_softcap=None, memory_budget=0):
         super().__init__()
+        self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
                                                 teacher_logit_scale, teacher_softcap)
         F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
@@ -198,7 +206,8 @@ class FusedLinearDistillLoss(torch.nn.Module):
             weight_soft_loss=self.weight_soft_loss, ignore_index=self.ignore_index,
             temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
             return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group,
-            num_items_in_batch=num_items_in_batch, **self.logit_maps)
+            num_items_in_batch=num_items_in_batch, memory_budget=self.memory_budget,
+            **self.logit_maps)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -248,18 +257,21 @@ class FusedLinearTopKDistillLoss(_TopKModule):
     (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept).
     process_group: the vocabulary-parallel group (module docstring; teacher_ids are global).
     chunk_size None (the default, or 0): the library's budgeted chunk; a number given wins.
+    memory_budget: the chunked workspace's bytes, 0 (the default) = the library's choice.
+    student_logit_scale 0.0 acts as 1.
     forward(student_input, student_weight, teacher_ids, teacher_logprobs, true_labels=None,
             student_bias=None); true_labels None keeps every row and needs weight_hard_loss 0."""
 
     def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                  weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100, temperature=1.0,
                  t2_scale=False, process_group=None, chunk_size=None, *,
-                 student_logit_scale=1.0, student_softcap=None):
+                 student_logit_scale=1.0, student_softcap=None, memory_budget=0):
         super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
                          weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss,
                          ignore_index=ignore_index, temperature=temperature, t2_scale=t2_scale,
                          chunk_size=chunk_size, student_logit_scale=student_logit_scale,
-                         student_softcap=student_softcap)
+                         student_softcap=student_softcap,
+                         memory_budget=F._budget(memory_budget))
         F._maps(student_logit_scale, student_softcap)  # a non-number fails here
         self.process_group = process_group  # not one of _args(): a group has no useful repr
 
@@ -270,3 +282,51 @@ class FusedLinearTopKDistillLoss(_TopKModule):
                                                 process_group=self.process_group,
                                                 num_items_in_batch=num_items_in_batch,
                                                 **self._args())
+
+
+# ---- fused losses declared by a spec -----------------------------------------------------------
+
+DECLARED = {}  # spec name -> (functional form, module class) of each declare_fused() loss
+
+
+class _SpecModule(torch.nn.Module):
+    """The module of a spec-declared fused loss: its keywords (the spec's scalars,
+    ignore_index, chunk_size, memory_budget, return_soft_hard_loss, process_group) are
+    constructor arguments kept as attributes; forward takes the tensors as the functional
+    form does, and num_items_in_batch."""
+
+    _keywords = ()
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        unknown = sorted(set(kwargs) - {n for n, _ in self._keywords})
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword(s) {unknown}")
+        for name, default in self._keywords:
+            setattr(self, name, kwargs.get(name, default))
+
+    def forward(self, *tensors, num_items_in_batch=None):
+        kw = {n: getattr(self, n) for n, _ in self._keywords}
+        return type(self)._fn(*tensors, num_items_in_batch=num_items_in_batch, **kw)
+
+    def extra_repr(self):
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n, _ in self._keywords
+                         if n != "process_group")
+
+
+def declare_fused(spec, module_name):
+    """A fused LM-head loss from its one declaration, spec (a _calls.FusedSpec): its custom op
+    kdloss::`spec.name` (_ops.define_fused), its functional form functional.`spec.name`_loss
+    (functional.fused_form) and its module `module_name` (here), both also set as attributes
+    of functional and of this module. Returns (function, module class)."""
+    fn = F.fused_form(spec, _ops.define_fused(spec))
+    keywords = tuple(spec.scalars) + (("ignore_index", -100), ("chunk_size", None),
+                                      ("memory_budget", 0), ("return_soft_hard_loss", False),
+                                      ("process_group", None))
+    cls = type(module_name, (_SpecModule,), {
+        "_fn": staticmethod(fn), "_keywords": keywords, "__module__": __name__,
+        "__doc__": f"The module of functional.{fn.__name__} (declare_fused)."})
+    setattr(F, fn.__name__, fn)
+    globals()[module_name] = cls
+    DECLARED[spec.name] = (fn, cls)
+    return fn, cls
