@@ -393,14 +393,12 @@ kdloss_status fld_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *
                             const kdloss_fused_linear_distill_out *out, int64_t ld_dws,
                             int64_t hs, int64_t v) {
     if (out->dws.data) {
-        KD_LAUNCH(kd_grid_1d(v * hs, 256), 256, 0, st, kd_cast_kernel<KDLOSS_BF16>)(
-            dw_acc, hs, out->dws.data, ld_dws, v, hs);
+        kd_cast_launch<KDLOSS_BF16>(st, dw_acc, hs, out->dws.data, ld_dws, v, hs);
         kdloss_status s = kd_launch_status();
         if (s != KDLOSS_OK) return s;
     }
     if (!out->dbs) return KDLOSS_OK;
-    KD_LAUNCH(kd_grid_1d(v, 256), 256, 0, st, kd_cast_kernel<KDLOSS_BF16>)(db_acc, v, out->dbs, v,
-                                                                           1, v);
+    kd_cast_launch<KDLOSS_BF16>(st, db_acc, v, out->dbs, v, 1, v);
     return kd_launch_status();
 }
 

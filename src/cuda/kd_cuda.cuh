@@ -451,17 +451,33 @@ kd_colsum_kernel(const void *dz, int64_t pitch, int64_t rows, int64_t v, float *
     }
 }
 
-/* out (rows x cols, ld_out) in dtype DO = acc (rows x cols, ld_acc) fp32, rounded once. */
+/* out (rows x cols, ld_out) in dtype DO = acc (rows x cols, ld_acc) fp32, rounded once. Blocks
+ * over rows (grid-stride), threads over a row's columns: no division an element; with vec (both
+ * row starts 16-byte aligned: kd_aligned16) groups of 8 by vector loads and stores, the tail one
+ * by one. */
 template <int DO>
 static __global__ void __launch_bounds__(256)
 kd_cast_kernel(const float *acc, int64_t ld_acc, void *out, int64_t ld_out, int64_t rows,
-               int64_t cols) {
-    const int64_t n = rows * cols;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / cols, c = i - r * cols;
-        kd_st<DO>(out, r * ld_out + c, acc[r * ld_acc + c]);
+               int64_t cols, int vec) {
+    const int64_t full = vec ? cols / 8 * 8 : 0;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *a = acc + r * ld_acc;
+        const int64_t o = r * ld_out;
+        for (int64_t c = (int64_t)threadIdx.x * 8; c < full; c += (int64_t)blockDim.x * 8) {
+            float v[8];
+            kd_ld8<KDLOSS_F32>(a, c, v);
+            kd_st8<DO>(out, o + c, v);
+        }
+        for (int64_t c = full + threadIdx.x; c < cols; c += blockDim.x) kd_st<DO>(out, o + c, a[c]);
     }
+}
+
+/* kd_cast_kernel over rows x cols on st: its grid and its vector test. */
+template <int DO>
+static inline void kd_cast_launch(cudaStream_t st, const float *acc, int64_t ld_acc, void *out,
+                                  int64_t ld_out, int64_t rows, int64_t cols) {
+    const int vec = kd_aligned16(acc, ld_acc, 4) && kd_aligned16(out, ld_out, kdloss_dtype_size((kdloss_dtype)DO));
+    KD_LAUNCH((unsigned)(rows < 1 ? 1 : rows < 65536 ? rows : 65536), 256, 0, st, kd_cast_kernel<DO>)(acc, ld_acc, out, ld_out, rows, cols, vec);
 }
 
 #endif /* __CUDACC__ */

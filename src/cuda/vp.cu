@@ -70,12 +70,9 @@ kdloss_status kd_cuda_vp_dxs_reduce(const fld_gemms *gm, const kdloss_comm *c, f
         kd_cuda_vp_allreduce(c, part, rows * gm->hs, KDLOSS_F32, KDLOSS_COMM_SUM);
     if (s != KDLOSS_OK) return s;
     char *dst = (char *)dxs.data + (size_t)(r0 * dxs.ld) * kdloss_dtype_size(dxs.dtype);
-    const unsigned grid = kd_grid_1d(rows * gm->hs, 256);
     if (dxs.dtype == KDLOSS_BF16)
-        KD_LAUNCH(grid, 256, 0, gm->st, kd_cast_kernel<KDLOSS_BF16>)(part, gm->hs, dst, dxs.ld,
-                                                                     rows, gm->hs);
+        kd_cast_launch<KDLOSS_BF16>(gm->st, part, gm->hs, dst, dxs.ld, rows, gm->hs);
     else
-        KD_LAUNCH(grid, 256, 0, gm->st, kd_cast_kernel<KDLOSS_F32>)(part, gm->hs, dst, dxs.ld, rows,
-                                                                    gm->hs);
+        kd_cast_launch<KDLOSS_F32>(gm->st, part, gm->hs, dst, dxs.ld, rows, gm->hs);
     return kd_launch_status();
 }
