@@ -66,7 +66,7 @@ function(kd_cudasim_tests)
   add_executable(test_cuda ${KD_TEST_CUDA_SRC})
   target_include_directories(test_cuda PRIVATE src/common)
   target_compile_definitions(test_cuda PRIVATE KDLOSS_TEST_NCCL=1)
-  target_link_libraries(test_cuda PRIVATE kdloss kdsim kdtestsupport OpenMP::OpenMP_C Threads::Threads ${MATH_LIB})
+  target_link_libraries(test_cuda PRIVATE kdloss_cuda kdsim kdtestsupport OpenMP::OpenMP_C Threads::Threads ${MATH_LIB})
   add_test(NAME test_cuda COMMAND test_cuda)
   set_tests_properties(test_cuda PROPERTIES TIMEOUT 1800)
   # the quick subset again with cuBLASLt's heuristic offering nothing: gemm.cu's cublasGemmEx
