@@ -1,8 +1,10 @@
 # KDLOSS_CUDA_ARCHS when it is empty: machine code (SASS) for every GPU family the installed nvcc
 # supports from sm_80 up, and PTX of the newest architecture it knows (JIT-compiled by the driver
-# on GPUs newer than this nvcc). A cubin runs on its own major version at an equal or higher
-# minor, so one SASS per family reaches every GPU of it; the list takes 80, 86, 89 (Ampere and
-# Ada consumer parts get their own tuning), 90, 100, 110, 120 where nvcc has them.
+# on GPUs newer than this nvcc). A cubin runs on GPUs of its own major version at an equal or
+# higher minor, so one SASS per family, at the family's first minor, runs on every GPU of it:
+# sm_80 on 8.0-8.9 (A100, A10, RTX 30xx/40xx, L4, L40), sm_90 on H100/H200, sm_100 on 10.x
+# (B200, GB300), sm_110 on 11.x, sm_120 on 12.x (RTX 50xx, RTX PRO). Each architecture more
+# costs one more device compile of every .cu file (the wheel's build time: README "Wheel").
 # Sets KDLOSS_CUDA_ARCHS in the caller's scope, in CMake's CUDA_ARCHITECTURES syntax.
 if(KDLOSS_CUDA_ARCHS STREQUAL "")
   set(_kd_nvcc "${CMAKE_CUDA_COMPILER}")
@@ -32,7 +34,7 @@ if(KDLOSS_CUDA_ARCHS STREQUAL "")
   endif()
   list(GET _kd_have -1 _kd_newest)
   set(KDLOSS_CUDA_ARCHS "")
-  foreach(_a 80 86 89 90 100 110 120)
+  foreach(_a 80 90 100 110 120)
     if(_a IN_LIST _kd_have)
       list(APPEND KDLOSS_CUDA_ARCHS ${_a}-real)
     endif()
