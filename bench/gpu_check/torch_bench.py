@@ -14,8 +14,8 @@ Written for this repository; it only calls the public APIs of torch, liger_kerne
 Usage: python3 torch_bench.py out.json [--dry-run]
 --dry-run (no GPU): every workload at a tiny shape on the CPU, each timed once, Liger only
 imported (its kernels are Triton, GPU only): checks that the script runs as written.
-Each workload is optional: a failure (missing package, API mismatch, out of memory) is recorded
-in the JSON and the others still run.
+A failure (missing package, API mismatch, out of memory) is recorded in the JSON and the others
+still run; the exit code is 1 when a kdloss row failed (in the dry run: any row but Liger's).
 """
 import json
 import math
@@ -201,7 +201,14 @@ def main():
             torch.cuda.empty_cache()
     with open(out, "w") as f:
         json.dump({"results": results}, f, indent=1)
+    # exit 1 when a kdloss row failed, or in the dry run any row but Liger's (only imported)
+    bad = [r["name"] for r in results if "error" in r and
+           (not r["name"].startswith("liger") or not r["error"].startswith("not installed"))
+           and (DRY or not r["name"].startswith(("liger", "torch")))]
+    if bad:
+        print("failed: " + ", ".join(bad))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
