@@ -6,12 +6,13 @@ BUILD_SAN  ?= build-san
 BUILD_CUDA ?= build-cuda
 BUILD_FUZZ ?= build-fuzz
 BUILD_SIM  ?= build-sim
+BUILD_BI   ?= build-builtin
 FUZZ_TIME  ?= 10
 FUZZ_LONG  ?= 600
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: gpu-model all deps build install test test-c test-install test-san test-cuda test-cuda-sim test-py test-fuzz fuzz fuzz-build test-fault bench bench-check cuda clean wheel test-wheel
+.PHONY: all deps build install test test-c test-install test-san test-cuda test-cuda-sim test-py test-fuzz fuzz fuzz-build test-fault bench bench-check cuda clean wheel test-wheel test-builtin gpu-check-files test-gpu-dry gpu-model
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 all: build
@@ -34,13 +35,35 @@ install: build
 test-install: build
 	cd $(BUILD) && ctest --output-on-failure -R test_install
 
-# `make wheel`: dist/kdloss-*-manylinux_*.whl, oneDNN inside, libgomp shared with the process
-# (scripts/wheel.sh says why); test-wheel installs it in a fresh venv (tests/install/test_wheel.sh).
+# `make wheel`: dist/kdloss-*-manylinux_*.whl, oneDNN inside, libgomp shared with the process, and
+# where nvcc exists the CUDA backend libkdloss_cuda.so (scripts/wheel.sh says why); test-wheel
+# installs it in a fresh venv (tests/install/test_wheel.sh).
 wheel: deps
 	bash scripts/wheel.sh
 
 test-wheel: wheel
 	bash tests/install/test_wheel.sh
+
+# The CPU library without oneDNN (-DKDLOSS_GEMM=builtin, what the GPU image builds): no libdnnl
+# linked, `kdloss info` names the builtin provider, and the CPU tests' quick subset passes.
+test-builtin: deps
+	cmake -S . -B $(BUILD_BI) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_GEMM=builtin $(CMAKE_ARGS) >/dev/null
+	cmake --build $(BUILD_BI) -j $(JOBS)
+	@if readelf -d $(BUILD_BI)/libkdloss.so | grep -i dnnl; then echo "test-builtin: libdnnl is linked"; exit 1; fi
+	$(BUILD_BI)/kdloss info | grep '^gemm        builtin .*in use'
+	cd $(BUILD_BI) && KDLOSS_TEST_QUICK=1 ctest --output-on-failure -E '^test_(install|vp_np[0-9]|fault_inject|fault_gemm)$$'
+
+# The files bench/gpu_check.sh installs on the GPU machine (bench/gpu_check/NOTES.md): the wheel
+# (dist/) and Liger-Kernel's (.whl/, pure Python, from PyPI when missing).
+gpu-check-files: wheel
+	@ls .whl/liger_kernel-*.whl >/dev/null 2>&1 || \
+	  "$$(bash scripts/deps.sh py | tail -n 1)/bin/pip" download -q --no-deps liger-kernel -d .whl
+	@ls -la dist/kdloss-*manylinux*.whl .whl/liger_kernel-*.whl
+
+# bench/gpu_check.sh --dry-run: every step before the first GPU call, here (it reuses the CUDA
+# build of test-cuda and the simulator build of test-cuda-sim).
+test-gpu-dry: gpu-check-files
+	GPU_CHECK_BUILD=$(BUILD_CUDA) GPU_CHECK_SIM_BUILD=$(BUILD_SIM) bash bench/gpu_check.sh --dry-run
 
 # The sanitizer build carries the CUDA backend on the simulator (cudasim/): its test_cuda runs the
 # quick subset of every CUDA kernel under ASan + UBSan.
@@ -68,20 +91,23 @@ gpu-model: deps
 	cmake --build $(BUILD_SIM) -j $(JOBS) --target gpu_model
 	$(BUILD_SIM)/gpu_model
 
-# The CUDA backend is built with nvcc (warnings as errors) wherever nvcc exists; its test skips
-# itself without a GPU (the simulator runs the kernels: test-cuda-sim).
+# The CUDA backend is built with nvcc (warnings as errors) wherever nvcc exists, for sm_90 only
+# (the wheel builds every architecture: make wheel); its test skips itself without a GPU (the
+# simulator runs the kernels: test-cuda-sim).
 test-cuda: deps
 ifneq ($(NVCC),)
-	cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA=ON $(CMAKE_ARGS) >/dev/null
+	cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA=ON -DKDLOSS_GEMM=auto -DKDLOSS_CUDA_ARCHS=90-real $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD_CUDA) -j $(JOBS)
 	cd $(BUILD_CUDA) && ctest --output-on-failure -R cuda
 else
 	@echo "test-cuda: nvcc not found, CUDA build check skipped"
 endif
 
-# The PyTorch binding: a venv with torch (created when missing), pip install ., pytest.
+# The PyTorch binding: a venv with torch (created when missing), pip install ., pytest. The CUDA
+# library is left out of that install unless KDLOSS_CUDA=1 (on a GPU machine): without a device
+# it is never loaded, and `make wheel` builds it (every architecture) in the same build-py/cmake.
 test-py: deps
-	bash scripts/test_python.sh
+	KDLOSS_CUDA=$${KDLOSS_CUDA:-0} bash scripts/test_python.sh
 
 # The libFuzzer target over the C API (clang, ASan + UBSan): a bounded run in `make test`, a long
 # one with a kept corpus in `make fuzz`. Skipped, with a message, only when clang cannot link
@@ -109,7 +135,7 @@ fuzz: fuzz-build
 test-fault: build
 	cd $(BUILD) && ctest --output-on-failure -L fault
 
-test: test-c test-san test-fuzz test-cuda test-cuda-sim test-py test-wheel
+test: test-c test-builtin test-san test-fuzz test-cuda test-cuda-sim test-py test-wheel test-gpu-dry
 
 # The environment stays as the user has it (OPENBLAS_* included); the last lines say which
 # targets were met. bench exits 1 only when a benchmark failed to run; bench-check runs the same
@@ -121,8 +147,8 @@ bench-check: build
 	bash bench/run_main.sh $(BUILD) --check
 
 cuda: deps
-	cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA=ON $(CMAKE_ARGS) >/dev/null
+	cmake -S . -B $(BUILD_CUDA) -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA=ON -DKDLOSS_GEMM=auto -DKDLOSS_CUDA_ARCHS= $(CMAKE_ARGS) >/dev/null
 	cmake --build $(BUILD_CUDA) -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_CUDA) $(BUILD_FUZZ) $(BUILD_SIM)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_CUDA) $(BUILD_FUZZ) $(BUILD_SIM) $(BUILD_BI) build-py build-gpu-check

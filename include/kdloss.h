@@ -194,7 +194,9 @@ KDLOSS_API const char *kdloss_cpu_isa_name(kdloss_cpu_isa isa);
  * kernel) and which reports failures as statuses. OpenBLAS is loaded on demand (dlopen of
  * libopenblas.so.0) for comparison; it is never picked automatically, because Debian 12's
  * OpenBLAS 0.3.21 runs generic SSE3 kernels on CPUs it does not know (BENCHMARKS.md has the
- * measurements). The environment variable KDLOSS_GEMM=onednn|openblas forces one.
+ * measurements). The environment variable KDLOSS_GEMM=openblas forces OpenBLAS. A build without
+ * oneDNN (CMake -DKDLOSS_GEMM=builtin, or oneDNN not found) runs the same tiles on kdloss's own
+ * packed GEMM instead (KDLOSS_GEMM_BUILTIN: as accurate, thread-count independent, slower).
  *
  * Determinism: with oneDNN, kdloss splits every product C = op(A) op(B) into a grid of tiles
  * of C that depends on the shape and on the number of processors the process may run on, never
@@ -204,12 +206,15 @@ KDLOSS_API const char *kdloss_cpu_isa_name(kdloss_cpu_isa isa);
 typedef enum kdloss_gemm_provider {
     KDLOSS_GEMM_AUTO = 0,
     KDLOSS_GEMM_ONEDNN = 1,  /* dnnl_sgemm, tiled by kdloss (the default)                        */
-    KDLOSS_GEMM_OPENBLAS = 2 /* cblas_sgemm of libopenblas.so.0, one threaded call per product   */
+    KDLOSS_GEMM_OPENBLAS = 2, /* cblas_sgemm of libopenblas.so.0, one threaded call per product  */
+    KDLOSS_GEMM_BUILTIN = 3  /* kdloss's own packed GEMM on the same tiles (the default of a build
+                                without oneDNN, CMake -DKDLOSS_GEMM=builtin; such a build has no
+                                ONEDNN provider)                                                 */
 } kdloss_gemm_provider;
 
 typedef struct kdloss_gemm_info {
     kdloss_gemm_provider provider; /* never AUTO                                                 */
-    char name[16];                 /* "onednn", "openblas"                                       */
+    char name[16];                 /* "onednn", "openblas", "builtin"                            */
     char version[32];              /* the provider's own version string, e.g. "2.6.3"            */
     char kernel[64];               /* the kernel family it runs here: oneDNN's effective ISA
                                       ("avx512_core_bf16", ...), OpenBLAS's core ("SkylakeX")    */

@@ -55,7 +55,8 @@ static void gemm_info(void) {
         printf("gemm        none loadable\n");
         return;
     }
-    static const kdloss_gemm_provider all[] = {KDLOSS_GEMM_ONEDNN, KDLOSS_GEMM_OPENBLAS};
+    static const kdloss_gemm_provider all[] = {KDLOSS_GEMM_ONEDNN, KDLOSS_GEMM_BUILTIN,
+                                               KDLOSS_GEMM_OPENBLAS};
     for (int pass = 0; pass < 2; pass++) {
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
             if ((all[i] == use.provider) != (pass == 0)) continue;
@@ -81,7 +82,9 @@ static void bf16_info(void) {
            (long long)b.n, (long long)b.k);
     if (b.native_gflops > 0) printf("%.1f GFLOP/s (%s)", b.native_gflops, b.kernel);
     else if (b.available) printf("not timed (%s)", b.kernel);
-    else printf("not available (oneDNN has no bf16 matmul for this CPU)");
+    else printf("not available (%s)", strncmp(b.kernel, "none (no oneDNN", 15) == 0
+                                          ? "built without oneDNN"
+                                          : "oneDNN has no bf16 matmul for this CPU");
     printf(", widen + sgemm %.1f GFLOP/s", b.widen_gflops);
     if (b.native_gflops > 0 && b.widen_gflops > 0)
         printf(" (native %.2fx)", b.native_gflops / b.widen_gflops);

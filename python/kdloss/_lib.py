@@ -8,10 +8,24 @@ Where the library is found, first match wins:
   1. $KDLOSS_LIBRARY (a path to a libkdloss.so), for testing a build without reinstalling;
   2. libkdloss.so next to this file (what `pip install .` puts there);
   3. build/libkdloss.so of the source tree this file sits in (an editable checkout).
+
+The CUDA backend is a second library, libkdloss_cuda.so (the whole C API with the real
+kdloss_cuda_* entries; libkdloss.so's are stubs saying KDLOSS_ERR_UNSUPPORTED). It is loaded only
+where torch is installed and torch.cuda.is_available() is True, from the directory of the
+package (or of the loaded libkdloss.so), or from $KDLOSS_CUDA_LIB (a path: loaded even where
+torch sees no device, e.g. the simulator-built library of the dry run). Its CUDA libraries
+(libcudart, libcublas, libcublasLt, by soname) are the ones torch's CUDA wheels ship: taken from
+the process when torch loaded them, else preloaded from the nvidia/*/lib directories on sys.path.
+A CUDA major version other than torch's is refused. Once loaded, its kdloss_cuda_* functions
+replace the stubs on the handle lib() returns; every other function stays libkdloss.so's (one
+copy of the process-wide CPU settings). cuda_info() says what happened.
 """
 
 import ctypes
+import glob
+import json
 import os
+import sys
 import threading
 
 # ---- enums (values copied from include/kdloss.h, which is the single source of truth) ------------
@@ -397,10 +411,19 @@ def _candidates():
 
 
 def lib():
-    """The loaded library (loaded on first use)."""
+    """The loaded library (loaded on first use; with torch already imported, the CUDA backend
+    is attached at the same time where torch sees a device)."""
     global _lib, _lib_path
     if _lib is not None:
         return _lib
+    _load_cpu()
+    if "torch" in sys.modules or os.environ.get("KDLOSS_CUDA_LIB"):
+        _attach_cuda()
+    return _lib
+
+
+def _load_cpu():
+    global _lib, _lib_path
     with _lock:
         if _lib is None:
             tried = []
@@ -421,7 +444,6 @@ def lib():
             else:
                 raise OSError("kdloss: cannot find libkdloss.so; tried " + ", ".join(tried) +
                               ". Install the package (pip install .) or set KDLOSS_LIBRARY.")
-    return _lib
 
 
 def library_path():
@@ -431,11 +453,17 @@ def library_path():
 
 def has(name):
     """True if the loaded library exports `name` (e.g. "kdloss_fused_linear_jsd")."""
+    if name.startswith("kdloss_cuda_"):
+        lib()
+        _attach_cuda()
     return getattr(lib(), name, None) is not None
 
 
 def fn(name):
     """The C function `name`, or KdlossError(ERR_UNSUPPORTED) if this build lacks it."""
+    if name.startswith("kdloss_cuda_"):
+        lib()
+        _attach_cuda()
     f = getattr(lib(), name, None)
     if f is None:
         raise KdlossError(ERR_UNSUPPORTED, f"{name} is not exported by {library_path()}")
@@ -449,10 +477,12 @@ def status_string(status):
         return f"kdloss status {int(status)}"
 
 
-def error_detail():
-    """kdloss_error_detail() of this thread's last failing call ("" if the library has none)."""
+def error_detail(cuda=False):
+    """kdloss_error_detail() of this thread's last failing call ("" if the library has none);
+    cuda: of libkdloss_cuda.so's calls (each library keeps its own)."""
     try:
-        d = fn("kdloss_error_detail")()
+        f = getattr(_cuda["handle"], "kdloss_error_detail", None) if cuda else None
+        d = (f or fn("kdloss_error_detail"))()
     except KdlossError:
         return ""
     return d.decode(errors="replace") if d else ""
@@ -460,9 +490,10 @@ def error_detail():
 
 def check(status, where):
     """Raise KdlossError unless status is KDLOSS_OK; the message ends with the C check's detail
-    (which argument, row and value), read right after the call on the same thread."""
+    (which argument, row and value), read right after the call on the same thread (from the
+    CUDA library when `where` names a kdloss_cuda_* function)."""
     if status != OK:
-        raise KdlossError(status, where, error_detail())
+        raise KdlossError(status, where, error_detail(str(where).startswith("kdloss_cuda_")))
 
 
 def version():
@@ -603,6 +634,156 @@ def fld_params(div, temperature, weight_hard_loss, weight_soft_loss, ignore_inde
     p.memory_budget, p.grad_scale = memory_budget, grad_scale
     p.student_map, p.teacher_map = logit_map(*maps[:2]), logit_map(*maps[2:])
     return p
+
+
+# ---- the CUDA backend (libkdloss_cuda.so; see the top of this file) ------------------------------
+
+_cuda_lock = threading.Lock()
+_cuda = {"tried": False, "handle": None, "path": None, "build": None, "reason": "not tried yet"}
+# Loaded in this order (libcublas needs libcublasLt); major = the CUDA major of the build.
+_CUDA_SONAMES = ("libcudart.so.{major}", "libcublasLt.so.{major}", "libcublas.so.{major}")
+
+
+def _cuda_candidates():
+    env = os.environ.get("KDLOSS_CUDA_LIB")
+    if env:
+        return [env]
+    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    if _lib_path and os.path.dirname(_lib_path) not in dirs:
+        dirs.append(os.path.dirname(_lib_path))
+    return [os.path.join(d, "libkdloss_cuda.so") for d in dirs]
+
+
+def _torch_cuda():
+    """(torch module or None, why not usable): torch with a visible CUDA device, else None."""
+    try:
+        import torch
+    except ImportError:
+        return None, "torch is not installed (the CUDA backend is used through torch)"
+    if not torch.version.cuda:
+        return None, f"torch {torch.__version__} is a build without CUDA"
+    if not torch.cuda.is_available():
+        return None, (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA "
+                      "device (torch.cuda.is_available() is False)")
+    return torch, ""
+
+
+def _build_info(path):
+    """kdloss_cuda_build.json beside the library: {"cuda_version", "archs", "simulator"}."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "kdloss_cuda_build.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _mapped(soname):
+    try:
+        with open("/proc/self/maps") as f:
+            return any(line.rstrip().endswith("/" + soname) for line in f)
+    except OSError:
+        return False
+
+
+def _preload_cuda_libs(major):
+    """Loads, globally, each CUDA library the backend needs that the process has not mapped yet
+    (torch usually has): from the loader's path, else from torch's nvidia/*/lib wheels."""
+    for pattern in _CUDA_SONAMES:
+        soname = pattern.format(major=major)
+        if _mapped(soname):
+            continue
+        places = [soname]
+        for d in sys.path:
+            places += sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", soname)))
+        for place in places:
+            try:
+                ctypes.CDLL(place, mode=ctypes.RTLD_GLOBAL)
+                break
+            except OSError:
+                continue
+
+
+def _load_cuda():
+    """Finds, checks and loads libkdloss_cuda.so; returns (handle or None, reason)."""
+    override = os.environ.get("KDLOSS_CUDA_LIB")
+    torch = None
+    if not override:
+        torch, why = _torch_cuda()
+        if torch is None:
+            return None, why
+    paths = [os.path.normpath(p) for p in _cuda_candidates()]
+    path = next((p for p in paths if os.path.exists(p)), None)
+    if path is None:
+        return None, ("no CUDA backend library: " + ", ".join(paths) + " missing (this kdloss "
+                      "was built without nvcc)")
+    build = _build_info(path)
+    _cuda["path"], _cuda["build"] = path, build
+    lib_cuda = build.get("cuda_version")
+    if torch is None and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+    torch_cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    if lib_cuda and torch_cuda and lib_cuda.split(".")[0] != torch_cuda.split(".")[0]:
+        return None, (f"CUDA major version mismatch: {path} was built with CUDA {lib_cuda}, "
+                      f"torch {torch.__version__} uses CUDA {torch_cuda}; refused (rebuild kdloss "
+                      f"with a CUDA {torch_cuda.split('.')[0]} nvcc, or install the torch of "
+                      f"CUDA {lib_cuda.split('.')[0]})")
+    if lib_cuda:
+        _preload_cuda_libs(lib_cuda.split(".")[0])
+    try:
+        handle = ctypes.CDLL(path)
+    except OSError as e:
+        return None, f"{path} did not load: {e}"
+    if getattr(handle, "kdloss_cuda_available", None) is None:
+        return None, f"{path} exports no kdloss_cuda_available"
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        f = getattr(handle, name, None)
+        if f is not None:
+            f.restype, f.argtypes = restype, argtypes
+    return handle, ""
+
+
+def _attach_cuda():
+    """Loads the CUDA backend once (where allowed) and puts its kdloss_cuda_* functions on lib()."""
+    if _cuda["tried"]:
+        return
+    with _cuda_lock:
+        if _cuda["tried"]:
+            return
+        handle, reason = _load_cuda()
+        if handle is not None:
+            for name in _PROTOTYPES:
+                f = getattr(handle, name, None) if name.startswith("kdloss_cuda_") else None
+                if f is not None:
+                    setattr(_lib, name, f)
+            _cuda["handle"] = handle
+        _cuda["reason"] = reason
+        _cuda["tried"] = True
+
+
+def cuda_info():
+    """Whether the CUDA backend is in use, as a dict: available (bool), reason (str: why not, or
+    which library and device), library (path or None), cuda_version (of the build), archs,
+    simulator (bool), torch_cuda (torch.version.cuda or None). Loads it where allowed."""
+    lib()
+    _attach_cuda()
+    build = _cuda["build"] or {}
+    torch = sys.modules.get("torch")
+    info = {"available": False, "reason": _cuda["reason"], "library": _cuda["path"],
+            "cuda_version": build.get("cuda_version"), "archs": build.get("archs"),
+            "simulator": bool(build.get("simulator")),
+            "torch_cuda": getattr(getattr(torch, "version", None), "cuda", None)}
+    if _cuda["handle"] is None:
+        return info
+    if not _cuda["handle"].kdloss_cuda_available():
+        info["reason"] = f"{_cuda['path']} loaded, but it sees no CUDA device"
+        return info
+    device = "the CUDA simulator (cudasim)" if info["simulator"] else "device 0"
+    if torch is not None and not info["simulator"] and torch.cuda.is_available():
+        device = f"cuda:0 ({torch.cuda.get_device_name(0)})"
+    info["available"] = True
+    info["reason"] = (f"{_cuda['path']} (CUDA {info['cuda_version'] or '-'}, archs "
+                      f"{info['archs'] or '-'}) on {device}")
+    return info
 
 
 # ---- CPU path selection (kdloss_cpu_*) -------------------------------------------------------------

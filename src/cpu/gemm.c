@@ -7,7 +7,11 @@
  *    kernel; errors come back as statuses (it does not exit on a failed allocation).
  *  - OpenBLAS (dlopen of libopenblas.so.0 when asked for): picks its kernels from a table of CPU
  *    models, and may fall back to generic kernels on models it does not know. Kept for
- *    comparison and for the benchmark floors; never chosen automatically (BENCHMARKS.md). */
+ *    comparison and for the benchmark floors; never chosen automatically (BENCHMARKS.md).
+ *  - builtin (a build without oneDNN, CMake -DKDLOSS_GEMM=builtin): every tile of the grid below
+ *    is kdloss's own packed GEMM (gemm_fb.h) in a per-thread scratch; where that scratch cannot
+ *    be allocated the tile reports out of memory with C untouched, as dnnl_sgemm does, and the
+ *    reserved fallback scratch redoes it. Either oneDNN or builtin is compiled in (KD_TILED). */
 #include "gemm.h"
 
 #include "bf16_rows.h"
@@ -16,7 +20,9 @@
 #include "gemm_fb.h"
 
 #include <dlfcn.h>
+#if KD_HAVE_ONEDNN
 #include <dnnl.h>
+#endif
 #include <limits.h>
 #include <omp.h>
 #include <pthread.h>
@@ -32,6 +38,15 @@
 #define KD_TILES_PER_PROC 2
 
 /* ---- provider selection ---------------------------------------------------------------- */
+
+#if KD_HAVE_ONEDNN
+#define KD_TILED KDLOSS_GEMM_ONEDNN /* the provider that runs the tile grid */
+#else
+#define KD_TILED KDLOSS_GEMM_BUILTIN
+/* Without oneDNN the tile grid keeps the status names it uses (these values are kdloss's own). */
+typedef enum { dnnl_success = 0, dnnl_out_of_memory = 1, dnnl_unimplemented = 3 } dnnl_status_t;
+typedef void *dnnl_engine_t;
+#endif
 
 /* 0 = not decided yet; otherwise a kdloss_gemm_provider. Single aligned int reads/writes. */
 static volatile int g_provider = 0;
@@ -114,6 +129,7 @@ static kdloss_status from_dnnl(dnnl_status_t s) {
     return s == dnnl_out_of_memory ? KDLOSS_ERR_OUT_OF_MEMORY : KDLOSS_ERR_BLAS;
 }
 
+#if KD_HAVE_ONEDNN
 static const char *dnnl_isa_name(dnnl_cpu_isa_t isa) {
     /* Highest first: each ISA's bits contain those of the ones it extends. */
     static const struct {
@@ -136,6 +152,7 @@ static int dnnl_has(dnnl_cpu_isa_t want) {
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
     return (isa & (unsigned)want) == (unsigned)want;
 }
+#endif
 
 /* ---- tiling ---------------------------------------------------------------------------- */
 
@@ -298,7 +315,7 @@ static kdloss_status fb_reserve(const kd_gemm_shape *shapes, int n) {
 
 kdloss_status kd_gemm_prepare(const kd_gemm_shape *shapes, int n) {
     /* OpenBLAS exits inside a failed allocation: nothing to reserve for it (gemm.h) */
-    if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN) return KDLOSS_OK;
+    if (kd_gemm_provider_in_use() != KD_TILED) return KDLOSS_OK;
     return fb_reserve(shapes, n);
 }
 
@@ -317,27 +334,64 @@ typedef struct sgemm_ctx {
     int force;
 } sgemm_ctx;
 
+#if KD_HAVE_ONEDNN
+/* One tile, single-threaded, of the provider that runs the grid. */
+static dnnl_status_t tile_sgemm(const kd_gemm *t) {
+    return dnnl_sgemm(t->ta ? 'T' : 'N', t->tb ? 'T' : 'N', t->m, t->n, t->k, t->alpha, t->a,
+                      t->lda, t->b, t->ldb, t->beta, t->c, t->ldc);
+}
+#else
+/* The builtin provider's per-thread scratch: one block (its float count in the first 64 bytes,
+ * then the floats), grown on demand, freed when the thread ends. */
+static struct {
+    pthread_once_t once;
+    pthread_key_t key;
+    int ok;
+} g_bi = {PTHREAD_ONCE_INIT, 0, 0};
+
+static void bi_key_create(void) { g_bi.ok = pthread_key_create(&g_bi.key, free) == 0; }
+
+static dnnl_status_t tile_sgemm(const kd_gemm *t) {
+    size_t need = kd_gemm_fb_floats(t->m, t->n, t->k);
+    pthread_once(&g_bi.once, bi_key_create);
+    if (!g_bi.ok) return dnnl_out_of_memory;
+    size_t *blk = pthread_getspecific(g_bi.key);
+    if (!blk || blk[0] < need) { /* out of memory: C untouched, as dnnl_sgemm leaves it */
+        size_t *grown = NULL;
+        if (posix_memalign((void **)&grown, 64, 64 + need * sizeof(float)) != 0)
+            return dnnl_out_of_memory;
+        grown[0] = need;
+        if (pthread_setspecific(g_bi.key, grown) != 0) {
+            free(grown);
+            return dnnl_out_of_memory;
+        }
+        free(blk);
+        blk = grown;
+    }
+    fallback_run(t, (float *)((char *)blk + 64));
+    return dnnl_success;
+}
+#endif
+
 static dnnl_status_t sgemm_tile(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
     const sgemm_ctx *x = ctx;
     const kd_gemm *g = x->g;
     const float *a = g->ta ? g->a + i0 : g->a + i0 * g->lda;
     const float *b = g->tb ? g->b + j0 * g->ldb : g->b + j0;
     float *c = g->c + i0 * g->ldc + j0;
-    dnnl_status_t s = x->force ? dnnl_out_of_memory
-                               : dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', mi, nj, g->k,
-                                            g->alpha, a, g->lda, b, g->ldb, g->beta, c, g->ldc);
+    kd_gemm t = {g->ta, g->tb, mi, nj, g->k, g->alpha, a, g->lda, b, g->ldb, g->beta, c, g->ldc};
+    dnnl_status_t s = x->force ? dnnl_out_of_memory : tile_sgemm(&t);
     /* out of memory: C is untouched (see the top of this file); redo the tile without allocating
      * when the scratch reserved by kd_gemm_prepare holds it, else report it */
     kd_fb_arena *ar = x->arena;
     if (s != dnnl_out_of_memory || !ar || ar->floats < kd_gemm_fb_floats(mi, nj, g->k)) return s;
-    kd_gemm t = {g->ta, g->tb, mi, nj, g->k, g->alpha, a, g->lda, b, g->ldb, g->beta, c, g->ldc};
     pthread_mutex_lock(&ar->lock);
     fallback_run(&t, ar->scratch);
     pthread_mutex_unlock(&ar->lock);
     return dnnl_success;
 }
 
-static kdloss_status onednn_sgemm(const kd_gemm *g) {
+static kdloss_status tiled_sgemm(const kd_gemm *g) {
     sgemm_ctx x = {g, arena_of_this_thread(), fallback_forced()};
     return from_dnnl(for_tiles(g->m, g->n, g->k, sgemm_tile, &x));
 }
@@ -385,7 +439,7 @@ kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, i
                               const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
                               float *scratch, size_t floats) {
     int64_t rows = b16_rows(k, floats);
-    if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN || rows == 0)
+    if (kd_gemm_provider_in_use() != KD_TILED || rows == 0)
         return KDLOSS_ERR_UNSUPPORTED;
     if (m <= 0 || n <= 0) return KDLOSS_OK;
     size_t slot = (size_t)(rows * k);
@@ -429,6 +483,7 @@ static struct {
 } g_b16 = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
            NULL, 0, 0, "none", 0, 0.0, 0.0, 0};
 
+#if KD_HAVE_ONEDNN
 static void engine_create(void) {
     if (dnnl_engine_create(&g_b16.eng, dnnl_cpu, 0) != dnnl_success) g_b16.eng = NULL;
 }
@@ -487,6 +542,9 @@ static void bf16_probe(void) {
     g_b16.reference = strncmp(g_b16.impl, "ref", 3) == 0;
     dnnl_primitive_desc_destroy(pd);
 }
+#else
+static void bf16_probe(void) { snprintf(g_b16.impl, sizeof g_b16.impl, "none (no oneDNN)"); }
+#endif
 
 static int b16_available(void) {
     pthread_once(&g_b16.probe_once, bf16_probe);
@@ -524,8 +582,8 @@ static dnnl_status_t bf16_tile_emulated(const kd_gemm_bf16 *g, const uint16_t *a
     if (af && bf) {
         b16_widen(a, g->lda, ar, ac, af);
         b16_widen(b, g->ldb, br, bc, bf);
-        s = dnnl_sgemm(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', mi, nj, g->k, 1.0f, af, ac, bf, bc,
-                       g->beta, c, g->ldc);
+        kd_gemm t = {g->ta, g->tb, mi, nj, g->k, 1.0f, af, ac, bf, bc, g->beta, c, g->ldc};
+        s = tile_sgemm(&t);
     }
     free(af);
     free(bf);
@@ -540,6 +598,9 @@ static dnnl_status_t bf16_tile(const void *ctx, int64_t i0, int64_t j0, int64_t 
     const uint16_t *b = g->tb ? g->b + j0 * g->ldb : g->b + j0;
     float *c = g->c + i0 * g->ldc + j0;
     if (!b16_available() && b16_emulate()) return bf16_tile_emulated(g, a, b, c, mi, nj);
+#if !KD_HAVE_ONEDNN
+    return dnnl_unimplemented;
+#else
     dnnl_engine_t eng = b16_engine();
     dnnl_stream_t st = NULL;
     dnnl_primitive_desc_t pd = NULL;
@@ -564,11 +625,14 @@ static dnnl_status_t bf16_tile(const void *ctx, int64_t i0, int64_t j0, int64_t 
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (st) dnnl_stream_destroy(st);
     return s;
+#endif
 }
 
 kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g) {
     if (g->m == 0 || g->n == 0) return KDLOSS_OK;
+#if KD_HAVE_ONEDNN
     if (!b16_engine()) return KDLOSS_ERR_BLAS;
+#endif
     return from_dnnl(for_tiles(g->m, g->n, g->k, bf16_tile, g));
 }
 
@@ -606,9 +670,8 @@ static void bf16_measure(void) {
                 int nat = (which + r) & 1; /* alternated, the order swapped every run */
                 if (nat && !native) continue;
                 double t0 = b16_now();
-                dnnl_status_t s = nat ? bf16_tile(&g, 0, 0, m, n)
-                                      : dnnl_sgemm('N', 'T', m, n, k, 1.0f, af, k, bf, k, 0.0f,
-                                                   c, n);
+                kd_gemm w = {0, 1, m, n, k, 1.0f, af, k, bf, k, 0.0f, c, n};
+                dnnl_status_t s = nat ? bf16_tile(&g, 0, 0, m, n) : tile_sgemm(&w);
                 double t = b16_now() - t0;
                 if (s != dnnl_success) {
                     if (nat) native = 0;
@@ -640,7 +703,7 @@ static void bf16_decide(void) {
 }
 
 static int bf16_auto_native(void) {
-    if (kd_gemm_provider_in_use() != KDLOSS_GEMM_ONEDNN) return 0;
+    if (kd_gemm_provider_in_use() != KD_TILED) return 0;
     pthread_once(&g_b16.decide_once, bf16_decide);
     return g_b16.native;
 }
@@ -700,13 +763,13 @@ kdloss_status kdloss_gemm_bf16_query(kdloss_bf16_gemm_info *info) {
 /* ---- dispatch and the public side ------------------------------------------------------- */
 
 static int provider_available(kdloss_gemm_provider p) {
-    return p == KDLOSS_GEMM_ONEDNN || (p == KDLOSS_GEMM_OPENBLAS && openblas_available());
+    return p == KD_TILED || (p == KDLOSS_GEMM_OPENBLAS && openblas_available());
 }
 
 kdloss_gemm_provider kd_gemm_provider_in_use(void) {
     int p = g_provider;
     if (p) return (kdloss_gemm_provider)p;
-    kdloss_gemm_provider chosen = KDLOSS_GEMM_ONEDNN;
+    kdloss_gemm_provider chosen = KD_TILED;
     const char *env = getenv("KDLOSS_GEMM");
     if (env && strcmp(env, "openblas") == 0 && openblas_available()) chosen = KDLOSS_GEMM_OPENBLAS;
     g_provider = (int)chosen;
@@ -726,13 +789,13 @@ static kdloss_status run_with(kdloss_gemm_provider p, const kd_gemm *g) {
         scale_c(g);
         return KDLOSS_OK;
     }
-    return p == KDLOSS_GEMM_OPENBLAS ? openblas_sgemm(g) : onednn_sgemm(g);
+    return p == KDLOSS_GEMM_OPENBLAS ? openblas_sgemm(g) : tiled_sgemm(g);
 }
 
 kdloss_status kd_sgemm(const kd_gemm *g) { return run_with(kd_gemm_provider_in_use(), g); }
 
 kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider) {
-    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
+    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_BUILTIN)
         return KDLOSS_ERR_INVALID_PARAM;
     if (provider == KDLOSS_GEMM_AUTO) {
         g_provider = 0;
@@ -745,14 +808,21 @@ kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider) {
 
 kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info *info) {
     if (!info) return KDLOSS_ERR_NULL_POINTER;
-    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
+    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_BUILTIN)
         return KDLOSS_ERR_INVALID_PARAM;
     if (provider == KDLOSS_GEMM_AUTO) provider = kd_gemm_provider_in_use();
     if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
     kdloss_gemm_info r;
     memset(&r, 0, sizeof r);
     r.provider = provider;
-    if (provider == KDLOSS_GEMM_ONEDNN) {
+    if (provider == KDLOSS_GEMM_BUILTIN) { /* gemm_fb's kernel of the dispatched ISA */
+        snprintf(r.name, sizeof r.name, "builtin");
+        snprintf(r.version, sizeof r.version, "%s", kdloss_version());
+        snprintf(r.kernel, sizeof r.kernel, "gemm_fb %s", kdloss_cpu_isa_name(kdloss_cpu_get_isa()));
+        r.thread_independent = 1;
+        r.bf16_native = 0;
+    } else if (provider == KDLOSS_GEMM_ONEDNN) {
+#if KD_HAVE_ONEDNN
         const dnnl_version_t *v = dnnl_version();
         snprintf(r.name, sizeof r.name, "onednn");
         snprintf(r.version, sizeof r.version, "%d.%d.%d", v->major, v->minor, v->patch);
@@ -760,6 +830,7 @@ kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info 
         r.generic = cpu_has_avx2() && !dnnl_has(dnnl_cpu_isa_avx2);
         r.thread_independent = 1;
         r.bf16_native = kd_gemm_bf16_native();
+#endif
     } else {
         const char *core = g_ob.corename ? g_ob.corename() : "unknown";
         const char *cfg = g_ob.config ? g_ob.config() : "";
@@ -780,7 +851,7 @@ static kdloss_status check_gemm(kdloss_gemm_provider provider, int trans_a, int 
                                 int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                                 const void *b, int64_t ldb, const float *c, int64_t ldc,
                                 kdloss_dtype dt) {
-    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
+    if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_BUILTIN)
         return KDLOSS_ERR_INVALID_PARAM;
     if ((trans_a != 0 && trans_a != 1) || (trans_b != 0 && trans_b != 1))
         return KDLOSS_ERR_INVALID_PARAM;
@@ -812,7 +883,7 @@ kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int tr
     if (st != KDLOSS_OK) return st;
     if (provider == KDLOSS_GEMM_AUTO) provider = kd_gemm_provider_in_use();
     if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
-    if (provider == KDLOSS_GEMM_ONEDNN) { /* running out of memory cannot leave C half done */
+    if (provider == KD_TILED) { /* running out of memory cannot leave C half done */
         kd_gemm_shape shape = {m, n, k};
         st = fb_reserve(&shape, 1);
         if (st != KDLOSS_OK) return st;
@@ -844,6 +915,7 @@ kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int t
     if (beta != 0.0f && beta != 1.0f) return KDLOSS_ERR_INVALID_PARAM;
     kd_gemm_bf16 g = {trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, beta};
     if (provider == KDLOSS_GEMM_OPENBLAS) return m && n ? openblas_sbgemm(&g) : KDLOSS_OK;
+    if (provider != KDLOSS_GEMM_AUTO && !provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
     if ((!b16_available() || g_b16.reference) && !b16_emulate()) return KDLOSS_ERR_UNSUPPORTED;
     if (m == 0 || n == 0) return KDLOSS_OK;
     if (k == 0) { /* oneDNN's matmul takes no empty K */

@@ -36,7 +36,8 @@ typedef struct kd_gemm_bf16 {
     float beta;
 } kd_gemm_bf16;
 
-/* The provider the next call uses (never AUTO): KDLOSS_GEMM env var, else oneDNN. */
+/* The provider the next call uses (never AUTO): KDLOSS_GEMM env var, else oneDNN (builtin in a
+ * build without oneDNN). */
 kdloss_gemm_provider kd_gemm_provider_in_use(void);
 
 /* The extent of one product: C is m x n, the inner dimension k (transposes and strides do not

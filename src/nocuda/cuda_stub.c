@@ -1,4 +1,5 @@
-/* Built when KDLOSS_CUDA is OFF: every CUDA entry point exists and says it is unsupported. */
+/* libkdloss.so, the CPU library: every CUDA entry point exists and says it is unsupported. The
+ * real ones are in libkdloss_cuda.so (CMakeLists.txt, docs/ARCHITECTURE.md "Two libraries"). */
 #include "kdloss.h"
 
 int kdloss_cuda_available(void) { return 0; }

@@ -609,9 +609,8 @@ def _cuda_backend(device):
         return _CUDA
     raise KdlossError(_lib.ERR_UNSUPPORTED,
                       f"kdloss got CUDA tensors ({device}) but {_lib.library_path()} has no "
-                      "CUDA backend (built without -DKDLOSS_CUDA=ON, or no device visible); "
-                      "move the tensors to the CPU, or reinstall with "
-                      "KDLOSS_CMAKE_ARGS=-DKDLOSS_CUDA=ON pip install .")
+                      f"CUDA backend ({_lib.cuda_info()['reason']}); move the tensors to the "
+                      "CPU, or install a kdloss wheel built with nvcc (make wheel)")
 
 
 def backend_for(device, vp=None):
