@@ -59,6 +59,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "fld_phase.h" /* the library's private per-phase counters */
 #include "kdloss.h"
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -238,7 +239,7 @@ typedef struct kb_measure {
     double value;
 } kb_measure;
 
-#define KB_MAX_MEASURES 16
+#define KB_MAX_MEASURES 32
 
 typedef struct kb_result {
     kb_workload wl;         /* filled by the kernel */
@@ -273,6 +274,25 @@ int kb_write_record(const char *path, const kb_options *o, const kb_result *r,
 
 /* Prints "kdloss bench: <what>: <kdloss_status_string>" to stderr. */
 void kb_report_status(const char *what, kdloss_status st);
+
+/* ---- per-phase time of the fused calls (src/cpu/fld_phase.h) -------------------------------- */
+
+/* One benchmarked call's counters: its `warmup` untimed calls add into `warm`, the timed ones
+ * into `timed`. Wrap each call in kb_phases_begin / kb_phases_end (they attach the library's
+ * thread-local counters to this thread for that call alone). */
+typedef struct kb_phases {
+    kdloss_phase_stats timed, warm;
+    int64_t warmup, seen;
+} kb_phases;
+
+void kb_phases_init(kb_phases *p, int64_t warmup);
+void kb_phases_begin(kb_phases *p);
+void kb_phases_end(kb_phases *p);
+/* "phases: LABEL, T ms a call (mean of N timed calls): gemm_zt X ms (P%); ...; other Y ms (P%)":
+ * the phases that ran, mean per timed call; nothing when no fused call was timed. */
+void kb_phases_print(const kb_phases *p, const char *label);
+/* The same as measures phase_<name> (mean ns a call) in the record. */
+void kb_phases_record(const kb_phases *p, kb_result *res);
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 
