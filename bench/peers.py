@@ -657,6 +657,7 @@ def self_test():
             print(f"peers.py --self-test: FAIL: {what}")
 
     a = parse(["--dtype", "bf16", "--workloads", "distill_jsd_loss", "--distill-bt", "256,2048"])
+    a.deadline = 0  # not $KDLOSS_BENCH_DEADLINE
     p = {"tokens": 1024, "vocab": 32768, "hidden_student": 1024, "hidden_teacher": 2048}
     check(deadline_skip(a, "distill_jsd_loss", p, None) is None, "no deadline: nothing skipped")
     a.deadline = time.time() + 100
@@ -693,6 +694,14 @@ def self_test():
     a.dtype, notes = "fp32", []
     apply_bf16_probe(a, notes, rates(2.0, 100.0))
     check(a.distill_bt == [256, 2048] and not notes, "fp32: no probe, nothing changes")
+    full = parse([])
+    full.deadline = 0
+    plain = plan(full)
+    full.deadline = time.time() + 100
+    turns = plan(full)
+    check(sorted(map(repr, plain)) == sorted(map(repr, turns)) and turns[0][0] == DEADLINE_ORDER[0]
+          and [j for j in turns if j[0] == "kl_div"] == [j for j in plain if j[0] == "kl_div"],
+          "under a deadline the workloads take turns, the fused loss first, each in its order")
     print(f"peers.py --self-test: {'passed' if not bad else f'{len(bad)} failed'}")
     return len(bad)
 
@@ -932,11 +941,16 @@ def has_peak(res):
 
 
 ALL_MODES = ["forward", "backward", "full"]
+# Under a deadline: the fused loss against Liger first, then the KL seed record, top-k, logits.
+DEADLINE_ORDER = ("distill_jsd_loss", "kl_div", "topk_distill", "distill_logits")
 
 
 def plan(args):
     """[(workload, point, modes, min_reps)] for this run. forward/backward run at the points
-    named by --kl-all-modes and at BT <= --distill-all-modes-max-bt; full runs everywhere."""
+    named by --kl-all-modes and at BT <= --distill-all-modes-max-bt; full runs everywhere. With
+    a --deadline the workloads take turns (the first point of each, then the second, ...), each
+    workload's points still in increasing size (deadline_skip scales from the previous one),
+    the headline comparison first (DEADLINE_ORDER)."""
     jobs = []
     if "kl_div" in args.workloads:
         for bt, v in args.kl_points:
@@ -961,6 +975,12 @@ def plan(args):
             jobs.append(("topk_distill", {"tokens": bt, "hidden": args.topk_hs, "vocab": args.vocab,
                                           "topk": args.topk_k, "dtype": args.dtype}, ["full"],
                          min(args.min_reps, args.distill_min_reps)))
+    if args.deadline:  # each workload's first point first: a short budget still covers them all
+        by_wl = {w: [] for w in DEADLINE_ORDER}
+        for j in jobs:
+            by_wl.setdefault(j[0], []).append(j)
+        jobs = [q[i] for i in range(max(map(len, by_wl.values()), default=0))
+                for q in by_wl.values() if i < len(q)]
     return jobs
 
 
@@ -1213,10 +1233,12 @@ def parse(argv):
                     help="fewer timed runs for the GEMM-bound distillation points")
     ap.add_argument("--max-reps", type=int, default=30)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per memory child process")
-    ap.add_argument("--deadline", type=float, default=0.0,
+    ap.add_argument("--deadline", type=float,
+                    default=float(os.environ.get("KDLOSS_BENCH_DEADLINE") or 0.0),
                     help="epoch seconds: no point starts that would end after it (estimated from "
                          "the workload's previous point), each skip printed as a SKIP line; "
-                         "children never run past it; 0: none (bench/run_main.sh sets it)")
+                         "children never run past it; 0: none. Default $KDLOSS_BENCH_DEADLINE "
+                         "(bench/run_main.sh sets it per step, and --deadline for the peers)")
     ap.add_argument("--bf16-slow-pass-s", type=float, default=3.0,
                     help="with --dtype bf16 on a machine where torch's bf16 matmul is slow "
                          "(a timed probe; " + BF16_SLOW_ENV + "=1 forces it): the largest full "

@@ -83,6 +83,9 @@ typedef struct kb_options {
     int64_t warmup;        /* --warmup: untimed calls first, >= 0 */
     uint64_t seed;         /* --seed: input generator seed (inputs are reproducible) */
     const char *json_path; /* --json PATH, NULL when not given */
+    double deadline;       /* --deadline EPOCH_S, default $KDLOSS_BENCH_DEADLINE, 0: none. A kernel
+                              whose rounds take seconds (the fused ones) times fewer of them
+                              rather than end after it, and prints a SMALLER line saying so */
 } kb_options;
 
 /* Flag helpers. Each looks at argv[i]: returns 0 if it is not `flag`, 2 after parsing its value
@@ -158,6 +161,7 @@ void kb_time_pair_next(kb_pair_fn fn, void *ctx);
 /* Quantile q in [0,1] of n samples (sorted in place), linear interpolation. */
 double kb_quantile(double *x, int64_t n, double q);
 double kb_now_ns(void); /* CLOCK_MONOTONIC */
+double kb_epoch_s(void); /* CLOCK_REALTIME, seconds since the epoch (for --deadline) */
 
 /* ---- machine -------------------------------------------------------------------------------- */
 

@@ -236,6 +236,8 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     kb_floor_bench fb;
     kb_floor_bench_start(&fb, bt, k->hs, k->ht, v, o->mode == KB_MODE_FORWARD,
                          o->dtype == KDLOSS_BF16, k->skip_openblas ? KB_FLOOR_ONEDNN : KB_FLOOR_ALL, o->reps, 1);
+    fb.deadline = o->deadline;
+    fb.what = "distill_jsd";
     kb_call_fn fn = dj_call;
     void *ctx = &c;
     if (st == KDLOSS_OK) st = kb_floor_bench_time(&fb, &fn, &ctx, o->warmup, res->working_set, &res->t);

@@ -385,6 +385,8 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
     kb_floor_bench_start(&fb, bt, hs, 0, v, o->mode == KB_MODE_FORWARD, o->dtype == KDLOSS_BF16,
                          k->floor, o->reps,
                          n_calls);
+    fb.deadline = o->deadline;
+    fb.what = "topk_distill";
     kb_call_fn fns[TK_MAX_CALLS];
     void *ctxs[TK_MAX_CALLS];
     kb_stats t[TK_MAX_CALLS];
