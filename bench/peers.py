@@ -503,9 +503,15 @@ def topk_rss_child(spec):
     return out
 
 
-def run_topk_rss(args):
+def run_topk_rss(args, notes):
     """The top-k peak-RSS child at BT args.topk_rss_bt: a result dict (status passed,
-    unavailable or failed)."""
+    unavailable or failed), or None with a SKIP line in notes when the deadline is too near."""
+    if args.deadline and args.deadline - time.time() < FIRST_POINT_S:
+        notes.append(f"SKIP peers topk_distill peak-RSS child at BT {args.topk_rss_bt}: "
+                     f"{args.deadline - time.time():.0f} s left before this run's deadline "
+                     f"(--deadline), it needs ~{FIRST_POINT_S} s")
+        print(notes[-1], flush=True)
+        return None
     point = {"tokens": args.topk_rss_bt, "hidden": args.topk_hs, "vocab": args.vocab,
              "topk": args.topk_k, "dtype": args.dtype}
     try:
@@ -705,6 +711,37 @@ def self_test():
           "under a deadline the workloads take turns, the fused loss first, each in its order")
     print(f"peers.py --self-test: {'passed' if not bad else f'{len(bad)} failed'}")
     return len(bad)
+
+
+def guard_setup(args, failed_at):
+    """Before the sweep: the bf16 probe's smaller points, Liger's Triton modules marked skipped
+    where there is no GPU (in failed_at, so no point tries them). Returns the SKIP / SMALLER
+    lines, printed."""
+    notes = []
+    apply_bf16_probe(args, notes)
+    no_triton = triton_skip_reason()
+    if no_triton and "liger" in args.providers:
+        triton_wls = [w for w in ("kl_div", "distill_logits") if w in args.workloads]
+        for w in triton_wls:
+            failed_at[(w, "liger")] = ("every point", f"skipped: {no_triton}")
+        if triton_wls:
+            notes.append(f"SKIP peers liger {', '.join(triton_wls)}: {no_triton}")
+    for line in notes:
+        print(line, flush=True)
+    return notes
+
+
+def skip_point(args, wl, point, modes, why, results, notes):
+    """A point the deadline leaves out: its SKIP line, and a skipped result per provider."""
+    ps = point_slug(wl, point)
+    notes.append(f"SKIP peers {wl} {ps}: {why}")
+    print(notes[-1], flush=True)
+    for prov in providers_for(wl, args):
+        res = {"status": "skipped", "modes": {}, "skipped": True, "point": point,
+               "error": why[:400],
+               "observedAt": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        for mode in modes:
+            results[(wl, mode, prov, ps)] = res
 
 
 def child_timeout(args):
@@ -1295,30 +1332,13 @@ def main(argv):
           f"torch {sw.get('torch')}, liger-kernel {sw.get('liger_kernel')}, kdloss {sw.get('kdloss')} "
           f"({sw.get('kdloss_cpu_isa')})", flush=True)
     results, t_start, failed_at = {}, time.time(), {}
-    notes = []  # SKIP / SMALLER lines: what this run leaves out or measures smaller, and why
-    apply_bf16_probe(args, notes)
-    no_triton = triton_skip_reason()
-    if no_triton and "liger" in args.providers:
-        triton_wls = [w for w in ("kl_div", "distill_logits") if w in args.workloads]
-        for w in triton_wls:
-            failed_at[(w, "liger")] = ("every point", f"skipped: {no_triton}")
-        if triton_wls:
-            notes.append(f"SKIP peers liger {', '.join(triton_wls)}: {no_triton}")
-    for line in notes:
-        print(line, flush=True)
+    notes = guard_setup(args, failed_at)  # SKIP / SMALLER lines: what is left out, and why
     last_point = {}  # workload: (cost, seconds) of its last completed point
     for wl, point, modes, min_reps in plan(args):
         ps = point_slug(wl, point)
         why = deadline_skip(args, wl, point, last_point.get(wl))
         if why:
-            notes.append(f"SKIP peers {wl} {ps}: {why}")
-            print(notes[-1], flush=True)
-            for prov in providers_for(wl, args):
-                res = {"status": "skipped", "modes": {}, "skipped": True, "point": point,
-                       "error": why[:400],
-                       "observedAt": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-                for mode in modes:
-                    results[(wl, mode, prov, ps)] = res
+            skip_point(args, wl, point, modes, why, results, notes)
             continue
         t_point = time.time()
         todo = [prov for prov in providers_for(wl, args) if (wl, prov) not in failed_at]
@@ -1359,13 +1379,7 @@ def main(argv):
         last_point[wl] = (point_cost(wl, point), time.time() - t_point)
     topk_rss = None
     if "topk_distill" in args.workloads and args.topk_rss_bt > 0 and "kdloss" in args.providers:
-        if args.deadline and args.deadline - time.time() < FIRST_POINT_S:
-            notes.append(f"SKIP peers topk_distill peak-RSS child at BT {args.topk_rss_bt}: "
-                         f"{args.deadline - time.time():.0f} s left before this run's deadline "
-                         f"(--deadline), it needs ~{FIRST_POINT_S} s")
-            print(notes[-1], flush=True)
-        else:
-            topk_rss = run_topk_rss(args)
+        topk_rss = run_topk_rss(args, notes)
     if topk_rss:
         with open(os.path.join(args.out, f"topk_distill-peak-rss-kdloss-"
                                f"{point_slug('topk_distill', topk_rss['point'])}.json"), "w") as f:

@@ -77,7 +77,9 @@ run() {
     # the inner subshell writes its pid and becomes `timeout`, so that on_signal can reach it;
     # KDLOSS_BENCH_DEADLINE, an eighth of the limit (at least 20 s) before it: the fused
     # kernels time fewer rounds rather than be stopped (their SMALLER line)
-    local soft=$(($(date +%s) + limit - (limit / 8 > 20 ? limit / 8 : 20)))
+    local t0 soft
+    t0=$(date +%s)
+    soft=$((t0 + limit - (limit / 8 > 20 ? limit / 8 : 20)))
     { (echo "$BASHPID" >"$cur_pidf"
        KDLOSS_BENCH_DEADLINE=$soft exec timeout -k "$grace" "$limit" "$@") 2>&1
       echo "$?" >"$cur_pidf.rc"; } | tee "$log" &
@@ -87,7 +89,8 @@ run() {
     rm -f "$cur_pidf" "$cur_pidf.rc"
     cur_pidf=""
     logs+=("$log")
-    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    # 124: timeout's TERM; 137: its KILL after the grace, unless the step was killed sooner (OOM)
+    if [ "$rc" -eq 124 ] || { [ "$rc" -eq 137 ] && [ $(($(date +%s) - t0)) -ge "$limit" ]; }; then
         echo "!! $name TIMED OUT: stopped after its ${limit} s limit"
         timedout+=("$name (limit ${limit} s)")
     elif [ "$rc" -ne 0 ]; then

@@ -644,6 +644,18 @@ static void sparse_store_grads(const kd_fld_call *k, const kd_topk_sparse *a, in
     if (a->dbs) store_vec(a->dbs, k->v, k->ws.dtype, o->dbs);
 }
 
+/* dws and dbs accumulate over rows: they start from zero (the caller's fp32, or ours), timed
+ * with the scatter that accumulates them. */
+static void sparse_zero_grads(const kd_fld_call *k, const kd_topk_sparse *a) {
+    kd_ph_enter(KD_PH_GEMM_DW);
+    if (a->dws) {
+        kdloss_mat m = {a->dws, KDLOSS_F32, a->ldd};
+        zero_mat(m, k->v, k->hs);
+    }
+    if (a->dbs) memset(a->dbs, 0, (size_t)k->v * sizeof(float));
+    kd_ph_leave();
+}
+
 static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
     const kdloss_fused_linear_distill_params *p = &k->p;
     const kdloss_fused_linear_distill_out *o = &k->out;
@@ -661,13 +673,7 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
                         k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f,
                         NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL};
     sparse_layout(k, pl, base, &a);
-    kd_ph_enter(KD_PH_GEMM_DW); /* the scatter's accumulators */
-    if (a.dws) { /* dws accumulates over rows: start from zero (the caller's fp32, or ours) */
-        kdloss_mat m = {a.dws, KDLOSS_F32, a.ldd};
-        zero_mat(m, k->v, k->hs);
-    }
-    if (a.dbs) memset(a.dbs, 0, (size_t)k->v * sizeof(float));
-    kd_ph_leave();
+    sparse_zero_grads(k, &a);
     void (*scatter)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_scatter;
     void (*rows)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_rows;
     double soft_sum = 0.0;
