@@ -297,6 +297,10 @@ void kb_phases_end(kb_phases *p);
 void kb_phases_print(const kb_phases *p, const char *label);
 /* The same as measures phase_<name> (mean ns a call) in the record. */
 void kb_phases_record(const kb_phases *p, kb_result *res);
+/* "beyond the floor, ms a call: gemm_zt -1.2; ...; rows +626.0; ... most: rows": each GEMM
+ * phase against the floor's median of the same GEMM (floor_ns in kb_gemm_name's order,
+ * bench_gemm_floor.h), every other phase whole: the phase a miss of the floor target lives in. */
+void kb_phases_vs_floor(const kb_phases *p, const double *floor_ns);
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 

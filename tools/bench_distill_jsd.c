@@ -164,6 +164,9 @@ static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_re
                  (long long)k->hs, (long long)k->ht);
         return;
     }
+    double per_gemm[KB_GEMM_COUNT];
+    for (int g = 0; g < KB_GEMM_COUNT; g++) per_gemm[g] = kb_floor_bench_gemm_median(fb, g);
+    kb_phases_vs_floor(&c->ph, per_gemm);
     int jsd = strcmp(k->divergence, "jsd") == 0;
     double target = o->dtype == KDLOSS_BF16 ? DJ_BF16_TARGET : jsd ? DJ_FLOOR_TARGET : DJ_DIV_TARGET;
     paired = kb_floor_bench_paired(fb);

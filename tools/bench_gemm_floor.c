@@ -411,6 +411,10 @@ int kb_floor_bench_report(kb_floor_bench *b, kb_result *res, double kd_median_ns
 
 double kb_floor_bench_paired(kb_floor_bench *b) { return median_of(b->paired, b->reps); }
 
+double kb_floor_bench_gemm_median(kb_floor_bench *b, int g) {
+    return median_of(b->gemm_ns + g * b->reps, b->reps);
+}
+
 const char *kb_floor_bench_provider(const kb_floor_bench *b) {
     return b->best >= 0 ? b->cand[b->best].tag : "none";
 }

@@ -115,6 +115,8 @@ void kb_floor_bench_print_survey(const kb_floor_bench *b, kb_result *res);
 int kb_floor_bench_report(kb_floor_bench *b, kb_result *res, double kd_median_ns,
                           double *floor_ns, double *ratio);
 const char *kb_floor_bench_provider(const kb_floor_bench *b); /* the fastest's tag; "none" */
+/* The median over the rounds of GEMM g's time (after kb_floor_bench_report succeeded). */
+double kb_floor_bench_gemm_median(kb_floor_bench *b, int g);
 /* The median of the rounds' kdloss / floor ratios (after kb_floor_bench_report succeeded). */
 double kb_floor_bench_paired(kb_floor_bench *b);
 void kb_floor_bench_end(kb_floor_bench *b);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "bench_gemm_floor.h"
 
 void kb_phases_init(kb_phases *p, int64_t warmup) {
     memset(p, 0, sizeof *p);
@@ -31,6 +32,35 @@ void kb_phases_print(const kb_phases *p, const char *label) {
                ms, 100.0 * s->ns[i] / s->call_ns, i + 1 < KD_PH_COUNT ? ";" : "");
     }
     printf("\n");
+}
+
+/* The floor's GEMM (kb_gemm_name's order) a phase stands against, or -1: every nanosecond of
+ * the other phases is beyond the floor. */
+static int floor_gemm(int phase) {
+    switch (phase) {
+    case KD_PH_GEMM_ZT: return KB_GEMM_ZT;
+    case KD_PH_GEMM_ZS: return KB_GEMM_ZS;
+    case KD_PH_GEMM_DX: return KB_GEMM_DXS;
+    case KD_PH_GEMM_DW: return KB_GEMM_DWS;
+    default: return -1;
+    }
+}
+
+void kb_phases_vs_floor(const kb_phases *p, const double *floor_ns) {
+    const kdloss_phase_stats *s = &p->timed;
+    if (s->calls == 0) return;
+    double n = (double)s->calls, worst = 0.0;
+    int worst_i = -1;
+    printf("beyond the floor, ms a call:");
+    for (int i = 0; i < KD_PH_COUNT; i++) {
+        if (i != KD_PH_OTHER && s->runs[i] == 0) continue;
+        int g = floor_gemm(i);
+        double d = s->ns[i] / n - (g >= 0 ? floor_ns[g] : 0.0);
+        printf(" %s %+.1f;", kdloss_internal_phase_name(i), d * 1e-6);
+        if (d > worst) worst = d, worst_i = i;
+    }
+    if (worst_i >= 0) printf(" most: %s\n", kdloss_internal_phase_name(worst_i));
+    else printf(" none over\n");
 }
 
 void kb_phases_record(const kb_phases *p, kb_result *res) {

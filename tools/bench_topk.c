@@ -253,6 +253,11 @@ static void report(const kb_options *o, const tk_opts *k, tk_ctx *calls, int n_c
     double fl_med = 0.0, ratio = 0.0;
     int have_floor = kb_floor_bench_report(fb, res, t[0].median_ns, &fl_med, &ratio) == 0;
     double paired = have_floor ? kb_floor_bench_paired(fb) : 0.0;
+    if (have_floor) { /* the first call's phases against the floor it is judged by */
+        double per_gemm[KB_GEMM_COUNT];
+        for (int g = 0; g < KB_GEMM_COUNT; g++) per_gemm[g] = kb_floor_bench_gemm_median(fb, g);
+        kb_phases_vs_floor(&calls[0].ph, per_gemm);
+    }
     if (have_floor && full && calls[0].params.tail == KDLOSS_TAIL_BUCKET)
         printf("TARGET topk_distill %s bucket %s BT %lld V %lld K %lld: kdloss / fastest GEMM floor "
                "(3 GEMMs) %.3f (median of the back-to-back pairs; medians %.3f; target <= %.2f): "
