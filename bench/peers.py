@@ -394,6 +394,8 @@ def time_point(wl, point, providers, modes, args, min_reps):
 
     def reps(fraction):
         n = int(args.target_s / max(max(est.values()) * fraction, 1e-6))
+        if args.deadline:  # a round runs every provider once; keep 30 s for the memory children
+            n = min(n, int((args.deadline - time.time() - 30) / max(sum(est.values()) * fraction, 1e-6)))
         return max(min_reps, min(args.max_reps, n))
 
     for mode in modes:
@@ -501,17 +503,24 @@ def topk_rss_child(spec):
     return out
 
 
-def run_topk_rss(args):
+def run_topk_rss(args, notes):
     """The top-k peak-RSS child at BT args.topk_rss_bt: a result dict (status passed,
-    unavailable or failed)."""
+    unavailable or failed), or None with a SKIP line in notes when the deadline is too near."""
+    if args.deadline and args.deadline - time.time() < FIRST_POINT_S:
+        notes.append(f"SKIP peers topk_distill peak-RSS child at BT {args.topk_rss_bt}: "
+                     f"{args.deadline - time.time():.0f} s left before this run's deadline "
+                     f"(--deadline), it needs ~{FIRST_POINT_S} s")
+        print(notes[-1], flush=True)
+        return None
     point = {"tokens": args.topk_rss_bt, "hidden": args.topk_hs, "vocab": args.vocab,
              "topk": args.topk_k, "dtype": args.dtype}
     try:
+        limit = child_timeout(args)
         out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-topk-rss",
                               json.dumps({"point": point})], capture_output=True, text=True,
-                             timeout=args.timeout, env=child_env())
+                             timeout=limit, env=child_env())
     except subprocess.TimeoutExpired:
-        return {"status": "failed", "error": f"timed out after {args.timeout}s", "point": point}
+        return {"status": "failed", "error": f"timed out after {limit}s", "point": point}
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
     if out.returncode != 0 or not lines:
         err = (out.stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -521,6 +530,225 @@ def run_topk_rss(args):
 
 
 TOPK_RSS_TARGET_MIB = 1536  # issue 10: one BT 8192 call, the whole process below 1.5 GiB
+
+
+# ---------------------------------------------------------------------------------------------------
+# time guards: peers that cannot run fast on this machine, and the run's deadline
+# ---------------------------------------------------------------------------------------------------
+
+# KDLOSS_BENCH_BF16_SLOW=1 forces the probe's "slow" verdict (to test the smaller point on a CPU
+# with bf16 arithmetic); any other value, or none, lets the probe decide.
+BF16_SLOW_ENV = "KDLOSS_BENCH_BF16_SLOW"
+BF16_SLOW_RATIO = 0.5  # bf16 matmul below half the fp32 rate: no bf16 arithmetic worth the name
+BF16_MIN_BT = 64       # below this a bf16 point is skipped rather than measured smaller
+
+
+def bf16_probe(budget_s=2.0):
+    """torch's bf16 and fp32 matmul rates on this machine, timed (not guessed from CPU flags):
+    {gflops_bf16, gflops_fp32, ratio, slow, forced}. A 256 x 1024 x 1024 product, each dtype
+    repeated for about budget_s / 2 (at least twice, after one untimed call); the best run
+    counts. Where bf16 has no arithmetic of its own (torch's fallback kernel), it runs tens of
+    times below fp32; with bf16 instructions it runs at or above it."""
+    import torch
+    m, k, n = 256, 1024, 1024
+    rates = {}
+    for dt in (torch.float32, torch.bfloat16):
+        a, b = torch.rand(m, k, dtype=dt), torch.rand(k, n, dtype=dt)
+        torch.matmul(a, b)
+        best, t0, runs = float("inf"), time.perf_counter(), 0
+        while runs < 2 or (time.perf_counter() - t0 < budget_s / 2 and runs < 50):
+            s = time.perf_counter()
+            torch.matmul(a, b)
+            best = min(best, time.perf_counter() - s)
+            runs += 1
+        rates[dt] = 2.0 * m * k * n / best * 1e-9
+    g16, g32 = rates[torch.bfloat16], rates[torch.float32]
+    forced = os.environ.get(BF16_SLOW_ENV) == "1"
+    return {"gflops_bf16": g16, "gflops_fp32": g32, "ratio": g16 / g32,
+            "slow": forced or g16 < BF16_SLOW_RATIO * g32, "forced": forced}
+
+
+def bf16_gemm_flop(wl, p):
+    """The GEMM flops of one full pass at point p (the four GEMMs of the dense loss, the three
+    of the top-k one): what a bf16 pass costs where bf16 is slow."""
+    if wl == "distill_jsd_loss":
+        return 2.0 * p["tokens"] * p["vocab"] * (3 * p["hidden_student"] + p["hidden_teacher"])
+    return 2.0 * p["tokens"] * p["vocab"] * 3 * p["hidden"]
+
+
+def apply_bf16_probe(args, notes, probe=None):
+    """With --dtype bf16 and a slow verdict: the distillation and top-k BTs shrink to the largest
+    power of two whose full pass (its GEMMs at the probed bf16 rate) takes at most
+    --bf16-slow-pass-s, or are skipped below BF16_MIN_BT. Appends SMALLER / SKIP lines."""
+    if args.dtype != "bf16" or not any(w in args.workloads for w in ("distill_jsd_loss", "topk_distill")):
+        return None
+    pr = (probe or bf16_probe)()
+    how = (f"torch's bf16 matmul ran at {pr['gflops_bf16']:.1f} GFLOP/s, fp32 at "
+           f"{pr['gflops_fp32']:.1f} ({pr['ratio']:.2f}x; slow below {BF16_SLOW_RATIO}x)")
+    if pr["forced"] and pr["ratio"] >= BF16_SLOW_RATIO:
+        how += f", slow by {BF16_SLOW_ENV}=1"
+    print(f"bf16 probe: bf16 {pr['gflops_bf16']:.1f} GFLOP/s, fp32 {pr['gflops_fp32']:.1f} GFLOP/s "
+          f"(256x1024x1024 matmul): {'slow' if pr['slow'] else 'fast'}"
+          f"{' (forced)' if pr['forced'] else ''}", flush=True)
+    if not pr["slow"]:
+        return pr
+    for wl, attr, base in (("distill_jsd_loss", "distill_bt",
+                            {"hidden_student": args.hs, "hidden_teacher": args.ht}),
+                           ("topk_distill", "topk_bt", {"hidden": args.topk_hs})):
+        if wl not in args.workloads:
+            continue
+        per_bt = bf16_gemm_flop(wl, dict(base, tokens=1, vocab=args.vocab))
+        bt_ok = int(args.bf16_slow_pass_s * pr["gflops_bf16"] * 1e9 / per_bt)
+        cap = 1 << (bt_ok.bit_length() - 1) if bt_ok >= 1 else 0
+        kept = []
+        for bt in getattr(args, attr):
+            if bt <= bt_ok:
+                kept.append(bt)
+            elif cap >= BF16_MIN_BT:
+                notes.append(f"SMALLER peers {wl} bf16 BT {bt} -> {cap}: {how}; a BT {bt} full "
+                             f"pass would take ~{bt * per_bt / (pr['gflops_bf16'] * 1e9):.0f} s a "
+                             f"provider (limit {args.bf16_slow_pass_s:g} s)")
+                kept.append(cap)
+            else:
+                notes.append(f"SKIP peers {wl} bf16 BT {bt}: {how}; even BT {BF16_MIN_BT} would "
+                             f"take ~{BF16_MIN_BT * per_bt / (pr['gflops_bf16'] * 1e9):.0f} s a "
+                             f"full pass (limit {args.bf16_slow_pass_s:g} s)")
+        setattr(args, attr, sorted(set(kept)))
+    return pr
+
+
+def triton_skip_reason():
+    """Why Liger's Triton kernels cannot run here, or None: they need a GPU driver."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return None
+    except Exception:
+        pass
+    return "Liger's KL module is a Triton kernel and this machine has no GPU (torch.cuda.is_available() is False)"
+
+
+def point_cost(wl, p):
+    """A point's size, for scaling one point's measured time to the next of its workload."""
+    if wl in ("kl_div", "distill_logits"):
+        return p["tokens"] * p["vocab"]
+    return bf16_gemm_flop(wl, p)
+
+
+def deadline_skip(args, wl, p, last):
+    """Why point p is not started before args.deadline (epoch s; 0: no deadline), or None. last:
+    (cost, seconds) of this workload's previous point, scaled by cost; without one a point
+    starts while FIRST_POINT_S remain."""
+    if not args.deadline:
+        return None
+    left = args.deadline - time.time()
+    est = last[1] * point_cost(wl, p) / last[0] if last else FIRST_POINT_S
+    if est <= left:
+        return None
+    return (f"{left:.0f} s left before this run's deadline (--deadline), the point needs "
+            f"~{est:.0f} s" + (" (its workload's previous point, scaled)" if last else ""))
+
+
+FIRST_POINT_S = 60
+
+
+def self_test():
+    """The time guards' arithmetic without torch (`peers.py --self-test`, ctest's
+    test_bench_guard): deadline skips, the bf16 probe's smaller points and skips, child limits.
+    Returns the number of failed checks (printed)."""
+    bad = []
+
+    def check(cond, what):
+        if not cond:
+            bad.append(what)
+            print(f"peers.py --self-test: FAIL: {what}")
+
+    a = parse(["--dtype", "bf16", "--workloads", "distill_jsd_loss", "--distill-bt", "256,2048"])
+    a.deadline = 0  # not $KDLOSS_BENCH_DEADLINE
+    p = {"tokens": 1024, "vocab": 32768, "hidden_student": 1024, "hidden_teacher": 2048}
+    check(deadline_skip(a, "distill_jsd_loss", p, None) is None, "no deadline: nothing skipped")
+    a.deadline = time.time() + 100
+    check(deadline_skip(a, "distill_jsd_loss", p, None) is None, "a first point with 100 s left")
+    c256 = point_cost("distill_jsd_loss", dict(p, tokens=256))
+    check(deadline_skip(a, "distill_jsd_loss", p, (c256, 20.0)) is None, "4 x 20 s fits 100 s")
+    why = deadline_skip(a, "distill_jsd_loss", p, (c256, 30.0))
+    check(why is not None and "~120 s" in why, f"4 x 30 s does not fit 100 s: {why}")
+    a.deadline = time.time() + 30
+    check(deadline_skip(a, "distill_jsd_loss", p, None) is not None, "a first point with 30 s left")
+    check(30 <= child_timeout(a) <= 30, "a child's limit is at least 30 s and ends at the deadline")
+    a.deadline = time.time() + 500
+    check(480 <= child_timeout(a) <= 500, "a child's limit ends at the deadline")
+    a.deadline = 0
+    check(child_timeout(a) == a.timeout, "without a deadline a child gets --timeout")
+
+    def rates(g16, g32):
+        return lambda: {"gflops_bf16": g16, "gflops_fp32": g32, "ratio": g16 / g32,
+                        "slow": g16 < BF16_SLOW_RATIO * g32, "forced": False}
+
+    # 2 x 32768 x (3 x 1024 + 2048) flop a token: 3 s at 30 GFLOP/s is BT 268 -> 256
+    notes = []
+    apply_bf16_probe(a, notes, rates(30.0, 100.0))
+    check(a.distill_bt == [256], f"slow bf16 at 30 GFLOP/s: BT 256 kept, 2048 -> 256: {a.distill_bt}")
+    check(len(notes) == 1 and notes[0].startswith("SMALLER peers distill_jsd_loss bf16 BT 2048 -> 256:"),
+          f"the smaller point is named: {notes}")
+    a.distill_bt, notes = [256, 2048], []
+    apply_bf16_probe(a, notes, rates(2.0, 100.0))  # BT 17: below BF16_MIN_BT
+    check(a.distill_bt == [] and len(notes) == 2 and all(n.startswith("SKIP peers distill_jsd_loss bf16 BT ")
+                                                        for n in notes), f"2 GFLOP/s: both skipped: {notes}")
+    a.distill_bt, notes = [256, 2048], []
+    apply_bf16_probe(a, notes, rates(200.0, 100.0))
+    check(a.distill_bt == [256, 2048] and not notes, "fast bf16: nothing changes")
+    a.dtype, notes = "fp32", []
+    apply_bf16_probe(a, notes, rates(2.0, 100.0))
+    check(a.distill_bt == [256, 2048] and not notes, "fp32: no probe, nothing changes")
+    full = parse([])
+    full.deadline = 0
+    plain = plan(full)
+    full.deadline = time.time() + 100
+    turns = plan(full)
+    check(sorted(map(repr, plain)) == sorted(map(repr, turns)) and turns[0][0] == DEADLINE_ORDER[0]
+          and [j for j in turns if j[0] == "kl_div"] == [j for j in plain if j[0] == "kl_div"],
+          "under a deadline the workloads take turns, the fused loss first, each in its order")
+    print(f"peers.py --self-test: {'passed' if not bad else f'{len(bad)} failed'}")
+    return len(bad)
+
+
+def guard_setup(args, failed_at):
+    """Before the sweep: the bf16 probe's smaller points, Liger's Triton modules marked skipped
+    where there is no GPU (in failed_at, so no point tries them). Returns the SKIP / SMALLER
+    lines, printed."""
+    notes = []
+    apply_bf16_probe(args, notes)
+    no_triton = triton_skip_reason()
+    if no_triton and "liger" in args.providers:
+        triton_wls = [w for w in ("kl_div", "distill_logits") if w in args.workloads]
+        for w in triton_wls:
+            failed_at[(w, "liger")] = ("every point", f"skipped: {no_triton}")
+        if triton_wls:
+            notes.append(f"SKIP peers liger {', '.join(triton_wls)}: {no_triton}")
+    for line in notes:
+        print(line, flush=True)
+    return notes
+
+
+def skip_point(args, wl, point, modes, why, results, notes):
+    """A point the deadline leaves out: its SKIP line, and a skipped result per provider."""
+    ps = point_slug(wl, point)
+    notes.append(f"SKIP peers {wl} {ps}: {why}")
+    print(notes[-1], flush=True)
+    for prov in providers_for(wl, args):
+        res = {"status": "skipped", "modes": {}, "skipped": True, "point": point,
+               "error": why[:400],
+               "observedAt": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        for mode in modes:
+            results[(wl, mode, prov, ps)] = res
+
+
+def child_timeout(args):
+    """A child's time limit: --timeout, and never past the deadline (at least 30 s)."""
+    if not args.deadline:
+        return args.timeout
+    return int(max(30, min(args.timeout, args.deadline - time.time())))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -693,7 +921,8 @@ def record(wl, mode, prov, p, res, cpu, env_obj, args, stamp):
     q = res.get("modes", {}).get(mode)
     # workload and implementation ride inside run.spec (as in `kdloss bench` records) so their
     # digests can be checked; the seed records carry only the digests.
-    spec = {"status": "passed" if q else "failed", "observedAt": res["observedAt"],
+    status = "passed" if q else "skipped" if res.get("status") == "skipped" else "failed"
+    spec = {"status": status, "observedAt": res["observedAt"],
             "workload": wobj, "implementation": impl,
             "protocolDigest": digest(pobj), "workloadDigest": digest(wobj),
             "environmentDigest": digest(env_obj), "implementationDigest": digest(impl)}
@@ -750,11 +979,16 @@ def has_peak(res):
 
 
 ALL_MODES = ["forward", "backward", "full"]
+# Under a deadline: the fused loss against Liger first, then the KL seed record, top-k, logits.
+DEADLINE_ORDER = ("distill_jsd_loss", "kl_div", "topk_distill", "distill_logits")
 
 
 def plan(args):
     """[(workload, point, modes, min_reps)] for this run. forward/backward run at the points
-    named by --kl-all-modes and at BT <= --distill-all-modes-max-bt; full runs everywhere."""
+    named by --kl-all-modes and at BT <= --distill-all-modes-max-bt; full runs everywhere. With
+    a --deadline the workloads take turns (the first point of each, then the second, ...), each
+    workload's points still in increasing size (deadline_skip scales from the previous one),
+    the headline comparison first (DEADLINE_ORDER)."""
     jobs = []
     if "kl_div" in args.workloads:
         for bt, v in args.kl_points:
@@ -779,6 +1013,12 @@ def plan(args):
             jobs.append(("topk_distill", {"tokens": bt, "hidden": args.topk_hs, "vocab": args.vocab,
                                           "topk": args.topk_k, "dtype": args.dtype}, ["full"],
                          min(args.min_reps, args.distill_min_reps)))
+    if args.deadline:  # each workload's first point first: a short budget still covers them all
+        by_wl = {w: [] for w in DEADLINE_ORDER}
+        for j in jobs:
+            by_wl.setdefault(j[0], []).append(j)
+        jobs = [q[i] for i in range(max(map(len, by_wl.values()), default=0))
+                for q in by_wl.values() if i < len(q)]
     return jobs
 
 
@@ -1031,9 +1271,21 @@ def parse(argv):
                     help="fewer timed runs for the GEMM-bound distillation points")
     ap.add_argument("--max-reps", type=int, default=30)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per memory child process")
+    ap.add_argument("--deadline", type=float,
+                    default=float(os.environ.get("KDLOSS_BENCH_DEADLINE") or 0.0),
+                    help="epoch seconds: no point starts that would end after it (estimated from "
+                         "the workload's previous point), each skip printed as a SKIP line; "
+                         "children never run past it; 0: none. Default $KDLOSS_BENCH_DEADLINE "
+                         "(bench/run_main.sh sets it per step, and --deadline for the peers)")
+    ap.add_argument("--bf16-slow-pass-s", type=float, default=3.0,
+                    help="with --dtype bf16 on a machine where torch's bf16 matmul is slow "
+                         "(a timed probe; " + BF16_SLOW_ENV + "=1 forces it): the largest full "
+                         "pass a point may need; bigger BTs are measured smaller or skipped")
     ap.add_argument("--pause-s", type=float, default=0.15,
                     help="untimed sleep before each run, so thread pools still spinning from the "
                          "previous provider's call (OpenBLAS: ~0.1 s) are parked")
+    ap.add_argument("--self-test", action="store_true",
+                    help="check the time guards' arithmetic (no torch needed) and exit")
     ap.add_argument("--child-mem", help=argparse.SUPPRESS)
     ap.add_argument("--child-topk-rss", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -1059,6 +1311,8 @@ def parse(argv):
 def main(argv):
     global THP
     args = parse(argv)
+    if args.self_test:
+        return 1 if self_test() else 0
     if args.child_mem:
         print(json.dumps(mem_child(json.loads(args.child_mem))))
         return 0
@@ -1078,21 +1332,30 @@ def main(argv):
           f"torch {sw.get('torch')}, liger-kernel {sw.get('liger_kernel')}, kdloss {sw.get('kdloss')} "
           f"({sw.get('kdloss_cpu_isa')})", flush=True)
     results, t_start, failed_at = {}, time.time(), {}
+    notes = guard_setup(args, failed_at)  # SKIP / SMALLER lines: what is left out, and why
+    last_point = {}  # workload: (cost, seconds) of its last completed point
     for wl, point, modes, min_reps in plan(args):
         ps = point_slug(wl, point)
+        why = deadline_skip(args, wl, point, last_point.get(wl))
+        if why:
+            skip_point(args, wl, point, modes, why, results, notes)
+            continue
+        t_point = time.time()
         todo = [prov for prov in providers_for(wl, args) if (wl, prov) not in failed_at]
         timing = time_point(wl, point, todo, modes, args, min_reps) if todo else {}
         for prov in providers_for(wl, args):
-            if prov not in timing:  # failed at a smaller point: do not retry bigger ones
+            if prov not in timing:  # failed at a smaller point (or skipped): not retried
                 first, err = failed_at[(wl, prov)]
                 res = {"status": "failed", "modes": {}, "skipped": True,
                        "error": f"not run (failed at {first}): {err}"[:400]}
+                if err.startswith("skipped: "):  # not tried at all (no Triton here)
+                    res.update(status="skipped", error=err[len("skipped: "):][:400])
             else:
                 res = timing[prov]
                 if res["status"] == "passed":
                     mem = run_mem_child({"workload": wl, "provider": prov, "point": point,
                                          "liger_compiled": not args.no_liger_compile},
-                                        args.timeout)
+                                        child_timeout(args))
                     for k in ("peak_mb", "peak_rss_mb", "baseline_rss_mb", "hwm_reset"):
                         if k in mem:
                             res[k] = mem[k]
@@ -1113,9 +1376,11 @@ def main(argv):
                 path = os.path.join(args.out, f"{wl}-{mode}-{prov}-{ps}.json")
                 with open(path, "w") as f:
                     json.dump(rec, f, indent=2)
+        last_point[wl] = (point_cost(wl, point), time.time() - t_point)
     topk_rss = None
     if "topk_distill" in args.workloads and args.topk_rss_bt > 0 and "kdloss" in args.providers:
-        topk_rss = run_topk_rss(args)
+        topk_rss = run_topk_rss(args, notes)
+    if topk_rss:
         with open(os.path.join(args.out, f"topk_distill-peak-rss-kdloss-"
                                f"{point_slug('topk_distill', topk_rss['point'])}.json"), "w") as f:
             json.dump(dict(topk_rss, cpu=cpu, software=sw, observedAt=dt.datetime.now(
@@ -1131,6 +1396,8 @@ def main(argv):
     print(table(results, args.providers))
     print(targets(results, topk_rss))
     print("\nrecords: " + args.out + "/*.json" + ("; plots: " + ", ".join(pngs) if pngs else ""))
+    print(f"\nskipped or measured smaller: {len(notes)}" +
+          (" (the SKIP / SMALLER lines above)" if notes else ""))
     print()
     print(combined_rows(results))
     bad = sorted({f"{wl}/{prov}" for (wl, _, prov, _), r in results.items()
@@ -1166,10 +1433,12 @@ def expected_failure(wl, prov, res):
     provider this build does not have (kdloss's top-k module before its binding exists) is
     recorded as unavailable, not as a failure."""
     return (prov == "liger" and wl in ("kl_div", "distill_logits")) or \
-        "ProviderUnavailable" in res.get("error", "")
+        "ProviderUnavailable" in res.get("error", "") or res.get("status") == "skipped"
 
 
 def failed_word(res):
+    if (res or {}).get("status") == "skipped":
+        return "skipped"
     return "unavailable" if "ProviderUnavailable" in (res or {}).get("error", "") else "failed"
 
 

@@ -59,6 +59,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "fld_phase.h" /* the library's private per-phase counters */
 #include "kdloss.h"
 
 /* ---- options ------------------------------------------------------------------------------ */
@@ -82,6 +83,9 @@ typedef struct kb_options {
     int64_t warmup;        /* --warmup: untimed calls first, >= 0 */
     uint64_t seed;         /* --seed: input generator seed (inputs are reproducible) */
     const char *json_path; /* --json PATH, NULL when not given */
+    double deadline;       /* --deadline EPOCH_S, default $KDLOSS_BENCH_DEADLINE, 0: none. A kernel
+                              whose rounds take seconds (the fused ones) times fewer of them
+                              rather than end after it, and prints a SMALLER line saying so */
 } kb_options;
 
 /* Flag helpers. Each looks at argv[i]: returns 0 if it is not `flag`, 2 after parsing its value
@@ -157,6 +161,7 @@ void kb_time_pair_next(kb_pair_fn fn, void *ctx);
 /* Quantile q in [0,1] of n samples (sorted in place), linear interpolation. */
 double kb_quantile(double *x, int64_t n, double q);
 double kb_now_ns(void); /* CLOCK_MONOTONIC */
+double kb_epoch_s(void); /* CLOCK_REALTIME, seconds since the epoch (for --deadline) */
 
 /* ---- machine -------------------------------------------------------------------------------- */
 
@@ -238,7 +243,7 @@ typedef struct kb_measure {
     double value;
 } kb_measure;
 
-#define KB_MAX_MEASURES 16
+#define KB_MAX_MEASURES 32
 
 typedef struct kb_result {
     kb_workload wl;         /* filled by the kernel */
@@ -273,6 +278,29 @@ int kb_write_record(const char *path, const kb_options *o, const kb_result *r,
 
 /* Prints "kdloss bench: <what>: <kdloss_status_string>" to stderr. */
 void kb_report_status(const char *what, kdloss_status st);
+
+/* ---- per-phase time of the fused calls (src/cpu/fld_phase.h) -------------------------------- */
+
+/* One benchmarked call's counters: its `warmup` untimed calls add into `warm`, the timed ones
+ * into `timed`. Wrap each call in kb_phases_begin / kb_phases_end (they attach the library's
+ * thread-local counters to this thread for that call alone). */
+typedef struct kb_phases {
+    kdloss_phase_stats timed, warm;
+    int64_t warmup, seen;
+} kb_phases;
+
+void kb_phases_init(kb_phases *p, int64_t warmup);
+void kb_phases_begin(kb_phases *p);
+void kb_phases_end(kb_phases *p);
+/* "phases: LABEL, T ms a call (mean of N timed calls): gemm_zt X ms (P%); ...; other Y ms (P%)":
+ * the phases that ran, mean per timed call; nothing when no fused call was timed. */
+void kb_phases_print(const kb_phases *p, const char *label);
+/* The same as measures phase_<name> (mean ns a call) in the record. */
+void kb_phases_record(const kb_phases *p, kb_result *res);
+/* "beyond the floor, ms a call: gemm_zt -1.2; ...; rows +626.0; ... most: rows": each GEMM
+ * phase against the floor's median of the same GEMM (floor_ns in kb_gemm_name's order,
+ * bench_gemm_floor.h), every other phase whole: the phase a miss of the floor target lives in. */
+void kb_phases_vs_floor(const kb_phases *p, const double *floor_ns);
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 

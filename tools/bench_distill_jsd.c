@@ -49,6 +49,7 @@ typedef struct dj_ctx {
     float loss;
     void *work;
     size_t work_bytes;
+    kb_phases ph; /* the library's per-phase time of the timed calls */
 } dj_ctx;
 
 static void dj_defaults(kb_options *o, void *kopts) {
@@ -113,9 +114,12 @@ static int dj_check(const kb_options *o, const void *kopts) {
 
 static kdloss_status dj_call(void *p) {
     dj_ctx *c = p;
-    return kdloss_fused_linear_distill(&c->params, c->bt, c->hs, c->ht, c->v, c->xs, c->ws, NULL,
-                                       c->xt, c->wt, NULL, c->labels, &c->out, c->work,
-                                       c->work_bytes);
+    kb_phases_begin(&c->ph);
+    kdloss_status st = kdloss_fused_linear_distill(&c->params, c->bt, c->hs, c->ht, c->v, c->xs,
+                                                   c->ws, NULL, c->xt, c->wt, NULL, c->labels,
+                                                   &c->out, c->work, c->work_bytes);
+    kb_phases_end(&c->ph);
+    return st;
 }
 
 static void dj_describe(const kb_options *o, const dj_opts *k, kb_workload *w) {
@@ -144,6 +148,11 @@ static double mb(double bytes) { return bytes / 1048576.0; }
 static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_result *res,
                    kb_floor_bench *fb, double in_bytes, double out_bytes) {
     kb_floor_bench_print_survey(fb, res);
+    char label[64];
+    snprintf(label, sizeof label, "distill_jsd %s %s %s", k->divergence, kb_dtype_name(o->dtype),
+             kb_mode_name(o->mode));
+    kb_phases_print(&c->ph, label);
+    kb_phases_record(&c->ph, res);
     printf("memory: inputs %.1f MiB, outputs %.1f MiB, library workspace %.1f MiB; "
            "materializing BT x V fp32 logits for both models would add %.1f MiB\n",
            mb(in_bytes), mb(out_bytes), mb((double)c->work_bytes),
@@ -155,6 +164,9 @@ static void report(const kb_options *o, const dj_opts *k, const dj_ctx *c, kb_re
                  (long long)k->hs, (long long)k->ht);
         return;
     }
+    double per_gemm[KB_GEMM_COUNT];
+    for (int g = 0; g < KB_GEMM_COUNT; g++) per_gemm[g] = kb_floor_bench_gemm_median(fb, g);
+    kb_phases_vs_floor(&c->ph, per_gemm);
     int jsd = strcmp(k->divergence, "jsd") == 0;
     double target = o->dtype == KDLOSS_BF16 ? DJ_BF16_TARGET : jsd ? DJ_FLOOR_TARGET : DJ_DIV_TARGET;
     paired = kb_floor_bench_paired(fb);
@@ -189,6 +201,7 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     c.params.t2_scale = k->t2_scale;
     c.params.chunk_size = k->chunk;
     c.params.memory_budget = (size_t)k->budget_mib << 20;
+    kb_phases_init(&c.ph, o->warmup);
     c.bt = bt;
     c.hs = k->hs;
     c.ht = k->ht;
@@ -226,6 +239,8 @@ static int dj_run(const kb_options *o, const void *kopts, kb_result *res) {
     kb_floor_bench fb;
     kb_floor_bench_start(&fb, bt, k->hs, k->ht, v, o->mode == KB_MODE_FORWARD,
                          o->dtype == KDLOSS_BF16, k->skip_openblas ? KB_FLOOR_ONEDNN : KB_FLOOR_ALL, o->reps, 1);
+    fb.deadline = o->deadline;
+    fb.what = "distill_jsd";
     kb_call_fn fn = dj_call;
     void *ctx = &c;
     if (st == KDLOSS_OK) st = kb_floor_bench_time(&fb, &fn, &ctx, o->warmup, res->working_set, &res->t);

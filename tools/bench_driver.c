@@ -36,6 +36,8 @@ void kb_bench_usage(FILE *f) {
             "  --warmup N      untimed calls first, default 3\n"
             "  --seed N        input generator seed, default 1\n"
             "  --json PATH     also write a KernelIndex-style JSON record\n"
+            "  --deadline S    epoch seconds (default $KDLOSS_BENCH_DEADLINE): the fused kernels\n"
+            "                  time fewer rounds rather than end after it (a SMALLER line says so)\n"
             "environment: OMP_NUM_THREADS (threads), KDLOSS_CPU_ISA=scalar|avx2|avx512 (code path)\n");
     for (int k = 0; kb_kernels[k]; k++)
         if (kb_kernels[k]->flags_help)
@@ -60,6 +62,8 @@ static void default_options(kb_options *o) {
     o->reps = 20;
     o->warmup = 3;
     o->seed = 1;
+    const char *dl = getenv("KDLOSS_BENCH_DEADLINE"); /* bench/run_main.sh sets it per step */
+    o->deadline = dl ? atof(dl) : 0.0;
 }
 
 /* One shared flag at argv[i]: entries consumed, 0 if not shared, -1 on error. */
@@ -71,6 +75,7 @@ static int parse_shared(kb_options *o, int argc, char **argv, int i) {
     if ((r = kb_flag_i64(argc, argv, i, "--reps", 1, &o->reps))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--warmup", 0, &o->warmup))) return r;
     if ((r = kb_flag_str(argc, argv, i, "--json", &o->json_path))) return r;
+    if ((r = kb_flag_double(argc, argv, i, "--deadline", 0.0, 1e12, &o->deadline))) return r;
     if ((r = kb_flag_i64(argc, argv, i, "--seed", 0, &seed))) {
         o->seed = (uint64_t)seed;
         return r;

@@ -298,27 +298,56 @@ int kb_floor_bench_start(kb_floor_bench *b, int64_t bt, int64_t hs, int64_t ht, 
     return 0;
 }
 
+/* Whether the next round, as long as this one's timed calls and floor (round_s; the first
+ * round's warm-up not counted), would end past b->deadline: then the SMALLER line. Never after
+ * the last round. */
+static int past_deadline(const kb_floor_bench *b, double round_s, int64_t r, int64_t reps) {
+    double end = kb_epoch_s() + round_s;
+    if (b->deadline <= 0 || r + 1 >= reps || end <= b->deadline) return 0;
+    printf("SMALLER %s: %lld of %lld timed rounds: the next would end %.0f s past the step's "
+           "deadline (--deadline / KDLOSS_BENCH_DEADLINE)\n", b->what ? b->what : "kdloss bench",
+           (long long)(r + 1), (long long)reps, end - b->deadline);
+    return 1;
+}
+
 kdloss_status kb_floor_bench_time(kb_floor_bench *b, const kb_call_fn *fns, void *const *ctxs,
                                   int64_t warmup, size_t working_set, kb_stats *stats) {
     int64_t reps = b->reps;
     int n_gemm = floor_gemms(b);
     const kb_floor_cand *best = b->best >= 0 ? &b->cand[b->best] : NULL;
+    int64_t done = reps;
     for (int64_t r = 0; r < reps; r++) {
+        double round_ns = 0.0;
         for (int c = 0; c < b->n_calls; c++) {
             kb_stats one;
             kdloss_status st = kb_time(fns[c], ctxs[c], r == 0 ? warmup : 0, 1, working_set, &one);
             if (st != KDLOSS_OK) return st;
             b->kd[c * reps + r] = one.median_ns;
+            round_ns += one.median_ns;
         }
-        double ns[KB_GEMM_COUNT];
-        if (!best || !b->fl.pid || kb_floor_round(&b->fl, best->info.provider, best->kind, ns) != 0) {
+        double ns[KB_GEMM_COUNT], t_floor = kb_now_ns();
+        int floor_failed = !best || !b->fl.pid ||
+                           kb_floor_round(&b->fl, best->info.provider, best->kind, ns) != 0;
+        round_ns += kb_now_ns() - t_floor;
+        if (floor_failed) {
             kb_floor_stop(&b->fl);
-            continue;
+        } else {
+            b->floor_sum[r] = 0.0;
+            for (int g = 0; g < KB_GEMM_COUNT; g++) b->gemm_ns[g * reps + r] = ns[g];
+            for (int g = 0; g < n_gemm; g++) b->floor_sum[r] += ns[g];
+            b->paired[r] = b->kd[r] / b->floor_sum[r];
         }
-        b->floor_sum[r] = 0.0;
-        for (int g = 0; g < KB_GEMM_COUNT; g++) b->gemm_ns[g * reps + r] = ns[g];
-        for (int g = 0; g < n_gemm; g++) b->floor_sum[r] += ns[g];
-        b->paired[r] = b->kd[r] / b->floor_sum[r];
+        if (past_deadline(b, round_ns * 1e-9, r, reps)) {
+            done = r + 1;
+            break;
+        }
+    }
+    if (done < reps) { /* the per-call and per-GEMM rows to a stride of `done` */
+        for (int c = 1; c < b->n_calls; c++)
+            memmove(b->kd + c * done, b->kd + c * reps, sizeof(double) * (size_t)done);
+        for (int g = 1; g < KB_GEMM_COUNT; g++)
+            memmove(b->gemm_ns + g * done, b->gemm_ns + g * reps, sizeof(double) * (size_t)done);
+        b->reps = reps = done;
     }
     for (int c = 0; c < b->n_calls; c++) { /* kb_quantile sorts: the pairs are in b->paired */
         double *kd = b->kd + c * reps;
@@ -381,6 +410,10 @@ int kb_floor_bench_report(kb_floor_bench *b, kb_result *res, double kd_median_ns
 }
 
 double kb_floor_bench_paired(kb_floor_bench *b) { return median_of(b->paired, b->reps); }
+
+double kb_floor_bench_gemm_median(kb_floor_bench *b, int g) {
+    return median_of(b->gemm_ns + g * b->reps, b->reps);
+}
 
 const char *kb_floor_bench_provider(const kb_floor_bench *b) {
     return b->best >= 0 ? b->cand[b->best].tag : "none";

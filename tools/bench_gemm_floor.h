@@ -97,10 +97,15 @@ typedef struct kb_floor_bench {
     double *floor_sum;        /* [r]: the floor round's sum, -1 when not measured */
     double *paired;           /* [r]: call 0 / floor, back to back */
     double *gemm_ns;          /* [g * reps + r]: each GEMM of each round */
+    double deadline;          /* epoch s (kb_options.deadline), 0: none; set before timing */
+    const char *what;         /* the benchmark, for its SMALLER line ("distill_jsd") */
 } kb_floor_bench;
 
 /* Returns 0 when a floor will be measured, -1 when not (KB_FLOOR_NONE, or the child or every
- * provider failed; the calls are still timed). */
+ * provider failed; the calls are still timed). kb_floor_bench_time stops after fewer than
+ * `reps` rounds (at least one) when the next round, as long as the last, would end after
+ * b->deadline: b->reps is then the rounds done, and a line "SMALLER <what>: N of M timed
+ * rounds ..." says so (bench/run_main.sh's summary lists it). */
 int kb_floor_bench_start(kb_floor_bench *b, int64_t bt, int64_t hs, int64_t ht, int64_t v,
                          int forward, int bf16, kb_floor_providers providers, int64_t reps,
                          int n_calls);
@@ -110,6 +115,8 @@ void kb_floor_bench_print_survey(const kb_floor_bench *b, kb_result *res);
 int kb_floor_bench_report(kb_floor_bench *b, kb_result *res, double kd_median_ns,
                           double *floor_ns, double *ratio);
 const char *kb_floor_bench_provider(const kb_floor_bench *b); /* the fastest's tag; "none" */
+/* The median over the rounds of GEMM g's time (after kb_floor_bench_report succeeded). */
+double kb_floor_bench_gemm_median(kb_floor_bench *b, int g);
 /* The median of the rounds' kdloss / floor ratios (after kb_floor_bench_report succeeded). */
 double kb_floor_bench_paired(kb_floor_bench *b);
 void kb_floor_bench_end(kb_floor_bench *b);

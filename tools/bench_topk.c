@@ -58,6 +58,7 @@ typedef struct tk_ctx {
     size_t work_bytes;
     int row_pass;    /* 1: kdloss_topk_distill_logits on `logits`, gradient into `dlogits` */
     float *logits, *dlogits;
+    kb_phases ph;    /* the library's per-phase time of the timed fused calls */
 } tk_ctx;
 
 static const char *const TAILS[] = {"bucket", "renorm_both", "renorm_teacher", "all"};
@@ -145,8 +146,12 @@ static kdloss_status tk_call(void *p) {
         return kdloss_topk_distill_logits(&rp, c->bt, c->v, z, c->teacher, none,
                                           c->out.loss, NULL, g);
     }
-    return kdloss_fused_linear_topk_distill(&c->params, c->bt, c->hs, c->v, c->xs, c->ws, NULL,
-                                            c->teacher, none, &c->out, c->work, c->work_bytes);
+    kb_phases_begin(&c->ph);
+    kdloss_status st = kdloss_fused_linear_topk_distill(&c->params, c->bt, c->hs, c->v, c->xs,
+                                                        c->ws, NULL, c->teacher, none, &c->out,
+                                                        c->work, c->work_bytes);
+    kb_phases_end(&c->ph);
+    return st;
 }
 
 static double mb(double bytes) { return bytes / 1048576.0; }
@@ -218,6 +223,13 @@ static void report(const kb_options *o, const tk_opts *k, tk_ctx *calls, int n_c
         printf("%-34s median %.4f s (p20 %.4f, p80 %.4f), loss %s\n", calls[c].label,
                t[c].median_ns * 1e-9, t[c].p20_ns * 1e-9, t[c].p80_ns * 1e-9, loss);
     }
+    for (int c = 0; c < n_calls; c++) { /* the row pass alone is no fused call: no line */
+        char label[96];
+        snprintf(label, sizeof label, "topk_distill %s %s %s", div, kb_dtype_name(o->dtype),
+                 calls[c].label);
+        kb_phases_print(&calls[c].ph, label);
+    }
+    kb_phases_record(&calls[0].ph, res);
     for (int c = 1; c < n_calls; c++) {
         char metric[32];
         snprintf(metric, sizeof metric, "latency_%s", calls[c].label);
@@ -241,6 +253,11 @@ static void report(const kb_options *o, const tk_opts *k, tk_ctx *calls, int n_c
     double fl_med = 0.0, ratio = 0.0;
     int have_floor = kb_floor_bench_report(fb, res, t[0].median_ns, &fl_med, &ratio) == 0;
     double paired = have_floor ? kb_floor_bench_paired(fb) : 0.0;
+    if (have_floor) { /* the first call's phases against the floor it is judged by */
+        double per_gemm[KB_GEMM_COUNT];
+        for (int g = 0; g < KB_GEMM_COUNT; g++) per_gemm[g] = kb_floor_bench_gemm_median(fb, g);
+        kb_phases_vs_floor(&calls[0].ph, per_gemm);
+    }
     if (have_floor && full && calls[0].params.tail == KDLOSS_TAIL_BUCKET)
         printf("TARGET topk_distill %s bucket %s BT %lld V %lld K %lld: kdloss / fastest GEMM floor "
                "(3 GEMMs) %.3f (median of the back-to-back pairs; medians %.3f; target <= %.2f): "
@@ -361,6 +378,7 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
     for (int c = 0; c < n_calls; c++) {
         calls[c].work = work, calls[c].work_bytes = work_bytes;
         calls[c].logits = logits, calls[c].dlogits = dlogits;
+        kb_phases_init(&calls[c].ph, o->warmup);
     }
 
     tk_describe(o, k, &res->wl);
@@ -372,6 +390,8 @@ static int tk_run(const kb_options *o, const void *kopts, kb_result *res) {
     kb_floor_bench_start(&fb, bt, hs, 0, v, o->mode == KB_MODE_FORWARD, o->dtype == KDLOSS_BF16,
                          k->floor, o->reps,
                          n_calls);
+    fb.deadline = o->deadline;
+    fb.what = "topk_distill";
     kb_call_fn fns[TK_MAX_CALLS];
     void *ctxs[TK_MAX_CALLS];
     kb_stats t[TK_MAX_CALLS];

@@ -13,6 +13,7 @@
 #include "bf16_rows.h"
 #include "dispatch.h"
 #include "fld.h"
+#include "fld_phase.h"
 #include "fld_rows.h"
 #include "gemm.h"
 #include "half.h"
@@ -41,7 +42,9 @@ static const float *w_rows(const wsrc *w, int64_t r0, int64_t n, int64_t *ld) {
     }
     *ld = w->cols;
     if (w->f32) return w->f32 + r0 * w->cols;
+    kd_ph_enter(KD_PH_WIDEN);
     kd_bf16_rows_to_f32((const uint16_t *)w->data + r0 * w->ld, w->ld, n, w->cols, w->panel, 1);
+    kd_ph_leave();
     return w->panel;
 }
 
@@ -50,15 +53,19 @@ static int64_t w_step(const wsrc *w) {
     return w->dt == KDLOSS_F32 || w->f32 ? w->rows : w->panel_rows;
 }
 
-/* z (n x V, ld V) = a (n x H, lda) W^T: a chunk's logits before the bias. bf16 W without a
- * whole copy is widened inside the product's tiles when the GEMM layer can (kd_sgemm_nt_b16:
- * no widening pass over a panel and no barrier before its multiplies), else panel by panel. */
-static kdloss_status gemm_logits(int64_t n, const float *a, int64_t lda, const wsrc *w, float *z) {
+/* z (n x V, ld V) = a (n x H, lda) W^T: a chunk's logits before the bias, timed as phase ph
+ * (fld_phase.h). bf16 W without a whole copy is widened inside the product's tiles when the
+ * GEMM layer can (kd_sgemm_nt_b16: no widening pass over a panel and no barrier before its
+ * multiplies), else panel by panel. */
+static kdloss_status gemm_logits(int64_t n, const float *a, int64_t lda, const wsrc *w, float *z,
+                                 int ph) {
     int64_t step = w_step(w), ldw;
     kdloss_status st = KDLOSS_OK;
     if (step < w->rows) {
+        kd_ph_enter(ph);
         st = kd_sgemm_nt_b16(n, w->rows, w->cols, a, lda, (const uint16_t *)w->data, w->ld, z,
                              w->rows, w->panel, w->panel_floats);
+        kd_ph_leave();
         if (st != KDLOSS_ERR_UNSUPPORTED) return st;
         st = KDLOSS_OK;
     }
@@ -66,17 +73,22 @@ static kdloss_status gemm_logits(int64_t n, const float *a, int64_t lda, const w
         int64_t np = min64(step, w->rows - p0);
         const float *wp = w_rows(w, p0, np, &ldw);
         kd_gemm g = {0, 1, n, np, w->cols, 1.0f, a, lda, wp, ldw, 0.0f, z + p0, w->rows};
+        kd_ph_enter(ph);
         st = kd_sgemm(&g);
+        kd_ph_leave();
     }
     return st;
 }
 
 /* The same from bf16 rows x (n x H, ld) and bf16 W, multiplied natively (kd_gemm_bf16_native). */
 static kdloss_status gemm_logits_bf16(int64_t n, const uint16_t *x, int64_t ldx, const wsrc *w,
-                                      float *z) {
+                                      float *z, int ph) {
     kd_gemm_bf16 g = {0, 1, n, w->rows, w->cols, x, ldx, (const uint16_t *)w->data, w->ld, z,
                       w->rows, 0.0f};
-    return kd_gemm_bf16_run(&g);
+    kd_ph_enter(ph);
+    kdloss_status st = kd_gemm_bf16_run(&g);
+    kd_ph_leave();
+    return st;
 }
 
 /* dx (n x H, ldd) = dz (n x V, ld V) W; over panels the GEMM accumulates the K split in fp32. */
@@ -88,7 +100,9 @@ static kdloss_status gemm_dx(int64_t n, const float *dz, const wsrc *w, float *d
         const float *wp = w_rows(w, p0, np, &ldw);
         kd_gemm g = {0,  0,   n,  w->cols, np, 1.0f, dz + p0, w->rows, wp, ldw, p0 ? 1.0f : 0.0f,
                      dx, ldd};
+        kd_ph_enter(KD_PH_GEMM_DX);
         st = kd_sgemm(&g);
+        kd_ph_leave();
     }
     return st;
 }
@@ -100,7 +114,9 @@ static const float *x_rows(kdloss_cmat x, int64_t r0, int64_t n, int64_t cols, f
         *ld = x.ld;
         return (const float *)x.data + r0 * x.ld;
     }
+    kd_ph_enter(KD_PH_WIDEN);
     kd_bf16_rows_to_f32((const uint16_t *)x.data + r0 * x.ld, x.ld, n, cols, buf, 1);
+    kd_ph_leave();
     *ld = cols;
     return buf;
 }
@@ -158,7 +174,9 @@ static void write_zero(const kd_fld_call *k) {
 /* [v] bias of dtype dt as fp32 (into buf when it is bf16); NULL stays NULL. */
 static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *buf) {
     if (!b || dt == KDLOSS_F32) return (const float *)b;
+    kd_ph_enter(KD_PH_WIDEN);
     kd_bf16_rows_to_f32((const uint16_t *)b, v, 1, v, buf, 0);
+    kd_ph_leave();
     return buf;
 }
 
@@ -166,7 +184,7 @@ static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *b
 /* The row work of a vocabulary-parallel chunk: each phase over every row, the statistics
  * all-reduced in between (fld_row_phases.h): MAX of 2 doubles a row, SUM of n_sum, and for
  * the dense teacher SUM of 2. */
-static kdloss_status rows_vp(const kdloss_comm *c, const kd_fld_rows *r) {
+static kdloss_status rows_vp_phases(const kdloss_comm *c, const kd_fld_rows *r) {
     void (*phase)(const kd_fld_rows *, int) = kd_cpu_kernels()->fld_phase;
     phase(r, 1);
     if (c->allreduce(c->ctx, r->stat_max, 2 * r->n, KDLOSS_F64, KDLOSS_COMM_MAX))
@@ -181,12 +199,21 @@ static kdloss_status rows_vp(const kdloss_comm *c, const kd_fld_rows *r) {
     return KDLOSS_OK;
 }
 
+/* The same, timed as the row pass (fld_phase.h). */
+static kdloss_status rows_vp(const kdloss_comm *c, const kd_fld_rows *r) {
+    kd_ph_enter(KD_PH_ROWS);
+    kdloss_status st = rows_vp_phases(c, r);
+    kd_ph_leave();
+    return st;
+}
+
 /* Whole fp32 copies of the bf16 weights when the plan has room for them (pl->whole); the
  * student's only when some GEMM reads it in fp32 (need_s), the teacher's only when its logits
  * are computed and not multiplied natively in bf16. */
 static void widen_whole(const kd_fld_plan *pl, char *base, int soft, int native, int need_s,
                         wsrc *w_s, wsrc *w_t) {
     if (!pl->whole) return;
+    kd_ph_enter(KD_PH_WIDEN);
     if (need_s && w_s->dt == KDLOSS_BF16) {
         float *c = (float *)(base + pl->off_ws32);
         kd_bf16_rows_to_f32((const uint16_t *)w_s->data, w_s->ld, w_s->rows, w_s->cols, c, 1);
@@ -197,19 +224,20 @@ static void widen_whole(const kd_fld_plan *pl, char *base, int soft, int native,
         kd_bf16_rows_to_f32((const uint16_t *)w_t->data, w_t->ld, w_t->rows, w_t->cols, c, 1);
         w_t->f32 = c;
     }
+    kd_ph_leave();
 }
 
 /* z (n x V) = rows [r0, r0 + n) of x times W^T: natively from bf16 when `native` (x and W are
  * then both bf16), else from fp32 rows (x widened into buf when it is bf16). *a and *lda get
  * the fp32 rows when they were formed (NULL otherwise). */
 static kdloss_status chunk_logits(kdloss_cmat x, int64_t r0, int64_t n, const wsrc *w, int native,
-                                  float *buf, float *z, const float **a, int64_t *lda) {
+                                  float *buf, float *z, const float **a, int64_t *lda, int ph) {
     if (native) {
         *a = NULL;
-        return gemm_logits_bf16(n, (const uint16_t *)x.data + r0 * x.ld, x.ld, w, z);
+        return gemm_logits_bf16(n, (const uint16_t *)x.data + r0 * x.ld, x.ld, w, z, ph);
     }
     *a = x_rows(x, r0, n, w->cols, buf, lda);
-    return gemm_logits(n, *a, *lda, w, z);
+    return gemm_logits(n, *a, *lda, w, z, ph);
 }
 
 /* Whether chunk row i's dz is 0 by the rules, its xs unread (kdloss.h): an ignored row, or a
@@ -240,10 +268,12 @@ static kdloss_status dws_gemm(const kd_fld_call *k, const kd_fld_rows *r, float 
     int64_t v = k->v, hs = k->hs, i0 = 0;
     int first = 1;
     kdloss_status st = KDLOSS_OK;
+    kd_ph_enter(KD_PH_MASK); /* the scan; the GEMMs inside count as theirs */
     for (int64_t i = 0; i <= n && st == KDLOSS_OK; i++) {
         if (i < n && !(zero_dz_row(r, i) && x_row_nonfinite(k->xs, r0 + i, hs))) continue;
         if (i > i0) {
             float beta = first && r0 == 0 ? 0.0f : 1.0f;
+            kd_ph_enter(KD_PH_GEMM_DW);
             if (dz16) {
                 kd_gemm_bf16 g = {1, 0, v, hs, i - i0, dz16 + i0 * 2 * v, 2 * v,
                                   (const uint16_t *)k->xs.data + (r0 + i0) * k->xs.ld, k->xs.ld, c,
@@ -254,10 +284,12 @@ static kdloss_status dws_gemm(const kd_fld_call *k, const kd_fld_rows *r, float 
                              ldc};
                 st = kd_sgemm(&g);
             }
+            kd_ph_leave();
             first = 0;
         }
         i0 = i + 1;
     }
+    kd_ph_leave();
     if (st == KDLOSS_OK && first && r0 == 0) /* no row: dWs starts at 0 */
         for (int64_t j = 0; j < v; j++) memset(c + j * ldc, 0, (size_t)hs * sizeof(float));
     return st;
@@ -271,14 +303,18 @@ static kdloss_status grads_native(const kd_fld_call *k, const kd_fld_plan *pl, c
                                   const kd_fld_rows *r, float *dz, int64_t r0, int64_t n, float *dx) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t hs = k->hs, v = k->v;
+    kd_ph_enter(KD_PH_ROUND);
     kd_f32_rows_to_bf16_inplace(dz, n, v, 1);
+    kd_ph_leave();
     const uint16_t *dz16 = (const uint16_t *)dz;
     kdloss_status st = KDLOSS_OK;
     if (o->dws.data) st = dws_gemm(k, r, (float *)(base + pl->off_dws), hs, NULL, dz16, NULL, 0, r0, n);
     if (st == KDLOSS_OK && o->dxs.data && dx) {
         kd_gemm_bf16 g = {0, 0, n, hs, v, dz16, 2 * v, (const uint16_t *)k->ws.data, k->ws.ld,
                           dx, hs, 0.0f};
+        kd_ph_enter(KD_PH_GEMM_DX);
         st = kd_gemm_bf16_run(&g);
+        kd_ph_leave();
     }
     return st;
 }
@@ -322,13 +358,20 @@ static kdloss_status chunk_grads(const kd_fld_call *k, const kd_fld_plan *pl, ch
     int64_t hs = k->hs, v = k->v;
     int sb = k->xs.dtype == KDLOSS_BF16;
     kdloss_status st = KDLOSS_OK;
-    if (o->dbs) col_sums(dz, n, v, (float *)(base + pl->off_dbs), r0 == 0);
+    if (o->dbs) {
+        kd_ph_enter(KD_PH_DBS);
+        col_sums(dz, n, v, (float *)(base + pl->off_dbs), r0 == 0);
+        kd_ph_leave();
+    }
     float *tmp = (float *)(base + pl->off_xconv);
     int direct = !sb && !k->comm; /* dxs rows straight into the caller's fp32 */
     int sdx = o->dxs.data && k->topk.k && k->tail == KDLOSS_TAIL_RENORM_BOTH && r->gh == 0.0f;
-    if (sdx) /* before grads_native rounds dz */
+    if (sdx) { /* before grads_native rounds dz */
+        kd_ph_enter(KD_PH_GEMM_DX);
         topk_dx(k, r, dz, r0, n, direct ? (float *)o->dxs.data + r0 * o->dxs.ld : tmp,
                 direct ? o->dxs.ld : hs);
+        kd_ph_leave();
+    }
     if (native) { /* sb: the fp32 dxs rows into tmp, then cast as below */
         st = grads_native(k, pl, base, r, dz, r0, n, sdx ? NULL : tmp);
         if (st != KDLOSS_OK || !o->dxs.data) return st;
@@ -347,10 +390,12 @@ static kdloss_status chunk_grads(const kd_fld_call *k, const kd_fld_plan *pl, ch
         k->comm->allreduce(k->comm->ctx, tmp, n * hs, KDLOSS_F32, KDLOSS_COMM_SUM))
         st = KDLOSS_ERR_COMM;
     if (st != KDLOSS_OK) return st;
-    if (sb)
+    if (sb) {
+        kd_ph_enter(KD_PH_ROUND);
         kd_f32_rows_to_bf16(tmp, hs, n, hs, (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld,
                             1);
-    else
+        kd_ph_leave();
+    } else
         for (int64_t i = 0; i < n; i++)
             memcpy((float *)o->dxs.data + (r0 + i) * o->dxs.ld, tmp + i * hs,
                    (size_t)hs * sizeof(float));
@@ -467,18 +512,23 @@ static kdloss_status run_chunk(const kd_fld_call *k, const kd_fld_plan *pl, char
     kdloss_status st = KDLOSS_OK;
     if (u->dense_t)
         st = chunk_logits(k->xt, r0, n, &u->w_t, u->native_t, (float *)(base + pl->off_xconv),
-                          r->zt, &at, &lda);
+                          r->zt, &at, &lda, KD_PH_GEMM_ZT);
     if (st == KDLOSS_OK)
         st = chunk_logits(k->xs, r0, n, &u->w_s, u->native_s, (float *)(base + pl->off_xs32),
-                          r->zs, &as, &lda);
+                          r->zs, &as, &lda, KD_PH_GEMM_ZS);
     if (st != KDLOSS_OK) return st;
     if (!as && o->dws.data && !u->native_g) /* dWs from fp32 dz needs fp32 xs rows */
         as = x_rows(k->xs, r0, n, k->hs, (float *)(base + pl->off_xs32), &lda);
     r->n = n;
     r->row0 = r0;
     r->row_lse = o->row_lse ? o->row_lse + r0 : NULL;
-    if (k->comm) st = rows_vp(k->comm, r);
-    else kd_cpu_kernels()->fld_rows(r);
+    if (k->comm) {
+        st = rows_vp(k->comm, r);
+    } else {
+        kd_ph_enter(KD_PH_ROWS);
+        kd_cpu_kernels()->fld_rows(r);
+        kd_ph_leave();
+    }
     if (st != KDLOSS_OK) return st;
     for (int64_t i = 0; i < n; i++) {
         u->soft_sum += r->row_soft[i];
@@ -502,11 +552,13 @@ static void run_finish(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
         if (o->dxs.data) zero_mat(o->dxs, k->bt, hs);
         if (o->dws.data) zero_mat(o->dws, v, hs);
         if (o->dbs) memset(o->dbs, 0, (size_t)v * kdloss_dtype_size(k->ws.dtype));
-    } else {
+    } else if ((o->dws.data && k->xs.dtype == KDLOSS_BF16) || o->dbs) {
+        kd_ph_enter(KD_PH_ROUND); /* a copy for fp32 dbs */
         if (o->dws.data && k->xs.dtype == KDLOSS_BF16)
             kd_f32_rows_to_bf16((const float *)(base + pl->off_dws), hs, v, hs,
                                 (uint16_t *)o->dws.data, o->dws.ld, 1);
         if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
+        kd_ph_leave();
     }
     double nv = (double)k->n_valid, t2 = p->t2_scale ? p->temperature * p->temperature : 1.0;
     double soft_mean = u->soft ? u->soft_sum * t2 / nv : 0.0;
@@ -592,6 +644,18 @@ static void sparse_store_grads(const kd_fld_call *k, const kd_topk_sparse *a, in
     if (a->dbs) store_vec(a->dbs, k->v, k->ws.dtype, o->dbs);
 }
 
+/* dws and dbs accumulate over rows: they start from zero (the caller's fp32, or ours), timed
+ * with the scatter that accumulates them. */
+static void sparse_zero_grads(const kd_fld_call *k, const kd_topk_sparse *a) {
+    kd_ph_enter(KD_PH_GEMM_DW);
+    if (a->dws) {
+        kdloss_mat m = {a->dws, KDLOSS_F32, a->ldd};
+        zero_mat(m, k->v, k->hs);
+    }
+    if (a->dbs) memset(a->dbs, 0, (size_t)k->v * sizeof(float));
+    kd_ph_leave();
+}
+
 static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
     const kdloss_fused_linear_distill_params *p = &k->p;
     const kdloss_fused_linear_distill_out *o = &k->out;
@@ -609,11 +673,7 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
                         k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f,
                         NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL};
     sparse_layout(k, pl, base, &a);
-    if (a.dws) { /* dws accumulates over rows: start from zero (the caller's fp32, or ours) */
-        kdloss_mat m = {a.dws, KDLOSS_F32, a.ldd};
-        zero_mat(m, k->v, k->hs);
-    }
-    if (a.dbs) memset(a.dbs, 0, (size_t)k->v * sizeof(float));
+    sparse_zero_grads(k, &a);
     void (*scatter)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_scatter;
     void (*rows)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_rows;
     double soft_sum = 0.0;
@@ -622,21 +682,36 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
     for (int64_t r0 = 0; r0 < k->bt; r0 += pl->chunk) {
         a.n = min64(pl->chunk, k->bt - r0);
         a.row0 = r0;
-        if (sb)
+        if (sb) {
+            kd_ph_enter(KD_PH_WIDEN);
             kd_bf16_rows_to_f32((const uint16_t *)k->xs.data + r0 * k->xs.ld, k->xs.ld, a.n,
                                 k->hs, a.x32, 1);
+            kd_ph_leave();
+        }
+        kd_ph_enter(KD_PH_ROWS);
         rows(&a);
+        kd_ph_leave();
         for (int64_t i = 0; i < a.n; i++) {
             soft_sum += a.row_soft[i];
             if (o->row_soft) o->row_soft[r0 + i] = (float)a.row_soft[i];
             nan_row |= ((const int64_t *)(a.tk + (size_t)i * scr))[k->topk.k] != 0;
         }
-        if (sb && o->dxs.data)
+        if (sb && o->dxs.data) {
+            kd_ph_enter(KD_PH_ROUND);
             kd_f32_rows_to_bf16(a.d32, k->hs, a.n, k->hs,
                                 (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld, 1);
-        if (k->grad && a.gs != 0.0f) scatter(&a); /* a factor of 0: the zeros written above */
+            kd_ph_leave();
+        }
+        if (k->grad && a.gs != 0.0f) { /* a factor of 0: the zeros written above */
+            kd_ph_enter(KD_PH_GEMM_DW);
+            scatter(&a);
+            kd_ph_leave();
+        }
     }
+    int store = nan_row || a.dbs || (a.dws && sb);
+    if (store) kd_ph_enter(KD_PH_ROUND); /* the NaN fill too, when a row was poisoned */
     sparse_store_grads(k, &a, nan_row);
+    if (store) kd_ph_leave();
     double t2 = p->t2_scale ? p->temperature * p->temperature : 1.0, soft = soft_sum * t2 / nv;
     write_losses(o, (float)(p->weight_soft_loss * soft), (float)soft, 0.0f);
     return KDLOSS_OK;
@@ -646,14 +721,19 @@ kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
                              void *workspace) {
     int sparse = !call->comm && kd_topk_sparse_eligible(call);
     void *mem = NULL;
+    kd_ph_call_begin(); /* the per-phase counters, when this thread attached (fld_phase.h) */
     if (!workspace) {
         mem = malloc(sparse ? sparse_layout(call, plan, NULL, NULL) : plan->bytes);
-        if (!mem) return KDLOSS_ERR_OUT_OF_MEMORY;
+        if (!mem) {
+            kd_ph_call_end();
+            return KDLOSS_ERR_OUT_OF_MEMORY;
+        }
         workspace = mem;
     }
     uintptr_t a = ((uintptr_t)workspace + KD_FLD_ALIGN - 1) & ~(uintptr_t)(KD_FLD_ALIGN - 1);
     kdloss_status st = sparse ? run_sparse(call, plan, (char *)a) : run(call, plan, (char *)a);
     free(mem);
+    kd_ph_call_end();
     return st;
 }
 
