@@ -230,7 +230,7 @@ KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider)
 
 /* bf16 x bf16 products (the fused losses' GEMMs when the student's, or the teacher's, hidden
  * states and LM head are bf16): widened to fp32 and multiplied by sgemm, or multiplied natively
- * with fp32 accumulation (oneDNN matmul). Both are exact products summed in fp32; they differ in
+ * with fp32 accumulation (oneDNN's bf16 gemm). Both are exact products summed in fp32; they differ in
  * speed and summation order. AUTO decides by measurement, once per process, on first need:
  * native bf16 against widen + sgemm on one thread on a chunk-sized product (256 x 1024 x 1024,
  * a few ms), native chosen when at least 1.15x faster (kdloss_gemm_bf16_query tells the rates).
@@ -239,12 +239,12 @@ KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider)
  * whose timing lands near the margin could choose differently from another, so force a mode for
  * bitwise reproducibility across processes and machines. Process-wide, not thread-safe against
  * running calls (the AUTO measurement itself is); KDLOSS_ERR_UNSUPPORTED if NATIVE cannot run on
- * this CPU (oneDNN has no bf16 matmul for it).
- * Out of memory: widened (and fp32) products keep the library's guarantee that a refused
- * allocation ends in KDLOSS_ERR_OUT_OF_MEMORY with nothing written, or in success. Native ones
- * run oneDNN's matmul primitives, which allocate in every execution and do not survive a refused
- * allocation (oneDNN 2.6: SIGSEGV or std::terminate; tests/fault/test_fault_inject.c reports
- * it): where that guarantee matters more than speed, set WIDEN. */
+ * this CPU (oneDNN has no bf16 gemm for it).
+ * Out of memory: widened, native and fp32 products all keep the library's guarantee that a
+ * refused allocation ends in KDLOSS_ERR_OUT_OF_MEMORY with nothing written, or in success: a
+ * native tile whose gemm cannot allocate its packing buffers (it then returns before writing C)
+ * is redone by kdloss's allocation-free GEMM on widened operand blocks, from scratch reserved
+ * before the call writes anything (tests/fault/test_fault_inject.c, strict on both). */
 typedef enum kdloss_bf16_gemm {
     KDLOSS_BF16_GEMM_AUTO = 0,
     KDLOSS_BF16_GEMM_WIDEN = 1,
@@ -273,14 +273,14 @@ typedef struct kdloss_bf16_gemm_info {
     int native;            /* 1 if bf16 x bf16 logits products run natively now (mode, or AUTO)  */
     int grad_native;       /* 1 if the backward GEMMs run natively from bf16 dZ now              */
     int auto_native;       /* AUTO's measured choice                                             */
-    int available;         /* 1 if oneDNN has a bf16 matmul for this CPU                         */
-    int reference;         /* 1 if that is only its reference implementation (never chosen)      */
+    int available;         /* 1 if oneDNN's bf16 gemm runs on this CPU                           */
+    int reference;         /* 1 if that is only a reference implementation (never chosen; 0 now) */
     int measurements;      /* times this process measured: 1 after the first query (cached)     */
-    double native_gflops;  /* measured bf16 x bf16 -> fp32 matmul, one thread; 0 if not available */
+    double native_gflops;  /* measured bf16 x bf16 -> fp32 gemm, one thread; 0 if not available   */
     double widen_gflops;   /* measured fp32 sgemm of the same product on widened operands         */
     double margin;         /* native chosen when native_gflops >= margin * widen_gflops (1.15)    */
     int64_t m, n, k;       /* the timed product: C (m x n) = A (m x k) B^T (B stored n x k)       */
-    char kernel[64];       /* oneDNN's bf16 matmul implementation ("brg:avx512_core_amx", ...),
+    char kernel[64];       /* oneDNN's bf16 gemm kernel ("gemm:jit:avx512_core_bf16", ...),      
                               "none" if it has none                                               */
 } kdloss_bf16_gemm_info;
 
@@ -302,7 +302,7 @@ KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int tran
 /* The same with bf16 operands (raw bits) and an fp32 C, multiplied natively (bf16 x bf16
  * products, fp32 accumulation), alpha 1, beta 0 or 1 (else KDLOSS_ERR_INVALID_PARAM): what the
  * fused losses run when their bf16 GEMMs are native (kdloss_gemm_set_bf16), exposed for
- * benchmarks and floors. AUTO / ONEDNN: oneDNN's matmul on kdloss's thread-count independent
+ * benchmarks and floors. AUTO / ONEDNN: oneDNN's bf16 gemm on kdloss's thread-count independent
  * tile grid; OPENBLAS: cblas_sbgemm of libopenblas.so.0. KDLOSS_ERR_UNSUPPORTED where the
  * provider has no bf16 GEMM for this CPU (oneDNN needs AVX-512; OpenBLAS only when built with
  * bf16 support, which Debian 12's is not). */

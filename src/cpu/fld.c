@@ -409,7 +409,7 @@ kdloss_status kd_fld_prepare(const kd_fld_call *k, const kd_fld_plan *pl) {
 
 /* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
  * it with that status (outputs may then be partly written; kdloss.h says so). */
-/* bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN matmul, fp32 accumulation)
+/* bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN's bf16 gemm, fp32 accumulation)
  * where the GEMM layer says it pays (kd_gemm_bf16_native: measured once per process), else widen
  * to fp32. Where the student's logits are native, so are its gradient GEMMs (unless
  * kdloss_gemm_set_bf16_grad asked for EXACT): dzs is rounded to bf16 in place after dbs has
