@@ -389,6 +389,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
                                          params->weight_hard_loss, params->weight_soft_loss,
                                          params->t2_scale, params->ignore_index,
                                          params->grad_scale, (int)params->tail);
+        terms.params = kd_vp_maps_hash(terms.params, &params->student_map, NULL);
     }
     int64_t chunk = s == KDLOSS_OK ? P.tk.chunk : 1;
     kd_dev_guard dg;
