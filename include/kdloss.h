@@ -105,7 +105,9 @@ KDLOSS_API const char *kdloss_status_string(kdloss_status status);
  * nor in [0, 32768)", "teacher_weight: dtype fp16, expected fp32 or bf16 like teacher_input
  * (fp32)"); "" when the check has nothing to add to kdloss_status_string. Thread-local, valid
  * until the thread's next kdloss call; unspecified after a call that succeeded. Argument checks
- * of the CPU entry points and of the parameters shared with CUDA set it. */
+ * of the CPU entry points and of the parameters shared with CUDA set it. Every entry point that
+ * returns a status clears it first, so after an error it is that call's own detail or "", never
+ * an earlier call's (tests/test_error_detail.c sweeps them all). */
 KDLOSS_API const char *kdloss_error_detail(void);
 /* The layout of public struct `type` ("kdloss_cmat", ...) as this build compiled it, for
  * bindings that mirror the structs: index 0 gives *field NULL and *size = sizeof the struct;

@@ -17,6 +17,7 @@
 #include "gemm.h"
 #include "half.h"
 #include "topk.h"
+#include "check.h"
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -678,6 +679,7 @@ kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_para
                                           kdloss_labels labels,
                                           kdloss_fused_linear_distill_out *out, void *workspace,
                                           size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
     return fused(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
 }
@@ -687,6 +689,7 @@ kdloss_status kdloss_fused_linear_topk_distill(
     kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher,
     kdloss_labels labels, kdloss_fused_linear_distill_out *out, void *workspace,
     size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_topk_check_fused_params(params);
     if (st != KDLOSS_OK) return st;
@@ -703,6 +706,7 @@ kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t
                                       const void *bt_bias, kdloss_labels labels,
                                       kdloss_fljsd_out *out, void *workspace,
                                       size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     kdloss_fused_linear_distill_out o = kd_fld_out_from_jsd(out);

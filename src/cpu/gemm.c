@@ -666,6 +666,7 @@ int kd_gemm_bf16_grad_native(void) {
 }
 
 kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (mode < KDLOSS_BF16_GEMM_AUTO || mode > KDLOSS_BF16_GEMM_NATIVE)
         return KDLOSS_ERR_INVALID_PARAM;
     if (mode == KDLOSS_BF16_GEMM_NATIVE && !b16_available() && !b16_emulate())
@@ -675,6 +676,7 @@ kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode) {
 }
 
 kdloss_status kdloss_gemm_set_bf16_grad(kdloss_bf16_grad mode) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (mode != KDLOSS_BF16_GRAD_AUTO && mode != KDLOSS_BF16_GRAD_EXACT)
         return KDLOSS_ERR_INVALID_PARAM;
     g_bf16_grad = (int)mode;
@@ -682,6 +684,7 @@ kdloss_status kdloss_gemm_set_bf16_grad(kdloss_bf16_grad mode) {
 }
 
 kdloss_status kdloss_gemm_bf16_query(kdloss_bf16_gemm_info *info) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!info) return KDLOSS_ERR_NULL_POINTER;
     b16_available();
     pthread_once(&g_b16.measure_once, bf16_measure);
@@ -742,6 +745,7 @@ static kdloss_status run_with(kdloss_gemm_provider p, const kd_gemm *g) {
 kdloss_status kd_sgemm(const kd_gemm *g) { return run_with(kd_gemm_provider_in_use(), g); }
 
 kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
         return KDLOSS_ERR_INVALID_PARAM;
     if (provider == KDLOSS_GEMM_AUTO) {
@@ -754,6 +758,7 @@ kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider) {
 }
 
 kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info *info) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!info) return KDLOSS_ERR_NULL_POINTER;
     if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_OPENBLAS)
         return KDLOSS_ERR_INVALID_PARAM;
@@ -817,6 +822,7 @@ static kdloss_status check_gemm(kdloss_gemm_provider provider, int trans_a, int 
 kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b, int64_t m,
                               int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status st = check_gemm(provider, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
                                   KDLOSS_F32);
     if (st != KDLOSS_OK) return st;
@@ -848,6 +854,7 @@ kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int t
                                int64_t n, int64_t k, const uint16_t *a, int64_t lda,
                                const uint16_t *b, int64_t ldb, float beta, float *c,
                                int64_t ldc) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status st = check_gemm(provider, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
                                   KDLOSS_BF16);
     if (st != KDLOSS_OK) return st;

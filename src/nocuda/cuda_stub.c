@@ -1,9 +1,11 @@
 /* Built when KDLOSS_CUDA is OFF: every CUDA entry point exists and says it is unsupported. */
 #include "kdloss.h"
+#include "check.h"
 
 int kdloss_cuda_available(void) { return 0; }
 
 kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     (void)device;
     if (ctx) *ctx = NULL;
     return KDLOSS_ERR_UNSUPPORTED;
@@ -12,6 +14,7 @@ kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx) 
 void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx) { (void)ctx; }
 
 kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -20,10 +23,12 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                  kdloss_cmat input, kdloss_cmat target, float *loss,
                                  float *row_loss, kdloss_mat elem_loss, kdloss_mat grad,
                                  void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -32,6 +37,7 @@ kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
                               kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                               float *loss, float *row_loss, kdloss_mat grad, void *workspace,
                               size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -39,6 +45,7 @@ kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params
                                                int64_t hs, int64_t ht, int64_t v,
                                                kdloss_dtype student_dtype, int want_grad,
                                                size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -49,10 +56,12 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
                                            kdloss_cmat wt, const void *bt_bias,
                                            kdloss_labels labels, kdloss_fljsd_out *out,
                                            void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_distill_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -61,10 +70,12 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
                                   kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                                   float *loss, float *row_loss, kdloss_mat grad, void *workspace,
                                   size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_distill_logits_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -74,12 +85,14 @@ kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
                                          kdloss_cmat teacher_logits, kdloss_labels labels,
                                          float *loss, float *row_loss, kdloss_mat grad,
                                          void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -88,11 +101,13 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t v, int64_t k,
                                                             size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -100,12 +115,14 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     kdloss_cuda_context *ctx, void *stream, const kdloss_topk_distill_params *params, int64_t bt,
     int64_t v, kdloss_cmat student_logits, kdloss_topk_teacher teacher, kdloss_labels labels,
     float *loss, float *row_loss, kdloss_mat grad, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -114,12 +131,14 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_fused_linear_distill_vp_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -129,12 +148,14 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt, kdloss_cmat wt,
     const void *bt_bias, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
@@ -143,5 +164,6 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     const kdloss_vocab_shard *shard, int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
     kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return KDLOSS_ERR_UNSUPPORTED;
 }
