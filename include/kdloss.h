@@ -417,8 +417,9 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
 
 typedef struct kdloss_distill_logits_params {
     kdloss_div_params div; /* default forward KL                                            */
-    double temperature;    /* T > 0 and at most FLT_MAX (a finite fp32), with 1/T and
-                              grad_scale / T finite fp32; default 1                            */
+    double temperature;    /* T > 0, a normal finite fp32 (FLT_MIN <= T <= FLT_MAX, the rule
+                              of every loss on logits), with 1/T and grad_scale / T finite
+                              fp32; default 1                                                  */
     int64_t ignore_index;  /* rows whose label equals it are skipped; default -100           */
     double grad_scale;     /* upstream gradient, folded in; default 1; |grad_scale| <= FLT_MAX */
 } kdloss_distill_logits_params;
@@ -491,8 +492,9 @@ KDLOSS_API kdloss_status kdloss_jsd(const kdloss_jsd_params *params, int64_t bt,
 
 typedef struct kdloss_fljsd_params {
     double beta;             /* JSD beta in [0, 1]; default 0.5                                   */
-    double temperature;      /* divides both logit sets for the soft loss, > 0 and a normal fp32
-                                (>= FLT_MIN) with 1/T a finite fp32; default 1 (no T^2)            */
+    double temperature;      /* divides both logit sets for the soft loss, > 0 and a normal
+                                finite fp32 (FLT_MIN <= T <= FLT_MAX) with 1/T a finite fp32;
+                                default 1 (no T^2)                                              */
     double weight_hard_loss; /* >= 0; default 0.5. 0 skips all cross-entropy work                 */
     double weight_soft_loss; /* >= 0; default 0.5                                                 */
     int64_t ignore_index;    /* default -100                                                      */
@@ -585,7 +587,9 @@ KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *para
  * field by field before these members existed keeps its meaning. */
 typedef struct kdloss_logit_map {
     double scale;   /* > 0 and a finite fp32, or 0 (read as 1); default 1                     */
-    double softcap; /* 0 (none), or > 0 and a finite fp32 with 1/softcap finite; default 0    */
+    double softcap; /* 0 (none), or > 0 and a normal finite fp32 (>= FLT_MIN: a subnormal
+                       cap has too few bits for the gradient factor 1 - (z/cap)^2 at
+                       saturation) with 1/softcap finite; default 0                           */
 } kdloss_logit_map;
 
 typedef struct kdloss_fused_linear_distill_params {
@@ -685,7 +689,8 @@ typedef struct kdloss_topk_teacher {
 typedef struct kdloss_topk_distill_params {
     kdloss_div_params div; /* default forward KL                                             */
     kdloss_topk_tail tail; /* default KDLOSS_TAIL_BUCKET                                      */
-    double temperature;    /* divides the student logits; > 0, 1/T a finite fp32; default 1   */
+    double temperature;    /* divides the student logits; > 0 and a normal finite fp32 with
+                              1/T a finite fp32 (as every loss on logits); default 1           */
     int64_t ignore_index;  /* rows whose label equals it are skipped; default -100            */
     double grad_scale;     /* upstream gradient, folded in; default 1; grad_scale / T must be a
                               finite fp32                                                      */
