@@ -307,7 +307,9 @@ KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int tran
  * benchmarks and floors. AUTO / ONEDNN: oneDNN's bf16 gemm on kdloss's thread-count independent
  * tile grid; OPENBLAS: cblas_sbgemm of libopenblas.so.0. KDLOSS_ERR_UNSUPPORTED where the
  * provider has no bf16 GEMM for this CPU (oneDNN needs AVX-512; OpenBLAS only when built with
- * bf16 support, which Debian 12's is not). */
+ * bf16 support, which Debian 12's is not). Native bf16 dot products (AVX512_BF16's, and AMX's)
+ * read a subnormal bf16 operand (below 2^-126 in magnitude) as 0; the widened path, and the
+ * allocation-free fallback a tile takes when memory runs out, multiply it exactly. */
 KDLOSS_API kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int trans_b,
                                           int64_t m, int64_t n, int64_t k, const uint16_t *a,
                                           int64_t lda, const uint16_t *b, int64_t ldb, float beta,
