@@ -16,6 +16,7 @@
 #include "fld_rows.h"
 #include "gemm.h"
 #include "half.h"
+#include "omp_team.h"
 #include "topk.h"
 #include "check.h"
 
@@ -117,7 +118,7 @@ static void col_block(const float *dz, int64_t n, int64_t v, float *acc, int fir
 
 static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int first) {
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
-    if (n * v >= KD_FLD_PAR_MIN) {
+    if (n * v >= KD_FLD_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
         for (int64_t c0 = 0; c0 < v; c0 += 512) col_block(dz, n, v, acc, first, c0);
     } else {
