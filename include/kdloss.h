@@ -105,7 +105,9 @@ KDLOSS_API const char *kdloss_status_string(kdloss_status status);
  * nor in [0, 32768)", "teacher_weight: dtype fp16, expected fp32 or bf16 like teacher_input
  * (fp32)"); "" when the check has nothing to add to kdloss_status_string. Thread-local, valid
  * until the thread's next kdloss call; unspecified after a call that succeeded. Argument checks
- * of the CPU entry points and of the parameters shared with CUDA set it. */
+ * of the CPU entry points and of the parameters shared with CUDA set it. Every entry point that
+ * returns a status clears it first, so after an error it is that call's own detail or "", never
+ * an earlier call's (tests/test_error_detail.c sweeps them all). */
 KDLOSS_API const char *kdloss_error_detail(void);
 /* The layout of public struct `type` ("kdloss_cmat", ...) as this build compiled it, for
  * bindings that mirror the structs: index 0 gives *field NULL and *size = sizeof the struct;
@@ -235,7 +237,7 @@ KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider)
 
 /* bf16 x bf16 products (the fused losses' GEMMs when the student's, or the teacher's, hidden
  * states and LM head are bf16): widened to fp32 and multiplied by sgemm, or multiplied natively
- * with fp32 accumulation (oneDNN matmul). Both are exact products summed in fp32; they differ in
+ * with fp32 accumulation (oneDNN's bf16 gemm). Both are exact products summed in fp32; they differ in
  * speed and summation order. AUTO decides by measurement, once per process, on first need:
  * native bf16 against widen + sgemm on one thread on a chunk-sized product (256 x 1024 x 1024,
  * a few ms), native chosen when at least 1.15x faster (kdloss_gemm_bf16_query tells the rates).
@@ -244,12 +246,12 @@ KDLOSS_API kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider)
  * whose timing lands near the margin could choose differently from another, so force a mode for
  * bitwise reproducibility across processes and machines. Process-wide, not thread-safe against
  * running calls (the AUTO measurement itself is); KDLOSS_ERR_UNSUPPORTED if NATIVE cannot run on
- * this CPU (oneDNN has no bf16 matmul for it).
- * Out of memory: widened (and fp32) products keep the library's guarantee that a refused
- * allocation ends in KDLOSS_ERR_OUT_OF_MEMORY with nothing written, or in success. Native ones
- * run oneDNN's matmul primitives, which allocate in every execution and do not survive a refused
- * allocation (oneDNN 2.6: SIGSEGV or std::terminate; tests/fault/test_fault_inject.c reports
- * it): where that guarantee matters more than speed, set WIDEN. */
+ * this CPU (oneDNN has no bf16 gemm for it).
+ * Out of memory: widened, native and fp32 products all keep the library's guarantee that a
+ * refused allocation ends in KDLOSS_ERR_OUT_OF_MEMORY with nothing written, or in success: a
+ * native tile whose gemm cannot allocate its packing buffers (it then returns before writing C)
+ * is redone by kdloss's allocation-free GEMM on widened operand blocks, from scratch reserved
+ * before the call writes anything (tests/fault/test_fault_inject.c, strict on both). */
 typedef enum kdloss_bf16_gemm {
     KDLOSS_BF16_GEMM_AUTO = 0,
     KDLOSS_BF16_GEMM_WIDEN = 1,
@@ -278,14 +280,14 @@ typedef struct kdloss_bf16_gemm_info {
     int native;            /* 1 if bf16 x bf16 logits products run natively now (mode, or AUTO)  */
     int grad_native;       /* 1 if the backward GEMMs run natively from bf16 dZ now              */
     int auto_native;       /* AUTO's measured choice                                             */
-    int available;         /* 1 if oneDNN has a bf16 matmul for this CPU                         */
-    int reference;         /* 1 if that is only its reference implementation (never chosen)      */
+    int available;         /* 1 if oneDNN's bf16 gemm runs on this CPU                           */
+    int reference;         /* 1 if that is only a reference implementation (never chosen; 0 now) */
     int measurements;      /* times this process measured: 1 after the first query (cached)     */
-    double native_gflops;  /* measured bf16 x bf16 -> fp32 matmul, one thread; 0 if not available */
+    double native_gflops;  /* measured bf16 x bf16 -> fp32 gemm, one thread; 0 if not available   */
     double widen_gflops;   /* measured fp32 sgemm of the same product on widened operands         */
     double margin;         /* native chosen when native_gflops >= margin * widen_gflops (1.15)    */
     int64_t m, n, k;       /* the timed product: C (m x n) = A (m x k) B^T (B stored n x k)       */
-    char kernel[64];       /* oneDNN's bf16 matmul implementation ("brg:avx512_core_amx", ...),
+    char kernel[64];       /* oneDNN's bf16 gemm kernel ("gemm:jit:avx512_core_bf16", ...),      
                               "none" if it has none                                               */
 } kdloss_bf16_gemm_info;
 
@@ -307,10 +309,12 @@ KDLOSS_API kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int tran
 /* The same with bf16 operands (raw bits) and an fp32 C, multiplied natively (bf16 x bf16
  * products, fp32 accumulation), alpha 1, beta 0 or 1 (else KDLOSS_ERR_INVALID_PARAM): what the
  * fused losses run when their bf16 GEMMs are native (kdloss_gemm_set_bf16), exposed for
- * benchmarks and floors. AUTO / ONEDNN: oneDNN's matmul on kdloss's thread-count independent
+ * benchmarks and floors. AUTO / ONEDNN: oneDNN's bf16 gemm on kdloss's thread-count independent
  * tile grid; OPENBLAS: cblas_sbgemm of libopenblas.so.0. KDLOSS_ERR_UNSUPPORTED where the
  * provider has no bf16 GEMM for this CPU (oneDNN needs AVX-512; OpenBLAS only when built with
- * bf16 support, which Debian 12's is not). */
+ * bf16 support, which Debian 12's is not). Native bf16 dot products (AVX512_BF16's, and AMX's)
+ * read a subnormal bf16 operand (below 2^-126 in magnitude) as 0; the widened path, and the
+ * allocation-free fallback a tile takes when memory runs out, multiply it exactly. */
 KDLOSS_API kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int trans_b,
                                           int64_t m, int64_t n, int64_t k, const uint16_t *a,
                                           int64_t lda, const uint16_t *b, int64_t ldb, float beta,
@@ -420,8 +424,9 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
 
 typedef struct kdloss_distill_logits_params {
     kdloss_div_params div; /* default forward KL                                            */
-    double temperature;    /* T > 0 and at most FLT_MAX (a finite fp32), with 1/T and
-                              grad_scale / T finite fp32; default 1                            */
+    double temperature;    /* T > 0, a normal finite fp32 (FLT_MIN <= T <= FLT_MAX, the rule
+                              of every loss on logits), with 1/T and grad_scale / T finite
+                              fp32; default 1                                                  */
     int64_t ignore_index;  /* rows whose label equals it are skipped; default -100           */
     double grad_scale;     /* upstream gradient, folded in; default 1; |grad_scale| <= FLT_MAX */
 } kdloss_distill_logits_params;
@@ -494,8 +499,9 @@ KDLOSS_API kdloss_status kdloss_jsd(const kdloss_jsd_params *params, int64_t bt,
 
 typedef struct kdloss_fljsd_params {
     double beta;             /* JSD beta in [0, 1]; default 0.5                                   */
-    double temperature;      /* divides both logit sets for the soft loss, > 0 and a normal fp32
-                                (>= FLT_MIN) with 1/T a finite fp32; default 1 (no T^2)            */
+    double temperature;      /* divides both logit sets for the soft loss, > 0 and a normal
+                                finite fp32 (FLT_MIN <= T <= FLT_MAX) with 1/T a finite fp32;
+                                default 1 (no T^2)                                              */
     double weight_hard_loss; /* >= 0; default 0.5. 0 skips all cross-entropy work                 */
     double weight_soft_loss; /* >= 0; default 0.5                                                 */
     int64_t ignore_index;    /* default -100                                                      */
@@ -591,7 +597,9 @@ KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *para
  * field by field before these members existed keeps its meaning. */
 typedef struct kdloss_logit_map {
     double scale;   /* > 0 and a finite fp32, or 0 (read as 1); default 1                     */
-    double softcap; /* 0 (none), or > 0 and a finite fp32 with 1/softcap finite; default 0    */
+    double softcap; /* 0 (none), or > 0 and a normal finite fp32 (>= FLT_MIN: a subnormal
+                       cap has too few bits for the gradient factor 1 - (z/cap)^2 at
+                       saturation) with 1/softcap finite; default 0                           */
 } kdloss_logit_map;
 
 typedef struct kdloss_fused_linear_distill_params {
@@ -691,7 +699,8 @@ typedef struct kdloss_topk_teacher {
 typedef struct kdloss_topk_distill_params {
     kdloss_div_params div; /* default forward KL                                             */
     kdloss_topk_tail tail; /* default KDLOSS_TAIL_BUCKET                                      */
-    double temperature;    /* divides the student logits; > 0, 1/T a finite fp32; default 1   */
+    double temperature;    /* divides the student logits; > 0 and a normal finite fp32 with
+                              1/T a finite fp32 (as every loss on logits); default 1           */
     int64_t ignore_index;  /* rows whose label equals it are skipped; default -100            */
     double grad_scale;     /* upstream gradient, folded in; default 1; grad_scale / T must be a
                               finite fp32                                                      */

@@ -378,6 +378,17 @@ static void bf16_gemm(kt_rng *rng) {
                         cnt % 2 ? 1.0f : 0.0f};
             check_bf16_case(rng, &cs);
         }
+    /* the native tiles' allocation-free fallback (what a tile whose gemm could not allocate
+     * runs), forced: widened operand blocks across KD_FB_MC / KD_FB_NC / KD_FB_KC edges */
+    static const int64_t fdims[][3] = {{1, 1, 1}, {17, 64, 33}, {1100, 40, 300}, {20, 1100, 600}};
+    setenv("KDLOSS_GEMM_FALLBACK", "always", 1);
+    for (size_t id = 0; id < sizeof fdims / sizeof fdims[0]; id++)
+        for (int t = 0; t < 4; t++, cnt++) {
+            gcase cs = {t & 1, t >> 1, fdims[id][0], fdims[id][1], fdims[id][2], cnt % 3, 1.0f,
+                        cnt % 2 ? 1.0f : 0.0f};
+            check_bf16_case(rng, &cs);
+        }
+    unsetenv("KDLOSS_GEMM_FALLBACK");
     /* thread-count independence: the same bits with 1, 2 and 3 threads */
     const int64_t m = 300, n = 1500, k = 400;
     uint16_t *a = brand(rng, m * k), *b = brand(rng, n * k);

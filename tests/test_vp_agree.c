@@ -17,7 +17,8 @@
  *   - D3: one rank without dxs, without any gradient, with every label ignored (its early
  *     exit), without labels' ... bias, with bf16 operands: SHAPE_MISMATCH on every rank; one rank
  *     with another temperature, divergence, beta, weight, t2_scale, ignore_index or grad_scale
- *     (top-k: tail): INVALID_PARAM on every rank;
+ *     (top-k: tail), another student logit map (softcap, scale; a scale of 0 is 1, so that one
+ *     agrees) or teacher map: INVALID_PARAM on every rank;
  *   - a bad argument on one rank: its own status, PEER on the others; a callback that fails on
  *     every rank: COMM; chunk sizes that differ between ranks: OK (the smallest is used).
  */
@@ -361,6 +362,22 @@ static void s_grad_scale(job *j, int size, world *w) {
     (void)w;
     if (LAST(j, size)) j->dp.grad_scale = j->tp.grad_scale = 0.5;
 }
+static void s_student_cap(job *j, int size, world *w) {
+    (void)w;
+    if (LAST(j, size)) j->dp.student_map.softcap = j->tp.student_map.softcap = 30.0;
+}
+static void s_student_scale(job *j, int size, world *w) {
+    (void)w;
+    if (LAST(j, size)) j->dp.student_map.scale = j->tp.student_map.scale = 0.5;
+}
+static void s_teacher_cap(job *j, int size, world *w) {
+    (void)w;
+    if (LAST(j, size)) j->dp.teacher_map.softcap = 30.0;
+}
+static void s_scale_zero(job *j, int size, world *w) { /* 0 reads as 1: the same map */
+    (void)w;
+    if (LAST(j, size)) j->dp.student_map.scale = j->tp.student_map.scale = 0.0;
+}
 static void s_tail(job *j, int size, world *w) {
     (void)w;
     if (LAST(j, size)) j->tp.tail = KDLOSS_TAIL_RENORM_BOTH;
@@ -523,6 +540,10 @@ int main(void) {
         {"D3 ignore_index", s_ignore_index, 1, PARAM, PARAM},
         {"D3 grad_scale", s_grad_scale, 1, PARAM, PARAM},
         {"bad argument on one rank", s_bad_arg, 1, PARAM, KDLOSS_ERR_PEER},
+        {"student softcap on one rank", s_student_cap, 1, PARAM, PARAM},
+        {"student scale on one rank", s_student_scale, 1, PARAM, PARAM},
+        {"student scale 0 (read as 1) on one rank", s_scale_zero, 1, OK, OK},
+        {"teacher softcap on one rank", s_teacher_cap, 0, PARAM, PARAM},
     };
     const int nsc = (int)(sizeof sc / sizeof sc[0]);
     for (int size = 2; size <= MAXR; size++)

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kdloss.h"
+#include "check.h"
 
 typedef struct kd_abi_entry {
     const char *type, *field; /* field NULL: the struct itself */
@@ -149,6 +150,7 @@ static const kd_abi_entry KD_ABI[] = {
 
 kdloss_status kdloss_abi_layout(const char *type, int index, const char **field, size_t *offset,
                                 size_t *size) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!type || !field || !offset || !size) return KDLOSS_ERR_NULL_POINTER;
     for (size_t i = 0; i < KD_ABI_N; i++) {
         if (strcmp(KD_ABI[i].type, type) != 0 || KD_ABI[i].field) continue;

@@ -98,7 +98,7 @@ kdloss_status kd_check_kl(const kd_rules *r, const kdloss_kl_params *p, int64_t 
         kd_detail("loss, row_loss, elem_loss and grad are all NULL");
         return KDLOSS_ERR_NO_OUTPUT;
     }
-    if (r->ew_align && (st = loss_align(loss, row_loss)) != KDLOSS_OK) return st;
+    if ((st = loss_align(loss, row_loss)) != KDLOSS_OK) return st;
     spans->n = 0;
     kd_spans_add(spans, "input", s_in);
     kd_spans_add(spans, "target", s_t);
@@ -169,7 +169,7 @@ kdloss_status kd_check_distill(const kd_rules *r, const kdloss_distill_params *p
     kdloss_status st = rows_head(p, bt, v);
     if (st == KDLOSS_OK) st = kd_distill_check_params(p);
     if (st != KDLOSS_OK) return st;
-    return dense_rows(r, r->ew_align, bt, v, student, teacher, labels, p->ignore_index, loss,
+    return dense_rows(r, 1, bt, v, student, teacher, labels, p->ignore_index, loss,
                       row_loss, grad, g, n_valid, spans);
 }
 

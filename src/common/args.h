@@ -41,8 +41,6 @@ typedef struct kd_rules {
     size_t ws_align;     /* > 0: the workspace is required and aligned to this (the CUDA kernels'
                             16-byte loads); 0: optional (the CPU allocates one), any alignment */
     /* What the CUDA entry points never checked, kept so that no call's status changes: */
-    int ew_align;        /* kl_div, distill: loss, row_loss and labels aligned */
-    int fld_label_align;  /* dense fused loss: labels aligned */
     int fld_dtypes_first; /* dense fused loss: the teacher pair's dtypes before any view */
 } kd_rules;
 

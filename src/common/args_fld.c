@@ -83,7 +83,7 @@ static kdloss_status fl_labels(const kd_rules *r, const kdloss_fused_linear_dist
         return KDLOSS_ERR_INVALID_PARAM;
     }
     if (r->host_memory) return kd_check_labels(labels, bt, v_ids, p->ignore_index, n_valid);
-    return kd_check_label_view(labels, sparse || r->fld_label_align);
+    return kd_check_label_view(labels, 1);
 }
 
 /* The gradient output `name` (rows x hs) of operand `of` (dtype dt) through a GEMM. */

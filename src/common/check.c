@@ -193,19 +193,20 @@ static kdloss_status check_map(const char *who, kdloss_logit_map m) {
         return bad_param(what, m.scale, "must be 0 (the identity) or > 0, a finite fp32");
     snprintf(what, sizeof what, "%s.softcap", who);
     double s = kd_logit_map_scale(m);
-    if (!(m.softcap >= 0.0) || !kd_fp32_finite(m.softcap) ||
-        (m.softcap > 0.0 && (!kd_fp32_finite(1.0 / m.softcap) || !kd_fp32_finite(s / m.softcap))))
+    if (!(m.softcap >= 0.0) ||
+        (m.softcap != 0.0 && (!kd_fp32_normal_pos(m.softcap) || !kd_fp32_finite(s / m.softcap))))
         return bad_param(what, m.softcap,
-                         "must be 0 (none) or > 0 with softcap, 1/softcap and scale/softcap "
-                         "finite fp32");
+                         "must be 0 (none) or > 0, a normal fp32, with 1/softcap and "
+                         "scale/softcap finite fp32");
     return KDLOSS_OK;
 }
 
 kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
     kdloss_status st = kd_div_check(&p->div);
     if (st != KDLOSS_OK) return st;
-    if (!(p->temperature > 0.0) || !isfinite(p->temperature))
-        return bad_param("temperature", p->temperature, "must be > 0 and finite");
+    if (!kd_fp32_normal_pos(p->temperature)) /* the rule of every loss on logits (check.h) */
+        return bad_param("temperature", p->temperature,
+                         "must be > 0, a finite normal fp32, with 1/T finite");
     if (!(p->weight_hard_loss >= 0.0) || !isfinite(p->weight_hard_loss))
         return bad_param("weight_hard_loss", p->weight_hard_loss, "must be >= 0 and finite");
     if (!(p->weight_soft_loss >= 0.0) || !isfinite(p->weight_soft_loss))
@@ -221,9 +222,6 @@ kdloss_status kd_fld_check_params(const kdloss_fused_linear_distill_params *p) {
     if (!kd_fp32_finite(p->grad_scale))
         return bad_param("grad_scale", p->grad_scale, "must be a finite fp32");
     if (p->chunk_size < 0) return bad_param("chunk_size", (double)p->chunk_size, "must be >= 0");
-    /* T must be a normal fp32 (a subnormal T makes logit gaps / T overflow) and 1/T finite */
-    if (!((float)p->temperature >= FLT_MIN) || !kd_fp32_finite(1.0 / p->temperature))
-        return bad_param("temperature", p->temperature, "must be a normal fp32 with 1/T finite");
     /* the gradient factors the row kernels use in fp32, at their largest (n_valid = 1):
      * grad_scale w_soft (T^2 or 1) / (n_valid T) and grad_scale w_hard / n_valid */
     if ((st = check_map("student_map", p->student_map)) != KDLOSS_OK ||
@@ -263,8 +261,13 @@ kdloss_fused_linear_distill_out kd_fld_out_from_jsd(const kdloss_fljsd_out *o) {
 }
 
 kdloss_status kd_fld_check_sizes(int64_t bt, int64_t hs, int64_t ht, int64_t v) {
-    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) {
-        kd_detail("bt %lld, hs %lld, ht %lld, v %lld: every size must be positive", (long long)bt,
+    if (bt <= 0 || hs <= 0 || ht <= 0 || v <= 0) { /* the first bad one named */
+        const char *what = bt <= 0   ? "bt (rows of student_input)"
+                           : hs <= 0 ? "hs (the student's hidden size, student_input's columns)"
+                           : ht <= 0 ? "ht (the teacher's hidden size, teacher_input's columns)"
+                                     : "v (the vocabulary, student_weight's rows)";
+        kd_detail("%s is %lld: must be positive (bt %lld, hs %lld, ht %lld, v %lld)", what,
+                  (long long)(bt <= 0 ? bt : hs <= 0 ? hs : ht <= 0 ? ht : v), (long long)bt,
                   (long long)hs, (long long)ht, (long long)v);
         return KDLOSS_ERR_INVALID_SIZE;
     }

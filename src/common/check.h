@@ -28,11 +28,19 @@ static inline int kd_fp32_finite(double x) {
     return x < 0x1.ffffffp+127 && x > -0x1.ffffffp+127;
 }
 
-/* 1 if T > 0 and 1/T, grad_scale and grad_scale / T are finite fp32 values: the losses on
- * logits scale the logits by 1/T and the gradient by grad_scale / T, both in fp32. */
+/* 1 if x > 0 is a finite, normal fp32 whose reciprocal is a finite fp32: the one rule for a
+ * temperature (every loss on logits: the distillation, top-k and fused losses, both backends)
+ * and a softcap. A subnormal T makes the logit gaps / T overflow (an inf loss where 2.5e38 is
+ * finite) and a subnormal cap carries too few bits for z / cap near the cap's saturation (the
+ * gradient factor 1 - (z / cap)^2 is then not 0); a T or cap beyond FLT_MAX is no fp32. */
+static inline int kd_fp32_normal_pos(double x) {
+    return x > 0.0 && kd_fp32_finite(x) && (float)x >= 0x1p-126f && kd_fp32_finite(1.0 / x);
+}
+
+/* 1 if T passes kd_fp32_normal_pos and grad_scale and grad_scale / T are finite fp32 values:
+ * the losses on logits scale the logits by 1/T and the gradient by grad_scale / T, in fp32. */
 static inline int kd_temperature_ok(double t, double grad_scale) {
-    return t > 0.0 && kd_fp32_finite(t) && kd_fp32_finite(1.0 / t) &&
-           kd_fp32_finite(grad_scale) && kd_fp32_finite(grad_scale / t);
+    return kd_fp32_normal_pos(t) && kd_fp32_finite(grad_scale) && kd_fp32_finite(grad_scale / t);
 }
 
 /* 1 for F32, BF16, F16. */

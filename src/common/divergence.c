@@ -38,6 +38,7 @@ const char *kdloss_divergence_name(kdloss_divergence d) {
 }
 
 kdloss_status kdloss_divergence_from_name(const char *name, kdloss_divergence *d) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!name || !d) return KDLOSS_ERR_NULL_POINTER;
     for (int i = 0; i < N_DIV; i++)
         if (!strcmp(name, DIV_NAMES[i])) {

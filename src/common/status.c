@@ -51,7 +51,7 @@ const char *kdloss_status_string(kdloss_status status) {
     case KDLOSS_ERR_INVALID_REDUCTION: return "invalid reduction: use none, sum, mean or batchmean";
     case KDLOSS_ERR_INVALID_PARAM:
         return "invalid parameter: the divergence must be known, beta and alpha in [0,1], eps in [0, FLT_MAX], temperature > 0 "
-               "and a finite fp32 with 1/T finite (the fused losses: a normal fp32), weights >= 0, chunk_size >= 0, and every scale factor "
+               "and a normal finite fp32 with 1/T finite (every loss on logits), weights >= 0, chunk_size >= 0, and every scale factor "
                "(grad_scale times the reduction or weight / temperature factors) a finite fp32";
     case KDLOSS_ERR_INVALID_STRIDE:
         return "invalid stride: a leading dimension is below the row length";

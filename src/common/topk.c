@@ -15,6 +15,7 @@ const char *kdloss_topk_tail_name(kdloss_topk_tail t) {
 }
 
 kdloss_status kdloss_topk_tail_from_name(const char *name, kdloss_topk_tail *t) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!name || !t) return KDLOSS_ERR_NULL_POINTER;
     for (int i = 0; i < N_TAIL; i++)
         if (!strcmp(name, TAIL_NAMES[i])) {

@@ -5,6 +5,8 @@
  * the same verdict. */
 #include "vp.h"
 
+#include "logit_map.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,19 @@ uint64_t kd_vp_params_hash(const kdloss_div_params *div, double temperature, dou
     h = hash_u64(h, (uint64_t)ignore_index);
     h = hash_f64(h, grad_scale);
     return hash_u64(h, (uint64_t)(int64_t)tail);
+}
+
+uint64_t kd_vp_maps_hash(uint64_t params, const kdloss_logit_map *student,
+                         const kdloss_logit_map *teacher) {
+    uint64_t h = params;
+    for (int i = 0; i < 2; i++) {
+        const kdloss_logit_map *m = i ? teacher : student;
+        h = hash_u64(h, (uint64_t)(m != NULL));
+        if (!m) continue;
+        h = hash_f64(h, kd_logit_map_scale(*m)); /* a scale of 0 is read as 1 (kdloss.h) */
+        h = hash_f64(h, m->softcap);
+    }
+    return h;
 }
 
 uint64_t kd_vp_setup_hash(kdloss_dtype xs, kdloss_dtype t0, kdloss_dtype t1, const void *bs,

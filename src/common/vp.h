@@ -43,6 +43,13 @@ uint64_t kd_vp_params_hash(const kdloss_div_params *div, double temperature, dou
                            double w_soft, int t2_scale, int64_t ignore_index, double grad_scale,
                            int tail);
 
+/* params (kd_vp_params_hash) with the logit maps mixed in: the student's and the teacher's (NULL
+ * where the call has none: the top-k teacher's log-probs come mapped), each as it is read (a
+ * scale of 0 is 1), so ranks whose maps differ get KDLOSS_ERR_INVALID_PARAM, as for a differing
+ * temperature, instead of silently different losses. */
+uint64_t kd_vp_maps_hash(uint64_t params, const kdloss_logit_map *student,
+                         const kdloss_logit_map *teacher);
+
 /* The operands' dtypes (xs; the teacher's two: xt and wt, or ids and log-probs), which optional
  * operands are given (student bias, teacher bias, labels), the parts that decide the collectives
  * and the early exits (soft part, hard part, any gradient, dxs: from the weights and the outputs

@@ -1,6 +1,7 @@
 #include "bf16_rows.h"
 
 #include "half.h"
+#include "omp_team.h"
 
 #include <string.h>
 
@@ -18,7 +19,7 @@ static void f32_row(const float *s, uint16_t *d, int64_t cols) {
 /* No parallel region at all when serial: libgomp mallocs a team for an if(0) region. */
 void kd_bf16_rows_to_f32(const uint16_t *src, int64_t src_ld, int64_t rows, int64_t cols,
                          float *dst, int par) {
-    if (par && rows * cols >= KD_CONVERT_PAR_MIN) {
+    if (par && rows * cols >= KD_CONVERT_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; r++) bf16_row(src + r * src_ld, dst + r * cols, cols);
     } else {
@@ -28,7 +29,7 @@ void kd_bf16_rows_to_f32(const uint16_t *src, int64_t src_ld, int64_t rows, int6
 
 void kd_f32_rows_to_bf16(const float *src, int64_t src_ld, int64_t rows, int64_t cols,
                          uint16_t *dst, int64_t dst_ld, int par) {
-    if (par && rows * cols >= KD_CONVERT_PAR_MIN) {
+    if (par && rows * cols >= KD_CONVERT_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; r++) f32_row(src + r * src_ld, dst + r * dst_ld, cols);
     } else {
@@ -49,7 +50,7 @@ static void f32_row_inplace(float *row, int64_t cols) {
 }
 
 void kd_f32_rows_to_bf16_inplace(float *buf, int64_t rows, int64_t cols, int par) {
-    if (par && rows * cols >= KD_CONVERT_PAR_MIN) {
+    if (par && rows * cols >= KD_CONVERT_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
         for (int64_t r = 0; r < rows; r++) f32_row_inplace(buf + r * cols, cols);
     } else {

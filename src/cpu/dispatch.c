@@ -1,7 +1,23 @@
 #include "dispatch.h"
+#include "check.h"
 
+#include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* fork(): libgomp's thread pool does not survive it (the child has only the forking thread,
+ * while the pool's record says its workers wait at their barrier), so in the child of a process
+ * that ran any OpenMP parallel region (kdloss's, or another library's on the same runtime) the
+ * next region with more than one thread waits forever. The child handler makes the child's
+ * OpenMP serial (nthreads-var 1): kdloss calls there run on one thread and finish (README,
+ * "Threads"). Registered when the library is loaded, so a fork before any kdloss call is
+ * covered; pthread_atfork failing (ENOMEM) leaves things as they were. */
+static void kd_fork_child(void) { omp_set_num_threads(1); }
+
+__attribute__((constructor)) static void kd_fork_register(void) {
+    (void)pthread_atfork(NULL, NULL, kd_fork_child);
+}
 
 /* 0 = not decided yet; otherwise a kdloss_cpu_isa. Reads and writes are single aligned ints. */
 static volatile int g_isa = 0;
@@ -61,6 +77,7 @@ kdloss_cpu_isa kd_cpu_isa(void) {
 }
 
 kdloss_status kdloss_cpu_set_isa(kdloss_cpu_isa isa) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (isa < KDLOSS_ISA_AUTO || isa > KDLOSS_ISA_AVX512) return KDLOSS_ERR_INVALID_PARAM;
     if (!cpu_has(isa)) return KDLOSS_ERR_UNSUPPORTED;
     g_isa = isa == KDLOSS_ISA_AUTO ? (int)best_isa() : (int)isa;

@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "ew_common.h"
+#include "check.h"
 
 void kdloss_jsd_params_default(kdloss_jsd_params *p) {
     if (!p) return;
@@ -16,6 +17,7 @@ void kdloss_jsd_params_default(kdloss_jsd_params *p) {
 kdloss_status kdloss_distill(const kdloss_distill_params *p, int64_t bt, int64_t v,
                              kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                              float *loss, float *row_loss, kdloss_mat grad) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_jsd_geom g;
     kd_spanset spans;
     int64_t n_valid;
@@ -39,6 +41,7 @@ kdloss_status kdloss_distill(const kdloss_distill_params *p, int64_t bt, int64_t
 kdloss_status kdloss_jsd(const kdloss_jsd_params *p, int64_t bt, int64_t v, kdloss_cmat student,
                          kdloss_cmat teacher, kdloss_labels labels, float *loss, float *row_loss,
                          kdloss_mat grad) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!p) return KDLOSS_ERR_NULL_POINTER;
     kdloss_distill_params d = kd_distill_from_jsd(p);
     return kdloss_distill(&d, bt, v, student, teacher, labels, loss, row_loss, grad);

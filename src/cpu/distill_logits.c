@@ -28,6 +28,7 @@
 #include "half.h"
 #include "logits_rows.h"
 #include "topk.h"
+#include "check.h"
 
 /* How far, in columns, pass 1 of a pipelined row fetches ahead of its reads (into L1). */
 #define KD_LR_AHEAD 2048
@@ -278,6 +279,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
 kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64_t bt, int64_t v,
                                     kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                                     float *loss, float *row_loss, kdloss_mat grad) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_jsd_geom g;
     kd_spanset spans;
     int64_t n_valid;
@@ -297,6 +299,7 @@ kdloss_status kdloss_topk_distill_logits(const kdloss_topk_distill_params *p, in
                                          int64_t v, kdloss_cmat student,
                                          kdloss_topk_teacher teacher, kdloss_labels labels,
                                          float *loss, float *row_loss, kdloss_mat grad) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_topk_geom g;
     kd_spanset spans;
     int64_t n_valid;

@@ -6,8 +6,6 @@
 const kd_rules kd_cpu_rules = {
     .host_memory = 1,
     .ws_align = 0,
-    .ew_align = 1,
-    .fld_label_align = 1,
     .fld_dtypes_first = 0,
 };
 

@@ -17,7 +17,9 @@
 #include "fld_rows.h"
 #include "gemm.h"
 #include "half.h"
+#include "omp_team.h"
 #include "topk.h"
+#include "check.h"
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -132,7 +134,7 @@ static void col_block(const float *dz, int64_t n, int64_t v, float *acc, int fir
 
 static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int first) {
     /* no parallel region at all when serial: libgomp mallocs a team for an if(0) region */
-    if (n * v >= KD_FLD_PAR_MIN) {
+    if (n * v >= KD_FLD_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
         for (int64_t c0 = 0; c0 < v; c0 += 512) col_block(dz, n, v, acc, first, c0);
     } else {
@@ -454,7 +456,7 @@ kdloss_status kd_fld_prepare(const kd_fld_call *k, const kd_fld_plan *pl) {
 
 /* The computation of a checked call in the workspace at `base` (aligned). A GEMM failure stops
  * it with that status (outputs may then be partly written; kdloss.h says so). */
-/* bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN matmul, fp32 accumulation)
+/* bf16 operands: the logits GEMMs multiply bf16 natively (oneDNN's bf16 gemm, fp32 accumulation)
  * where the GEMM layer says it pays (kd_gemm_bf16_native: measured once per process), else widen
  * to fp32. Where the student's logits are native, so are its gradient GEMMs (unless
  * kdloss_gemm_set_bf16_grad asked for EXACT): dzs is rounded to bf16 in place after dbs has
@@ -758,6 +760,7 @@ kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_para
                                           kdloss_labels labels,
                                           kdloss_fused_linear_distill_out *out, void *workspace,
                                           size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
     return fused(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
 }
@@ -767,6 +770,7 @@ kdloss_status kdloss_fused_linear_topk_distill(
     kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher,
     kdloss_labels labels, kdloss_fused_linear_distill_out *out, void *workspace,
     size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status st = kd_topk_check_fused_params(params);
     if (st != KDLOSS_OK) return st;
@@ -783,6 +787,7 @@ kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *params, int64_t
                                       const void *bt_bias, kdloss_labels labels,
                                       kdloss_fljsd_out *out, void *workspace,
                                       size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     kdloss_fused_linear_distill_out o = kd_fld_out_from_jsd(out);

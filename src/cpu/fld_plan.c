@@ -6,6 +6,7 @@
 #include "fld.h"
 #include "fld_rows.h"
 #include "topk.h"
+#include "check.h"
 
 #define KD_DEFAULT_BUDGET ((size_t)256 << 20)
 /* A converted weight panel holds at most this many bytes, and at most 1/8 of the budget (so a
@@ -158,6 +159,7 @@ static kdloss_status query_plan(const kdloss_fused_linear_distill_params *params
 kdloss_status kdloss_fused_linear_distill_min_budget(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_plan plan;
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_distill_params p = *params;
@@ -171,6 +173,7 @@ kdloss_status kdloss_fused_linear_distill_min_budget(
 kdloss_status kdloss_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_plan plan;
     kdloss_status st = query_plan(params, bt, hs, ht, v, student_dtype, want_grad, bytes, &plan);
     if (st != KDLOSS_OK) return st;
@@ -182,6 +185,7 @@ kdloss_status kdloss_fused_linear_distill_workspace_size(
 kdloss_status kdloss_fljsd_min_budget(const kdloss_fljsd_params *params, int64_t bt, int64_t hs,
                                       int64_t ht, int64_t v, kdloss_dtype student_dtype,
                                       int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     return kdloss_fused_linear_distill_min_budget(&p, bt, hs, ht, v, student_dtype, want_grad,
@@ -192,6 +196,7 @@ kdloss_status kdloss_fljsd_workspace_size(const kdloss_fljsd_params *params, int
                                           int64_t hs, int64_t ht, int64_t v,
                                           kdloss_dtype student_dtype, int want_grad,
                                           size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     return kdloss_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, student_dtype,
@@ -218,6 +223,7 @@ static kdloss_status topk_query_plan(const kdloss_fused_linear_topk_distill_para
 kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_plan plan;
     kdloss_status st =
         topk_query_plan(params, bt, hs, v, k, student_dtype, want_grad, bytes, &plan);
@@ -228,6 +234,7 @@ kdloss_status kdloss_fused_linear_topk_distill_workspace_size(
 kdloss_status kdloss_fused_linear_topk_distill_min_budget(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_plan plan;
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_fused_linear_topk_distill_params p = *params;

@@ -40,6 +40,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "omp_team.h"
 #include "row_special.h"
 #include "topk.h"
 #include "topk_row.h"
@@ -410,5 +411,5 @@ static inline void PH(phase)(const kd_fld_rows *a, const PH_CTX *k, int ph, int6
 
 /* Whether the chunk is worth an OpenMP team (see KD_FLD_PAR_MIN). */
 static inline int ph_parallel(const kd_fld_rows *a) {
-    return a->n > 1 && a->n * a->v >= KD_FLD_PAR_MIN;
+    return a->n > 1 && a->n * a->v >= KD_FLD_PAR_MIN && kd_omp_team();
 }

@@ -8,6 +8,7 @@
 
 #include "fld.h"
 #include "vp.h"
+#include "check.h"
 
 /* The agreement's all-reduce on the CPU: the callback on the host buffer itself. */
 static kdloss_status reduce_host(void *rctx, double *buf, int64_t n) {
@@ -33,6 +34,7 @@ static kd_vp_terms call_terms(const kd_fld_call *k, const kd_fld_teacher *t) {
     terms.params = kd_vp_params_hash(&p->div, p->temperature, p->weight_hard_loss,
                                      p->weight_soft_loss, p->t2_scale, p->ignore_index,
                                      p->grad_scale, t->topk ? t->tail : -1);
+    terms.params = kd_vp_maps_hash(terms.params, &p->student_map, t->topk ? NULL : &p->teacher_map);
     return terms;
 }
 
@@ -78,6 +80,7 @@ kdloss_status kdloss_fused_linear_distill_vp(
     int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
     return fused_vp(params, shard, bt, hs, v, xs, ws, bs, &t, ht, labels, out, workspace,
                     workspace_bytes);
@@ -88,6 +91,7 @@ kdloss_status kdloss_fused_linear_topk_distill_vp(
     int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_fused_linear_distill_params p;
     kdloss_status st = params ? kd_topk_check_fused_params(params) : KDLOSS_ERR_NULL_POINTER;
     if (st == KDLOSS_OK) p = kd_topk_fld_params(params);

@@ -32,6 +32,15 @@
 #include <strings.h>
 #include <time.h>
 
+#if KD_HAVE_ONEDNN
+/* oneDNN's bf16 x bf16 -> fp32 gemm, row-major as dnnl_sgemm: a DNNL_API symbol of libdnnl
+ * (src/cpu/gemm/gemm.cpp) that its public header does not declare. */
+dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t m, dnnl_dim_t n,
+                                    dnnl_dim_t k, float alpha, const uint16_t *a, dnnl_dim_t lda,
+                                    const uint16_t *b, dnnl_dim_t ldb, float beta, float *c,
+                                    dnnl_dim_t ldc);
+#endif
+
 /* A tile smaller than this many flops is not worth a thread of its own (~0.1 ms on one core). */
 #define KD_TILE_MIN_FLOPS 16.0e6
 /* Tiles per processor: 2 lets a thread that was slowed by another process hand over work. */
@@ -249,7 +258,7 @@ static dnnl_status_t for_tiles(int64_t m, int64_t n, int64_t k, tile_fn tile, co
  * OpenMP team take turns on it), kept for the thread's life and grown only by kd_gemm_prepare.
  * The fallback's results are as accurate as oneDNN's but not bitwise the same (another
  * summation order); it is deterministic and thread-count independent too. Why not the fallback
- * (or oneDNN matmul primitives with a user scratchpad) all the time: BENCHMARKS.md, "GEMM
+ * all the time: BENCHMARKS.md, "GEMM
  * memory". */
 
 
@@ -282,13 +291,16 @@ static kd_fb_arena *arena_of_this_thread(void) {
     return g_fb.ok ? (kd_fb_arena *)pthread_getspecific(g_fb.key) : NULL;
 }
 
-/* Makes this thread's scratch hold the fallback of every product of these shapes. */
-static kdloss_status fb_reserve(const kd_gemm_shape *shapes, int n) {
+/* Makes this thread's scratch hold the fallback of every product of these shapes (bf16: also
+ * that of native bf16 tiles, b16_fb_floats). */
+static size_t b16_fb_floats(int64_t m, int64_t n, int64_t k);
+static int b16_possible(void);
+static kdloss_status fb_reserve(const kd_gemm_shape *shapes, int n, int bf16) {
     size_t need = 0;
     for (int i = 0; i < n; i++) {
         const kd_gemm_shape *s = &shapes[i];
         if (s->m <= 0 || s->n <= 0 || s->k <= 0) continue; /* no product: nothing to reserve */
-        size_t f = kd_gemm_fb_floats(s->m, s->n, s->k);
+        size_t f = bf16 ? b16_fb_floats(s->m, s->n, s->k) : kd_gemm_fb_floats(s->m, s->n, s->k);
         if (f > need) need = f;
     }
     if (need == 0) return KDLOSS_OK;
@@ -316,7 +328,7 @@ static kdloss_status fb_reserve(const kd_gemm_shape *shapes, int n) {
 kdloss_status kd_gemm_prepare(const kd_gemm_shape *shapes, int n) {
     /* OpenBLAS exits inside a failed allocation: nothing to reserve for it (gemm.h) */
     if (kd_gemm_provider_in_use() != KD_TILED) return KDLOSS_OK;
-    return fb_reserve(shapes, n);
+    return fb_reserve(shapes, n, b16_possible());
 }
 
 static void fallback_run(const kd_gemm *g, float *scratch) { kd_cpu_kernels()->gemm_fb(g, scratch); }
@@ -450,18 +462,18 @@ kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, i
     return from_dnnl(run_grid(m, n, m, rows, nthr, b16_tile, &x));
 }
 
-/* ---- bf16 x bf16 -> fp32 (oneDNN matmul primitive) ----------------------------------------
+/* ---- bf16 x bf16 -> fp32 (oneDNN's bf16 gemm) ----------------------------------------------
  * Native or widened, chosen by measurement, not by CPU feature: the first time a
  * bf16 product needs the choice (kd_gemm_bf16_native with mode AUTO), the process times
- * oneDNN's bf16 x bf16 -> fp32 matmul against dnnl_sgemm on the same product widened to fp32,
+ * oneDNN's bf16 x bf16 -> fp32 gemm against dnnl_sgemm on the same product widened to fp32,
  * on one thread (every tile of kd_gemm_bf16_run and kd_sgemm runs on one thread, so the
  * per-core rates are the ones that count, and the choice does not depend on the thread count),
  * M 256, N 1024, K 1024 (a chunk's logits GEMM; B stored N x K), one warm-up and
  * KD_B16_REPS timed runs of each, alternated, best of each. Native wins when it is at least
  * KD_B16_MARGIN times faster. The widening itself is not timed (its cost is spread over a call's
  * chunks), which leans towards widen: native is chosen only where it clearly wins.
- * Where oneDNN has no bf16 matmul for the CPU (oneDNN 2.6 needs AVX-512), or only its reference
- * implementation, the choice is widen without timing anything. What each machine measured and
+ * Where oneDNN has no bf16 gemm for the CPU (oneDNN 2.6 needs AVX-512), the choice is widen
+ * without timing anything. What each machine measured and
  * chose is in BENCHMARKS.md. The result is cached for the process (pthread_once: several
  * threads asking at once wait for one timing). */
 
@@ -472,75 +484,33 @@ kdloss_status kd_sgemm_nt_b16(int64_t m, int64_t n, int64_t k, const float *a, i
 #define KD_B16_MARGIN 1.15
 
 static struct {
-    pthread_once_t engine_once, probe_once, measure_once, decide_once;
-    dnnl_engine_t eng;
-    int available;      /* oneDNN creates a bf16 matmul on this CPU */
-    int reference;      /* ... but only its reference (C++ loops) implementation */
-    char impl[64];      /* its implementation name */
+    pthread_once_t probe_once, measure_once, decide_once;
+    int available;      /* oneDNN's bf16 gemm runs on this CPU */
+    int reference;      /* ... but only as a reference implementation (never, with the gemm) */
+    char impl[64];      /* its kernel */
     int measurements;   /* timings run (0 or 1) */
     double native_gf, widen_gf;
     int native;         /* AUTO's choice */
-} g_b16 = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
-           NULL, 0, 0, "none", 0, 0.0, 0.0, 0};
+} g_b16 = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, 0, 0, "none", 0, 0.0, 0.0, 0};
 
 #if KD_HAVE_ONEDNN
-static void engine_create(void) {
-    if (dnnl_engine_create(&g_b16.eng, dnnl_cpu, 0) != dnnl_success) g_b16.eng = NULL;
-}
-
-static dnnl_engine_t b16_engine(void) {
-    pthread_once(&g_b16.engine_once, engine_create);
-    return g_b16.eng;
-}
-
-static dnnl_status_t bf16_desc(dnnl_memory_desc_t *d, int64_t rows, int64_t cols, int trans,
-                               int64_t ld, dnnl_data_type_t dt) {
-    dnnl_dims_t dims = {rows, cols};
-    dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
-    return dnnl_memory_desc_init_by_strides(d, 2, dims, dt, strides);
-}
-
-/* The matmul primitive descriptor of C (mi x nj, ldc) = op(A) op(B) (+ C when beta). */
-static dnnl_status_t bf16_pd(dnnl_primitive_desc_t *pd, const kd_gemm_bf16 *g, int64_t mi,
-                             int64_t nj, dnnl_memory_desc_t *da, dnnl_memory_desc_t *db,
-                             dnnl_memory_desc_t *dc) {
-    dnnl_engine_t eng = b16_engine();
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    dnnl_matmul_desc_t md;
-    if (!eng) return dnnl_runtime_error;
-    dnnl_status_t s = bf16_desc(da, mi, g->k, g->ta, g->lda, dnnl_bf16);
-    if (s == dnnl_success) s = bf16_desc(db, g->k, nj, g->tb, g->ldb, dnnl_bf16);
-    if (s == dnnl_success) s = bf16_desc(dc, mi, nj, 0, g->ldc, dnnl_f32);
-    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, da, db, NULL, dc);
-    if (s == dnnl_success && g->beta != 0.0f) { /* C += : oneDNN's sum post-op */
-        s = dnnl_primitive_attr_create(&attr);
-        if (s == dnnl_success) s = dnnl_post_ops_create(&po);
-        if (s == dnnl_success) s = dnnl_post_ops_append_sum(po, g->beta);
-        if (s == dnnl_success) s = dnnl_primitive_attr_set_post_ops(attr, po);
-    }
-    if (s == dnnl_success) s = dnnl_primitive_desc_create(pd, &md, attr, eng, NULL);
-    if (po) dnnl_post_ops_destroy(po);
-    if (attr) dnnl_primitive_attr_destroy(attr);
-    return s;
-}
-
-/* Whether oneDNN has a bf16 matmul here, and which. */
+/* Whether oneDNN's bf16 gemm runs here, and on which kernel: a 16 x 64 x 32 product (oneDNN
+ * 2.6 returns dnnl_unimplemented without AVX-512; with AVX-512 but no AVX512_BF16 its kernel
+ * emulates the bf16 dot products, which the timing then weighs). */
 static void bf16_probe(void) {
-    kd_gemm_bf16 g = {0, 1, KD_B16_M, KD_B16_N, KD_B16_K, NULL, KD_B16_K, NULL, KD_B16_K,
-                      NULL, KD_B16_N, 0.0f};
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_memory_desc_t da, db, dc;
-    if (bf16_pd(&pd, &g, g.m, g.n, &da, &db, &dc) != dnnl_success) return;
-    const char *impl = NULL;
-    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-        impl)
-        snprintf(g_b16.impl, sizeof g_b16.impl, "%s", impl);
-    else
-        snprintf(g_b16.impl, sizeof g_b16.impl, "unknown");
+    enum { PM = 16, PN = 64, PK = 32 };
+    static uint16_t a[PM * PK], b[PN * PK];
+    static float c[PM * PN];
+    for (int i = 0; i < PM * PK; i++) a[i] = 0x3f80u; /* 1.0 */
+    for (int i = 0; i < PN * PK; i++) b[i] = 0x3f80u;
+    int save = omp_get_max_threads();
+    omp_set_num_threads(1);
+    dnnl_status_t s = dnnl_gemm_bf16bf16f32('N', 'T', PM, PN, PK, 1.0f, a, PK, b, PK, 0.0f, c, PN);
+    omp_set_num_threads(save);
+    if (s != dnnl_success || c[0] != (float)PK) return;
+    snprintf(g_b16.impl, sizeof g_b16.impl, "gemm:jit:%s",
+             dnnl_has(dnnl_cpu_isa_avx512_core_bf16) ? "avx512_core_bf16" : "avx512_core (bf16 emulated)");
     g_b16.available = 1;
-    g_b16.reference = strncmp(g_b16.impl, "ref", 3) == 0;
-    dnnl_primitive_desc_destroy(pd);
 }
 #else
 static void bf16_probe(void) { snprintf(g_b16.impl, sizeof g_b16.impl, "none (no oneDNN)"); }
@@ -551,7 +521,7 @@ static int b16_available(void) {
     return g_b16.available;
 }
 
-/* KDLOSS_GEMM_BF16_EMULATE=1 (for the tests): where oneDNN has no bf16 matmul, NATIVE may still
+/* KDLOSS_GEMM_BF16_EMULATE=1 (for the tests): where oneDNN has no bf16 gemm, NATIVE may still
  * be forced, and each of its tiles is computed by widening the tile's operands to fp32 and one
  * single-threaded dnnl_sgemm: the products are exact in fp32 as in the native kernels, only the
  * summation order differs. Lets the machines without native bf16 run the native paths of the
@@ -560,6 +530,12 @@ static int b16_available(void) {
 static int b16_emulate(void) {
     const char *e = getenv("KDLOSS_GEMM_BF16_EMULATE");
     return e && strcmp(e, "1") == 0;
+}
+
+/* Whether a bf16 product may run natively in this process (so kd_gemm_prepare reserves its
+ * fallback too): not when WIDEN is forced, nor where oneDNN has no bf16 gemm (unless emulated). */
+static int b16_possible(void) {
+    return g_bf16_mode != KDLOSS_BF16_GEMM_WIDEN && (b16_available() || b16_emulate());
 }
 
 /* Rows x cols of bf16 (ld) into contiguous fp32. */
@@ -590,50 +566,83 @@ static dnnl_status_t bf16_tile_emulated(const kd_gemm_bf16 *g, const uint16_t *a
     return s;
 }
 
-/* One tile of a bf16 product through a matmul primitive (oneDNN caches primitives by shape, so
- * creating one per call costs microseconds after the first). */
+/* Floats of scratch the fallback of a native bf16 tile of at most m x n x k needs: gemm_fb's
+ * own, then one block of op(A) (<= KD_FB_MC x KD_FB_KC) and one of op(B) (<= KD_FB_KC x
+ * KD_FB_NC) widened to fp32. Monotone in each dimension, as kd_gemm_fb_floats. */
+static size_t b16_fb_floats(int64_t m, int64_t n, int64_t k) {
+    size_t mc = (size_t)(m < KD_FB_MC ? m : KD_FB_MC), nc = (size_t)(n < KD_FB_NC ? n : KD_FB_NC);
+    size_t kc = (size_t)(k < KD_FB_KC ? k : KD_FB_KC);
+    return (kd_gemm_fb_floats(m, n, k) + 15) / 16 * 16 + (mc + nc) * kc;
+}
+
+/* C (mi x nj, ldc) = op(A) op(B) + beta C of one tile without allocating, from `scratch`
+ * (b16_fb_floats of the tile): for each block of KD_FB_MC rows, KD_FB_NC columns and KD_FB_KC of
+ * the inner dimension, the two operand blocks are widened to fp32 (exactly) and multiplied into
+ * C by the allocation-free GEMM (beta on the first K block, 1 on the later ones). */
+static void bf16_tile_fallback(const kd_gemm_bf16 *g, const uint16_t *a, const uint16_t *b,
+                               float *c, int64_t mi, int64_t nj, float *scratch) {
+    const int64_t k = g->k;
+    float *fb = scratch;
+    float *aw = fb + (kd_gemm_fb_floats(mi, nj, k) + 15) / 16 * 16;
+    float *bw = aw + (size_t)(mi < KD_FB_MC ? mi : KD_FB_MC) * (size_t)(k < KD_FB_KC ? k : KD_FB_KC);
+    for (int64_t r0 = 0; r0 < mi; r0 += KD_FB_MC)
+        for (int64_t c0 = 0; c0 < nj; c0 += KD_FB_NC)
+            for (int64_t k0 = 0; k0 < k; k0 += KD_FB_KC) {
+                int64_t mb = mi - r0 < KD_FB_MC ? mi - r0 : KD_FB_MC;
+                int64_t nb = nj - c0 < KD_FB_NC ? nj - c0 : KD_FB_NC;
+                int64_t kb = k - k0 < KD_FB_KC ? k - k0 : KD_FB_KC;
+                /* op(A) block: stored kb x mb (ta) or mb x kb; op(B): nb x kb (tb) or kb x nb */
+                if (g->ta) b16_widen(a + k0 * g->lda + r0, g->lda, kb, mb, aw);
+                else b16_widen(a + r0 * g->lda + k0, g->lda, mb, kb, aw);
+                if (g->tb) b16_widen(b + c0 * g->ldb + k0, g->ldb, nb, kb, bw);
+                else b16_widen(b + k0 * g->ldb + c0, g->ldb, kb, nb, bw);
+                kd_gemm t = {g->ta, g->tb, mb, nb, kb, 1.0f, aw, g->ta ? mb : kb, bw,
+                             g->tb ? kb : nb, k0 == 0 ? g->beta : 1.0f,
+                             c + r0 * g->ldc + c0, g->ldc};
+                fallback_run(&t, fb);
+            }
+}
+
+typedef struct b16n_ctx {
+    const kd_gemm_bf16 *g;
+    kd_fb_arena *arena; /* the calling thread's, or NULL */
+    int force;
+} b16n_ctx;
+
+/* One tile of a bf16 product through oneDNN's bf16 gemm (dnnl_gemm_bf16bf16f32, exported by
+ * libdnnl beside dnnl_sgemm though not in its header): like dnnl_sgemm it allocates its packing
+ * buffers inside the call and returns dnnl_out_of_memory with C untouched when that fails
+ * (tests/fault), which oneDNN 2.6's matmul primitives do not (they end in SIGSEGV or
+ * std::terminate). Out of memory: the tile is redone without allocating when the scratch
+ * kd_gemm_prepare reserved holds it, as sgemm_tile does. */
 static dnnl_status_t bf16_tile(const void *ctx, int64_t i0, int64_t j0, int64_t mi, int64_t nj) {
-    const kd_gemm_bf16 *g = ctx;
+    const b16n_ctx *x = ctx;
+    const kd_gemm_bf16 *g = x->g;
     const uint16_t *a = g->ta ? g->a + i0 : g->a + i0 * g->lda;
     const uint16_t *b = g->tb ? g->b + j0 * g->ldb : g->b + j0;
     float *c = g->c + i0 * g->ldc + j0;
-    if (!b16_available() && b16_emulate()) return bf16_tile_emulated(g, a, b, c, mi, nj);
-#if !KD_HAVE_ONEDNN
-    return dnnl_unimplemented;
+    dnnl_status_t s;
+    if (x->force) s = dnnl_out_of_memory;
+    else if (!b16_available() && b16_emulate()) s = bf16_tile_emulated(g, a, b, c, mi, nj);
+    else
+#if KD_HAVE_ONEDNN
+        s = dnnl_gemm_bf16bf16f32(g->ta ? 'T' : 'N', g->tb ? 'T' : 'N', mi, nj, g->k, 1.0f, a,
+                                  g->lda, b, g->ldb, g->beta, c, g->ldc);
 #else
-    dnnl_engine_t eng = b16_engine();
-    dnnl_stream_t st = NULL;
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_primitive_t prim = NULL;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
-    dnnl_memory_desc_t da, db, dc;
-    dnnl_status_t s = bf16_pd(&pd, g, mi, nj, &da, &db, &dc);
-    if (s == dnnl_success) s = dnnl_stream_create(&st, eng, dnnl_stream_default_flags);
-    if (s == dnnl_success) s = dnnl_primitive_create(&prim, pd);
-    if (s == dnnl_success) s = dnnl_memory_create(&ma, &da, eng, (void *)a);
-    if (s == dnnl_success) s = dnnl_memory_create(&mb, &db, eng, (void *)b);
-    if (s == dnnl_success) s = dnnl_memory_create(&mc, &dc, eng, c);
-    if (s == dnnl_success) {
-        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-        s = dnnl_primitive_execute(prim, st, 3, args);
-        if (s == dnnl_success) s = dnnl_stream_wait(st);
-    }
-    if (mc) dnnl_memory_destroy(mc);
-    if (mb) dnnl_memory_destroy(mb);
-    if (ma) dnnl_memory_destroy(ma);
-    if (prim) dnnl_primitive_destroy(prim);
-    if (pd) dnnl_primitive_desc_destroy(pd);
-    if (st) dnnl_stream_destroy(st);
-    return s;
+        s = dnnl_unimplemented; /* no oneDNN: no native bf16 kernel (b16_available is 0) */
 #endif
+    kd_fb_arena *ar = x->arena;
+    if (s != dnnl_out_of_memory || !ar || ar->floats < b16_fb_floats(mi, nj, g->k)) return s;
+    pthread_mutex_lock(&ar->lock);
+    bf16_tile_fallback(g, a, b, c, mi, nj, ar->scratch);
+    pthread_mutex_unlock(&ar->lock);
+    return dnnl_success;
 }
 
 kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g) {
     if (g->m == 0 || g->n == 0) return KDLOSS_OK;
-#if KD_HAVE_ONEDNN
-    if (!b16_engine()) return KDLOSS_ERR_BLAS;
-#endif
-    return from_dnnl(for_tiles(g->m, g->n, g->k, bf16_tile, g));
+    b16n_ctx x = {g, arena_of_this_thread(), fallback_forced()};
+    return from_dnnl(for_tiles(g->m, g->n, g->k, bf16_tile, &x));
 }
 
 static double b16_now(void) {
@@ -662,6 +671,7 @@ static void bf16_measure(void) {
         b16_widen(a16, k, m, k, af);
         b16_widen(b16, k, n, k, bf);
         kd_gemm_bf16 g = {0, 1, m, n, k, a16, k, b16, k, c, n, 0.0f};
+        b16n_ctx gx = {&g, NULL, 0};
         double best_w = 1e30, best_n = 1e30;
         int ok = 1, save = omp_get_max_threads();
         omp_set_num_threads(1); /* one thread, as a tile runs */
@@ -671,7 +681,7 @@ static void bf16_measure(void) {
                 if (nat && !native) continue;
                 double t0 = b16_now();
                 kd_gemm w = {0, 1, m, n, k, 1.0f, af, k, bf, k, 0.0f, c, n};
-                dnnl_status_t s = nat ? bf16_tile(&g, 0, 0, m, n) : tile_sgemm(&w);
+                dnnl_status_t s = nat ? bf16_tile(&gx, 0, 0, m, n) : tile_sgemm(&w);
                 double t = b16_now() - t0;
                 if (s != dnnl_success) {
                     if (nat) native = 0;
@@ -719,6 +729,7 @@ int kd_gemm_bf16_grad_native(void) {
 }
 
 kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (mode < KDLOSS_BF16_GEMM_AUTO || mode > KDLOSS_BF16_GEMM_NATIVE)
         return KDLOSS_ERR_INVALID_PARAM;
     if (mode == KDLOSS_BF16_GEMM_NATIVE && !b16_available() && !b16_emulate())
@@ -728,6 +739,7 @@ kdloss_status kdloss_gemm_set_bf16(kdloss_bf16_gemm mode) {
 }
 
 kdloss_status kdloss_gemm_set_bf16_grad(kdloss_bf16_grad mode) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (mode != KDLOSS_BF16_GRAD_AUTO && mode != KDLOSS_BF16_GRAD_EXACT)
         return KDLOSS_ERR_INVALID_PARAM;
     g_bf16_grad = (int)mode;
@@ -735,6 +747,7 @@ kdloss_status kdloss_gemm_set_bf16_grad(kdloss_bf16_grad mode) {
 }
 
 kdloss_status kdloss_gemm_bf16_query(kdloss_bf16_gemm_info *info) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!info) return KDLOSS_ERR_NULL_POINTER;
     b16_available();
     pthread_once(&g_b16.measure_once, bf16_measure);
@@ -795,6 +808,7 @@ static kdloss_status run_with(kdloss_gemm_provider p, const kd_gemm *g) {
 kdloss_status kd_sgemm(const kd_gemm *g) { return run_with(kd_gemm_provider_in_use(), g); }
 
 kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_BUILTIN)
         return KDLOSS_ERR_INVALID_PARAM;
     if (provider == KDLOSS_GEMM_AUTO) {
@@ -807,6 +821,7 @@ kdloss_status kdloss_gemm_set_provider(kdloss_gemm_provider provider) {
 }
 
 kdloss_status kdloss_gemm_query(kdloss_gemm_provider provider, kdloss_gemm_info *info) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!info) return KDLOSS_ERR_NULL_POINTER;
     if (provider < KDLOSS_GEMM_AUTO || provider > KDLOSS_GEMM_BUILTIN)
         return KDLOSS_ERR_INVALID_PARAM;
@@ -878,6 +893,7 @@ static kdloss_status check_gemm(kdloss_gemm_provider provider, int trans_a, int 
 kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int trans_b, int64_t m,
                               int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
                               const float *b, int64_t ldb, float beta, float *c, int64_t ldc) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status st = check_gemm(provider, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
                                   KDLOSS_F32);
     if (st != KDLOSS_OK) return st;
@@ -885,7 +901,7 @@ kdloss_status kdloss_gemm_f32(kdloss_gemm_provider provider, int trans_a, int tr
     if (!provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
     if (provider == KD_TILED) { /* running out of memory cannot leave C half done */
         kd_gemm_shape shape = {m, n, k};
-        st = fb_reserve(&shape, 1);
+        st = fb_reserve(&shape, 1, 0);
         if (st != KDLOSS_OK) return st;
     }
     kd_gemm g = {trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc};
@@ -909,6 +925,7 @@ kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int t
                                int64_t n, int64_t k, const uint16_t *a, int64_t lda,
                                const uint16_t *b, int64_t ldb, float beta, float *c,
                                int64_t ldc) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status st = check_gemm(provider, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc,
                                   KDLOSS_BF16);
     if (st != KDLOSS_OK) return st;
@@ -918,10 +935,12 @@ kdloss_status kdloss_gemm_bf16(kdloss_gemm_provider provider, int trans_a, int t
     if (provider != KDLOSS_GEMM_AUTO && !provider_available(provider)) return KDLOSS_ERR_UNSUPPORTED;
     if ((!b16_available() || g_b16.reference) && !b16_emulate()) return KDLOSS_ERR_UNSUPPORTED;
     if (m == 0 || n == 0) return KDLOSS_OK;
-    if (k == 0) { /* oneDNN's matmul takes no empty K */
+    if (k == 0) { /* C = beta C without reading C at beta 0 */
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : c[i * ldc + j];
         return KDLOSS_OK;
     }
-    return kd_gemm_bf16_run(&g);
+    kd_gemm_shape shape = {m, n, k}; /* running out of memory cannot leave C half done */
+    st = fb_reserve(&shape, 1, 1);
+    return st == KDLOSS_OK ? kd_gemm_bf16_run(&g) : st;
 }

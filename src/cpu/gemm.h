@@ -56,9 +56,9 @@ typedef struct kd_gemm_shape {
  * The scratch is kept for the thread's life (freed when it ends) and only grown, so a warm
  * thread's call allocates nothing here: at most 2.2 MB (KD_FB_MC, KD_FB_KC, KD_FB_NC bound it),
  * (|m| + 32 + |n| + 32) * |k| floats with |m| = min(m, 1020), |n| = min(n, 1024), |k| =
- * min(k, 256). Not covered, so a no-op: the OpenBLAS provider (it exits inside a failed
- * allocation) and the native bf16 products (kd_gemm_bf16_run: oneDNN matmul primitives allocate
- * in every execution and abort on failure; used where measured faster, or when forced).
+ * min(k, 256); where bf16 products may run natively (kd_gemm_bf16_run), also the widened operand
+ * blocks of their fallback, (|m| + |n|) * |k| floats more. Not covered, so a no-op: the
+ * OpenBLAS provider (it exits inside a failed allocation).
  */
 kdloss_status kd_gemm_prepare(const kd_gemm_shape *shapes, int n);
 
@@ -90,8 +90,10 @@ int kd_gemm_bf16_native(void);
 /* 1 when the fused losses' backward GEMMs run natively from dZ rounded to bf16: the logits
  * GEMMs are native (kd_gemm_bf16_native) and kdloss_gemm_set_bf16_grad did not ask for EXACT. */
 int kd_gemm_bf16_grad_native(void);
-/* C = op(A) op(B) + beta C in fp32 from bf16 operands (kd_gemm_bf16), natively (oneDNN matmul),
- * on the tile grid of kd_sgemm (thread-count independent). */
+/* C = op(A) op(B) + beta C in fp32 from bf16 operands (kd_gemm_bf16), natively (oneDNN's bf16
+ * gemm), on the tile grid of kd_sgemm (thread-count independent); after a kd_gemm_prepare
+ * covering g, never _OUT_OF_MEMORY (as kd_sgemm: a tile that cannot allocate is redone by the
+ * fallback on widened blocks). */
 kdloss_status kd_gemm_bf16_run(const kd_gemm_bf16 *g);
 
 /* The tile grid kd_sgemm uses for an m x n x k product on `procs` processors: *pm x *pn tiles

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "ew_common.h"
+#include "check.h"
 
 void kdloss_kl_params_default(kdloss_kl_params *p) {
     if (!p) return;
@@ -16,6 +17,7 @@ void kdloss_kl_params_default(kdloss_kl_params *p) {
 kdloss_status kdloss_kl_div(const kdloss_kl_params *p, int64_t bt, int64_t v, kdloss_cmat input,
                             kdloss_cmat target, float *loss, float *row_loss,
                             kdloss_mat elem_loss, kdloss_mat grad) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_kl_geom g;
     kd_spanset spans;
     kdloss_status st = kd_check_kl(&kd_cpu_rules, p, bt, v, input, target, loss, row_loss,

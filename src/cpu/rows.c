@@ -1,12 +1,13 @@
 #include <stdlib.h>
 
 #include "elementwise.h"
+#include "omp_team.h"
 
 /* At most this many row blocks: their partial sums live on the stack. */
 #define KD_MAX_BLOCKS 1024
 
 /* Threads only pay off once there is real work: ~64K elements. */
-int kd_rows_parallel(int64_t bt, int64_t v) { return bt > 1 && bt * v >= 65536; }
+int kd_rows_parallel(int64_t bt, int64_t v) { return bt > 1 && bt * v >= 65536 && kd_omp_team(); }
 
 double kd_rows_sum(int64_t bt, kd_row_fn fn, const kd_ew_job *job, float *row_loss) {
     double part[KD_MAX_BLOCKS];

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "omp_team.h"
 #include "topk.h"
 #include "topk_row.h"
 
@@ -82,7 +83,7 @@ static void TS(row)(const kd_topk_sparse *a, int64_t i) {
 }
 
 void TS(kd_topk_sparse_rows)(const kd_topk_sparse *a) {
-    if (a->n > 1 && a->n * a->topk->k * a->hs >= TS_PAR_MIN) {
+    if (a->n > 1 && a->n * a->topk->k * a->hs >= TS_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < a->n; i++) TS(row)(a, i);
     } else {
@@ -104,7 +105,7 @@ static void TS(scatter_block)(const kd_topk_sparse *a, int64_t h0) {
 void TS(kd_topk_sparse_scatter)(const kd_topk_sparse *a) {
     int64_t kk = a->topk->k;
     if (a->dws) {
-        if (a->n * kk * a->hs >= TS_PAR_MIN) {
+        if (a->n * kk * a->hs >= TS_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
             for (int64_t h0 = 0; h0 < a->hs; h0 += TS_HBLOCK) TS(scatter_block)(a, h0);
         } else {

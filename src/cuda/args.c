@@ -5,8 +5,6 @@
 static const kd_rules CUDA_RULES = {
     .host_memory = 0,     /* labels and ids are device memory: the kernels check their values */
     .ws_align = 16,       /* the workspace is required, its regions read with 16-byte loads */
-    .ew_align = 0,        /* what the CUDA entry points never checked (args.h in src/common) */
-    .fld_label_align = 0,
     .fld_dtypes_first = 1,
 };
 

@@ -18,6 +18,7 @@ int kdloss_cuda_available(void) {
 
 /* device: index as cudaSetDevice takes it. *ctx is set to NULL on any failure. */
 kdloss_status kdloss_cuda_context_create(int device, kdloss_cuda_context **ctx) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     *ctx = NULL;
     int n = 0;

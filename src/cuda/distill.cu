@@ -93,6 +93,7 @@ struct jsd_launcher {
 };
 
 kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return kd_ew_workspace_size(bt, v, bytes);
 }
 
@@ -122,6 +123,7 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
                                   kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                                   float *loss, float *row_loss, kdloss_mat grad, void *workspace,
                                   size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_jsd_geom g;
     kd_spanset spans;
@@ -160,6 +162,7 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
 }
 
 kdloss_status kdloss_cuda_distill_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return kd_ew_workspace_size(bt, v, bytes);
 }
 
@@ -169,6 +172,7 @@ kdloss_status kdloss_cuda_jsd(kdloss_cuda_context *ctx, void *stream,
                               kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                               float *loss, float *row_loss, kdloss_mat grad, void *workspace,
                               size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     if (!params) return KDLOSS_ERR_NULL_POINTER;
     const kdloss_distill_params d = kd_distill_from_jsd(params);

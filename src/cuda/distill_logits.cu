@@ -247,6 +247,7 @@ static kdloss_status dl_plan(int64_t bt, int64_t v, void *ws, kd_ew_plan *p) {
 }
 
 kdloss_status kdloss_cuda_distill_logits_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!bytes) return KDLOSS_ERR_NULL_POINTER;
     kd_ew_plan p;
     kdloss_status s = dl_plan(bt, v, NULL, &p);
@@ -276,6 +277,7 @@ kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
                                          kdloss_labels labels, float *loss, float *row_loss,
                                          kdloss_mat grad, void *workspace,
                                          size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_jsd_geom g;
     kd_spanset spans;

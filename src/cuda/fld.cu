@@ -423,6 +423,7 @@ static void fld_row_launch(kdloss_dtype ds, kdloss_dtype dt, int64_t rows, const
 kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
     fld_plan P;
@@ -506,6 +507,7 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_fld_geom g;
     kd_spanset spans;
@@ -547,6 +549,7 @@ kdloss_status kdloss_cuda_fljsd_workspace_size(const kdloss_fljsd_params *params
                                                int64_t hs, int64_t ht, int64_t v,
                                                kdloss_dtype student_dtype, int want_grad,
                                                size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     const kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     return kdloss_cuda_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, student_dtype,
@@ -560,6 +563,7 @@ kdloss_status kdloss_cuda_fused_linear_jsd(kdloss_cuda_context *ctx, void *strea
                                            kdloss_cmat wt, const void *bt_bias,
                                            kdloss_labels labels, kdloss_fljsd_out *out,
                                            void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
     const kdloss_fused_linear_distill_params p = kd_fld_from_jsd(params);
     kdloss_fused_linear_distill_out o = kd_fld_out_from_jsd(out);

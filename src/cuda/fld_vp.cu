@@ -376,6 +376,7 @@ static kdloss_status fldvp_run(const fldvp_call &k, const kdloss_fused_linear_di
 kdloss_status kdloss_cuda_fused_linear_distill_vp_workspace_size(
     const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
     fldvp_plan P;
@@ -394,6 +395,7 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt, kdloss_cmat wt,
     const void *bt_bias, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status s = kd_cuda_vp_enter(ctx, shard);
     if (s != KDLOSS_OK) return s; /* this rank cannot take part */
     kd_fld_geom g;
@@ -415,6 +417,7 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
                                          params->weight_hard_loss, params->weight_soft_loss,
                                          params->t2_scale, params->ignore_index,
                                          params->grad_scale, -1);
+        terms.params = kd_vp_maps_hash(terms.params, &params->student_map, &params->teacher_map);
     }
     int64_t chunk = s == KDLOSS_OK ? P.fl.chunk : 1;
     kd_dev_guard dg;

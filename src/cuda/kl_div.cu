@@ -53,6 +53,7 @@ struct kl_launcher {
 };
 
 kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     return kd_ew_workspace_size(bt, v, bytes);
 }
 
@@ -92,6 +93,7 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                  kdloss_cmat input, kdloss_cmat target, float *loss,
                                  float *row_loss, kdloss_mat elem_loss, kdloss_mat grad,
                                  void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_kl_geom g;
     kd_spanset spans;

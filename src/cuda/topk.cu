@@ -731,6 +731,7 @@ void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_g
 
 kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t v, int64_t k,
                                                             size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!bytes) return KDLOSS_ERR_NULL_POINTER;
     tk_plan P;
     kdloss_status s = tk_logits_plan(bt, v, k, NULL, &P);
@@ -745,6 +746,7 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     kdloss_cuda_context *ctx, void *stream, const kdloss_topk_distill_params *params, int64_t bt,
     int64_t v, kdloss_cmat student_logits, kdloss_topk_teacher teacher, kdloss_labels labels,
     float *loss, float *row_loss, kdloss_mat grad, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_topk_geom g;
     kd_spanset spans;
@@ -949,6 +951,7 @@ static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_to
 kdloss_status kdloss_cuda_fused_linear_topk_distill_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = fld_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
                                      student_dtype);
@@ -972,6 +975,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_topk_teacher teacher, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_topk_geom g;
     kd_spanset spans;

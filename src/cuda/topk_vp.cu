@@ -348,6 +348,7 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
 kdloss_status kdloss_cuda_fused_linear_topk_distill_vp_workspace_size(
     const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
     int64_t k, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
     kdloss_status s = fld_size_checks(kd_topk_check_fused_params(params), bt, hs, hs, v, k,
                                      student_dtype);
@@ -366,6 +367,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     const kdloss_vocab_shard *shard, int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
     kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status s = kd_cuda_vp_enter(ctx, shard);
     if (s != KDLOSS_OK) return s; /* this rank cannot take part */
     kd_topk_geom g;
@@ -389,6 +391,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
                                          params->weight_hard_loss, params->weight_soft_loss,
                                          params->t2_scale, params->ignore_index,
                                          params->grad_scale, (int)params->tail);
+        terms.params = kd_vp_maps_hash(terms.params, &params->student_map, NULL);
     }
     int64_t chunk = s == KDLOSS_OK ? P.tk.chunk : 1;
     kd_dev_guard dg;

@@ -57,7 +57,7 @@ typedef struct kl_call {
     int64_t bt, v;
     kdloss_dtype di, dt, dg, de;
     int64_t ld_in, ld_t, ld_g, ld_e;
-    size_t in_off, t_off, g_off, e_off;
+    size_t in_off, t_off, g_off, e_off, loss_off; /* loss at AR_LOSS + loss_off */
     int loss, row, elem, grad;
     size_t ws_bytes;
     int ws_null, ws_off;
@@ -69,7 +69,7 @@ static kdloss_status run_kl(const void *arg, int cpu) {
     kdloss_cmat in = {ar + c->in_off, c->di, c->ld_in}, t = {ar + c->t_off, c->dt, c->ld_t};
     kdloss_mat e = {c->elem ? ar + c->e_off : NULL, c->de, c->ld_e};
     kdloss_mat g = {c->grad ? ar + c->g_off : NULL, c->dg, c->ld_g};
-    float *loss = c->loss ? (float *)(ar + AR_LOSS) : NULL, *row = c->row ? (float *)(ar + AR_ROW) : NULL;
+    float *loss = c->loss ? (float *)(ar + AR_LOSS + c->loss_off) : NULL, *row = c->row ? (float *)(ar + AR_ROW) : NULL;
     const kdloss_kl_params *p = c->null_params ? NULL : &c->p;
     if (cpu) return kdloss_kl_div(p, c->bt, c->v, in, t, loss, row, e, g);
     return kdloss_cuda_kl_div(c->null_ctx ? NULL : g_actx, g_st, p, c->bt, c->v, in, t, loss, row,
@@ -127,6 +127,7 @@ static void test_errors_kl(void) {
     c = b; c.ws_bytes -= 1; kl_err("kl workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
     c = b; c.ws_off = 4; c.ws_bytes += 64; kl_err("kl workspace misaligned", &c, KDLOSS_ERR_INVALID_PARAM, 0);
     c = b; c.in_off = AR_WS + 64; kl_err("kl workspace overlaps input", &c, KDLOSS_ERR_ALIASING, 0);
+    c = b; c.loss_off = 2; kl_err("kl loss misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
 }
 
 typedef struct jsd_call {
@@ -235,6 +236,7 @@ typedef struct fl_call {
     int distill; /* 1: the kdloss_*fused_linear_distill pair with pd (p unused) */
     kdloss_fused_linear_distill_params pd;
     int row_off; /* distill: row_soft at AR_ROW + row_off (with loss) */
+    size_t lab_off; /* labels at AR_LAB + lab_off */
 } fl_call;
 
 /* operands: xs @AR_IN, xt @AR_T, ws @AR_W1, wt @AR_W2, student bias just before AR_WS */
@@ -243,7 +245,7 @@ static kdloss_status run_fl(const void *arg, int cpu) {
     char *ar = cpu ? g_har : g_ar;
     kdloss_cmat xs = {ar + AR_IN, c->dxs, 0}, ws = {ar + AR_W1, c->dws, 0};
     kdloss_cmat xt = {ar + AR_T, c->dxt, 0}, wt = {ar + AR_W2, c->dwt, 0};
-    kdloss_labels L = {c->labels ? ar + AR_LAB : NULL, c->dl};
+    kdloss_labels L = {c->labels ? ar + AR_LAB + c->lab_off : NULL, c->dl};
     kdloss_fljsd_out o;
     memset(&o, 0, sizeof o);
     o.loss = c->loss ? (float *)(ar + AR_LOSS) : NULL;
@@ -357,6 +359,11 @@ static void test_errors_distill(void) {
     c = b; c.loss = c.row = c.grad = 0; jsd_err("distill no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
     c = b; c.g_off = AR_T; jsd_err("distill grad on teacher", &c, KDLOSS_ERR_ALIASING, 1);
     c = b; c.ws_bytes = 16; jsd_err("distill workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
+    c = b; c.lab_off = 4; jsd_err("distill int64 labels misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
+    c = b; c.loss_off = 2; jsd_err("distill loss misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
+    c = jsd_base(0); c.lab_off = 4;
+    KT_CHECK(kdloss_cuda_jsd_workspace_size(4, 8, &c.ws_bytes) == KDLOSS_OK, "jsd ws size");
+    jsd_err("jsd int64 labels misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
 }
 
 static void test_errors_fldistill(void) {
@@ -381,6 +388,7 @@ static void test_errors_fldistill(void) {
     e = f; e.pd.temperature = NAN; fl_err("fldistill T NaN", &e, KDLOSS_ERR_INVALID_PARAM, 1);
     e = f; e.pd.weight_soft_loss = -1; fl_err("fldistill weight < 0", &e, KDLOSS_ERR_INVALID_PARAM, 1);
     e = f; e.row_off = 2; fl_err("fldistill row_soft misaligned", &e, KDLOSS_ERR_MISALIGNED, 1);
+    e = f; e.lab_off = 4; fl_err("fldistill int64 labels misaligned", &e, KDLOSS_ERR_MISALIGNED, 1);
     e = f; e.dx_off = AR_ROW - 16; fl_err("fldistill dxs overlaps row_soft", &e, KDLOSS_ERR_ALIASING, 1);
     e = f; e.labels = 0; fl_err("fldistill no labels", &e, KDLOSS_ERR_NULL_POINTER, 1);
     e = f; e.ws_bytes -= 256; fl_err("fldistill workspace small", &e, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);

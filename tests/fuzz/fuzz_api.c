@@ -17,6 +17,8 @@
  * the double references), and both _vp entry points on 2-3 ranks as threads with an adversarial
  * in-process communicator (fuzz_vp; its section says what it varies and checks).
  * Built with clang -fsanitize=fuzzer,address,undefined (make fuzz; a bounded run in make test).
+ * Issue 33: the public GEMMs (fuzz_gemm) and the queries, names and settings (fuzz_misc), so
+ * every public entry point is reached (the kdloss_cuda_* ones too in a CUDA build: not here).
  * Counters are printed at exit: calls, rejected calls with untouched arenas, reference checks. */
 #include <dlfcn.h>
 #include <errno.h>
@@ -1306,6 +1308,28 @@ static int vp_close(double got, double want, double atol, double rtol) {
     return fabs(got - want) <= atol + rtol * fabs(want);
 }
 
+/* A gradient element against the single-process one: finite ones within atol + rtol |want|;
+ * a NaN on either side needs a NaN on the other (the NaN policy), except where the call's loss is
+ * infinite (inf_loss): inf - inf and 0 x inf inside the GEMMs are then each implementation's own
+ * (oneDNN's bf16 kernels spread one NaN over C, its fp32 sgemm does not), and a non-finite
+ * element needs a non-finite one on the other side. An infinity needs a non-finite element. */
+static int vp_grad_close(double got, double want, double atol, double rtol, int inf_loss) {
+    if (isnan(want) || isnan(got))
+        return inf_loss ? !isfinite(want) && !isfinite(got) : isnan(want) && isnan(got);
+    if (isinf(want) || isinf(got)) return !isfinite(want) && !isfinite(got);
+    return vp_close(got, want, atol, rtol);
+}
+
+/* The largest finite |element| of n (the tolerance's scale). */
+static double vp_max_finite(const void *p, kdloss_dtype dt, int64_t off, int64_t n) {
+    double mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs(kt_get(p, dt, 0, 0, off + i));
+        if (isfinite(x)) mx = fmax(mx, x);
+    }
+    return mx;
+}
+
 enum { VPM_NONE, VPM_VT_UP, VPM_VT_DOWN, VPM_TEMP, VPM_DIV, VPM_NO_DXS, VPM_NO_GRAD, VPM_ROW_LSE,
        VPM_BF16, VPM_TDT, VPM_BAD_TEMP, VPM_XS_NULL, VPM_XS_MIS, VPM_SMALL_WORK, VPM_CHUNK,
        VPM_BLOCK, VPM_NO_BIAS, VPM_NO_LABELS, VPM_LABEL_VALUES, VPM_GRAD_SCALE, VPM_WEIGHT,
@@ -1591,32 +1615,24 @@ static void fuzz_vp(rd *r, int topk) {
         }
     /* An infinite loss (a divergence at a probability 0, e.g. reverse KL at a -inf teacher
      * log-prob, or a logit of -inf from an infinite weight) has infinite gradient elements, and
-     * inf - inf, 0 x inf inside the GEMMs are each implementation's own (oneDNN's native bf16
-     * matmul spreads one NaN over all of C, its fp32 sgemm does not): its gradients are not
-     * compared, its losses are (found by fuzzing: a bf16 top-k bucket call, reverse KL, one
-     * -inf log-prob gave dws NaN in the single-process call, -inf in a rank's slice; input
-     * GtSF34laGZRmSOb+npYC5Wil5muXk0lJSUnUnpYC5Wil5kW6HBAIAOZgP2g=) */
+     * inf - inf, 0 x inf inside the GEMMs are each implementation's own (a fuzz finding: a bf16
+     * top-k bucket call, reverse KL, one -inf log-prob gave dws NaN in the single-process call,
+     * -inf in a rank's slice): vp_grad_close then asks for non-finite against non-finite */
     int inf_loss = isinf(full.sc[0]);
     for (int i = 0; i < 3; i++) {
         inf_loss |= ((j0->want_bits >> i) & 1) && isinf(full.sc[i]);
         for (int64_t q = 0; ((j0->want_bits >> (3 + i)) & 1) && q < bt; q++) inf_loss |= isinf(full.rows[i * VP_BT + q]);
     }
-    if (inf_loss) {
-        n_vp_compared[topk]++;
-        n_ref_checked++;
-        return;
-    }
+    inf_loss |= xs_special || ws_special; /* inf x 0 = NaN or +-inf in the logits GEMMs themselves */
     double ge = dt == KDLOSS_BF16 ? 2e-2 : 1e-4;
     /* TVD: where P and Q agree to rounding the subgradient's sign may flip (a tie), moving an
      * element by up to Q_k: its gradients are not compared (its losses are) */
     int tvd = (topk ? tp.div.divergence : dp.div.divergence) == KDLOSS_DIV_TVD;
     if ((j0->want_bits & 64) && !tvd) {
-        double mx = 0;
-        for (int64_t i = 0; i < bt * hs; i++) mx = fmax(mx, fabs(kt_get(full.dxs, dt, hs, 0, i)));
-        if (isfinite(mx))
-            for (int64_t i = 0; i < bt * hs; i++)
-                if (!vp_close(kt_get(j0->o.dxs, dt, hs, 0, i), kt_get(full.dxs, dt, hs, 0, i), ge * mx + 1e-7, ge))
-                    FAIL("vp: dxs[%lld]: ranks %.9g, single-process %.9g: %s", (long long)i, kt_get(j0->o.dxs, dt, hs, 0, i), kt_get(full.dxs, dt, hs, 0, i), vp_desc);
+        double mx = vp_max_finite(full.dxs, dt, 0, bt * hs);
+        for (int64_t i = 0; i < bt * hs; i++)
+            if (!vp_grad_close(kt_get(j0->o.dxs, dt, hs, 0, i), kt_get(full.dxs, dt, hs, 0, i), ge * mx + 1e-7, ge, inf_loss))
+                FAIL("vp: dxs[%lld]: ranks %.9g, single-process %.9g: %s", (long long)i, kt_get(j0->o.dxs, dt, hs, 0, i), kt_get(full.dxs, dt, hs, 0, i), vp_desc);
     }
     for (int q = 0; q < size && !tvd; q++) {
         vp_job *j = &vp_jobs[q];
@@ -1625,17 +1641,146 @@ static void fuzz_vp(rd *r, int topk) {
             int64_t n = part ? j->v : j->v * hs, off = part ? j->lo : j->lo * hs;
             const void *a = part ? (const void *)j->o.dbs : (const void *)j->o.dws;
             const void *b = part ? (const void *)full.dbs : (const void *)full.dws;
-            double mx = 0;
-            for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(kt_get(b, dt, 0, 0, off + i)));
-            if (!isfinite(mx)) continue;
+            double mx = vp_max_finite(b, dt, off, n);
             for (int64_t i = 0; i < n; i++)
-                if (!vp_close(kt_get(a, dt, 0, 0, i), kt_get(b, dt, 0, 0, off + i), ge * mx + 1e-7, ge))
+                if (!vp_grad_close(kt_get(a, dt, 0, 0, i), kt_get(b, dt, 0, 0, off + i), ge * mx + 1e-7, ge, inf_loss))
                     FAIL("vp: rank %d's %s[%lld]: %.9g, single-process %.9g: %s", q, part ? "dbs" : "dws", (long long)i, kt_get(a, dt, 0, 0, i), kt_get(b, dt, 0, 0, off + i), vp_desc);
         }
     }
     n_vp_nanrun += nanin;
     n_vp_compared[topk]++;
     n_ref_checked++;
+}
+
+/* ---- the public GEMMs (kdloss_gemm_f32, kdloss_gemm_bf16) ----
+ * Arguments drawn as for the losses (providers valid and not, transposes 0 / 1 / 2, sizes,
+ * strides, NULL / misaligned / aliasing pointers, alpha and beta special); a rejected call must
+ * leave both arenas as they were, an accepted one with finite operands and a finite C is checked
+ * against the product in double (each term of a bf16 product is exact in fp32). */
+static void fuzz_gemm(rd *r, int bf16) {
+    int prov = pick(r, 8) == 0 ? pick(r, 5) - 1 : pick(r, 4) == 0 ? KDLOSS_GEMM_ONEDNN : KDLOSS_GEMM_AUTO;
+    int ta = pick(r, 8) == 0 ? 2 : pick(r, 2), tb = pick(r, 8) == 0 ? -1 : pick(r, 2);
+    int64_t m = size_arg(r, 12), n = size_arg(r, 12), k = pick(r, 8) == 0 ? 0 : size_arg(r, 12);
+    kdloss_dtype dt = bf16 ? KDLOSS_BF16 : KDLOSS_F32;
+    int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    int64_t lda = ld_arg(r, ac), ldb = ld_arg(r, bc), ldc = ld_arg(r, n);
+    if (lda == 0) lda = ac > 0 ? ac : 1;
+    if (ldb == 0) ldb = bc > 0 ? bc : 1;
+    if (ldc == 0) ldc = n > 0 ? n : 1;
+    const void *a = ptr_arg(r, in_arena, 1), *b = ptr_arg(r, in_arena, 1);
+    float *c = (float *)ptr_arg(r, pick(r, 12) ? out_arena : in_arena, 1);
+    float alpha = (float)(pick(r, 3) ? 1.0 : param(r, -2, 2));
+    float beta = (float)(pick(r, 2) ? 0.0 : pick(r, 3) ? 1.0 : param(r, -2, 2));
+    unsigned char *ca = (unsigned char *)c >= in_arena && (unsigned char *)c < in_arena + ARENA ? in_arena : out_arena;
+    if (!fits(a, in_arena, ar, ac, lda, dt) || !fits(b, in_arena, br, bc, ldb, dt) ||
+        !fits(c, ca, m, n, ldc, KDLOSS_F32))
+        return;
+    call_begin();
+    kdloss_status st = bf16 ? kdloss_gemm_bf16((kdloss_gemm_provider)prov, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc)
+                            : kdloss_gemm_f32((kdloss_gemm_provider)prov, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (st == KDLOSS_ERR_UNSUPPORTED) { /* a provider or a bf16 GEMM this machine lacks: an error all the same */
+        call_rejected(st, bf16 ? "gemm_bf16" : "gemm_f32");
+        return;
+    }
+    if (call_rejected(st, bf16 ? "gemm_bf16" : "gemm_f32")) return;
+    if (ca == in_arena || m > 12 || n > 12 || k > 12) return; /* C inside the operands' arena: not compared */
+    if (bf16) alpha = 1.0f;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            double want = 0, mag = 0, daz = 0;
+            for (int64_t q = 0; q < k; q++) {
+                double x = getv(in_snap, in_arena, a, dt, lda, ta ? q : i, ta ? i : q);
+                double y = getv(in_snap, in_arena, b, dt, ldb, tb ? j : q, tb ? q : j);
+                want += x * y, mag += fabs(x * y);
+                /* native bf16 dot products (AVX512_BF16's) read a subnormal operand as 0
+                 * (kdloss.h, kdloss_gemm_bf16): such a term may be there or not (a fuzz
+                 * finding: a[0][2] = 1.1e-38 times -1.8e37) */
+                if (bf16 && ((x != 0 && fabs(x) < 0x1p-126) || (y != 0 && fabs(y) < 0x1p-126))) daz += fabs(x * y);
+            }
+            double c0 = beta == 0.0f ? 0.0 : getv(out_snap, out_arena, c, KDLOSS_F32, ldc, i, j);
+            want = (double)alpha * want + (double)beta * c0;
+            mag = fabs((double)alpha) * mag + fabs((double)beta * c0);
+            if (!isfinite(want) || !isfinite(mag) || mag > 1e30) continue;
+            double got = c[i * ldc + j];
+            if (!(fabs(got - want) <= 4 * (double)(k + 2) * 0x1p-24 * mag + daz + 1e-30))
+                FAIL("gemm_%s (%lld,%lld): got %.9g want %.9g (m %lld n %lld k %lld ta %d tb %d "
+                     "lda %lld ldb %lld ldc %lld beta %g alpha %g provider %d; a, b, c at %td, %td, %td)",
+                     bf16 ? "bf16" : "f32", (long long)i, (long long)j, got, want, (long long)m,
+                     (long long)n, (long long)k, ta, tb, (long long)lda, (long long)ldb,
+                     (long long)ldc, beta, alpha, prov, (const unsigned char *)a - in_arena,
+                     (const unsigned char *)b - in_arena, (unsigned char *)c - ca);
+        }
+    n_ref_checked++;
+}
+
+/* ---- the queries, names and settings: arguments from the input (names as bytes, enums in and
+ * out of range, NULL outputs); each returns a status or a string, never crashes, and after an
+ * error kdloss_error_detail() is a valid string. The settings are put back as they were. ---- */
+static void fuzz_misc(rd *r) {
+    char name[24];
+    int len = pick(r, (int)sizeof name);
+    for (int i = 0; i < len; i++) name[i] = (char)take(r, 1);
+    name[len] = 0;
+    static const char *const known[] = {"forward_kl", "reverse_kl", "jsd", "tvd", "bucket",
+                                        "renorm_both", "renorm_teacher", "kdloss_kl_params"};
+    const char *nm = pick(r, 3) == 0 ? known[pick(r, 8)] : pick(r, 16) == 0 ? NULL : name;
+    int e = (int)take(r, 1) - 8;
+    kdloss_divergence dv;
+    kdloss_topk_tail tl;
+    kdloss_gemm_info gi;
+    kdloss_bf16_gemm_info bi;
+    const char *field = NULL;
+    size_t off = 0, sz = 0;
+    kdloss_status st = KDLOSS_OK;
+    switch (pick(r, 12)) {
+    case 0: st = kdloss_divergence_from_name(nm, pick(r, 8) ? &dv : NULL); break;
+    case 1: st = kdloss_topk_tail_from_name(nm, pick(r, 8) ? &tl : NULL); break;
+    case 2: st = kdloss_abi_layout(nm, e, pick(r, 8) ? &field : NULL, &off, &sz); break;
+    case 3: st = kdloss_gemm_query((kdloss_gemm_provider)e, pick(r, 8) ? &gi : NULL); break;
+    case 4: st = kdloss_gemm_bf16_query(pick(r, 8) ? &bi : NULL); break;
+    case 5: { /* a setting, then back to AUTO (the fuzzer's default) */
+        st = kdloss_gemm_set_bf16_grad((kdloss_bf16_grad)e);
+        kdloss_gemm_set_bf16_grad(KDLOSS_BF16_GRAD_AUTO);
+        break;
+    }
+    case 6:
+        st = kdloss_gemm_set_provider((kdloss_gemm_provider)e);
+        kdloss_gemm_set_provider(KDLOSS_GEMM_AUTO);
+        break;
+    case 7:
+        st = kdloss_gemm_set_bf16((kdloss_bf16_gemm)e);
+        kdloss_gemm_set_bf16(KDLOSS_BF16_GEMM_AUTO);
+        break;
+    case 8:
+        if (!kdloss_divergence_name((kdloss_divergence)e) || !kdloss_topk_tail_name((kdloss_topk_tail)e) ||
+            !kdloss_dtype_name((kdloss_dtype)e) || !kdloss_status_string((kdloss_status)e) ||
+            !kdloss_cpu_isa_name((kdloss_cpu_isa)e))
+            FAIL("a name function returned NULL for %d", e);
+        break;
+    case 9: st = kdloss_cpu_set_isa((kdloss_cpu_isa)e); break; /* the next input sets it again */
+    case 10: {
+        size_t b = 0;
+        kdloss_fused_linear_distill_params p;
+        kdloss_fused_linear_distill_params_default(&p);
+        if (pick(r, 2)) p.temperature = param(r, 0, 4);
+        int64_t bt = size_arg(r, 64), hs = size_arg(r, 64), ht = size_arg(r, 64), v = size_arg(r, 4096);
+        st = pick(r, 2) ? kdloss_fused_linear_distill_workspace_size(&p, bt, hs, ht, v, dtype_arg(r), pick(r, 3), pick(r, 8) ? &b : NULL)
+                        : kdloss_fused_linear_distill_min_budget(&p, bt, hs, ht, v, dtype_arg(r), pick(r, 3), pick(r, 8) ? &b : NULL);
+        break;
+    }
+    default: {
+        size_t b = 0;
+        kdloss_fused_linear_topk_distill_params p;
+        kdloss_fused_linear_topk_distill_params_default(&p);
+        if (pick(r, 2)) p.tail = (kdloss_topk_tail)(pick(r, 5) - 1);
+        int64_t bt = size_arg(r, 64), hs = size_arg(r, 64), v = size_arg(r, 4096), k = size_arg(r, 64);
+        st = kdloss_fused_linear_topk_distill_min_budget(&p, bt, hs, v, k, dtype_arg(r), pick(r, 3), pick(r, 8) ? &b : NULL);
+        break;
+    }
+    }
+    if (st != KDLOSS_OK && (!kdloss_error_detail() || strlen(kdloss_error_detail()) >= 384))
+        FAIL("an error left no valid detail string");
+    n_calls++;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -1649,7 +1794,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(out_arena, 0xA5, ARENA);
     int isa = pick(&r, 4);
     if (kdloss_cpu_isa_supported((kdloss_cpu_isa)isa)) kdloss_cpu_set_isa((kdloss_cpu_isa)isa);
-    switch (pick(&r, 14)) {
+    switch (pick(&r, 17)) {
     case 0: fuzz_kl(&r); break;
     case 1: fuzz_jsd(&r); break;
     case 2: case 3: fuzz_fld(&r, 0); break;
@@ -1661,6 +1806,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 10: fuzz_distill(&r, 1); break;
     case 11: fuzz_vp(&r, 0); break;
     case 12: fuzz_vp(&r, 1); break;
+    case 13: fuzz_gemm(&r, 0); break;
+    case 14: fuzz_gemm(&r, 1); break;
+    case 15: fuzz_misc(&r); break;
     default: fuzz_vp(&r, pick(&r, 2)); break;
     }
     return 0;
