@@ -96,8 +96,13 @@ else
   PIPT=(--target "$SITE")
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
-if [ -n "$WHL" ] && timeout "$(limit 120)" "$PY" -m pip install -q --no-index --no-deps --no-compile \
-    "${PIPT[@]}" "$WHL" ${LIGER:+"$LIGER"} >"$WORK/pip.log" 2>&1; then
+pip_install() {
+  timeout "$(limit 120)" "$PY" -m pip install -q --no-index --no-deps --no-compile "${PIPT[@]}" "$@" \
+    "$WHL" ${LIGER:+"$LIGER"} >>"$WORK/pip.log" 2>&1
+}
+# an image whose python is marked externally managed (PEP 668) may refuse even a --target install
+if [ -n "$WHL" ] && { pip_install || { grep -q externally-managed "$WORK/pip.log" &&
+    pip_install --break-system-packages; }; }; then
   ST[install]=pass
 else
   cat "$WORK/pip.log" 2>/dev/null | tail -n 20
