@@ -58,7 +58,7 @@ START=$(date +%s)
 # everything under 9 minutes on the device; the dry run on a 2-core machine gets 6x each limit
 if [ $DRY = 1 ]; then TOTAL=${GPU_CHECK_SECONDS:-3600}; SLOW=6; else TOTAL=${GPU_CHECK_SECONDS:-530}; SLOW=1; fi
 JOBS=$(nproc)
-BUILD=${GPU_CHECK_BUILD:-$ROOT/build-gpu-check}
+BUILD=$(realpath -m "${GPU_CHECK_BUILD:-$ROOT/build-gpu-check}")
 left() { echo $((TOTAL - ($(date +%s) - START))); }
 # limit STEP_MAX: the step's own limit, capped by what is left of the total
 limit() { local l s=$(($1 * SLOW)); l=$(left); [ "$l" -lt 1 ] && l=1; [ "$s" -lt "$l" ] && echo "$s" || echo "$l"; }
@@ -89,8 +89,6 @@ if [ $DRY = 1 ]; then
   base=$(bash scripts/deps.sh py | tail -n 1)
   python3 -m venv "$WORK/venv" || fail python venv
   PY=$WORK/venv/bin/python
-  own=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-  "$base/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" >"$own/zz_torch_venv.pth"
   PIPT=()
 else
   PY=python3
@@ -98,12 +96,21 @@ else
   PIPT=(--target "$SITE")
   export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 fi
-if [ -n "$WHL" ] && timeout "$(limit 120)" "$PY" -m pip install -q --no-index --no-deps --no-compile \
-    "${PIPT[@]}" "$WHL" ${LIGER:+"$LIGER"} >"$WORK/pip.log" 2>&1; then
+pip_install() {
+  timeout "$(limit 120)" "$PY" -m pip install -q --no-index --no-deps --no-compile "${PIPT[@]}" "$@" \
+    "$WHL" ${LIGER:+"$LIGER"} >>"$WORK/pip.log" 2>&1
+}
+# an image whose python is marked externally managed (PEP 668) may refuse even a --target install
+if [ -n "$WHL" ] && { pip_install || { grep -q externally-managed "$WORK/pip.log" &&
+    pip_install --break-system-packages; }; }; then
   ST[install]=pass
 else
   cat "$WORK/pip.log" 2>/dev/null | tail -n 20
   fail install
+fi
+if [ $DRY = 1 ]; then # after the install: pip would take the torch venv's liger_kernel as installed
+  own=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  "$base/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" >"$own/zz_torch_venv.pth"
 fi
 # From a folder without python/ or kdloss/: the imports are the installed ones.
 check_imports='
@@ -139,7 +146,7 @@ fi
 
 if [ $DRY = 1 ]; then
   step "python: the loader of libkdloss_cuda.so on the simulator-built backend"
-  SIM=${GPU_CHECK_SIM_BUILD:-$ROOT/build-sim}
+  SIM=$(realpath -m "${GPU_CHECK_SIM_BUILD:-$ROOT/build-sim}")
   if timeout "$(limit 150)" bash -c "cmake -S . -B '$SIM' -DCMAKE_BUILD_TYPE=Release -DKDLOSS_CUDA_SIM=ON >'$WORK/sim_cmake.log' 2>&1 &&
       cmake --build '$SIM' -j$JOBS --target kdloss_cuda >'$WORK/sim_build.log' 2>&1"; then
     if (cd tests/python && KDLOSS_TEST_CUDA_SIM_LIB=$SIM/libkdloss_cuda.so KDLOSS_TEST_REQUIRE_SIM=1 \

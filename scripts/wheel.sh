@@ -33,7 +33,7 @@ raw=$(ls dist/raw/kdloss-*.whl)
 "$py" -m auditwheel show "$raw" | sed 's/^/  /'
 rm -f dist/kdloss-*.whl
 excl=(--exclude libgomp.so.1)
-if unzip -l "$raw" | grep -q "kdloss/libkdloss_cuda.so"; then
+if unzip -Z1 "$raw" | grep -c "^kdloss/libkdloss_cuda.so$" >/dev/null; then # -c: no SIGPIPE
     major=$(unzip -p "$raw" kdloss/kdloss_cuda_build.json | "$py" -c "import json, sys; print(json.load(sys.stdin)['cuda_version'].split('.')[0])")
     for so in libcudart libcublas libcublasLt; do excl+=(--exclude "$so.so.$major"); done
 fi

@@ -18,7 +18,8 @@ cd "$(dirname "$0")/../.."
 whl=$(ls dist/kdloss-*manylinux*.whl 2>/dev/null | head -n 1)
 [ -n "$whl" ] || { echo "test_wheel: no dist/kdloss-*manylinux*.whl (make wheel)"; exit 1; }
 echo "test_wheel: $whl"
-if unzip -l "$whl" | grep -q 'libgomp'; then echo "FAIL: the wheel carries a libgomp"; exit 1; fi
+# grep -c, not -q: -q exits at the first match and pipefail would see unzip's SIGPIPE
+if unzip -Z1 "$whl" | grep -c 'libgomp' >/dev/null; then echo "FAIL: the wheel carries a libgomp"; exit 1; fi
 size=$(stat -c %s "$whl")
 echo "test_wheel: $(( (size + 524288) / 1048576 )) MiB ($size bytes)"
 [ "$size" -lt $((100 * 1048576)) ] || { echo "FAIL: the wheel is over 100 MiB"; exit 1; }
@@ -28,7 +29,7 @@ python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/pip" install -q --no-index --no-deps "$whl"
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 if [ -n "$nvcc" ] && [ "${KDLOSS_CUDA:-auto}" != 0 ]; then
-    unzip -l "$whl" | grep -q "kdloss/libkdloss_cuda.so" || { echo "FAIL: nvcc here, no libkdloss_cuda.so in the wheel"; exit 1; }
+    unzip -Z1 "$whl" | grep -c "^kdloss/libkdloss_cuda.so$" >/dev/null || { echo "FAIL: nvcc here, no libkdloss_cuda.so in the wheel"; exit 1; }
     mkdir -p "$tmp/cu" && (cd "$tmp/cu" && unzip -q "$OLDPWD/$whl" 'kdloss/libkdloss_cuda.so' 'kdloss/kdloss_cuda_build.json')
     so=$tmp/cu/kdloss/libkdloss_cuda.so
     cuobjdump=$(command -v cuobjdump || ls "$(dirname "$nvcc")/cuobjdump" 2>/dev/null || true)
@@ -50,7 +51,7 @@ if [ -n "$nvcc" ] && [ "${KDLOSS_CUDA:-auto}" != 0 ]; then
     for n in libcudart.so. libcublas.so. libcublasLt.so.; do
         case " $needed" in *" $n"[0-9]*) ;; *) echo "FAIL: $n* is not a soname dependency"; exit 1 ;; esac
     done
-    if unzip -l "$whl" | grep -E 'kdloss\.libs/lib(cudart|cublas|nccl)'; then
+    if unzip -Z1 "$whl" | grep -E 'kdloss\.libs/lib(cudart|cublas|nccl)'; then
         echo "FAIL: a CUDA library was grafted into the wheel"; exit 1
     fi
     (cd "$tmp" && "$tmp/venv/bin/python" -c '
