@@ -749,7 +749,8 @@ typedef struct kdloss_fused_linear_topk_distill_params {
     int t2_scale;            /* 0 or 1; default 0; 1 requires T <= 100 (as the dense loss)     */
     int64_t ignore_index;    /* default -100                                                   */
     int64_t chunk_size;      /* rows per chunk; 0 = automatic; default 0                        */
-    size_t memory_budget;    /* as kdloss_fused_linear_distill_params; default 0 (256 MiB)      */
+    size_t memory_budget;    /* default 0: 256 MiB (the CUDA top-k path too: it does not take
+                                the dense losses' device-sized default)                        */
     double grad_scale;       /* default 1                                                      */
     kdloss_logit_map student_map; /* as kdloss_fused_linear_distill_params; the identity by
                                      default. The teacher's log-probs are given, already mapped */
