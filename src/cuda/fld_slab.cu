@@ -5,9 +5,10 @@
  * functions are fld_row_kernel's (fld_dz, kd_div_elem, the online log-sum-exp); only where the
  * logits live and how the blocks' partial sums meet (distributed shared memory, rank order)
  * differ. Rows that need the careful form are flagged and left to fld_row_kernel. */
-#include <cooperative_groups.h>
-
+/* fld_rows.cuh first: div_elem.h's locals would shadow cuda_fp16.h's half (tk_rows.cuh) */
 #include "fld_rows.cuh"
+
+#include <cooperative_groups.h>
 
 /* Shared memory of one block: its slice of zs and zt (fp32, biases added), then its partial
  * sums, which the cluster's other blocks read after a cluster barrier. */
