@@ -83,7 +83,7 @@ void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx) {
     free(ctx);
 }
 
-size_t kd_cuda_budget_for(size_t total_mem) {
+static size_t kd_cuda_budget_for(size_t total_mem) {
     const size_t lo = (size_t)256 << 20, hi = (size_t)2 << 30, b = total_mem / 32;
     return b < lo ? lo : b > hi ? hi : b;
 }

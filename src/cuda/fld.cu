@@ -94,8 +94,7 @@ static kdloss_status fld_plan_make(const kdloss_fused_linear_distill_params *p, 
 template <int DS, int DT>
 __device__ __forceinline__ fld_lses fld_lse_pass(const fld_row_args &a, const float *zs,
                                                const float *zt, kd_lse *lred) {
-    const int needA = a.do_soft || (a.do_hard && a.same_t);
-    const int needH = a.do_hard && !a.same_t;
+    const int needA = fld_need_a(a), needH = fld_need_h(a);
     kd_lse sA = {-INFINITY, 0.0f}, sB = {-INFINITY, 0.0f}, sH = {-INFINITY, 0.0f};
     for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FLD_TILE) {
         const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);

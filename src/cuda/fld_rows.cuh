@@ -83,6 +83,15 @@ typedef struct fld_lses {
     float a, b, h;
 } fld_lses;
 
+/* Which of them a call forms: a for the divergence, and for the cross-entropy when T = 1; h for
+ * the cross-entropy when T != 1 (else h = a); b with the divergence (do_soft). */
+__host__ __device__ static inline int fld_need_a(const fld_row_args &a) {
+    return a.do_soft || (a.do_hard && a.same_t);
+}
+__host__ __device__ static inline int fld_need_h(const fld_row_args &a) {
+    return a.do_hard && !a.same_t;
+}
+
 /* The single-read row pass (fld_slab.cu): a cluster of `blocks` blocks a row, each holding
  * `cols` columns of zs and zt in `smem` bytes of shared memory. blocks 0: not used. */
 typedef struct fld_slab {

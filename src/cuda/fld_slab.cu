@@ -42,7 +42,7 @@ __device__ __forceinline__ void fld_slab_load(const fld_row_args &a, const float
 __device__ __forceinline__ void fld_slab_lse(const fld_row_args &a, const float *s,
                                             const float *t, int64_t n, kd_lse *lred,
                                             fld_slab_part *P) {
-    const int needA = a.do_soft || (a.do_hard && a.same_t), needH = a.do_hard && !a.same_t;
+    const int needA = fld_need_a(a), needH = fld_need_h(a);
     kd_lse sA = {-INFINITY, 0.0f}, sB = {-INFINITY, 0.0f}, sH = {-INFINITY, 0.0f};
     for (int64_t j = (int64_t)threadIdx.x * 8; j < n; j += FLD_TILE) {
         const int m = n - j >= 8 ? 8 : (int)(n - j);
@@ -56,15 +56,10 @@ __device__ __forceinline__ void fld_slab_lse(const fld_row_args &a, const float 
         if (needA) kd_lse_add8(&sA, u, m);
         if (a.do_soft) kd_lse_add8(&sB, w, m);
     }
-    sA = kd_block_lse_state(sA, lred, 1.0f);
-    sB = kd_block_lse_state(sB, lred, 1.0f);
-    sH = kd_block_lse_state(sH, lred, 1.0f);
+    if (needA) sA = kd_block_lse_state(sA, lred, 1.0f); /* the conditions are the block's */
+    if (a.do_soft) sB = kd_block_lse_state(sB, lred, 1.0f);
+    if (needH) sH = kd_block_lse_state(sH, lred, 1.0f);
     if (threadIdx.x == 0) P->a = sA, P->b = sB, P->h = sH;
-}
-
-/* log-sum-exp of a merged state (kd_block_lse's ending). */
-__device__ __forceinline__ float fld_slab_lse_of(kd_lse r) {
-    return r.m == -INFINITY ? -INFINITY + r.l : r.m + logf(r.l);
 }
 
 /* The row's three log-sum-exps from every block's part (distributed shared memory), merged in
@@ -80,10 +75,9 @@ __device__ __forceinline__ fld_lses fld_slab_lses(const fld_row_args &a,
         H = kd_lse_merge(H, p->h, 1.0f);
     }
     fld_lses L;
-    const int needA = a.do_soft || (a.do_hard && a.same_t), needH = a.do_hard && !a.same_t;
-    L.a = needA ? fld_slab_lse_of(A) : 0.0f;
-    L.b = a.do_soft ? fld_slab_lse_of(B) : 0.0f;
-    L.h = needH ? fld_slab_lse_of(H) : L.a;
+    L.a = fld_need_a(a) ? kd_lse_value(A) : 0.0f;
+    L.b = a.do_soft ? kd_lse_value(B) : 0.0f;
+    L.h = fld_need_h(a) ? kd_lse_value(H) : L.a;
     return L;
 }
 

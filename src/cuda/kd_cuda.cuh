@@ -76,7 +76,6 @@ struct kdloss_cuda_context {
  * A function of the device alone, so a workspace query and the call agree, and results are
  * bitwise the same run to run. device -1: the current device. */
 size_t kd_cuda_default_budget(int device);
-size_t kd_cuda_budget_for(size_t total_mem);
 
 /* ---- error mapping: never exit, never print ------------------------------------------------ */
 
@@ -427,11 +426,15 @@ __device__ __forceinline__ kd_lse kd_block_lse_state(kd_lse s, kd_lse *red, floa
     return r;
 }
 
+/* log(sum exp) of a state: an empty (all -inf) one gives -inf (l = 0), NaN when a NaN was
+ * dropped by the max. */
+__device__ __forceinline__ float kd_lse_value(kd_lse r) {
+    return r.m == -INFINITY ? -INFINITY + r.l : r.m + logf(r.l);
+}
+
 /* log(sum exp) of unscaled values over the block; every thread gets it. Ends with a barrier. */
 __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
-    const kd_lse r = kd_block_lse_state(s, red, 1.0f);
-    /* an empty (all -inf) row has lse -inf (l = 0), NaN when a NaN was dropped by the max */
-    return r.m == -INFINITY ? -INFINITY + r.l : r.m + logf(r.l);
+    return kd_lse_value(kd_block_lse_state(s, red, 1.0f));
 }
 
 /* ---- small kernels of the fused losses (fld.cu, topk.cu) ---------------------
