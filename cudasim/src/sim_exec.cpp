@@ -251,11 +251,11 @@ static uint64_t fp_word(void) {
     return (uint64_t)mx | ((uint64_t)cw << 32);
 }
 
-/* The linear index of the i-th block to run: i itself, or under block sampling (the trace) the
- * i-th of nrun blocks spread evenly over the grid, first and last included. */
-static uint64_t block_at(const kd_launch_run *L, uint64_t i) {
-    if (L->nrun == L->nblocks || L->nrun < 2) return i;
-    return (uint64_t)((unsigned __int128)i * (L->nblocks - 1) / (L->nrun - 1));
+/* The i-th of nrun units (blocks, or clusters) to run out of n: i itself when all run, else
+ * under block sampling (the trace) the i-th of nrun spread evenly, first and last included. */
+static uint64_t spread_at(uint64_t i, uint64_t nrun, uint64_t n) {
+    if (nrun == n || nrun < 2) return i;
+    return (uint64_t)((unsigned __int128)i * (n - 1) / (nrun - 1));
 }
 
 /* Runs the blocks [lo, hi) of the launch's run list (linear order x fastest) on this OS thread;
@@ -272,7 +272,7 @@ static void run_blocks(kd_launch_run *L, uint64_t lo, uint64_t hi) {
     x.bytes_r = x.bytes_w = 0;
     const dim3 g = L->cfg->grid;
     for (uint64_t i = lo; i < hi; i++) {
-        const uint64_t b = block_at(L, i);
+        const uint64_t b = spread_at(i, L->nrun, L->nblocks);
         uint3 bid;
         bid.x = (unsigned)(b % g.x);
         bid.y = (unsigned)((b / g.x) % g.y);
@@ -328,7 +328,7 @@ static void run_cluster_rank(kd_launch_run *L, kd_cluster_run *c, unsigned rank,
     x.bytes_r = x.bytes_w = 0;
     const uint64_t ncl = L->nblocks / c->size;
     for (uint64_t i = 0; i < nrun; i++) {
-        const uint64_t cl = nrun == ncl || nrun < 2 ? i : i * (ncl - 1) / (nrun - 1);
+        const uint64_t cl = spread_at(i, nrun, ncl);
         c->dyn_user[rank] = x.dyn_user;
         c->live[rank] = 1;
         cluster_phase(*c);
