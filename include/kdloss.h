@@ -422,6 +422,27 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
                                         kdloss_labels labels, float *loss, float *row_loss,
                                         kdloss_mat grad);
 
+/* Per-row weights and the student's entropy (docs/MATH.md section 12), taken by the losses on
+ * logits and the fused losses (every backend, the vocabulary-parallel calls included):
+ *   row_weights  [BT] fp32, optional input (NULL: every row weighs 1). Each weight must be finite
+ *                and >= 0 (KDLOSS_ERR_INVALID_PARAM, nothing written; on CUDA, where the values
+ *                are device memory, through the status word as labels are). A row of weight 0 is
+ *                ignored as a row whose label is ignore_index is (it counts nowhere: not in
+ *                n_valid, 0 in every row output, zero gradient). A row of weight w > 0 contributes
+ *                w times its divergence (and cross-entropy) to the sums and w times its gradients;
+ *                n_valid counts the rows kept (label not ignore_index, weight > 0), so weights of
+ *                0 and 1 are a mask. Another normalizer (the sum of the weights, TRL's
+ *                num_items_in_batch) is the caller's: scale by grad_scale, or take the row outputs.
+ *                The row outputs (row_loss, row_soft, row_hard) stay unweighted.
+ *   row_entropy  [BT] fp32, optional output (NULL: not wanted): the student's entropy
+ *                H(Q) = -sum_v Q_v log Q_v in nats of Q = softmax(zs / T) at the call's temperature
+ *                (after the logit map), from the same pass as the loss; 0 on ignored rows. It is
+ *                for logging: no gradient flows from it. On the losses on logits it is a member
+ *                of the params struct (an output, so that the functions' signatures stay); on the
+ *                fused losses a member of kdloss_fused_linear_distill_out. Asking for it on the
+ *                fused top-k loss runs the full-vocabulary path (as row_lse does).
+ * The defaults (NULL, NULL) are the behaviour without these members. */
+
 typedef struct kdloss_distill_logits_params {
     kdloss_div_params div; /* default forward KL                                            */
     double temperature;    /* T > 0, a normal finite fp32 (FLT_MIN <= T <= FLT_MAX, the rule
@@ -429,6 +450,8 @@ typedef struct kdloss_distill_logits_params {
                               fp32; default 1                                                  */
     int64_t ignore_index;  /* rows whose label equals it are skipped; default -100           */
     double grad_scale;     /* upstream gradient, folded in; default 1; |grad_scale| <= FLT_MAX */
+    const float *row_weights; /* [BT] per-row weights (see above); default NULL: all 1         */
+    float *row_entropy;       /* [BT] output: the student's entropy (see above); default NULL   */
 } kdloss_distill_logits_params;
 
 KDLOSS_API void kdloss_distill_logits_params_default(kdloss_distill_logits_params *params);
@@ -585,7 +608,7 @@ KDLOSS_API kdloss_status kdloss_fused_linear_jsd(const kdloss_fljsd_params *para
  * must be <= 100 (KDLOSS_ERR_INVALID_PARAM above): the divergence of the tempered distributions
  * shrinks as 1/T^2 while the fp32 log-probs it is formed from carry a rounding of ~1e-7 each, so
  * T^2 times it stays within ~1e-4 of the float64 value at T 100 (V 4096 and 32768, tests/
- * test_t2_scale.c) but not at T 1e3 and beyond (issue 25). Without t2_scale any T is accepted; the
+ * test_t2_scale.c) but not at T 1e3 and beyond. Without t2_scale any T is accepted; the
  * soft part then carries an absolute error of ~1e-7 (a relative one growing as T^2). */
 /* A model's map from its LM head's output u = x W^T + b to its logits, applied inside the fused
  * losses before the temperature, as the model's own forward applies it (Cohere's logit_scale,
@@ -614,6 +637,8 @@ typedef struct kdloss_fused_linear_distill_params {
     double grad_scale;       /* default 1                                                         */
     kdloss_logit_map student_map; /* the student head's logit map; default the identity        */
     kdloss_logit_map teacher_map; /* the teacher head's logit map; default the identity        */
+    const float *row_weights;     /* [BT] per-row weights (see kdloss_distill_logits_params);
+                                     default NULL: every row weighs 1                           */
 } kdloss_fused_linear_distill_params;
 
 KDLOSS_API void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_params *p);
@@ -628,6 +653,8 @@ typedef struct kdloss_fused_linear_distill_out {
     float *row_soft;  /* [BT] per-row divergence                                                 */
     float *row_hard;  /* [BT] per-row cross-entropy                                              */
     float *row_lse;   /* [BT] per-row student log-sum-exp (untempered)                           */
+    float *row_entropy; /* [BT] the student's entropy H(softmax(zs / T)), no gradient (see
+                           kdloss_distill_logits_params)                                        */
 } kdloss_fused_linear_distill_out;
 
 KDLOSS_API kdloss_status kdloss_fused_linear_distill_workspace_size(
@@ -704,6 +731,8 @@ typedef struct kdloss_topk_distill_params {
     int64_t ignore_index;  /* rows whose label equals it are skipped; default -100            */
     double grad_scale;     /* upstream gradient, folded in; default 1; grad_scale / T must be a
                               finite fp32                                                      */
+    const float *row_weights; /* [BT] per-row weights (see kdloss_distill_logits_params)      */
+    float *row_entropy;       /* [BT] output: the student's entropy over all V; default NULL   */
 } kdloss_topk_distill_params;
 
 KDLOSS_API void kdloss_topk_distill_params_default(kdloss_topk_distill_params *params);
@@ -754,6 +783,7 @@ typedef struct kdloss_fused_linear_topk_distill_params {
     double grad_scale;       /* default 1                                                      */
     kdloss_logit_map student_map; /* as kdloss_fused_linear_distill_params; the identity by
                                      default. The teacher's log-probs are given, already mapped */
+    const float *row_weights;     /* [BT] per-row weights (see kdloss_distill_logits_params)  */
 } kdloss_fused_linear_topk_distill_params;
 
 KDLOSS_API void kdloss_fused_linear_topk_distill_params_default(

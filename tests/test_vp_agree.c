@@ -208,7 +208,7 @@ static kdloss_fused_linear_distill_out view(outs *o, kdloss_dtype dt, int dxs, i
                                            {grad && dxs ? o->dxs : NULL, dt, 0},
                                            {grad ? o->dws : NULL, dt, 0},
                                            grad && bias ? o->dbs : NULL,
-                                           o->rows, o->rows + BT, o->rows + 2 * BT};
+                                           o->rows, o->rows + BT, o->rows + 2 * BT, NULL};
     return out;
 }
 

@@ -136,7 +136,8 @@ class DistillParams(ctypes.Structure):
 class DistillLogitsParams(ctypes.Structure):
     """kdloss_distill_logits_params."""
     _fields_ = [("div", DivParams), ("temperature", ctypes.c_double),
-                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double)]
+                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double),
+                ("row_weights", ctypes.c_void_p), ("row_entropy", ctypes.c_void_p)]
 
 
 class LogitMap(ctypes.Structure):
@@ -151,7 +152,7 @@ class FldParams(ctypes.Structure):
                 ("t2_scale", ctypes.c_int), ("ignore_index", ctypes.c_int64),
                 ("chunk_size", ctypes.c_int64), ("memory_budget", ctypes.c_size_t),
                 ("grad_scale", ctypes.c_double), ("student_map", LogitMap),
-                ("teacher_map", LogitMap)]
+                ("teacher_map", LogitMap), ("row_weights", ctypes.c_void_p)]
 
 
 class FldOut(ctypes.Structure):
@@ -159,7 +160,7 @@ class FldOut(ctypes.Structure):
     _fields_ = [("loss", ctypes.c_void_p), ("soft_loss", ctypes.c_void_p),
                 ("hard_loss", ctypes.c_void_p), ("dxs", Mat), ("dws", Mat), ("dbs", ctypes.c_void_p),
                 ("row_soft", ctypes.c_void_p), ("row_hard", ctypes.c_void_p),
-                ("row_lse", ctypes.c_void_p)]
+                ("row_lse", ctypes.c_void_p), ("row_entropy", ctypes.c_void_p)]
 
 
 class TopkTeacher(ctypes.Structure):
@@ -170,7 +171,8 @@ class TopkTeacher(ctypes.Structure):
 class TopkDistillParams(ctypes.Structure):
     """kdloss_topk_distill_params."""
     _fields_ = [("div", DivParams), ("tail", ctypes.c_int), ("temperature", ctypes.c_double),
-                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double)]
+                ("ignore_index", ctypes.c_int64), ("grad_scale", ctypes.c_double),
+                ("row_weights", ctypes.c_void_p), ("row_entropy", ctypes.c_void_p)]
 
 
 class FltkParams(ctypes.Structure):
@@ -179,7 +181,8 @@ class FltkParams(ctypes.Structure):
                 ("weight_hard_loss", ctypes.c_double), ("weight_soft_loss", ctypes.c_double),
                 ("t2_scale", ctypes.c_int), ("ignore_index", ctypes.c_int64),
                 ("chunk_size", ctypes.c_int64), ("memory_budget", ctypes.c_size_t),
-                ("grad_scale", ctypes.c_double), ("student_map", LogitMap)]
+                ("grad_scale", ctypes.c_double), ("student_map", LogitMap),
+                ("row_weights", ctypes.c_void_p)]
 
 
 class FldJsdOut(ctypes.Structure):

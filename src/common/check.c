@@ -256,7 +256,7 @@ kdloss_fused_linear_distill_params kd_fld_from_jsd(const kdloss_fljsd_params *p)
 
 kdloss_fused_linear_distill_out kd_fld_out_from_jsd(const kdloss_fljsd_out *o) {
     kdloss_fused_linear_distill_out d = {o->loss, o->soft_loss, o->hard_loss, o->dxs, o->dws,
-                                         o->dbs, NULL, NULL, NULL};
+                                         o->dbs, NULL, NULL, NULL, NULL};
     return d;
 }
 

@@ -81,7 +81,7 @@ kdloss_fused_linear_distill_params kd_topk_fld_params(
     kdloss_fused_linear_distill_params d = {p->div,          p->temperature, p->weight_hard_loss,
                                             p->weight_soft_loss, p->t2_scale, p->ignore_index,
                                             p->chunk_size,   p->memory_budget, p->grad_scale,
-                                            p->student_map,  {1.0, 0.0}};
+                                            p->student_map,  {1.0, 0.0},     p->row_weights};
     return d;
 }
 

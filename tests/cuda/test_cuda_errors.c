@@ -150,7 +150,7 @@ typedef struct jsd_call {
 static kdloss_status run_distill_logits(const jsd_call *c, int cpu, kdloss_cmat s, kdloss_cmat t,
                                         kdloss_labels L, float *loss, float *row, kdloss_mat g) {
     char *ar = cpu ? g_har : g_ar;
-    kdloss_distill_logits_params pl = {c->d, c->temperature, c->p.ignore_index, c->p.grad_scale};
+    kdloss_distill_logits_params pl = {c->d, c->temperature, c->p.ignore_index, c->p.grad_scale, NULL, NULL};
     const kdloss_distill_logits_params *pp = c->null_params ? NULL : &pl;
     if (cpu) return kdloss_distill_logits(pp, c->bt, c->v, s, t, L, loss, row, g);
     return kdloss_cuda_distill_logits(c->null_ctx ? NULL : g_actx, g_st, pp, c->bt, c->v, s, t,

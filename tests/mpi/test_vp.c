@@ -89,7 +89,7 @@ static kdloss_fused_linear_distill_out view(outs *o, const shape *s, int hard) {
                                          o->dbs,
                                          o->row_soft,
                                          hard ? o->row_hard : NULL,
-                                         hard ? o->row_lse : NULL};
+                                         hard ? o->row_lse : NULL, NULL};
     return d;
 }
 
