@@ -135,6 +135,13 @@ KDE_FN KDE_T KDE(tvd) KDE_ARGS {
     return KE_MUL(half, KE_ABS(diff));
 }
 
+/* The student's entropy term -Q x at its log-prob x, Q = e^x (docs/MATH.md section 12): the row
+ * sum of these is H(Q). 0 where Q = 0 (0 log 0 = 0), so a log-prob of -inf adds 0, not NaN. A
+ * caller that has Q passes it; no exp is taken here. */
+KDE_FN KDE_T KDE(entropy)(KDE_T x, KDE_T qq) {
+    return KE_KEEP(KE_GT(qq, KE_C(0.0f)), KE_NEG(KE_MUL(qq, x)));
+}
+
 #undef KDE_ARGS
 #undef KDE_USE_PQ
 #undef KDE_P
