@@ -103,6 +103,18 @@ kdloss_status kd_check_labels(kdloss_labels labels, int64_t bt, int64_t v, int64
     return KDLOSS_OK;
 }
 
+kdloss_status kd_check_row_weights(const float *w, int64_t bt) {
+    if (!w) return KDLOSS_OK;
+    for (int64_t r = 0; r < bt; r++) {
+        float x = w[r];
+        if (!(x >= 0.0f && x <= FLT_MAX)) { /* NaN fails both compares */
+            kd_detail("row_weights[%lld] = %g is not finite and >= 0", (long long)r, (double)x);
+            return KDLOSS_ERR_INVALID_PARAM;
+        }
+    }
+    return KDLOSS_OK;
+}
+
 /* KDLOSS_ERR_INVALID_PARAM with its detail. */
 static kdloss_status bad_param(const char *what, double value, const char *want) {
     kd_detail("%s = %g: %s", what, value, want);

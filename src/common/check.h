@@ -81,6 +81,14 @@ kdloss_status kd_check_label_view(kdloss_labels labels, int align);
  * on the stack up to 2^18 ids) cannot be allocated (src/common/topk_ids.c). */
 kdloss_status kd_topk_check_ids(kdloss_topk_teacher t, int64_t bt, int64_t v);
 
+/* Per-row weights (host memory, docs/MATH.md section 12): NULL is valid (every row weighs 1);
+ * else each of the bt weights finite and >= 0, or KDLOSS_ERR_INVALID_PARAM naming the first bad
+ * one. */
+kdloss_status kd_check_row_weights(const float *w, int64_t bt);
+/* Whether row r is kept: its label is not ignore_index (no labels: every label kept) and its
+ * weight, when weights are given, is not 0. */
+static inline int kd_row_weight_keeps(const float *w, int64_t r) { return !w || w[r] != 0.0f; }
+
 /* Label of row r as int64 (labels already checked). */
 static inline int64_t kd_label_at(kdloss_labels labels, int64_t r) {
     return labels.dtype == KDLOSS_I64 ? ((const int64_t *)labels.data)[r]
