@@ -851,7 +851,12 @@ typedef struct kdloss_vocab_shard {
  * as x and -x), then a MAX over 3 doubles (each rank's verdict and the chunk it read). Then per
  * chunk an all-reduce MAX of 2 doubles a row (row maxima), a SUM of 4 (sums of exps, the label's
  * logit), a SUM of 2 (the divergence's terms and sum of its gradient), and a SUM of the chunk's
- * Hs fp32 dxs values a row: 64 bytes + 4 Hs a token (docs/MATH.md section 9).
+ * Hs fp32 dxs values a row: 64 bytes + 4 Hs a token (docs/MATH.md section 9). With row_entropy
+ * asked for, the SUM of 4 is a SUM of 5: the 5th double of a row is the rank's sum of
+ * e^u u, u = (zs - max zs) / T, over its columns (the entropy's own sum, from the exps of the
+ * first; docs/MATH.md section 12): 72 bytes + 4 Hs a token. Without it the protocol is the one
+ * above. row_weights are replicated (every rank passes the same BT values) and add nothing to
+ * the per-chunk collectives.
  * Every rank makes the agreement's two calls whatever its arguments, and what they return decides
  * every later call, so all ranks make the same calls or all return:
  *  - a rank whose own arguments are bad (or whose workspace or GEMM scratch cannot be allocated)
@@ -859,8 +864,9 @@ typedef struct kdloss_vocab_shard {
  *  - ranks that disagree on BT, Hs, Ht / K, v_total or the tiling of [0, v_total) by the blocks,
  *    the dtypes of xs and of the teacher's operands, which biases and labels are given, whether
  *    the soft part, the hard part, any gradient and dxs are computed (from the weights and the
- *    outputs asked for), or n_valid (the rows kept: labels must be replicated): every rank
- *    KDLOSS_ERR_SHAPE_MISMATCH;
+ *    outputs asked for), whether row_entropy is asked for (it sizes the SUM above), whether
+ *    row_weights are given and their values (bitwise, in row order), or n_valid (the rows kept:
+ *    labels and row weights must be replicated): every rank KDLOSS_ERR_SHAPE_MISMATCH;
  *  - ranks that disagree on divergence, beta, alpha, temperature, the weights, t2_scale,
  *    ignore_index, grad_scale or the top-k tail: every rank KDLOSS_ERR_INVALID_PARAM (chunk_size
  *    and memory_budget may differ: the smallest chunk is used);
@@ -885,8 +891,11 @@ KDLOSS_API kdloss_status kdloss_fused_linear_distill_vp(
 /* The sparse top-k teacher, vocabulary-parallel: the teacher's ids are global (replicated); each
  * rank handles the ids in its block, and every tail mode works. Per chunk: a MAX of 2 doubles a
  * row, a SUM of 4 + K (the rest's sums of exps, the label's logit, the K selected logits, each
- * from the rank that holds it), and the dxs SUM: 48 + 8 K + 4 Hs bytes a token. renorm_both
- * runs the full-vocabulary path here (the sparse path is single-process). */
+ * from the rank that holds it), and the dxs SUM: 48 + 8 K + 4 Hs bytes a token. With row_entropy
+ * asked for, a SUM of 5 + K: the last double of a row (after the K logits) is the rank's sum of
+ * e^u u, u = (zs - mr) / T, over its columns outside the teacher's ids (docs/MATH.md section
+ * 12): 56 + 8 K + 4 Hs bytes a token. renorm_both runs the full-vocabulary path here (the sparse
+ * path is single-process). */
 KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_vp(
     const kdloss_fused_linear_topk_distill_params *params, const kdloss_vocab_shard *shard,
     int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,

@@ -86,6 +86,22 @@ static kdloss_status fl_labels(const kd_rules *r, const kdloss_fused_linear_dist
     return kd_check_label_view(labels, 1);
 }
 
+/* Per-row weights (docs/MATH.md section 12), where the host can read them: each finite and >= 0
+ * (kd_check_row_weights), and a row of weight 0 taken out of *n_valid as an ignored row is
+ * (labels checked first: their kept rows are counted there). On a device the backend checks
+ * and counts them itself. */
+static kdloss_status fl_weights(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
+                                kdloss_labels labels, int64_t bt, int64_t *n_valid) {
+    const float *w = p->row_weights;
+    if (!w || !r->host_memory) return KDLOSS_OK;
+    kdloss_status st = kd_check_row_weights(w, bt);
+    if (st != KDLOSS_OK) return st;
+    for (int64_t i = 0; i < bt; i++)
+        if (w[i] == 0.0f && (!labels.data || kd_label_at(labels, i) != p->ignore_index))
+            (*n_valid)--;
+    return KDLOSS_OK;
+}
+
 /* The gradient output `name` (rows x hs) of operand `of` (dtype dt) through a GEMM. */
 static kdloss_status grad_out(const char *name, const char *of, kdloss_dtype dt, int64_t rows,
                               int64_t hs, kdloss_mat m, int64_t *ld, kd_span *sp) {
@@ -107,8 +123,8 @@ static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *o, int64_
                                 int has_bias, kd_fld_checked *c, kd_spanset *spans) {
     const int grad = o->dxs.data || o->dws.data || o->dbs;
     if (!grad && !o->loss && !o->soft_loss && !o->hard_loss && !o->row_soft && !o->row_hard &&
-        !o->row_lse) {
-        kd_detail("out: every output (losses, row terms, gradients) is NULL");
+        !o->row_lse && !o->row_entropy) {
+        kd_detail("out: every output (losses, row terms, entropy, gradients) is NULL");
         return KDLOSS_ERR_NO_OUTPUT;
     }
     kd_span s_dxs, s_dws;
@@ -122,16 +138,16 @@ static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *o, int64_
     }
     const size_t es = kdloss_dtype_size(xdt);
     static const char *const name[] = {"dbs",      "loss",     "soft_loss", "hard_loss",
-                                       "row_soft", "row_hard", "row_lse"};
-    const void *ptr[] = {o->dbs, o->loss, o->soft_loss, o->hard_loss, o->row_soft, o->row_hard,
-                         o->row_lse};
-    const int64_t len[] = {v, 1, 1, 1, bt, bt, bt};
-    for (int i = 0; i < 7; i++)
+                                       "row_soft", "row_hard", "row_lse",   "row_entropy"};
+    const void *ptr[] = {o->dbs,      o->loss,     o->soft_loss, o->hard_loss,
+                         o->row_soft, o->row_hard, o->row_lse,   o->row_entropy};
+    const int64_t len[] = {v, 1, 1, 1, bt, bt, bt, bt};
+    for (int i = 0; i < 8; i++)
         if ((st = kd_check_aligned(name[i], ptr[i], i ? sizeof(float) : es)) != KDLOSS_OK)
             return st;
     kd_spans_add(spans, "dxs", s_dxs);
     kd_spans_add(spans, "dws", s_dws);
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 8; i++)
         kd_spans_add(spans, name[i], kd_vec_span(ptr[i], len[i], i ? sizeof(float) : es));
     c->want_grad = grad;
     return KDLOSS_OK;
@@ -164,9 +180,13 @@ static kdloss_status fl_operands(const kd_rules *r, const kdloss_fused_linear_di
     const size_t es = kdloss_dtype_size(xs.dtype);
     if (st == KDLOSS_OK) st = kd_check_aligned("student_bias", bs, es);
     if (st == KDLOSS_OK) st = fl_labels(r, p, sparse, labels, out, bt, v_ids, &c->n_valid);
+    if (st == KDLOSS_OK)
+        st = kd_check_aligned("row_weights", p->row_weights, sizeof(float));
+    if (st == KDLOSS_OK) st = fl_weights(r, p, labels, bt, &c->n_valid);
     if (st != KDLOSS_OK) return st;
     kd_spans_add(spans, "student_bias", kd_vec_span(bs, v, es));
     kd_spans_add(spans, "labels", kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
+    kd_spans_add(spans, "row_weights", kd_vec_span(p->row_weights, bt, sizeof(float)));
     spans->n_in = spans->n;
     return fl_outputs(out, bt, hs, v, xs.dtype, ws.dtype, bs != NULL, c, spans);
 }

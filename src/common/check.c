@@ -191,6 +191,7 @@ void kdloss_fused_linear_distill_params_default(kdloss_fused_linear_distill_para
     p->grad_scale = 1.0;
     p->student_map = (kdloss_logit_map){1.0, 0.0};
     p->teacher_map = (kdloss_logit_map){1.0, 0.0};
+    p->row_weights = NULL; /* every row weighs 1 */
 }
 
 /* Fused-linear parameter and size checks, shared by the CPU and CUDA backends (their size

@@ -47,6 +47,7 @@ void kdloss_fused_linear_topk_distill_params_default(kdloss_fused_linear_topk_di
     p->memory_budget = 0;
     p->grad_scale = 1.0;
     p->student_map = (kdloss_logit_map){1.0, 0.0};
+    p->row_weights = NULL; /* every row weighs 1 */
 }
 
 kdloss_status kd_topk_check_tail(const kdloss_div_params *d, kdloss_topk_tail tail) {

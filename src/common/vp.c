@@ -83,8 +83,20 @@ uint64_t kd_vp_setup_hash(kdloss_dtype xs, kdloss_dtype t0, kdloss_dtype t1, con
                     (uint64_t)(bs != NULL) << 24 | (uint64_t)(tb != NULL) << 25 |
                     (uint64_t)(labels.data != NULL) << 26 | (uint64_t)soft << 27 |
                     (uint64_t)hard << 28 | (uint64_t)grad << 29 |
-                    (uint64_t)(o->dxs.data != NULL) << 30;
+                    (uint64_t)(o->dxs.data != NULL) << 30 |
+                    (uint64_t)(o->row_entropy != NULL) << 31; /* sizes the SUM of stat_sum */
     return hash_u64(hash_u64(0x6b646c6f73737632ULL, bits), (uint64_t)n_valid);
+}
+
+uint64_t kd_vp_weights_hash(uint64_t setup, const float *w, int64_t bt) {
+    if (!w) return setup; /* the fingerprint without weights, as before they existed */
+    uint64_t h = hash_u64(setup, 0x6b646c7277677473ULL); /* "given", then every value's bits */
+    for (int64_t i = 0; i < bt; i++) {
+        uint32_t bits;
+        memcpy(&bits, &w[i], sizeof bits);
+        h = hash_u64(h, (uint64_t)bits);
+    }
+    return h;
 }
 
 /* ---- the agreement ---- */

@@ -59,6 +59,13 @@ uint64_t kd_vp_setup_hash(kdloss_dtype xs, kdloss_dtype t0, kdloss_dtype t1, con
                           const void *tb, kdloss_labels labels, double w_hard, double w_soft,
                           const kdloss_fused_linear_distill_out *out, int64_t n_valid);
 
+/* setup (kd_vp_setup_hash) with the per-row weights mixed in (host memory, [bt] fp32, docs/MATH.md
+ * section 12): their presence and every value's bits in row order, so that ranks whose weights
+ * differ (they must be replicated) get KDLOSS_ERR_SHAPE_MISMATCH, as for labels that differ.
+ * NULL weights return setup unchanged. The row_entropy output is in kd_vp_setup_hash (it sizes
+ * the per-chunk SUM). */
+uint64_t kd_vp_weights_hash(uint64_t setup, const float *w, int64_t bt);
+
 /* A communicator this rank can take part in: shard, comm and callback present, a rank inside
  * its size (NULL_POINTER, INVALID_PARAM). Without one the call returns at once, and the other
  * ranks then wait in the agreement (kdloss.h says so). */

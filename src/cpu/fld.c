@@ -165,8 +165,8 @@ static void write_losses(const kdloss_fused_linear_distill_out *o, float loss, f
 static void write_zero(const kd_fld_call *k) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     write_losses(o, 0.0f, 0.0f, 0.0f);
-    float *rows[3] = {o->row_soft, o->row_hard, o->row_lse};
-    for (int i = 0; i < 3; i++)
+    float *rows[4] = {o->row_soft, o->row_hard, o->row_lse, o->row_entropy};
+    for (int i = 0; i < 4; i++)
         if (rows[i]) memset(rows[i], 0, (size_t)k->bt * sizeof(float));
     if (o->dxs.data) zero_mat(o->dxs, k->bt, k->hs);
     if (o->dws.data) zero_mat(o->dws, k->v, k->hs);
@@ -246,6 +246,7 @@ static kdloss_status chunk_logits(kdloss_cmat x, int64_t r0, int64_t n, const ws
  * top-k row with no used slot and no cross-entropy gradient. */
 static int zero_dz_row(const kd_fld_rows *r, int64_t i) {
     if (r->labels.data && kd_label_at(r->labels, r->row0 + i) == r->ignore_index) return 1;
+    if (!kd_row_weight_keeps(r->w, r->row0 + i)) return 1; /* weight 0: an ignored row */
     if (!r->topk || r->gh != 0.0f) return 0;
     return ((const int64_t *)(r->tk + (size_t)i * kd_topk_row_scratch(r->topk->k)))[r->topk->k] == 0;
 }
@@ -334,6 +335,7 @@ static void topk_dx(const kd_fld_call *k, const kd_fld_rows *r, const float *dz,
         float *d = dx + i * ldd;
         memset(d, 0, (size_t)hs * sizeof(float));
         if (r->labels.data && kd_label_at(r->labels, r0 + i) == r->ignore_index) continue;
+        if (!kd_row_weight_keeps(r->w, r0 + i)) continue;
         const int64_t *col = (const int64_t *)(r->tk + (size_t)i * kd_topk_row_scratch(kk));
         for (int64_t j = 0; j < col[kk]; j++) {
             if (col[j] < 0) continue; /* another rank's id */
@@ -422,7 +424,11 @@ static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, 
     r->tail = k->tail;
     r->tk = base + pl->off_tk;
     r->v_lo = k->v_lo;
-    r->n_sum = kd_fld_n_sum(k->topk.k);
+    /* the entropy's sum joins the SUM of stat_sum (the plan reserves its double) */
+    r->ent = k->out.row_entropy != NULL;
+    r->n_sum = kd_fld_n_sum(k->topk.k) + r->ent;
+    r->w = p->row_weights;
+    r->row_ent = NULL; /* per chunk (run_chunk) */
     r->stat_max = (double *)(base + pl->off_stat);
     r->stat_sum = r->stat_max + 2 * pl->chunk;
     r->stat_div = r->stat_sum + r->n_sum * pl->chunk;
@@ -524,6 +530,7 @@ static kdloss_status run_chunk(const kd_fld_call *k, const kd_fld_plan *pl, char
     r->n = n;
     r->row0 = r0;
     r->row_lse = o->row_lse ? o->row_lse + r0 : NULL;
+    r->row_ent = o->row_entropy ? o->row_entropy + r0 : NULL;
     if (k->comm) {
         st = rows_vp(k->comm, r);
     } else {
@@ -532,9 +539,10 @@ static kdloss_status run_chunk(const kd_fld_call *k, const kd_fld_plan *pl, char
         kd_ph_leave();
     }
     if (st != KDLOSS_OK) return st;
+    const float *w = k->p.row_weights; /* a kept row's terms count w times (row outputs: once) */
     for (int64_t i = 0; i < n; i++) {
-        u->soft_sum += r->row_soft[i];
-        u->hard_sum += r->row_hard[i];
+        u->soft_sum += w ? (double)w[r0 + i] * r->row_soft[i] : r->row_soft[i];
+        u->hard_sum += w ? (double)w[r0 + i] * r->row_hard[i] : r->row_hard[i];
         if (o->row_soft) o->row_soft[r0 + i] = (float)r->row_soft[i];
         if (o->row_hard) o->row_hard[r0 + i] = (float)r->row_hard[i];
     }
@@ -579,7 +587,8 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
      * then too); the same for the soft part, which also skips the teacher GEMM. */
     u.soft = p->weight_soft_loss > 0.0 || o->soft_loss || o->row_soft;
     u.hard = p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard || o->row_lse;
-    if (k->n_valid == 0 || (!u.soft && !u.hard)) {
+    /* the entropy alone still runs the student's logits and its tempered pass (fld_rows.h) */
+    if (k->n_valid == 0 || (!u.soft && !u.hard && !o->row_entropy)) {
         write_zero(k);
         return KDLOSS_OK;
     }
@@ -598,7 +607,8 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
 int kd_topk_sparse_eligible(const kd_fld_call *k) {
     const kdloss_fused_linear_distill_out *o = &k->out;
     return k->topk.k > 0 && k->tail == KDLOSS_TAIL_RENORM_BOTH && !(k->p.weight_hard_loss > 0.0) &&
-           !o->hard_loss && !o->row_hard && !o->row_lse && !kd_logit_map_make(k->p.student_map).on;
+           !o->hard_loss && !o->row_hard && !o->row_lse && !o->row_entropy &&
+           !kd_logit_map_make(k->p.student_map).on;
 }
 
 /* The sparse path's workspace, carved from `base` with the chunk of the full plan: every region
@@ -673,7 +683,7 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
                         NULL, &k->topk, k->labels, p->ignore_index, kd_div_coef_make(&p->div),
                         (double)(float)(1.0 / p->temperature), /* fp32-exact: topk_row.h */
                         k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f,
-                        NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL};
+                        NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL, p->row_weights};
     sparse_layout(k, pl, base, &a);
     sparse_zero_grads(k, &a);
     void (*scatter)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_scatter;
@@ -694,7 +704,8 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
         rows(&a);
         kd_ph_leave();
         for (int64_t i = 0; i < a.n; i++) {
-            soft_sum += a.row_soft[i];
+            /* a kept row's divergence counts w times (row_soft: once) */
+            soft_sum += a.w ? (double)a.w[r0 + i] * a.row_soft[i] : a.row_soft[i];
             if (o->row_soft) o->row_soft[r0 + i] = (float)a.row_soft[i];
             nan_row |= ((const int64_t *)(a.tk + (size_t)i * scr))[k->topk.k] != 0;
         }

@@ -29,7 +29,8 @@
  *   rows   2 x chunk   f64   per-row soft and hard loss terms of the chunk
  *   dws    V x Hs      fp32  dWs accumulator across chunks (sb and gradients only)
  *   tk     chunk x kd_topk_row_scratch(K) bytes: a sparse teacher's per-row scratch
- *   stat   chunk x kd_fld_n_stats(K) f64: the row phases' statistics (fld_rows.h)
+ *   stat   chunk x kd_fld_n_stats(K) f64: the row phases' statistics (fld_rows.h), the
+ *          entropy's sum included
  * A sparse teacher (K slots) has no zt, no teacher rows and no teacher weights (Ht = 0).
  * The teacher's dtype is not an argument of kdloss_fljsd_workspace_size(), so the layout
  * reserves the teacher's conversion space (xconv, panel, wt32) whatever that dtype is.
@@ -70,7 +71,7 @@ typedef struct kd_fld_call {
     int tail;
     kdloss_labels labels;
     kdloss_fused_linear_distill_out out;
-    int64_t n_valid; /* rows whose label is not ignore_index */
+    int64_t n_valid; /* rows kept: label not ignore_index, row weight (if any) not 0 */
     int grad;        /* some gradient output is wanted */
     const kdloss_comm *comm; /* vocabulary-parallel: the ranks' communicator; NULL otherwise */
     int64_t v_lo;    /* vocabulary-parallel: the global id of this rank's first row */

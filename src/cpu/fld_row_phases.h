@@ -19,6 +19,8 @@
  *   PH_FOLD_MAX(z, b, v)                adds the bias b (or NULL) in place, returns the max
  *   PH_MAP(z, b, v, map)                z = map(z + b) in place (logit_map.h; b may be NULL)
  *   PH_SUM_EXP(z, v, m, s)              sum of exp((z - m) s), double
+ *   PH_SUM_EXP_ENT(z, v, m, s, ent)     the same sum (the same bits), and into *ent the sum of
+ *                                       the entropy elements -e^u u, u = (z - m) s, from its exps
  *   PH_DIV(a, k, zs, zt, ms, mt, lss, lst, store_g, sum_g)
  *                                       the divergence's terms on X = (zs - ms) it - lss,
  *                                       Y = (zt - mt) it - lst: returns their sum; when store_g,
@@ -36,6 +38,10 @@
  *   sparse: mx = {max of zs outside S, max of zs}; sm = {sum e^((zs-mr)/T) outside S,
  *           sum e^(zs-mr) outside S (T != 1), 0, zs[y], zs at S (|S| values, 0 where another
  *           rank holds the id)}; dv = {c_rest, untempered lse} (not reduced)
+ *   with the entropy (a->ent), sm[kd_fld_ent_at(K)] = sum of -e^u u over the columns the first
+ *   sum runs over (u its exponent): H = -sum Q log Q follows from it, that sum and the row's
+ *   log-normalizer (docs/MATH.md section 12).
+ * A row of weight 0 (a->w) is an ignored row; a kept row's gradient factors are w gs, w gh.
  */
 #include <math.h>
 #include <string.h>
@@ -58,8 +64,25 @@ static inline int64_t ph_label_col(const kd_fld_rows *a, int64_t i) {
 }
 
 static inline int ph_ignored(const kd_fld_rows *a, int64_t i) {
-    return a->labels.data && kd_label_at(a->labels, a->row0 + i) == a->ignore_index;
+    return (a->labels.data && kd_label_at(a->labels, a->row0 + i) == a->ignore_index) ||
+           !kd_row_weight_keeps(a->w, a->row0 + i);
 }
+
+/* Row i's arguments for phase 4: a itself, or, under row weights, a copy in *b whose gradient
+ * factors carry the row's weight (the weight scales the row's whole gradient). */
+static inline const kd_fld_rows *ph_weighted(const kd_fld_rows *a, int64_t i, kd_fld_rows *b) {
+    if (!a->w) return a;
+    *b = *a;
+    b->gs = a->gs * a->w[a->row0 + i];
+    b->gh = a->gh * a->w[a->row0 + i];
+    return b;
+}
+
+/* The tempered student sum of exps, with the entropy's sum into *ent when it is wanted. */
+#define PH_SUM_EXP_S(a, z, v, m, s, h_out)                                                     \
+    ((a)->ent ? (kd_row_wide(m) ? kd_wide_sum_exp_ent(z, v, (double)(m), (double)(s), h_out)   \
+                                : PH_SUM_EXP_ENT(z, v, m, s, h_out))                           \
+              : PH_SUM_EXP_ROW(z, v, m, s))
 
 /* Phase 1 on one row of a head: the bias, then the head's logit map when it has one; the max.
  * The map passes over the row once more, in cache; a row without one is read once, as before. */
@@ -95,13 +118,14 @@ static void PH(dense_sums)(const kd_fld_rows *a, int64_t i) {
     double *sm = a->stat_sum + a->n_sum * i;
     const float *zs = a->zs + i * a->v;
     float ms = (float)a->stat_max[2 * i], mt = (float)a->stat_max[2 * i + 1], it = a->inv_t;
+    double *ent = sm + kd_fld_ent_at(0);
     sm[0] = sm[1] = sm[2] = sm[3] = 0.0;
+    if (a->ent) *ent = 0.0;
     if (ph_ignored(a, i)) return;
     int64_t y = ph_label_col(a, i);
-    if (a->soft) {
-        sm[0] = PH_SUM_EXP_ROW(zs, a->v, ms, it);
-        sm[1] = PH_SUM_EXP_ROW(a->zt + i * a->v, a->v, mt, it);
-    }
+    /* the tempered student pass also when only the entropy wants it */
+    if (a->soft || a->ent) sm[0] = PH_SUM_EXP_S(a, zs, a->v, ms, it, ent);
+    if (a->soft) sm[1] = PH_SUM_EXP_ROW(a->zt + i * a->v, a->v, mt, it);
     if (a->hard && !(a->soft && it == 1.0f)) sm[2] = PH_SUM_EXP_ROW(zs, a->v, ms, 1.0f);
     if (a->hard && y >= 0) sm[3] = zs[y];
 }
@@ -122,8 +146,11 @@ static void PH(dense_div)(const kd_fld_rows *a, const PH_CTX *k, int64_t i) {
     dv[0] = dv[1] = 0.0;
     a->row_hard[i] = 0.0;
     if (a->row_lse) a->row_lse[i] = 0.0f;
+    if (a->row_ent) a->row_ent[i] = 0.0f;
     if (ph_ignored(a, i)) return;
     ph_dense_logs(a, sm, &lss, &lst, &lsh);
+    /* H = -sum Q log Q with log Q = u - log S: (sum -e^u u) / S + log S, two non-negative terms */
+    if (a->row_ent) a->row_ent[i] = (float)(sm[kd_fld_ent_at(0)] / sm[0] + log(sm[0]));
     if (a->hard) a->row_hard[i] = ((double)ms - sm[3]) + lsh;
     if (a->row_lse) a->row_lse[i] = (float)((double)ms + lsh);
     if (a->soft && (kd_row_wide(ms) || kd_row_wide(mt))) {
@@ -169,17 +196,19 @@ static void PH(dense_grad_cols)(const kd_fld_rows *a, const double *dv, float *z
     }
 }
 
-static void PH(dense_grad)(const kd_fld_rows *a, int64_t i) {
-    const double *sm = a->stat_sum + a->n_sum * i, *dv = a->stat_div + 2 * i;
-    float *zs = a->zs + i * a->v;
-    const float *g = a->zt ? a->zt + i * a->v : NULL;
+static void PH(dense_grad)(const kd_fld_rows *a0, int64_t i) {
+    const double *sm = a0->stat_sum + a0->n_sum * i, *dv = a0->stat_div + 2 * i;
+    float *zs = a0->zs + i * a0->v;
+    const float *g = a0->zt ? a0->zt + i * a0->v : NULL;
     double lss, lst, lsh;
-    a->row_soft[i] = dv[0];
-    if (!a->grad) return;
-    if (ph_ignored(a, i)) {
-        memset(zs, 0, (size_t)a->v * sizeof(float));
+    a0->row_soft[i] = dv[0];
+    if (!a0->grad) return;
+    if (ph_ignored(a0, i)) {
+        memset(zs, 0, (size_t)a0->v * sizeof(float));
         return;
     }
+    kd_fld_rows wb;
+    const kd_fld_rows *a = ph_weighted(a0, i, &wb);
     ph_dense_logs(a, sm, &lss, &lst, &lsh);
     float ms = (float)a->stat_max[2 * i];
     int64_t y = ph_label_col(a, i);
@@ -274,14 +303,32 @@ static void PH(topk_sums)(const kd_fld_rows *a, int64_t i) {
     float mr = (float)a->stat_max[2 * i], it = a->inv_t;
     int64_t kk = a->topk->k;
     sm[0] = sm[1] = sm[2] = 0.0;
+    if (a->ent) sm[kd_fld_ent_at(kk)] = 0.0;
     if (ph_ignored(a, i)) return;
     const int64_t *col = ph_tk(a, i);
     const float *zk = (const float *)(col + kk + 1);
     if (!(mr == -INFINITY)) { /* a NaN maximum goes on, so that the NaN reaches the sums */
-        sm[0] = PH_SUM_EXP_ROW(z, a->v, mr, it);
+        sm[0] = PH_SUM_EXP_S(a, z, a->v, mr, it, sm + kd_fld_ent_at(kk));
         if ((a->hard || a->row_lse) && it != 1.0f) sm[1] = PH_SUM_EXP_ROW(z, a->v, mr, 1.0f);
     }
     for (int64_t k = 0; k < col[kk]; k++) sm[4 + k] = zk[k];
+}
+
+/* The entropy of a top-k row over all V (docs/MATH.md section 12): L = logaddexp(rest, lse of
+ * zk / T) normalizes Q; outside S, log Q = u + c with c = mr / T - L, so that part is
+ * e^c (sum -e^u u - c sum e^u) (both terms >= 0: c <= 0); each slot adds -Q log Q. */
+static inline double ph_topk_entropy(const kd_fld_rows *a, const double *sm, const float *zk,
+                                     int64_t n, float mr, int none, double rest) {
+    double l = kd_topk_logaddexp(rest, kd_topk_lse(zk, n, a->inv_t64)), h = 0.0;
+    if (!none) {
+        double c = (double)mr * a->inv_t64 - l;
+        h = exp(c) * (sm[kd_fld_ent_at(a->topk->k)] - c * sm[0]);
+    }
+    for (int64_t k = 0; k < n; k++) {
+        double lq = (double)zk[k] * a->inv_t64 - l, q = exp(lq);
+        if (q > 0.0) h -= q * lq;
+    }
+    return h;
 }
 
 static void PH(topk_div)(const kd_fld_rows *a, int64_t i) {
@@ -294,10 +341,12 @@ static void PH(topk_div)(const kd_fld_rows *a, int64_t i) {
     a->row_hard[i] = 0.0;
     a->row_soft[i] = 0.0;
     if (a->row_lse) a->row_lse[i] = 0.0f;
+    if (a->row_ent) a->row_ent[i] = 0.0f;
     if (ph_ignored(a, i)) return;
     for (int64_t k = 0; k < n; k++) zk[k] = (float)sm[4 + k]; /* every rank's slots */
     int none = mr == -INFINITY; /* no column outside S (a NaN maximum is not that) */
     double rest = !none ? (double)mr * a->inv_t64 + log(sm[0]) : -INFINITY, lse1 = 0.0;
+    if (a->row_ent) a->row_ent[i] = (float)ph_topk_entropy(a, sm, zk, n, mr, none, rest);
     if (a->hard || a->row_lse) {
         double rest1 = it == 1.0f ? rest : !none ? (double)mr + log(sm[1]) : -INFINITY;
         lse1 = kd_topk_logaddexp(rest1, kd_topk_lse(zk, n, 1.0));
@@ -349,14 +398,16 @@ static void PH(topk_rest_capped)(const kd_fld_rows *a, const ph_tk_rest *r, floa
     }
 }
 
-static void PH(topk_grad)(const kd_fld_rows *a, int64_t i) {
-    const double *sm = a->stat_sum + a->n_sum * i, *dv = a->stat_div + 2 * i;
-    float *z = a->zs + i * a->v;
-    if (!a->grad) return;
-    if (ph_ignored(a, i)) {
-        memset(z, 0, (size_t)a->v * sizeof(float));
+static void PH(topk_grad)(const kd_fld_rows *a0, int64_t i) {
+    const double *sm = a0->stat_sum + a0->n_sum * i, *dv = a0->stat_div + 2 * i;
+    float *z = a0->zs + i * a0->v;
+    if (!a0->grad) return;
+    if (ph_ignored(a0, i)) {
+        memset(z, 0, (size_t)a0->v * sizeof(float));
         return;
     }
+    kd_fld_rows wb;
+    const kd_fld_rows *a = ph_weighted(a0, i, &wb);
     int64_t kk = a->topk->k, *col = ph_tk(a, i), n = col[kk], y = ph_label_col(a, i);
     const float *zk = (const float *)(col + kk + 1), *gk = zk + 2 * kk;
     int soft = a->soft && a->gs != 0.0f, capped = ph_capped(a);

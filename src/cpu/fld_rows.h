@@ -62,12 +62,22 @@ typedef struct kd_fld_rows {
     double *stat_max;        /* [2 n] */
     double *stat_sum;        /* [n_sum n] */
     double *stat_div;        /* [2 n] */
-    int64_t n_sum;         /* kd_fld_n_sum(): 4, + K with a sparse teacher */
+    int64_t n_sum;         /* kd_fld_n_sum(): 4, + K with a sparse teacher, + 1 with ent */
+    /* per-row weights and the student's entropy (docs/MATH.md section 12) */
+    const float *w;        /* [BT] row weights by batch index (row0 + i), or NULL: all 1. A
+                              row of weight 0 is ignored; gs and gh scale by a kept row's w */
+    int ent;               /* form the entropy: its sum joins stat_sum at kd_fld_ent_at() */
+    float *row_ent;        /* [n] out or NULL: each row's entropy H(softmax(zs/T)) (0 ignored) */
 } kd_fld_rows;
 
-/* Doubles per row of the phases' statistics: stat_max 2, stat_sum kd_fld_n_sum(K), stat_div 2. */
+/* Where the entropy's sum sits in a row's stat_sum (after the K gathered logits). */
+static inline int64_t kd_fld_ent_at(int64_t topk_k) { return 4 + topk_k; }
+
+/* Doubles per row of the phases' statistics: stat_max 2, stat_sum kd_fld_n_sum(K) (+ 1, the
+ * entropy's sum, when it is asked for), stat_div 2. The workspace always has room for the
+ * entropy's double (8 bytes a row), so that its size does not depend on the outputs. */
 static inline int64_t kd_fld_n_sum(int64_t topk_k) { return 4 + topk_k; }
-static inline int64_t kd_fld_n_stats(int64_t topk_k) { return 4 + kd_fld_n_sum(topk_k); }
+static inline int64_t kd_fld_n_stats(int64_t topk_k) { return 5 + kd_fld_n_sum(topk_k); }
 
 /* One phase (1..4, fld_row_phases.h) over every row of the chunk, OpenMP over rows: the
  * vocabulary-parallel driver reduces the statistics between phases. */

@@ -78,6 +78,34 @@ static double KD_SFX(sum_exp)(const float *z, int64_t v, float m, float s) {
     return sum;
 }
 
+/* sum_exp (the same sums in the same order, so the same bits), and into *ent the row's sum of the
+ * entropy elements -e^u u at u = (z - m) s (div_simd.h's kd_v_entropy, from the same exps),
+ * accumulated as the sum is: fp32 vectors within a tile, double across tiles. */
+static double KD_SFX(sum_exp_ent)(const float *z, int64_t v, float m, float s, double *ent) {
+    vf vmax = vf_set1(m), vs = vf_set1(s);
+    double sum = 0.0, h = 0.0;
+    for (int64_t t0 = 0; t0 < v; t0 += KD_FLD_TILE) {
+        int64_t t1 = v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : v;
+        vf acc = vf_zero(), hacc = vf_zero();
+        int64_t c = t0;
+        for (; c + VL <= t1; c += VL) {
+            vf u = vf_mul(vf_sub(vf_load(z + c), vmax), vs), e = vf_exp(u);
+            acc = vf_add(acc, e);
+            hacc = vf_add(hacc, kd_v_entropy(u, e));
+        }
+        if (c < t1) {
+            vm live = vm_first_n(t1 - c);
+            vf u = vf_mul(vf_sub(vf_load_n(z + c, t1 - c), vmax), vs), e = vf_exp(u);
+            acc = vf_add(acc, vf_keep(live, e));
+            hacc = vf_add(hacc, vf_keep(live, kd_v_entropy(u, e)));
+        }
+        sum += (double)vf_hsum(acc);
+        h += (double)vf_hsum(hacc);
+    }
+    *ent = h;
+    return sum;
+}
+
 /* Row constants of the log-softmaxes: X = (zs - ms) it - lss, Y = (zt - mt) it - lst. */
 typedef struct KD_SFX(rowc) {
     vf ms, mt, it, lss, lst;
@@ -223,6 +251,7 @@ static void KD_SFX(grad_any)(const kd_fld_rows *a, float *zs, const float *zt, i
 #define PH_FOLD_MAX KD_SFX(fold_max)
 #define PH_MAP KD_SFX(map_row)
 #define PH_SUM_EXP KD_SFX(sum_exp)
+#define PH_SUM_EXP_ENT KD_SFX(sum_exp_ent)
 #define PH_DIV KD_SFX(div_any)
 #define PH_GRAD KD_SFX(grad_any)
 #define PH_REST_GRAD KD_SFX(rest_grad)

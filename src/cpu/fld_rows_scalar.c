@@ -33,6 +33,19 @@ static double sum_exp(const float *z, int64_t v, float m, float s) {
     return sum;
 }
 
+/* sum_exp (the same sum), and into *ent the sum of the entropy elements -e^u u at u = (z - m) s
+ * (div_math.h's kd_s_entropy, from the same exp): one multiply-add more an element. */
+static double sum_exp_ent(const float *z, int64_t v, float m, float s, double *ent) {
+    double sum = 0.0, h = 0.0;
+    for (int64_t c = 0; c < v; c++) {
+        float u = (z[c] - m) * s, e = expf(u);
+        sum += (double)e;
+        h += (double)kd_s_entropy(u, e);
+    }
+    *ent = h;
+    return sum;
+}
+
 /* Pass 3: the row's divergence on X = (zs - ms) it - lss, Y = (zt - mt) it - lst; when store_g,
  * g = dJSD/dX goes over zt and its row sum to *sum_g. Sums in double (see sum_exp). */
 static double div_pass(const kd_div_coef *k, const float *zs, float *zt, int64_t v, float ms, float mt,
@@ -82,6 +95,7 @@ static void rest_grad(float *z, int64_t v, float c1, float m1, float s1, float l
 #define PH_FOLD_MAX fold_max
 #define PH_MAP map_row
 #define PH_SUM_EXP sum_exp
+#define PH_SUM_EXP_ENT sum_exp_ent
 #define PH_DIV(a, k, zs, zt, ms, mt, lss, lst, store_g, sum_g)                                 \
     div_pass(k, zs, zt, (a)->v, ms, mt, (a)->inv_t, lss, lst, store_g, sum_g)
 #define PH_GRAD grad_pass

@@ -31,6 +31,7 @@ static kd_vp_terms call_terms(const kd_fld_call *k, const kd_fld_teacher *t) {
     terms.setup = kd_vp_setup_hash(k->xs.dtype, t0, t1, k->bs, t->topk ? NULL : t->bias,
                                    k->labels, p->weight_hard_loss, p->weight_soft_loss, &k->out,
                                    k->n_valid);
+    terms.setup = kd_vp_weights_hash(terms.setup, p->row_weights, k->bt); /* replicated */
     terms.params = kd_vp_params_hash(&p->div, p->temperature, p->weight_hard_loss,
                                      p->weight_soft_loss, p->t2_scale, p->ignore_index,
                                      p->grad_scale, t->topk ? t->tail : -1);

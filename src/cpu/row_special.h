@@ -30,6 +30,20 @@ static inline double kd_wide_sum_exp(const float *z, int64_t v, double m, double
     return sum;
 }
 
+/* kd_wide_sum_exp, and into *ent the sum of the entropy elements -e^u u, u = ((double)z - m) s
+ * (docs/MATH.md section 12; 0 where e^u is 0). */
+static inline double kd_wide_sum_exp_ent(const float *z, int64_t v, double m, double s,
+                                         double *ent) {
+    double sum = 0.0, h = 0.0;
+    for (int64_t c = 0; c < v; c++) {
+        double u = ((double)z[c] - m) * s, e = exp(u);
+        sum += e;
+        if (e > 0.0) h -= e * u;
+    }
+    *ent = h;
+    return sum;
+}
+
 /* The divergence's terms on X = ((double)zs - ms) it - lss, Y = ((double)zt - mt) it - lst
  * (each rounded to fp32 once, then div_math.h's element): returns their sum; when g is not
  * NULL, g = dD/dX there (g may be zt) and its sum into *sum_g. */

@@ -57,6 +57,8 @@ typedef struct kd_topk_sparse {
     float *dws;                /* (V x Hs, ld ldd) fp32 accumulator of dWs, or NULL */
     int64_t ldd;
     float *dbs;                /* [V] fp32 accumulator of dbs, or NULL */
+    const float *w;            /* [BT] row weights (docs/MATH.md section 12), or NULL: all 1; a
+                                  row of weight 0 is ignored, a kept row's gradient times w */
 } kd_topk_sparse;
 
 /* The chunk's rows: selected logits by dot products, kd_topk_row, slot gradients, dxs rows
@@ -70,7 +72,8 @@ void kd_topk_sparse_scatter_avx2(const kd_topk_sparse *a);
 void kd_topk_sparse_scatter_avx512(const kd_topk_sparse *a);
 
 /* Whether a checked fused call takes the sparse path: renorm_both, and nothing that needs the
- * full logits (no cross-entropy weight or output, no row_lse) and no student logit map (the
+ * full logits (no cross-entropy weight or output, no row_lse, no row_entropy: the entropy is
+ * over all V) and no student logit map (the
  * sparse rows take the gathered logits as they are). */
 int kd_topk_sparse_eligible(const kd_fld_call *k);
 /* Runs such a call; workspace: NULL (allocated here, at most the call's plan bytes) or the

@@ -56,7 +56,9 @@ static void TS(row)(const kd_topk_sparse *a, int64_t i) {
     int64_t *col = (int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(kk));
     float *zk = (float *)(col + kk + 1), *lp = zk + kk, *gk = lp + kk;
     const float *x = TS(x_row)(a, i);
-    int kept = !a->labels.data || kd_label_at(a->labels, r) != a->ignore_index;
+    int kept = (!a->labels.data || kd_label_at(a->labels, r) != a->ignore_index) &&
+               kd_row_weight_keeps(a->w, r);
+    float gs = a->w ? a->gs * a->w[r] : a->gs; /* the row's weight scales its gradient */
     int is64 = a->topk->ids.dtype == KDLOSS_I64;
     for (int64_t j = 0; kept && j < kk; j++) {
         int64_t id = kd_topk_id(a->topk->ids.data, is64, a->topk->ids.ld, r, j);
@@ -70,15 +72,15 @@ static void TS(row)(const kd_topk_sparse *a, int64_t i) {
     double c_rest;
     a->row_soft[i] = kd_topk_row(&a->coef, KD_TAIL_RENORM_BOTH, n, zk, lp, a->inv_t, -INFINITY,
                                  gk, &c_rest);
-    for (int64_t k = 0; k < n; k++) gk[k] = a->gs != 0.0f ? gk[k] * a->gs : 0.0f; /* 0: zeros */
+    for (int64_t k = 0; k < n; k++) gk[k] = gs != 0.0f ? gk[k] * gs : 0.0f; /* 0: zeros */
     /* col[K] (the count slot, unused here): 1 for a poisoned row (kd_topk_row's NaN c_rest) with
      * a gradient, whose dws / dbs the caller then fills with NaN (the dense path's NaN dz row) */
-    col[kk] = a->gs != 0.0f && isnan(c_rest);
+    col[kk] = gs != 0.0f && isnan(c_rest);
     if (!a->dxs.data) return;
     float *d = bf16 ? a->d32 + i * hs : (float *)a->dxs.data + r * a->dxs.ld;
     memset(d, 0, (size_t)hs * sizeof(float));
     /* a factor of 0 writes zeros: no axpy (0 x a NaN weight would be NaN) */
-    for (int64_t k = 0; a->gs != 0.0f && k < n; k++)
+    for (int64_t k = 0; gs != 0.0f && k < n; k++)
         TS(axpy)(d, gk[k], a->ws + (size_t)(col[k] * a->ldw) * es, bf16, hs);
 }
 
