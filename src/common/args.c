@@ -5,6 +5,13 @@
 
 #include <stdint.h>
 
+/* The per-row weights (input) and entropy (output) of the losses on logits (docs/MATH.md
+ * section 12); both NULL for kdloss_distill. */
+typedef struct kd_row_extras {
+    const float *w;
+    const float *ent;
+} kd_row_extras;
+
 void kd_spans_add(kd_spanset *s, const char *name, kd_span sp) {
     /* 20 slots: the largest call (fused-linear) has 16 operands */
     if (s->n < (int)(sizeof s->s / sizeof s->s[0])) {
@@ -111,32 +118,52 @@ kdloss_status kd_check_kl(const kd_rules *r, const kdloss_kl_params *p, int64_t 
     return kd_spans_disjoint(spans, in_place ? spans->n_in : -1);
 }
 
+/* Per-row weights (docs/MATH.md section 12), aligned; where the host can read them, each finite
+ * and >= 0 (kd_check_row_weights) and a row of weight 0 taken out of *n_valid as an ignored row
+ * is (labels checked first: their kept rows are counted there). On a device the backend checks
+ * and counts them itself. */
+static kdloss_status row_weights(const kd_rules *r, const float *w, int64_t bt,
+                                 kdloss_labels labels, int64_t ignore_index, int64_t *n_valid) {
+    kdloss_status st = kd_check_aligned("row_weights", w, sizeof(float));
+    if (st != KDLOSS_OK || !w || !r->host_memory) return st;
+    if ((st = kd_check_row_weights(w, bt)) != KDLOSS_OK) return st;
+    for (int64_t i = 0; i < bt; i++)
+        if (w[i] == 0.0f && (!labels.data || kd_label_at(labels, i) != ignore_index))
+            (*n_valid)--;
+    return KDLOSS_OK;
+}
+
 /* The rest of a loss on rows once its teacher's views (spans of ins[1, n_in)) and the
  * student's (ins[0], effective ld ld_s) have passed: the gradient, labels (aligned when
  * `align`; counted when host memory), at least one output, their alignment, the overlaps. */
 static kdloss_status rows_rest(const kd_rules *r, int align, int64_t bt, int64_t v,
                                kdloss_cmat student, int64_t ld_s, const kd_spanset *ins,
-                               kdloss_labels labels, int64_t ignore_index, const float *loss,
-                               const float *row_loss, kdloss_mat grad, int64_t *ld_g,
-                               int64_t *n_valid, kd_spanset *spans) {
+                               kdloss_labels labels, int64_t ignore_index, const kd_row_extras *x,
+                               const float *loss, const float *row_loss, kdloss_mat grad,
+                               int64_t *ld_g, int64_t *n_valid, kd_spanset *spans) {
     kd_span s_g;
     kdloss_status st = grad_view("student", student.dtype, bt, v, grad, ld_g, &s_g);
     *n_valid = bt;
     if (st == KDLOSS_OK && labels.data)
         st = r->host_memory ? kd_check_labels(labels, bt, v, ignore_index, n_valid)
                             : kd_check_label_view(labels, align);
+    if (st == KDLOSS_OK) st = row_weights(r, x->w, bt, labels, ignore_index, n_valid);
     if (st != KDLOSS_OK) return st;
-    if (!loss && !row_loss && !grad.data) {
-        kd_detail("loss, row_loss and grad are all NULL");
+    if (!loss && !row_loss && !grad.data && !x->ent) {
+        kd_detail("loss, row_loss, grad and row_entropy are all NULL");
         return KDLOSS_ERR_NO_OUTPUT;
     }
     if (align && (st = loss_align(loss, row_loss)) != KDLOSS_OK) return st;
+    if (align && (st = kd_check_aligned("row_entropy", x->ent, sizeof(float))) != KDLOSS_OK)
+        return st;
     *spans = *ins;
     kd_spans_add(spans, "labels", kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
+    kd_spans_add(spans, "row_weights", kd_vec_span(x->w, bt, sizeof(float)));
     spans->n_in = spans->n;
     kd_spans_add(spans, "grad", s_g); /* may be the student itself, same ld */
     kd_spans_add(spans, "row_loss", kd_vec_span(row_loss, bt, sizeof(float)));
     kd_spans_add(spans, "loss", kd_vec_span(loss, 1, sizeof(float)));
+    kd_spans_add(spans, "row_entropy", kd_vec_span(x->ent, bt, sizeof(float)));
     const int in_place = grad.data && grad.data == student.data && *ld_g == ld_s;
     return kd_spans_disjoint(spans, in_place ? spans->n_in : -1);
 }
@@ -145,7 +172,8 @@ static kdloss_status rows_rest(const kd_rules *r, int align, int64_t bt, int64_t
  * teacher, then rows_rest. */
 static kdloss_status dense_rows(const kd_rules *r, int align, int64_t bt, int64_t v,
                                 kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
-                                int64_t ignore_index, const float *loss, const float *row_loss,
+                                int64_t ignore_index, const kd_row_extras *x,
+                                const float *loss, const float *row_loss,
                                 kdloss_mat grad, kd_jsd_geom *g, int64_t *n_valid,
                                 kd_spanset *spans) {
     kd_spanset ins = {.n = 0};
@@ -157,7 +185,7 @@ static kdloss_status dense_rows(const kd_rules *r, int align, int64_t bt, int64_
     if (st != KDLOSS_OK) return st;
     kd_spans_add(&ins, "student", s_s);
     kd_spans_add(&ins, "teacher", s_t);
-    return rows_rest(r, align, bt, v, student, g->ld_s, &ins, labels, ignore_index, loss,
+    return rows_rest(r, align, bt, v, student, g->ld_s, &ins, labels, ignore_index, x, loss,
                      row_loss, grad, &g->ld_g, n_valid, spans);
 }
 
@@ -169,7 +197,8 @@ kdloss_status kd_check_distill(const kd_rules *r, const kdloss_distill_params *p
     kdloss_status st = rows_head(p, bt, v);
     if (st == KDLOSS_OK) st = kd_distill_check_params(p);
     if (st != KDLOSS_OK) return st;
-    return dense_rows(r, 1, bt, v, student, teacher, labels, p->ignore_index, loss,
+    const kd_row_extras none = {NULL, NULL}; /* kdloss_distill has neither */
+    return dense_rows(r, 1, bt, v, student, teacher, labels, p->ignore_index, &none, loss,
                       row_loss, grad, g, n_valid, spans);
 }
 
@@ -181,7 +210,8 @@ kdloss_status kd_check_distill_logits(const kd_rules *r, const kdloss_distill_lo
     kdloss_status st = rows_head(p, bt, v);
     if (st == KDLOSS_OK) st = kd_distill_logits_check_params(p);
     if (st != KDLOSS_OK) return st;
-    return dense_rows(r, 1, bt, v, student, teacher, labels, p->ignore_index, loss, row_loss,
+    const kd_row_extras x = {p->row_weights, p->row_entropy};
+    return dense_rows(r, 1, bt, v, student, teacher, labels, p->ignore_index, &x, loss, row_loss,
                       grad, g, n_valid, spans);
 }
 
@@ -203,8 +233,9 @@ kdloss_status kd_check_topk_logits(const kd_rules *r, const kdloss_topk_distill_
     kd_spans_add(&ins, "teacher ids", s_ids);
     kd_spans_add(&ins, "teacher logprobs", s_lp);
     g->want_grad = grad.data != NULL;
-    st = rows_rest(r, 1, bt, v, student, g->ld_s, &ins, labels, p->ignore_index, loss, row_loss,
-                   grad, &g->ld_g, n_valid, spans);
+    const kd_row_extras x = {p->row_weights, p->row_entropy};
+    st = rows_rest(r, 1, bt, v, student, g->ld_s, &ins, labels, p->ignore_index, &x, loss,
+                   row_loss, grad, &g->ld_g, n_valid, spans);
     /* the ids' values last: the order the CPU always had (their check allocates for large V) */
     if (st == KDLOSS_OK && r->host_memory) {
         teacher.ids.ld = g->ld_ids;

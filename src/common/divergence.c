@@ -89,6 +89,8 @@ void kdloss_distill_logits_params_default(kdloss_distill_logits_params *p) {
     p->temperature = 1.0;
     p->ignore_index = -100;
     p->grad_scale = 1.0;
+    p->row_weights = NULL; /* every row weighs 1 */
+    p->row_entropy = NULL; /* not wanted */
 }
 
 kdloss_status kd_distill_logits_check_params(const kdloss_distill_logits_params *p) {

@@ -32,6 +32,8 @@ void kdloss_topk_distill_params_default(kdloss_topk_distill_params *p) {
     p->temperature = 1.0;
     p->ignore_index = -100;
     p->grad_scale = 1.0;
+    p->row_weights = NULL; /* every row weighs 1 */
+    p->row_entropy = NULL; /* not wanted */
 }
 
 void kdloss_fused_linear_topk_distill_params_default(kdloss_fused_linear_topk_distill_params *p) {

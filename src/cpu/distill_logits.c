@@ -48,6 +48,8 @@ typedef struct dl_job {
     int64_t buf_stride; /* floats per thread */
     int64_t bt;         /* rows of the call */
     int nthreads;
+    const float *w;     /* [bt] the rows' weights, or NULL: all 1 (docs/MATH.md section 12) */
+    float *ent;         /* [bt] out: the student's entropy per row, or NULL */
 } dl_job;
 
 static void widen_row(const void *src, kdloss_dtype dt, int64_t v, float *dst) {
@@ -82,12 +84,14 @@ static int64_t buf_floats(const dl_job *j) {
     return 2 * (slot_rows(j) * row_floats(j) + tile_floats(j));
 }
 
-/* 1 if row r is ignored (its label is ignore_index), its gradient row then zeroed (+0.0 in
- * every float dtype). */
-static int skip_ignored(const kd_ew_job *ew, int64_t r) {
-    if (!kd_row_ignored(ew, r)) return 0;
+/* 1 if row r is ignored (its label is ignore_index, or its weight 0: docs/MATH.md section 12),
+ * its gradient row then zeroed (+0.0 in every float dtype) and its entropy 0. */
+static int skip_ignored(const dl_job *j, int64_t r) {
+    const kd_ew_job *ew = &j->ew;
+    if (!kd_row_ignored(ew, r) && kd_row_weight_keeps(j->w, r)) return 0;
     size_t es = kdloss_dtype_size(ew->xdt);
     if (ew->g) memset(ew->g + (size_t)(r * ew->ldg) * es, 0, (size_t)ew->v * es);
+    if (j->ent) j->ent[r] = 0.0f;
     return 1;
 }
 
@@ -113,11 +117,20 @@ static kd_lrow dense_args(const dl_job *j, int64_t r, int64_t end, float *buf, i
     a.dz = ew->g ? ew->g + (size_t)(r * ew->ldg) * xes : NULL;
     a.nt = a.dz && ew->stream_grad && ew->xdt == KDLOSS_F32 && (uintptr_t)a.dz % 64 == 0;
     a.pf_off = KD_LR_AHEAD < ew->v ? KD_LR_AHEAD : ew->v;
+    if (j->w) a.gs = j->ltmpl.gs * j->w[r]; /* the row's whole gradient times its weight */
+    a.ent = j->ent != NULL;
     if (r + 1 < end) {
         a.next_s = a.xs + (size_t)ew->ldx * xes;
         a.next_t = a.xt + (size_t)ew->ldt * tes;
     }
     return a;
+}
+
+/* Row r (its arguments d) finished by a step with divergence l: its value, and its entropy
+ * (the step's d->h) where wanted. */
+static void pipelined_done(const dl_job *j, const kd_lrow *d, int64_t r, double l, double *rl) {
+    rl[r] = l;
+    if (j->ent) j->ent[r] = (float)d->h;
 }
 
 /* The dense teacher on the vector paths: each thread runs a contiguous span of rows, every step
@@ -134,20 +147,20 @@ static double run_pipelined(const dl_job *j, double *rl, float *row_loss) {
         kd_lrow rows[2], *prev = NULL;
         int64_t prev_r = 0;
         for (int64_t r = lo; r < hi; r++) {
-            if (skip_ignored(ew, r)) {
+            if (skip_ignored(j, r)) {
                 rl[r] = 0.0;
                 continue;
             }
             int i = prev == rows ? 1 : 0;
             rows[i] = dense_args(j, r, hi, buf, i);
             double l = j->lstep(prev, &rows[i]);
-            if (prev) rl[prev_r] = l;
+            if (prev) pipelined_done(j, prev, prev_r, l, rl);
             prev = &rows[i];
             prev_r = r;
         }
-        if (prev) rl[prev_r] = j->lstep(prev, NULL);
+        if (prev) pipelined_done(j, prev, prev_r, j->lstep(prev, NULL), rl);
     }
-    return kd_rows_total(bt, rl, row_loss);
+    return kd_rows_total_w(bt, rl, j->w, row_loss);
 }
 
 static double logits_row(const kd_ew_job *ew, int64_t r) {
@@ -157,7 +170,7 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     const char *xs = ew->x + (size_t)(r * ew->ldx) * es;
     const char *xt = ew->t ? ew->t + (size_t)(r * ew->ldt) * kdloss_dtype_size(ew->tdt) : NULL;
     char *g = ew->g ? ew->g + (size_t)(r * ew->ldg) * es : NULL;
-    if (skip_ignored(ew, r)) return 0.0;
+    if (skip_ignored(j, r)) return 0.0;
     int tid = omp_get_thread_num();
     if (tid >= j->nthreads) tid = 0; /* cannot happen: the team is at most max_threads */
     /* the second part starts on a cache line: its top-k scratch holds int64 and double */
@@ -196,7 +209,8 @@ static double logits_row(const kd_ew_job *ew, int64_t r) {
     a.zt = zt;
     a.row_soft = &soft;
     a.row_hard = &hard;
-    a.row0 = r; /* the teacher's and the labels' row (the kernel's row 0 is this row) */
+    a.row0 = r; /* the teacher's, the labels' and the weights' row (the kernel's row 0 is r) */
+    a.row_ent = j->ent ? j->ent + r : NULL;
     j->rows(&a);
     if (g && ew->xdt != KDLOSS_F32) narrow_row(zs, v, ew->xdt, g);
     return soft;
@@ -229,7 +243,10 @@ static void rows_template(dl_job *job, const kdloss_div_params *div, int tail, d
     a->topk = job->topk.k ? &job->topk : NULL;
     a->tail = tail;
     a->v_lo = 0;
-    a->n_sum = kd_fld_n_sum(job->topk.k);
+    a->w = job->w; /* the row phases scale a kept row's gs by its weight */
+    a->ent = job->ent != NULL;
+    a->row_ent = NULL; /* per row (logits_row) */
+    a->n_sum = kd_fld_n_sum(job->topk.k) + a->ent; /* the entropy's sum: kd_fld_ent_at() */
     job->rows = kd_cpu_kernels()->fld_rows;
     job->ltmpl.v = v;
     job->ltmpl.coef = a->coef;
@@ -269,7 +286,7 @@ static kdloss_status run(dl_job *job, const kdloss_div_params *div, int tail, do
         grad.data && bt * v * (int64_t)kdloss_dtype_size(job->ew.xdt) > KD_STREAM_BYTES;
     job->ew.want_loss = 1;
     double total = pipelined ? run_pipelined(job, rl, row_loss)
-                             : kd_rows_sum(bt, logits_row, &job->ew, row_loss);
+                             : kd_rows_sum_w(bt, logits_row, &job->ew, job->w, row_loss);
     free(rl);
     free(job->bufs);
     if (loss) *loss = (float)(total / denom);
@@ -291,6 +308,8 @@ kdloss_status kdloss_distill_logits(const kdloss_distill_logits_params *p, int64
     memset(&job, 0, sizeof job);
     kd_ew_job_operands(&job.ew, v, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g);
     kd_ew_job_labels(&job.ew, labels, p->ignore_index);
+    job.w = p->row_weights;
+    job.ent = p->row_entropy;
     return run(&job, &p->div, 0, p->temperature, p->grad_scale, bt, v, n_valid, labels,
                p->ignore_index, loss, row_loss, grad);
 }
@@ -315,6 +334,8 @@ kdloss_status kdloss_topk_distill_logits(const kdloss_topk_distill_params *p, in
     teacher.ids.ld = g.ld_ids;
     teacher.logprobs.ld = g.ld_lp;
     job.topk = teacher;
+    job.w = p->row_weights;
+    job.ent = p->row_entropy;
     return run(&job, &p->div, (int)p->tail, p->temperature, p->grad_scale, bt, v, n_valid, labels,
                p->ignore_index, loss, row_loss, grad);
 }

@@ -57,6 +57,12 @@ double kd_rows_sum(int64_t bt, kd_row_fn fn, const kd_ew_job *job, float *row_lo
  * rows its own way: the same bits as kd_rows_sum with those values. */
 double kd_rows_total(int64_t bt, const double *rl, float *row_loss);
 
+/* kd_rows_sum and kd_rows_total with per-row weights w[bt] (or NULL: the functions above): the
+ * total is sum w[r] value[r] (docs/MATH.md section 12), row_loss the unweighted values. */
+double kd_rows_sum_w(int64_t bt, kd_row_fn fn, const kd_ew_job *job, const float *w,
+                     float *row_loss);
+double kd_rows_total_w(int64_t bt, const double *rl, const float *w, float *row_loss);
+
 /* 1 if a call of bt rows of v columns is worth running on OpenMP threads (kd_rows_sum's test). */
 int kd_rows_parallel(int64_t bt, int64_t v);
 

@@ -11,6 +11,8 @@
  *      divergence's terms and g = dD/dX (div_elem.h's KDE_PQ form: P and Q are not exp'd
  *      again), g stored over et, and sum g;
  *   4. dz = gs (g - Q sum g) (forward KL: passes 3 and 4 in one, its sum g being -1).
+ * When asked (ent), the student's entropy -sum Q X is one more sum in pass 3 (forward KL: in
+ * its fused last pass), from the X and Q the divergence already has (docs/MATH.md section 12).
  * Two exps an element where the log-prob form of the same passes takes four (forward KL) to
  * five (JSD). Sums run in fp32 over tiles of KD_FLD_TILE columns, then in double, so their
  * order depends on V alone. Logits narrower than fp32 are widened by pass 1 into scratch rows
@@ -44,6 +46,8 @@ typedef struct kd_lrow {
     double *tiles;        /* [4 ntiles] scratch: per tile of KD_FLD_TILE columns, the student's
                              max and scale, then the teacher's */
     int64_t ntiles;       /* ceil(v / KD_FLD_TILE) */
+    int ent;              /* form the student's entropy in the last passes (docs/MATH.md 12) */
+    double h;             /* set by the step that finishes the row when ent: H(Q) */
     float ms, mt;         /* set by pass 1: the row maxima of zs and zt */
     float lss, lst;       /* set by pass 1: log Ss, log St */
 } kd_lrow;

@@ -137,12 +137,14 @@ KD_INLINE vf KD_SFX(lr_scale)(const kd_lrow *a, int who, int64_t t) {
     return vf_set1((float)a->tiles[(2 * who + 1) * a->ntiles + t]);
 }
 
-/* One vector of pass 3 at element operation `op` (op and unit: constants once inlined). */
-KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r, vf zs,
-                             vf zt, vf es, vf et, vf *g) {
+/* One vector of pass 3 at element operation `op` (op, unit and ent: constants once inlined);
+ * when ent, the student's entropy elements -Q X into *h (div_elem.h's KDE(entropy)). */
+KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, int unit, int ent,
+                             const KD_SFX(lr_c) *r, vf zs, vf zt, vf es, vf et, vf *g, vf *h) {
     vf x = vf_sub(KD_SFX(lr_mul_it)(vf_sub(zs, r->ms), r->it, unit), r->lss);
     vf y = vf_sub(KD_SFX(lr_mul_it)(vf_sub(zt, r->mt), r->it, unit), r->lst);
     vf q = vf_mul(es, r->rs), p = vf_mul(et, r->rt);
+    if (ent) *h = kd_v_entropy(x, q);
     switch (op) {
 #define KD_AT(E, nm) case KD_OP_##E: return kd_vpq_##nm(k, x, y, p, q, g);
         KD_DIV_OPS(KD_AT)
@@ -154,11 +156,12 @@ KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr
 
 /* Pass 3, one vector at column c (n live lanes; full: n = VL): returns the terms and g into *g
  * (both 0 past the row's end); g stored over et. */
-KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r,
-                                const kd_lrow *a, int64_t c, int64_t n, int full, vf *g) {
-    vf l = KD_SFX(lr_elem)(k, op, unit, r, KD_SFX(lr_ld)(a->zs, c, n, full),
+KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, int unit, int ent,
+                                const KD_SFX(lr_c) *r, const kd_lrow *a, int64_t c, int64_t n,
+                                int full, vf *g, vf *h) {
+    vf l = KD_SFX(lr_elem)(k, op, unit, ent, r, KD_SFX(lr_ld)(a->zs, c, n, full),
                            KD_SFX(lr_ld)(a->zt, c, n, full), KD_SFX(lr_ld)(a->es, c, n, full),
-                           KD_SFX(lr_ld)(a->et, c, n, full), g);
+                           KD_SFX(lr_ld)(a->et, c, n, full), g, h);
     if (full) {
         vf_store(a->et + c, *g);
         return l;
@@ -166,6 +169,7 @@ KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, int unit, const KD_SFX
     vf_store_n(a->et + c, *g, n);
     vm live = vm_first_n(n);
     *g = vf_keep(live, *g);
+    if (ent) *h = vf_keep(live, *h);
     return vf_keep(live, l);
 }
 
@@ -173,27 +177,33 @@ KD_INLINE vf KD_SFX(lr_div_vec)(const kd_vdiv *k, int op, int unit, const KD_SFX
  * g is stored also when no gradient is wanted: one instantiation per operation, so the losses
  * of a call with and without the gradient are the same bits (the compiler may contract a
  * multiply and an add into an FMA differently in two specialisations). */
-KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r0,
-                                const kd_lrow *a, double *sum_g) {
-    double loss = 0.0, gsum = 0.0;
+KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, int unit, int ent,
+                                const KD_SFX(lr_c) *r0, const kd_lrow *a, double *sum_g,
+                                double *ent_sum) {
+    double loss = 0.0, gsum = 0.0, hsum = 0.0;
     KD_SFX(lr_c) r = *r0;
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v, c = t0;
-        vf lacc = vf_zero(), gacc = vf_zero(), g;
+        vf lacc = vf_zero(), gacc = vf_zero(), hacc = vf_zero(), g, h = vf_zero();
         r.rs = KD_SFX(lr_scale)(a, 0, t);
         r.rt = KD_SFX(lr_scale)(a, 1, t);
         for (; c + VL <= t1; c += VL) {
-            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, unit, &r, a, c, VL, 1, &g));
+            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, unit, ent, &r, a, c, VL, 1, &g, &h));
             gacc = vf_add(gacc, g);
+            if (ent) hacc = vf_add(hacc, h);
         }
         if (c < t1) {
-            lacc = vf_add(lacc, KD_SFX(lr_div_vec)(k, op, unit, &r, a, c, t1 - c, 0, &g));
+            lacc = vf_add(lacc,
+                          KD_SFX(lr_div_vec)(k, op, unit, ent, &r, a, c, t1 - c, 0, &g, &h));
             gacc = vf_add(gacc, g);
+            if (ent) hacc = vf_add(hacc, h);
         }
         loss += (double)vf_hsum(lacc);
         gsum += (double)vf_hsum(gacc);
+        if (ent) hsum += (double)vf_hsum(hacc);
     }
     *sum_g = gsum;
+    *ent_sum = hsum;
     return loss;
 }
 
@@ -201,15 +211,18 @@ KD_INLINE double KD_SFX(lr_div)(const kd_vdiv *k, int op, int unit, const KD_SFX
  * one vector at column c (n live lanes; full: n = VL): passes 3 and 4 in one, dz = gs (g - Q S)
  * = gs (g + Q). Returns the terms (0 past the row's end). dz goes to a->dz or, when no gradient
  * is wanted, over es, so that the loss has one instantiation (lr_div says why). */
-KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, int unit, const KD_SFX(lr_c) *r,
-                                  const kd_lrow *a, vf gs, int64_t c, int64_t n, int full) {
+KD_INLINE vf KD_SFX(lr_fused_vec)(const kd_vdiv *k, int op, int unit, int ent,
+                                  const KD_SFX(lr_c) *r, const kd_lrow *a, vf gs, int64_t c,
+                                  int64_t n, int full, vf *h) {
     vf e = KD_SFX(lr_ld)(a->es, c, n, full), g;
-    vf l = KD_SFX(lr_elem)(k, op, unit, r, KD_SFX(lr_ld)(a->zs, c, n, full),
+    vf l = KD_SFX(lr_elem)(k, op, unit, ent, r, KD_SFX(lr_ld)(a->zs, c, n, full),
                            KD_SFX(lr_ld)(a->zt, c, n, full), e, KD_SFX(lr_ld)(a->et, c, n, full),
-                           &g);
+                           &g, h);
     vf d = a->gs == 0.0f ? vf_zero() : vf_mul(gs, vf_add(g, vf_mul(e, r->rs)));
     KD_SFX(lr_put)(a, d, c, n, full);
-    return full ? l : vf_keep(vm_first_n(n), l);
+    if (full) return l;
+    if (ent) *h = vf_keep(vm_first_n(n), *h);
+    return vf_keep(vm_first_n(n), l);
 }
 
 /* Pass 4 of the other operations, one vector at column c: dz = gs (g - Q S), g in et (pass
@@ -224,10 +237,11 @@ KD_INLINE void KD_SFX(lr_grad_vec)(const kd_lrow *a, vf rs, vf gs, vf sg, int64_
 
 /* One column vector of a step's tile (lr_tile): pass 1 of row nx and the last pass of row d. */
 typedef struct KD_SFX(lr_acc) {
-    vf as, at, lacc; /* nx's exp sums; d's terms */
+    vf as, at, lacc, hacc; /* nx's exp sums; d's terms and (forward KL, ent) entropy terms */
 } KD_SFX(lr_acc);
 
-KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int unit, int fused, const kd_lrow *d,
+KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int unit, int ent, int fused,
+                              const kd_lrow *d,
                               const KD_SFX(lr_c) *rc, vf gs, vf sg, const kd_lrow *nx, vf bs,
                               vf bt, vf it, int64_t c, int64_t n, int full, KD_SFX(lr_acc) *s) {
     if (nx) {
@@ -236,8 +250,12 @@ KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int unit, int fused, con
         s->as = vf_add(s->as, KD_SFX(lr_e)(nx->zs, nx->es, c, n, full, bs, it, unit));
         s->at = vf_add(s->at, KD_SFX(lr_e)(nx->zt, nx->et, c, n, full, bt, it, unit));
     }
-    if (fused) s->lacc = vf_add(s->lacc, KD_SFX(lr_fused_vec)(k, op, unit, rc, d, gs, c, n, full));
-    else if (d && d->dz) KD_SFX(lr_grad_vec)(d, rc->rs, gs, sg, c, n, full);
+    if (fused) {
+        vf h = vf_zero();
+        s->lacc = vf_add(s->lacc,
+                         KD_SFX(lr_fused_vec)(k, op, unit, ent, rc, d, gs, c, n, full, &h));
+        if (ent) s->hacc = vf_add(s->hacc, h);
+    } else if (d && d->dz) KD_SFX(lr_grad_vec)(d, rc->rs, gs, sg, c, n, full);
 }
 
 /* Tile t = [t0, t1) of one step at operation op (a constant once inlined): pass 1 of row nx
@@ -246,13 +264,13 @@ KD_INLINE void KD_SFX(lr_col)(const kd_vdiv *k, int op, int unit, int fused, con
  * a STREAM add, where one row after the other would leave it idle in turns. Stores nx's exps and
  * the tile's max and sum (at the max). Returns d's terms of the tile for forward KL (pass 3 gave
  * the others'). */
-KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, int unit, const kd_lrow *d,
+KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, int unit, int ent, const kd_lrow *d,
                                  KD_SFX(lr_c) *rc, double sg, kd_lrow *nx, int64_t t, int64_t t0,
-                                 int64_t t1) {
+                                 int64_t t1, double *ent_sum) {
     int fused = d && op == KD_OP_FWD;
     vf it = vf_set1((nx ? nx : d)->inv_t), bs = vf_zero(), bt = vf_zero();
     vf gs = vf_set1(d ? d->gs : 0.0f), vsg = vf_set1((float)sg);
-    KD_SFX(lr_acc) acc = {vf_zero(), vf_zero(), vf_zero()};
+    KD_SFX(lr_acc) acc = {vf_zero(), vf_zero(), vf_zero(), vf_zero()};
     float ms = 0.0f, mt = 0.0f;
     if (nx) {
         ms = KD_SFX(lr_tile_max)(nx->xs, nx->xdt, nx->xes, (float *)nx->zs, t0, t1);
@@ -272,9 +290,10 @@ KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, int unit, const kd_lr
     }
     int64_t c = t0;
     for (; c + VL <= t1; c += VL)
-        KD_SFX(lr_col)(k, op, unit, fused, d, rc, gs, vsg, cn, bs, bt, it, c, VL, 1, &acc);
+        KD_SFX(lr_col)(k, op, unit, ent, fused, d, rc, gs, vsg, cn, bs, bt, it, c, VL, 1, &acc);
     if (c < t1)
-        KD_SFX(lr_col)(k, op, unit, fused, d, rc, gs, vsg, cn, bs, bt, it, c, t1 - c, 0, &acc);
+        KD_SFX(lr_col)(k, op, unit, ent, fused, d, rc, gs, vsg, cn, bs, bt, it, c, t1 - c, 0,
+                       &acc);
     if (nx) {
         int64_t nt = nx->ntiles;
         nx->tiles[t] = ms;
@@ -284,6 +303,7 @@ KD_INLINE double KD_SFX(lr_tile)(const kd_vdiv *k, int op, int unit, const kd_lr
         nx->ms = ms > nx->ms ? ms : nx->ms;
         nx->mt = mt > nx->mt ? mt : nx->mt;
     }
+    if (fused && ent) *ent_sum += (double)vf_hsum(acc.hacc);
     return fused ? (double)vf_hsum(acc.lacc) : 0.0;
 }
 
@@ -299,22 +319,25 @@ static KD_SFX(lr_c) KD_SFX(lr_consts)(const kd_lrow *a) {
     return r;
 }
 
-/* One step at operation op (a constant once inlined): d's pass 3 (but for forward KL), then the
- * tiles, then nx's norms. */
-KD_INLINE double KD_SFX(lr_step)(const kd_vdiv *k, int op, int unit, kd_lrow *d, kd_lrow *nx) {
+/* One step at operation op (op, unit, ent: constants once inlined): d's pass 3 (but for
+ * forward KL), then the tiles, then nx's norms; d's entropy into d->h when ent. */
+KD_INLINE double KD_SFX(lr_step)(const kd_vdiv *k, int op, int unit, int ent, kd_lrow *d,
+                                 kd_lrow *nx) {
     const kd_lrow *a = d ? d : nx;
     KD_SFX(lr_c) rc;
     memset(&rc, 0, sizeof rc);
-    double loss = 0.0, sg = 0.0;
+    double loss = 0.0, sg = 0.0, h = 0.0;
     if (d) {
         rc = KD_SFX(lr_consts)(d);
-        if (op != KD_OP_FWD) loss = KD_SFX(lr_div)(k, op, unit, &rc, d, &sg); /* fwd KL: S = -1 */
+        if (op != KD_OP_FWD) /* fwd KL: S = -1 */
+            loss = KD_SFX(lr_div)(k, op, unit, ent, &rc, d, &sg, &h);
     }
     if (nx) nx->ms = nx->mt = -INFINITY;
     for (int64_t t0 = 0, t = 0; t0 < a->v; t0 += KD_FLD_TILE, t++) {
         int64_t t1 = a->v - t0 > KD_FLD_TILE ? t0 + KD_FLD_TILE : a->v;
-        loss += KD_SFX(lr_tile)(k, op, unit, d, &rc, sg, nx, t, t0, t1);
+        loss += KD_SFX(lr_tile)(k, op, unit, ent, d, &rc, sg, nx, t, t0, t1, &h);
     }
+    if (d && ent) d->h = h;
     if (d && d->dz && d->nt) _mm_sfence(); /* order the streamed stores before the caller reads */
     if (nx) {
         int64_t n = nx->ntiles;
@@ -332,6 +355,18 @@ static int KD_SFX(lr_special)(const kd_lrow *a) {
     return kd_row_wide(a->ms) || kd_row_wide(a->mt) || isnan(a->lss) || isnan(a->lst);
 }
 
+/* The student's entropy of a row in the careful form (docs/MATH.md sections 10, 12): -sum Q X
+ * over X = kd_wide_lp (the log-probs kd_wide_div uses), div_math.h's element; NaN with lss. */
+static double KD_SFX(lr_special_entropy)(const float *zs, int64_t v, double ms, double it,
+                                         double lss) {
+    double h = 0.0;
+    for (int64_t c = 0; c < v; c++) {
+        float x = kd_wide_lp(zs[c], ms, it, lss);
+        h += (double)kd_s_entropy(x, expf(x));
+    }
+    return isnan(lss) ? NAN : h;
+}
+
 /* Row a's last passes in the careful form (row_special.h), on its fp32 views zs, zt (pass 1
  * widened narrower logits into them): normalizers, divergence and g (over et) in double-formed
  * log-probs, then dz (through es when narrower, then narrowed). Returns the row's divergence,
@@ -342,6 +377,7 @@ static double KD_SFX(lr_special_row)(kd_lrow *a) {
     double lst = log(kd_wide_sum_exp(a->zt, a->v, mt, it));
     double loss = kd_wide_div(&a->coef, a->zs, a->zt, a->et, a->v, ms, mt, it, lss, lst, &sg);
     if (isnan(lss) || isnan(lst)) loss = sg = NAN;
+    if (a->ent) a->h = KD_SFX(lr_special_entropy)(a->zs, a->v, ms, it, lss);
     if (!a->dz) return loss;
     float *f = a->xdt == KDLOSS_F32 ? (float *)a->dz : a->es;
     for (int64_t c = 0; c < a->v; c++) /* in place: zs[c] is read before f[c] is written */
@@ -359,11 +395,16 @@ static double KD_SFX(lr_special_row)(kd_lrow *a) {
 static double KD_SFX(lr_fast)(const kd_lrow *a, kd_lrow *d, kd_lrow *nx) {
     kd_vdiv k = kd_vdiv_make(a->coef);
     int unit = a->inv_t == 1.0f; /* T = 1: its own instantiation (lr_mul_it) */
+    /* the entropy: its own instantiation, so that a call without it runs the code it always did */
+    int ent = d && d->ent;
     switch (k.op) {
 #define KD_STEP(E, nm)                                                                         \
     case KD_OP_##E:                                                                            \
-        return unit ? KD_SFX(lr_step)(&k, KD_OP_##E, 1, d, nx)                                 \
-                    : KD_SFX(lr_step)(&k, KD_OP_##E, 0, d, nx);
+        if (ent)                                                                               \
+            return unit ? KD_SFX(lr_step)(&k, KD_OP_##E, 1, 1, d, nx)                          \
+                        : KD_SFX(lr_step)(&k, KD_OP_##E, 0, 1, d, nx);                         \
+        return unit ? KD_SFX(lr_step)(&k, KD_OP_##E, 1, 0, d, nx)                              \
+                    : KD_SFX(lr_step)(&k, KD_OP_##E, 0, 0, d, nx);
         KD_DIV_OPS(KD_STEP)
 #undef KD_STEP
     default: return 0.0;
