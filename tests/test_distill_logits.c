@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include "cases.h"
+#include "ref_rowx.h"
 #include "reference.h"
 #include "testutil.h"
 
@@ -89,12 +90,19 @@ static void check_one(const kt_case *kc, kt_rng *rng, const char *isa) {
             lab[r] = label_mode == 2 || kt_uniform(rng) < 0.3 ? -7 : kt_randint(rng, v);
     }
     void *plab = lab ? kt_pack_labels(lab, bt, kc->ldt) : NULL;
+    /* per-row weights in two cases of three, the entropy in one of two (docs/MATH.md 12) */
+    float *w = kt_randint(rng, 3) ? malloc(sizeof(float) * bt) : NULL;
+    float *ent = kt_randint(rng, 2) ? malloc(sizeof(float) * bt) : NULL;
+    if (w) kt_gen_row_weights(rng, w, bt);
+    if (ent) for (int64_t r = 0; r < bt; r++) ent[r] = NAN;
     kdloss_distill_logits_params p;
     kdloss_distill_logits_params_default(&p);
     p.div = *dc;
     p.temperature = t;
     p.ignore_index = -7;
     p.grad_scale = 2.0;
+    p.row_weights = w;
+    p.row_entropy = ent;
     size_t es = kdloss_dtype_size(xdt);
     void *g = malloc((size_t)(bt * ldx) * es);
     float *rows = malloc(sizeof(float) * bt), loss = NAN;
@@ -104,50 +112,69 @@ static void check_one(const kt_case *kc, kt_rng *rng, const char *isa) {
                                              (kdloss_cmat){tt, tdt, ldt}, labels, &loss, rows,
                                              (kdloss_mat){g, xdt, ldx});
     char tag[200];
-    snprintf(tag, sizeof tag, "logits %s %s beta=%g alpha=%g T=%g x=%s t=%s labels=%d v=%lld",
-             isa, kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, t, kt_dtype_name(xdt),
-             kt_dtype_name(tdt), label_mode, (long long)v);
+    snprintf(tag, sizeof tag,
+             "logits %s %s beta=%g alpha=%g T=%g x=%s t=%s labels=%d v=%lld w=%d ent=%d", isa,
+             kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, t, kt_dtype_name(xdt),
+             kt_dtype_name(tdt), label_mode, (long long)v, w != NULL, ent != NULL);
     if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
         int64_t nv = 0;
-        for (int64_t r = 0; r < bt; r++) nv += !lab || lab[r] != -7;
+        for (int64_t r = 0; r < bt; r++) nv += (!lab || lab[r] != -7) && (!w || w[r] != 0.0f);
         double denom = nv ? (double)nv : 1.0, total = 0, tmag = 0, lw = kt_div_log_weights(dc);
         double geps = xdt == KDLOSS_F32 ? 0 : kt_eps(xdt), sc = p.grad_scale / denom;
         double *dz = malloc(sizeof(double) * v), *gm = malloc(sizeof(double) * v);
         kdloss_div_params d = *dc;
         int bad = 0;
         for (int64_t r = 0; r < bt; r++) {
-            int ign = lab && lab[r] == -7;
-            double rs = 0, rmag = 0;
+            int ign = (lab && lab[r] == -7) || (w && w[r] == 0.0f);
+            double rs = 0, rmag = 0, wr = w ? (double)w[r] : 1.0; /* a kept row's weight */
             if (!ign) rs = ref_row(&d, zs + r * v, zt + r * v, v, t, dz, gm, &rmag, lw);
             double *xr = malloc(sizeof(double) * v), *yr = malloc(sizeof(double) * v);
             ref_log_softmax(zs + r * v, v, t, xr);
             ref_log_softmax(zt + r * v, v, t, yr);
             for (int64_t k = 0; k < v; k++) {
-                double want = ign ? 0.0 : dz[k] * sc;
-                double gtol = ign ? 0.0 : 64 * U * gm[k] * sc + geps * fabs(want) + kt_tiny(xdt);
+                /* weighted: the row's gradient times w (one more fp32 rounding of the factor) */
+                double want = ign ? 0.0 : dz[k] * sc * wr;
+                double gtol = ign ? 0.0
+                                  : 64 * U * gm[k] * sc * wr + geps * fabs(want) + kt_tiny(xdt);
                 /* TVD: where P and Q agree to fp32 rounding, the subgradient's sign may differ */
-                if (!ign && dc->divergence == KDLOSS_DIV_TVD) gtol += 2 * (exp(xr[k]) + exp(yr[k])) * sc / t;
+                if (!ign && dc->divergence == KDLOSS_DIV_TVD)
+                    gtol += 2 * (exp(xr[k]) + exp(yr[k])) * sc * wr / t;
+                /* a large weight can take an fp16 gradient past its range: inf, as any fp16 */
+                if (xdt == KDLOSS_F16 && fabs(want) - gtol >= 65520.0) want = copysign(INFINITY, want), gtol = 0;
                 if (bad < 3 && !kt_close(kt_get(g, xdt, ldx, r, k), want, gtol, 0,
                                          "%s grad[%lld,%lld]", tag, (long long)r, (long long)k))
                     bad++;
             }
             free(xr), free(yr);
+            /* row_loss stays unweighted; the total weighs it */
             kt_close(rows[r], rs, 256 * U * rmag + 1e-30, 0, "%s row_loss[%lld]", tag,
                      (long long)r);
-            total += rs, tmag += rmag;
+            total += wr * rs, tmag += wr * rmag;
+            if (ent) {
+                double etol, h = ign ? 0.0 : ref_entropy(zs + r * v, v, t, &etol);
+                if (ign) KT_CHECK(ent[r] == 0.0f, "%s entropy[%lld] of an ignored row %g", tag,
+                                  (long long)r, ent[r]);
+                else kt_close(ent[r], h, etol, 0, "%s entropy[%lld]", tag, (long long)r);
+            }
         }
         kt_close(loss, total / denom, (256 * U * tmag + 1e-30) / denom, 0, "%s loss", tag);
         if (label_mode == 2) KT_CHECK(loss == 0.0f, "%s: all ignored gives %g", tag, loss);
         free(dz), free(gm);
 
-        /* no gradient: the same losses bitwise; in place: the same gradient bitwise */
+        /* no gradient: the same losses (and entropies) bitwise; in place: the same gradient */
         float l2 = NAN, *rows2 = malloc(sizeof(float) * bt);
+        float *ent2 = ent ? malloc(sizeof(float) * bt) : NULL;
+        p.row_entropy = ent2;
         st = kdloss_distill_logits(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
                                    (kdloss_cmat){tt, tdt, ldt}, labels, &l2, rows2,
                                    (kdloss_mat){NULL, xdt, 0});
         KT_CHECK(st == KDLOSS_OK && !memcmp(&l2, &loss, 4) &&
                      !memcmp(rows2, rows, sizeof(float) * bt),
                  "%s: losses without the gradient differ", tag);
+        KT_CHECK(!ent || !memcmp(ent2, ent, sizeof(float) * bt),
+                 "%s: entropies without the gradient differ", tag);
+        p.row_entropy = ent;
+        free(ent2);
         st = kdloss_distill_logits(&p, bt, v, (kdloss_cmat){x, xdt, ldx},
                                    (kdloss_cmat){tt, tdt, ldt}, labels, NULL, NULL,
                                    (kdloss_mat){x, xdt, ldx});
@@ -158,6 +185,7 @@ static void check_one(const kt_case *kc, kt_rng *rng, const char *isa) {
         free(rows2);
     }
     free(zs), free(zt), free(x), free(tt), free(lab), free(plab), free(g), free(rows);
+    free(w), free(ent);
 }
 
 /* Central differences of the reference (double, h = 1e-5) and of the library (fp32, h = 1e-2)

@@ -56,6 +56,7 @@
 
 #include "cases.h"
 #include "ref_fld.h"
+#include "ref_rowx.h"
 #include "ref_topk.h"
 #include "reference.h"
 #include "testutil.h"
@@ -272,6 +273,13 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
     p.temperature = lc->t;
     p.ignore_index = IGN;
     p.grad_scale = lc->grad_scale;
+    /* per-row weights in two cases of three, the entropy in one of two (docs/MATH.md 12) */
+    float *w = kt_randint(rng, 3) ? xmalloc(sizeof(float) * (size_t)bt) : NULL;
+    float *ent = kt_randint(rng, 2) ? xmalloc(sizeof(float) * (size_t)bt) : NULL;
+    if (w) kt_gen_row_weights(rng, w, bt);
+    if (ent) kt_poison(ent, bt, KDLOSS_F32);
+    p.row_weights = w;
+    p.row_entropy = ent;
     size_t es = kdloss_dtype_size(xdt);
     void *g = xmalloc((size_t)(bt * ldx) * es);
     float *rows = xmalloc(sizeof(float) * (size_t)bt), loss = NAN;
@@ -290,21 +298,30 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
     char tag[320];
     snprintf(tag, sizeof tag,
              "logits %s %s beta=%g alpha=%g tail=%s T=%g gs=%g x=%s lp=%s ids=%s labels=%d "
-             "v=%lld k=%lld bt=%lld %s unused=%d pad=%d",
+             "v=%lld k=%lld bt=%lld %s unused=%d pad=%d w=%d ent=%d",
              isa, kdloss_divergence_name(dc->divergence), dc->beta, dc->alpha, tail_name(lc->tail), lc->t,
              lc->grad_scale, kt_dtype_name(xdt), kt_dtype_name(lc->ldt), kt_dtype_name(lc->idt),
              lc->label_mode, (long long)v, (long long)k, (long long)bt,
-             lc->random_ids ? "random-ids" : "top-ids", lc->unused_mode, lc->pad);
+             lc->random_ids ? "random-ids" : "top-ids", lc->unused_mode, lc->pad, w != NULL,
+             ent != NULL);
     if (KT_CHECK(st == KDLOSS_OK, "%s: %s", tag, kdloss_status_string(st))) {
         int64_t nv = 0;
-        for (int64_t r = 0; r < bt; r++) nv += !lc->label_mode || lab64[r] != IGN;
+        for (int64_t r = 0; r < bt; r++)
+            nv += (!lc->label_mode || lab64[r] != IGN) && (!w || w[r] != 0.0f);
         double denom = nv ? (double)nv : 1.0, total = 0.0, ttol = 0.0;
         double geps = xdt == KDLOSS_F32 ? 0.0 : kt_eps(xdt), sc = p.grad_scale / denom;
         double *dz = DALLOC(v), *dm = DALLOC(v), *dcn = DALLOC(v);
         kdloss_div_params d = *dc;
         int bad = 0;
         for (int64_t r = 0; r < bt; r++) {
-            int ign = lc->label_mode && lab64[r] == IGN;
+            int ign = (lc->label_mode && lab64[r] == IGN) || (w && w[r] == 0.0f);
+            double wr = w ? (double)w[r] : 1.0; /* a kept row's weight */
+            if (ent) { /* over all V, whatever the teacher's slots */
+                double etol, h = ign ? 0.0 : ref_entropy(zs + r * v, v, lc->t, &etol);
+                if (ign) KT_CHECK(ent[r] == 0.0f, "%s entropy[%lld] of an ignored row %g", tag,
+                                  (long long)r, ent[r]);
+                else kt_close(ent[r], h, etol, 0, "%s entropy[%lld]", tag, (long long)r);
+            }
             ref_topk_row_out ro = {0.0, 0.0, 0.0, 0, 0};
             if (!ign)
                 ro = ref_topk_row(&d, p.tail, zs + r * v, v, te.ids + r * k, te.lp + r * k, k,
@@ -316,8 +333,12 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
                 continue;
             }
             for (int64_t c = 0; c < v; c++) {
-                double want = dz[c] * sc;
-                double gtol = (64 * U * dm[c] + dcn[c]) * fabs(sc) + geps * fabs(want) + kt_tiny(xdt);
+                double want = dz[c] * sc * wr; /* the row's gradient times its weight */
+                double gtol = (64 * U * dm[c] + dcn[c]) * fabs(sc) * wr + geps * fabs(want) +
+                              kt_tiny(xdt);
+                /* a large weight can take an fp16 gradient past its range: inf, as any fp16 */
+                if (xdt == KDLOSS_F16 && fabs(want) - gtol >= 65520.0)
+                    want = copysign(INFINITY, want), gtol = 0;
                 if (bad < 3 && !CLOSE(xdt == KDLOSS_F32 ? W_GRAD : W_GRAD16, kt_get(g, xdt, ldx, r, c), want, gtol,
                                          "%s grad[%lld,%lld]", tag, (long long)r, (long long)c))
                     bad++;
@@ -325,20 +346,26 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
             double rtol = 256 * U * ro.mag + ro.cond + 1e-30;
             CLOSE(W_LOSS, rows[r], ro.loss, rtol, "%s row_loss[%lld] (|S| %d, tail bin %d)", tag,
                      (long long)r, ro.n_used, ro.has_tail);
-            total += ro.loss, ttol += rtol;
+            total += wr * ro.loss, ttol += wr * rtol; /* row_loss unweighted, the total not */
         }
         CLOSE(W_LOSS, loss, total / denom, ttol / denom + 1e-30, "%s loss", tag);
         if (lc->label_mode == 2) KT_CHECK(loss == 0.0f, "%s: all ignored gives %g", tag, loss);
         KT_CHECK(ldx == v || padding_intact(g, xdt, bt, v, ldx), "%s: gradient padding written", tag);
         free(dz), free(dm), free(dcn);
 
-        /* no gradient: the same losses bitwise; in place: the same gradient bitwise */
+        /* no gradient: the same losses (and entropies) bitwise; in place: the same gradient */
         float l2 = NAN, *rows2 = xmalloc(sizeof(float) * (size_t)bt);
+        float *ent2 = ent ? xmalloc(sizeof(float) * (size_t)bt) : NULL;
+        p.row_entropy = ent2;
         st = kdloss_topk_distill_logits(&p, bt, v, cx, tv, labels, &l2, rows2,
                                         (kdloss_mat){NULL, xdt, 0});
         KT_CHECK(st == KDLOSS_OK && !memcmp(&l2, &loss, 4) &&
                      !memcmp(rows2, rows, sizeof(float) * (size_t)bt),
                  "%s: losses without the gradient differ", tag);
+        KT_CHECK(!ent || !memcmp(ent2, ent, sizeof(float) * (size_t)bt),
+                 "%s: entropies without the gradient differ", tag);
+        p.row_entropy = ent;
+        free(ent2);
         KT_CHECK(!memcmp(x_snap, x, xbytes) && !memcmp(i_snap, te.pids, ibytes) &&
                      !memcmp(l_snap, te.plp, lbytes),
                  "%s: an input was written (student %d, ids %d, logprobs %d)", tag,
@@ -355,7 +382,7 @@ static void check_logits(const logits_case *lc, kt_rng *rng, const char *isa) {
     }
     teacher_free(&te);
     free(zs), free(full), free(x), free(lab64), free(lab32), free(g), free(rows);
-    free(x_snap), free(i_snap), free(l_snap);
+    free(x_snap), free(i_snap), free(l_snap), free(w), free(ent);
 }
 
 /* The grid on one CPU path: the case grid of tests/support/cases.h (divergence x V x student
