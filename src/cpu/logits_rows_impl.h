@@ -138,13 +138,16 @@ KD_INLINE vf KD_SFX(lr_scale)(const kd_lrow *a, int who, int64_t t) {
 }
 
 /* One vector of pass 3 at element operation `op` (op, unit and ent: constants once inlined);
- * when ent, the student's entropy elements -Q X into *h (div_elem.h's KDE(entropy)). */
+ * when ent, the student's entropy elements -Q X into *h (div_elem.h's KDE(entropy), 0 where
+ * Q = es rs is: es is 0 there, rs > 0). */
 KD_INLINE vf KD_SFX(lr_elem)(const kd_vdiv *k, int op, int unit, int ent,
                              const KD_SFX(lr_c) *r, vf zs, vf zt, vf es, vf et, vf *g, vf *h) {
     vf x = vf_sub(KD_SFX(lr_mul_it)(vf_sub(zs, r->ms), r->it, unit), r->lss);
     vf y = vf_sub(KD_SFX(lr_mul_it)(vf_sub(zt, r->mt), r->it, unit), r->lst);
     vf q = vf_mul(es, r->rs), p = vf_mul(et, r->rt);
-    if (ent) *h = kd_v_entropy(x, q);
+    /* -Q X as -es (rs X): q's product keeps only the divergence's uses, so that the compiler
+     * contracts the loss's multiply-adds as it does without the entropy (the same loss bits) */
+    if (ent) *h = kd_v_entropy(vf_mul(r->rs, x), es);
     switch (op) {
 #define KD_AT(E, nm) case KD_OP_##E: return kd_vpq_##nm(k, x, y, p, q, g);
         KD_DIV_OPS(KD_AT)
