@@ -462,17 +462,24 @@ KDLOSS_API void kdloss_distill_logits_params_default(kdloss_distill_logits_param
  * the same call (the fused-linear loss's row pass on the caller's logits; docs/MATH.md 4, 7).
  * Shapes: student_logits (BT x V) any float dtype; teacher_logits (BT x V) any float dtype;
  *         labels [BT] optional (I64 or I32), checked as kdloss_distill's.
- * Outputs (each optional, at least one required):
+ * Outputs (each optional, at least one required; params->row_entropy counts as one):
  *   loss     [1] fp32: sum of row divergences / max(1, n_valid) (n_valid = non-ignored rows; BT
- *            without labels); 0 when every row is ignored. Other reductions (sum, per row) are
- *            the caller's, from row_loss.
- *   row_loss [BT] fp32: each row's divergence (0 for ignored rows), not divided by n_valid.
+ *            without labels; with row_weights, the sum of w times the divergences over the kept
+ *            rows, n_valid the kept rows); 0 when every row is ignored. Other reductions (sum,
+ *            per row) are the caller's, from row_loss.
+ *   row_loss [BT] fp32: each row's divergence (0 for ignored rows), not divided by n_valid,
+ *            unweighted.
  *   grad     (BT x V) in the student's dtype: d loss / d student_logits * grad_scale
- *            = grad_scale / (T max(1, n_valid)) (g - Q sum(g)), g = dD/dlog Q per element.
+ *            = grad_scale w / (T max(1, n_valid)) (g - Q sum(g)), g = dD/dlog Q per element,
+ *            w the row's weight (1 without row_weights; the factor grad_scale w / (T n_valid)
+ *            is formed in fp32: a weight that takes it past FLT_MAX makes that row non-finite).
  *            Zero on ignored rows. grad.data may equal student_logits.data (same ld, in place).
  * Errors: kdloss_distill's, and INVALID_PARAM for a temperature that is not > 0 and a finite
  * fp32 (T = 1e39 is refused), or whose 1/T or gradient factor grad_scale / T is not a finite
- * fp32; OUT_OF_MEMORY (row buffers). Every check runs before anything is written.
+ * fp32, or a row weight that is not finite and >= 0 (checked after the labels, the detail
+ * naming row_weights[i]); MISALIGNED for row_weights or row_entropy off a 4-byte boundary;
+ * ALIASING for row_weights overlapping an output, or row_entropy overlapping an input or an
+ * output; OUT_OF_MEMORY (row buffers). Every check runs before anything is written.
  * Logits of any size: a row spanning more than FLT_MAX (max - min > FLT_MAX, e.g. 3e38 and
  * -3e38) is served in a careful form (log-probs formed in double, rounded to fp32 once); only a
  * tempered log-prob beyond fp32's range ((max - z) / T > FLT_MAX, possible for T < 2) rounds to
@@ -742,16 +749,16 @@ KDLOSS_API void kdloss_topk_distill_params_default(kdloss_topk_distill_params *p
  * Q = softmax(zs / T) over V, the teacher as above, per row D in the chosen tail mode.
  * Shapes: student_logits (BT x V) any float dtype; teacher: BT rows of K slots; labels [BT]
  *         optional (I64 or I32), checked as kdloss_distill's.
- * Outputs (each optional, at least one required):
+ * Outputs (each optional, at least one required; params->row_entropy counts as one):
  *   loss     [1] fp32: sum of row losses / max(1, n_valid) (n_valid: non-ignored rows; BT without
- *            labels).
+ *            labels; row_weights as kdloss_distill_logits').
  *   row_loss [BT] fp32: each row's loss (0 for ignored rows), not divided by n_valid.
  *   grad     (BT x V) in the student's dtype: d loss / d student_logits * grad_scale, the chain
  *            rule through the tempered softmax included (docs/MATH.md 8). Zero on ignored rows.
  *            grad.data may equal student_logits.data (same ld, in place).
- * Errors: kdloss_distill_logits's, INVALID_ID (ids), INVALID_SIZE (K < 1), INVALID_PARAM
- * (unknown tail; RENORM_TEACHER with another divergence), OUT_OF_MEMORY (row buffers). Every
- * check runs before anything is written.
+ * Errors: kdloss_distill_logits's (row_weights and row_entropy included), INVALID_ID (ids),
+ * INVALID_SIZE (K < 1), INVALID_PARAM (unknown tail; RENORM_TEACHER with another divergence),
+ * OUT_OF_MEMORY (row buffers). Every check runs before anything is written.
  */
 KDLOSS_API kdloss_status kdloss_topk_distill_logits(const kdloss_topk_distill_params *params,
                                                     int64_t bt, int64_t v,

@@ -15,7 +15,12 @@
  * pipelining its span of rows (one row's last pass interleaved with the next row's first): fp32
  * logits read in place, narrower ones widened tile by tile into per-thread rows by pass 1.
  * Rows run on OpenMP threads (kd_rows_sum; run_pipelined on the vector paths), their values
- * summed in an order that depends on BT alone. */
+ * summed in an order that depends on BT alone.
+ * Per-row weights and the student's entropy (docs/MATH.md section 12): a row of weight 0 is
+ * skipped as an ignored row; a kept row's gradient factor is gs w (the pipelined kernel's
+ * per-row gs, the row phases' w) and its value counts w times in the total (row_loss stays
+ * unweighted); the entropy comes from the kernels' own passes (logits_rows.h: pass 3; the row
+ * phases: beside the student's sum of exps). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
