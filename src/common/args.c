@@ -135,7 +135,8 @@ static kdloss_status row_weights(const kd_rules *r, const float *w, int64_t bt,
 
 /* The rest of a loss on rows once its teacher's views (spans of ins[1, n_in)) and the
  * student's (ins[0], effective ld ld_s) have passed: the gradient, labels (aligned when
- * `align`; counted when host memory), at least one output, their alignment, the overlaps. */
+ * `align`; counted when host memory), the row weights (row_weights), at least one output (the
+ * entropy counts), their alignment, the overlaps (the weights an input, the entropy an output). */
 static kdloss_status rows_rest(const kd_rules *r, int align, int64_t bt, int64_t v,
                                kdloss_cmat student, int64_t ld_s, const kd_spanset *ins,
                                kdloss_labels labels, int64_t ignore_index, const kd_row_extras *x,
