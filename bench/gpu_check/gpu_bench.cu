@@ -6,7 +6,7 @@
  *      weights 0.5/0.5), loss + dxs + dws, at several memory budgets
  *   3. the four bare GEMMs of that workload at full size (zs, zt, dxs, dws), cuBLAS, bf16 in,
  *      fp32 accumulation: the floor the fused loss is compared with
- *   4. the sparse top-k teacher at issue 10's shape (BT 2048, H 1024, V 32768, K 64, fp32):
+ *   4. the sparse top-k teacher at BENCHMARKS.md's top-k shape (BT 2048, H 1024, V 32768, K 64, fp32):
  *      kdloss_cuda_fused_linear_topk_distill forward KL bucket (loss + dxs + dws; its three bare
  *      fp32 GEMMs as the floor), renorm_both on the sparse path, the same on the dense path (a
  *      row_lse output forces it; the two must agree), and kdloss_cuda_topk_distill_logits on
@@ -478,7 +478,8 @@ static void tk_gemm_floor(tk_w *w) {
     dfree(w->z, bz);
 }
 
-/* Issue 10's shape: BT 2048, H 1024, V 32768, K 64, fp32. Returns 0 on a failure. */
+/* The top-k bench shape (BENCHMARKS.md): BT 2048, H 1024, V 32768, K 64, fp32. Returns 0 on a
+ * failure. */
 static int bench_topk(kdloss_cuda_context *ctx) {
     tk_w w;
     memset(&w, 0, sizeof w);

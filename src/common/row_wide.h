@@ -1,5 +1,5 @@
-/* The careful form of a dense row's elements, for the rows the fast passes cannot serve (issue 25,
- * D4 and D6; docs/MATH.md 10), written once for the CPU (src/cpu/row_special.h) and the CUDA
+/* The careful form of a dense row's elements, for the rows the fast passes cannot serve
+ * (docs/MATH.md section 10), written once for the CPU (src/cpu/row_special.h) and the CUDA
  * kernels (src/cuda/row_special.cuh), host and device.
  *
  * The fast passes form (z - m) / T as (z - m) * (1/T) in fp32, and z - m rounds to -inf once

@@ -34,7 +34,7 @@
 
 #if KD_HAVE_ONEDNN
 /* oneDNN's bf16 x bf16 -> fp32 gemm, row-major as dnnl_sgemm: a DNNL_API symbol of libdnnl
- * (src/cpu/gemm/gemm.cpp) that its public header does not declare. */
+ * (oneDNN's own src/cpu/gemm/gemm.cpp) that its public header does not declare. */
 dnnl_status_t dnnl_gemm_bf16bf16f32(char transa, char transb, dnnl_dim_t m, dnnl_dim_t n,
                                     dnnl_dim_t k, float alpha, const uint16_t *a, dnnl_dim_t lda,
                                     const uint16_t *b, dnnl_dim_t ldb, float beta, float *c,
