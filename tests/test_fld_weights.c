@@ -8,7 +8,8 @@
  *     2^-8 relative in bf16);
  *   - the entropy against float64 H(softmax(zs / T)) (abs 1e-5 + rel 1e-5: fp32 logits carry
  *     ~1e-6 relative, times |log Q| of at most ~20 here), 0 on ignored rows, also when the soft
- *     and hard parts are both off (the entropy alone);
+ *     and hard parts are both off (the entropy alone), and after a student logit map (scale,
+ *     softcap);
  *   - bitwise: NULL weights against all-ones; weights in {0, 1} against masking the same rows
  *     with ignore_index; asking for the entropy changes no other output;
  *   - central differences of the weighted loss in xs against dxs;
@@ -249,6 +250,9 @@ static void dense_grid(kt_rng *g, kdloss_dtype dt, int64_t v) {
     kt_fld_problem_free(&p);
 }
 
+static void entropy_alone(const kt_fld_problem *pp, kdloss_fused_linear_distill_params *pr,
+                          const float *w);
+
 /* Bitwise identities on one problem, every path: NULL = ones; {0, 1} = masking; the entropy
  * changes nothing else; and the entropy alone (soft and hard parts off) against float64. */
 static void dense_identities(kt_rng *g, kdloss_dtype dt) {
@@ -286,7 +290,17 @@ static void dense_identities(kt_rng *g, kdloss_dtype dt) {
         wres_free(&a), wres_free(&m), wres_free(&b), wres_free(&z), wres_free(&e0),
             wres_free(&e1);
     }
-    /* the entropy alone: no soft or hard part, no gradient */
+    entropy_alone(&p, &prm, w);
+    kt_fld_problem_free(&p);
+}
+
+/* The entropy alone: no soft or hard part, no gradient (the tempered pass still runs). */
+static void entropy_alone(const kt_fld_problem *pp, kdloss_fused_linear_distill_params *pr,
+                          const float *w) {
+    const kt_fld_problem p = *pp;
+    kdloss_fused_linear_distill_params prm = *pr;
+    call_opt ce = {p.labels, 1, 1, NULL};
+    kdloss_dtype dt = p.ds;
     double *zs = malloc((size_t)(BT * p.v) * 8), *zt = malloc((size_t)(BT * p.v) * 8);
     kt_ref_logits(BT, HS, p.v, p.xs, p.ws, p.bias_s, zs);
     kt_ref_logits(BT, HT, p.v, p.xt, p.wt, p.bias_t, zt);
@@ -316,6 +330,48 @@ static void dense_identities(kt_rng *g, kdloss_dtype dt) {
     wref_free(&ref);
     free(zs);
     free(zt);
+}
+
+/* The entropy after the student's logit map (scale, then softcap, then T: kdloss.h), every path,
+ * against float64 H(softmax(cap tanh(s u / cap) / T)) and H(softmax(s u / T)). */
+static void entropy_mapped(kt_rng *g, kdloss_dtype dt) {
+    kt_fld_problem p;
+    kt_fld_problem_make(&p, g, BT, HS, HT, 333, dt, dt, 1, 4.0, 4, -100, 0);
+    double *zs = malloc((size_t)(BT * p.v) * 8), *x = malloc((size_t)p.v * 8), ent[BT];
+    float w[BT];
+    weights_make(g, w, 0);
+    kt_ref_logits(BT, HS, p.v, p.xs, p.ws, p.bias_s, zs);
+    for (int cap = 0; cap < 2; cap++) {
+        kdloss_fused_linear_distill_params prm;
+        kdloss_fused_linear_distill_params_default(&prm);
+        prm.student_map = (kdloss_logit_map){1.3, cap ? 5.0 : 0.0};
+        prm.temperature = 0.8;
+        prm.row_weights = w;
+        for (int64_t i = 0; i < BT; i++) {
+            ent[i] = 0.0;
+            if (p.labels[i] == -100 || w[i] == 0.0f) continue;
+            double *z = malloc((size_t)p.v * 8);
+            for (int64_t c = 0; c < p.v; c++) {
+                double u = 1.3 * zs[i * p.v + c];
+                z[c] = cap ? 5.0 * tanh(u / 5.0) : u;
+            }
+            ref_log_softmax(z, p.v, prm.temperature, x);
+            for (int64_t c = 0; c < p.v; c++) ent[i] -= exp(x[c]) * x[c];
+            free(z);
+        }
+        call_opt c = {p.labels, 1, 1, NULL};
+        KT_FOR_EACH_ISA(path, NULL) {
+            char ctx[96];
+            snprintf(ctx, sizeof ctx, "entropy mapped cap %d %s %s", cap, kdloss_dtype_name(dt),
+                     path.name);
+            wres r = w_run(&p, &prm, NULL, &c);
+            if (KT_CHECK(r.st == KDLOSS_OK, "%s: status %d", ctx, (int)r.st))
+                check_ent(ctx, r.rows + 3 * BT, ent, BT);
+            wres_free(&r);
+        }
+    }
+    free(zs);
+    free(x);
     kt_fld_problem_free(&p);
 }
 
@@ -388,29 +444,79 @@ static void bad_weights(kt_rng *g) {
 
 /* ---- the top-k teacher ---- */
 
-static void topk_checks(kt_rng *g, kdloss_dtype dt, int tail) {
-    kt_fld_problem p;
-    kt_fld_problem_make(&p, g, BT, HS, HT, 157, dt, dt, 1, 3.0, 4, -100, 0);
-    int32_t ids[BT * K];
-    float lp[BT * K], ones[BT], w01[BT], w[BT];
-    int64_t masked[BT];
+/* Distinct ids per row, decreasing log-probs. */
+static void topk_make(kt_rng *g, int64_t v, int32_t *ids, float *lp) {
     for (int64_t r = 0; r < BT; r++)
         for (int64_t k = 0; k < K; k++) {
             int dup;
             do {
-                ids[r * K + k] = (int32_t)kt_randint(g, p.v);
+                ids[r * K + k] = (int32_t)kt_randint(g, v);
                 dup = 0;
                 for (int64_t i = 0; i < k; i++) dup |= ids[r * K + i] == ids[r * K + k];
             } while (dup);
             lp[r * K + k] = (float)(-0.5 - 0.6 * (double)k - 0.1 * kt_uniform(g));
         }
+}
+
+/* One CPU path's top-k checks (see the file's comment); ent: float64 entropies. */
+static void topk_path(const char *ctx, const kt_fld_problem *pp,
+                      kdloss_fused_linear_topk_distill_params prm, const kdloss_topk_teacher *tk,
+                      const float *w01, const float *w, const int64_t *masked, const double *ent) {
+    const kt_fld_problem p = *pp;
+    kdloss_dtype dt = p.ds;
+    float ones[BT];
+    for (int64_t i = 0; i < BT; i++) ones[i] = 1.0f;
+    call_opt c = {p.labels, 1, 0, tk}, cm = {masked, 1, 0, tk}, ce = {p.labels, 1, 1, tk};
+    prm.row_weights = NULL;
+    wres a = w_run(&p, NULL, &prm, &c), m = w_run(&p, NULL, &prm, &cm);
+    prm.row_weights = ones;
+    wres b = w_run(&p, NULL, &prm, &c);
+    prm.row_weights = w01;
+    wres z = w_run(&p, NULL, &prm, &c);
+    prm.row_weights = w;
+    wres y = w_run(&p, NULL, &prm, &c), e = w_run(&p, NULL, &prm, &ce);
+    KT_CHECK(w_same_bits(&p, &a, &b, 0), "%s: NULL weights differ from all-ones", ctx);
+    KT_CHECK(w_same_bits(&p, &m, &z, 0), "%s: weights {0,1} differ from masking", ctx);
+    KT_CHECK(y.st == KDLOSS_OK && e.st == KDLOSS_OK, "%s: status %d %d", ctx, y.st, e.st);
+    /* the weighted soft loss from the unweighted row outputs of the same call */
+    double ss = 0.0, nv = 0.0;
+    for (int64_t i = 0; i < BT; i++) {
+        ss += (double)w[i] * y.rows[i];
+        nv += p.labels[i] != -100 && w[i] != 0.0f;
+    }
+    kt_close(y.sc[1], ss / nv, 1e-7, 1e-6, "%s: soft = sum w row_soft / n_valid", ctx);
+    /* each dxs row: w times the masked call's (the same rows kept, so the same n_valid) */
+    prm.row_weights = NULL;
+    int64_t mk[BT];
+    for (int64_t i = 0; i < BT; i++) mk[i] = w[i] == 0.0f ? -100 : p.labels[i];
+    call_opt cw = {mk, 1, 0, tk};
+    wres u = w_run(&p, NULL, &prm, &cw);
+    double dmax = 0.0, derr = 0.0;
+    for (int64_t i = 0; i < BT; i++)
+        for (int64_t h = 0; h < HS; h++) {
+            double want = (double)w[i] * kt_get(u.dxs, dt, u.ld_dxs, i, h);
+            dmax = fmax(dmax, fabs(want));
+            derr = fmax(derr, fabs(kt_get(y.dxs, dt, y.ld_dxs, i, h) - want));
+        }
+    double lim = (dt == KDLOSS_BF16 ? 0x1p-7 : 1e-5) * dmax; /* bf16: two casts */
+    KT_CHECK(derr <= lim, "%s: dxs rows not w times the masked call's: %.3g > %.3g", ctx, derr,
+             lim);
+    check_ent(ctx, e.rows + 3 * BT, ent, BT);
+    wres_free(&a), wres_free(&m), wres_free(&b), wres_free(&z), wres_free(&y), wres_free(&e),
+        wres_free(&u);
+}
+
+static void topk_checks(kt_rng *g, kdloss_dtype dt, int tail) {
+    kt_fld_problem p;
+    kt_fld_problem_make(&p, g, BT, HS, HT, 157, dt, dt, 1, 3.0, 4, -100, 0);
+    int32_t ids[BT * K];
+    float lp[BT * K], w01[BT], w[BT];
+    int64_t masked[BT];
+    topk_make(g, p.v, ids, lp);
     kdloss_topk_teacher tk = {K, {ids, KDLOSS_I32, 0}, {lp, KDLOSS_F32, 0}};
     weights_make(g, w01, 1);
     weights_make(g, w, 0);
-    for (int64_t i = 0; i < BT; i++) {
-        ones[i] = 1.0f;
-        masked[i] = w01[i] == 0.0f ? -100 : p.labels[i];
-    }
+    for (int64_t i = 0; i < BT; i++) masked[i] = w01[i] == 0.0f ? -100 : p.labels[i];
     kdloss_fused_linear_topk_distill_params prm;
     kdloss_fused_linear_topk_distill_params_default(&prm);
     prm.tail = (kdloss_topk_tail)tail;
@@ -426,47 +532,10 @@ static void topk_checks(kt_rng *g, kdloss_dtype dt, int tail) {
         ref_log_softmax(zs + i * p.v, p.v, prm.temperature, x);
         for (int64_t c = 0; c < p.v; c++) ent[i] -= exp(x[c]) * x[c];
     }
-    call_opt c = {p.labels, 1, 0, &tk}, cm = {masked, 1, 0, &tk}, ce = {p.labels, 1, 1, &tk};
     KT_FOR_EACH_ISA(path, NULL) {
         char ctx[128];
         snprintf(ctx, sizeof ctx, "topk %s tail %d %s", kdloss_dtype_name(dt), tail, path.name);
-        prm.row_weights = NULL;
-        wres a = w_run(&p, NULL, &prm, &c), m = w_run(&p, NULL, &prm, &cm);
-        prm.row_weights = ones;
-        wres b = w_run(&p, NULL, &prm, &c);
-        prm.row_weights = w01;
-        wres z = w_run(&p, NULL, &prm, &c);
-        prm.row_weights = w;
-        wres y = w_run(&p, NULL, &prm, &c), e = w_run(&p, NULL, &prm, &ce);
-        KT_CHECK(w_same_bits(&p, &a, &b, 0), "%s: NULL weights differ from all-ones", ctx);
-        KT_CHECK(w_same_bits(&p, &m, &z, 0), "%s: weights {0,1} differ from masking", ctx);
-        KT_CHECK(y.st == KDLOSS_OK && e.st == KDLOSS_OK, "%s: status %d %d", ctx, y.st, e.st);
-        /* the weighted soft loss from the unweighted row outputs of the same call */
-        double ss = 0.0, nv = 0.0;
-        for (int64_t i = 0; i < BT; i++) {
-            ss += (double)w[i] * y.rows[i];
-            nv += p.labels[i] != -100 && w[i] != 0.0f;
-        }
-        kt_close(y.sc[1], ss / nv, 1e-7, 1e-6, "%s: soft = sum w row_soft / n_valid", ctx);
-        /* each dxs row: w times the masked call's (the same rows kept, so the same n_valid) */
-        prm.row_weights = NULL;
-        int64_t mk[BT];
-        for (int64_t i = 0; i < BT; i++) mk[i] = w[i] == 0.0f ? -100 : p.labels[i];
-        call_opt cw = {mk, 1, 0, &tk};
-        wres u = w_run(&p, NULL, &prm, &cw);
-        double dmax = 0.0, derr = 0.0;
-        for (int64_t i = 0; i < BT; i++)
-            for (int64_t h = 0; h < HS; h++) {
-                double want = (double)w[i] * kt_get(u.dxs, dt, u.ld_dxs, i, h);
-                dmax = fmax(dmax, fabs(want));
-                derr = fmax(derr, fabs(kt_get(y.dxs, dt, y.ld_dxs, i, h) - want));
-            }
-        double lim = (dt == KDLOSS_BF16 ? 0x1p-7 : 1e-5) * dmax; /* bf16: two casts */
-        KT_CHECK(derr <= lim, "%s: dxs rows not w times the masked call's: %.3g > %.3g", ctx,
-                 derr, lim);
-        check_ent(ctx, e.rows + 3 * BT, ent, BT);
-        wres_free(&a), wres_free(&m), wres_free(&b), wres_free(&z), wres_free(&y),
-            wres_free(&e), wres_free(&u);
+        topk_path(ctx, &p, prm, &tk, w01, w, masked, ent);
     }
     free(zs);
     free(x);
@@ -481,6 +550,7 @@ int main(void) {
         dense_grid(&g, dts[d], 97);
         dense_grid(&g, dts[d], 1100); /* two tiles of KD_FLD_TILE, a partial vector */
         dense_identities(&g, dts[d]);
+        entropy_mapped(&g, dts[d]);
         topk_checks(&g, dts[d], KDLOSS_TAIL_BUCKET);
         topk_checks(&g, dts[d], KDLOSS_TAIL_RENORM_BOTH);
     }

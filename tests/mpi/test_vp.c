@@ -296,6 +296,30 @@ static void agreement_cases(kt_rng *g, const kdloss_mpi_comm *c) {
     free(xs), free(ws), free(y);
 }
 
+/* Per-row weights (replicated, exact zeros among them) and the entropy (docs/MATH.md section 12):
+ * dense reverse KL (fp32, chunked) and JSD (bf16), the sparse teacher in every tail. */
+static void weighted_cases(kt_rng *g, const kdloss_mpi_comm *c, const shape *d1, const shape *d2,
+                           const shape *k1, kdloss_fused_linear_distill_params dp,
+                           kdloss_fused_linear_topk_distill_params tp) {
+    char tag[128];
+    float w[64];
+    for (int i = 0; i < 64; i++) w[i] = i % 6 == 4 ? 0.0f : (float)(0.2 + 2.0 * kt_uniform(g));
+    g_ent = 1;
+    dp.div.divergence = KDLOSS_DIV_REVERSE_KL;
+    dp.row_weights = w;
+    dense_case(g, c, d1, &dp, 1, "dense rev weights entropy chunked");
+    dp.div.divergence = KDLOSS_DIV_JSD;
+    dense_case(g, c, d2, &dp, 1, "dense jsd weights entropy bf16");
+    tp.row_weights = w;
+    for (int tail = 0; tail < 3; tail++) {
+        tp.tail = (kdloss_topk_tail)tail;
+        tp.div.divergence = tail == 2 ? KDLOSS_DIV_FORWARD_KL : KDLOSS_DIV_REVERSE_KL;
+        snprintf(tag, sizeof tag, "topk %s weights entropy", kdloss_topk_tail_name(tp.tail));
+        topk_case(g, c, k1, &tp, 1, tag);
+    }
+    g_ent = 0;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     kdloss_mpi_comm c;
@@ -340,25 +364,7 @@ int main(int argc, char **argv) {
     tp.tail = KDLOSS_TAIL_BUCKET;
     tp.div.divergence = KDLOSS_DIV_TVD;
     topk_case(&g, &c, &k2, &tp, 1, "topk bucket K = V tvd");
-
-    /* per-row weights (replicated, exact zeros among them) and the entropy */
-    float w[64];
-    for (int i = 0; i < 64; i++) w[i] = i % 6 == 4 ? 0.0f : (float)(0.2 + 2.0 * kt_uniform(&g));
-    g_ent = 1;
-    dp.div.divergence = KDLOSS_DIV_REVERSE_KL;
-    dp.row_weights = w;
-    dense_case(&g, &c, &d1, &dp, 1, "dense rev weights entropy chunked");
-    dp.div.divergence = KDLOSS_DIV_JSD;
-    dense_case(&g, &c, &d2, &dp, 1, "dense jsd weights entropy bf16");
-    tp.row_weights = w;
-    for (int tail = 0; tail < 3; tail++) {
-        tp.tail = (kdloss_topk_tail)tail;
-        tp.div.divergence = tail == 2 ? KDLOSS_DIV_FORWARD_KL : KDLOSS_DIV_REVERSE_KL;
-        snprintf(tag, sizeof tag, "topk %s weights entropy", kdloss_topk_tail_name(tp.tail));
-        topk_case(&g, &c, &k1, &tp, 1, tag);
-    }
-    g_ent = 0;
-    dp.row_weights = tp.row_weights = NULL;
+    weighted_cases(&g, &c, &d1, &d2, &k1, dp, tp);
 
     agreement_cases(&g, &c);
     /* every rank's verdict: the test fails when any rank failed */
