@@ -24,7 +24,8 @@
  *   - row weights (with zeros) and the entropy on every rank: OK, equal to the single-process
  *     call (loss and entropy rtol 1e-6, dxs 1e-5), the SUM of the sums one double a row longer;
  *     weights on one rank only, weights that differ in one row on one rank, or the entropy on one
- *     rank only: SHAPE_MISMATCH on every rank (docs/MATH.md section 12).
+ *     rank only: SHAPE_MISMATCH on every rank (docs/MATH.md section 12); the entropy alone (no
+ *     loss part) on every rank: OK, equal to the single-process call.
  */
 #include <errno.h>
 #include <math.h>
@@ -194,7 +195,7 @@ typedef struct job {
     kdloss_vocab_shard shard;
     int64_t lo, n;
     kdloss_dtype dt;
-    int no_dxs, no_grad, ignore_all, no_bias, kept, ent;
+    int no_dxs, no_grad, ignore_all, no_bias, kept, ent, ent_only;
     kdloss_comm comm;
     rank_ctx rc;
     const data *d;
@@ -229,6 +230,7 @@ static void *job_run(void *arg) {
     kdloss_labels lab = {j->ignore_all ? d->lab_ignored : j->kept ? d->lab_kept : d->lab, KDLOSS_I64};
     kdloss_fused_linear_distill_out out = view(&j->o, j->dt, !j->no_dxs, !j->no_grad, !j->no_bias);
     if (j->ent) out.row_entropy = j->o.ent;
+    if (j->ent_only) out = (kdloss_fused_linear_distill_out){.row_entropy = j->o.ent};
     if (j->topk) {
         kdloss_topk_teacher tk = {K, {d->ids, KDLOSS_I32, 0}, {d->lp, KDLOSS_F32, 0}};
         j->status = kdloss_fused_linear_topk_distill_vp(&j->tp, &j->shard, BT, HS, j->n, xs, ws,
@@ -404,6 +406,13 @@ static void s_wt_differ(job *j, int size, world *w) {
     j->dp.row_weights = j->tp.row_weights = LAST(j, size) ? j->d->w_other : j->d->w;
 }
 static void s_ent_one(job *j, int size, world *w) { (void)w, j->ent = LAST(j, size); }
+/* The entropy alone (no loss part weighted or asked for): the tempered pass still runs. */
+static void s_ent_alone(job *j, int size, world *w) {
+    s_wt_ent(j, size, w);
+    j->ent_only = 1;
+    j->dp.weight_soft_loss = j->dp.weight_hard_loss = 0.0;
+    j->tp.weight_soft_loss = j->tp.weight_hard_loss = 0.0;
+}
 
 static void s_bad_arg(job *j, int size, world *w) {
     (void)w;
@@ -415,6 +424,7 @@ static kdloss_status whole(const job *j0, const data *d, outs *o) {
     kdloss_labels lab = {d->lab, KDLOSS_I64};
     kdloss_fused_linear_distill_out out = view(o, KDLOSS_F32, 1, 1, 1);
     if (j0->ent) out.row_entropy = o->ent; /* j0's params carry its row weights */
+    if (j0->ent_only) out = (kdloss_fused_linear_distill_out){.row_entropy = o->ent};
     kdloss_cmat xs = {d->xs[0], KDLOSS_F32, 0}, ws = {d->ws[0], KDLOSS_F32, 0};
     if (j0->topk) {
         kdloss_topk_teacher tk = {K, {d->ids, KDLOSS_I32, 0}, {d->lp, KDLOSS_F32, 0}};
@@ -449,6 +459,28 @@ static void check_protocol(const char *tag, const world *w, int topk, int ent) {
              w->ncalls[0], n);
 }
 
+/* The honest scenarios against the single-process call: the loss (1e-6), the entropy (1e-6) and
+ * dxs (1e-5), and the documented protocol (with the entropy alone: the entropy and no gradient). */
+static void check_whole(const char *tag, const job *jobs, int size, const data *d,
+                        const world *w, int topk) {
+    int only = jobs[0].ent_only;
+    if (!only) check_protocol(tag, w, topk, jobs[0].ent);
+    outs o;
+    outs_poison(&o);
+    kdloss_status s = whole(&jobs[0], d, &o);
+    KT_CHECK(s == KDLOSS_OK, "%s: whole call %d", tag, (int)s);
+    for (int r = 0; r < size && s == KDLOSS_OK; r++) {
+        if (!only) kt_close(jobs[r].o.sc[0], o.sc[0], 1e-30, 1e-6, "%s rank %d loss", tag, r);
+        for (int64_t i = 0; jobs[r].ent && i < BT; i++)
+            if (!kt_close(jobs[r].o.ent[i], o.ent[i], 1e-7, 1e-6, "%s rank %d entropy %lld", tag,
+                          r, (long long)i))
+                break;
+        for (int64_t i = 0; !only && i < BT * HS; i++)
+            if (!kt_close(jobs[r].o.dxs[i], o.dxs[i], 1e-5, 1e-5, "%s rank %d dxs", tag, r))
+                break;
+    }
+}
+
 static void run_scenario(const scenario *sc, int size, int topk, const data *d) {
     char tag[160];
     snprintf(tag, sizeof tag, "%s %s ranks=%d", sc->name, topk ? "topk" : "dense", size);
@@ -478,23 +510,8 @@ static void run_scenario(const scenario *sc, int size, int topk, const data *d) 
             same = !memcmp(&w.log[r][i], &w.log[0][i], sizeof w.log[0][i]);
         KT_CHECK(same, "%s: rank %d's all-reduces differ from rank 0's", tag, r);
     }
-    if (sc->setup == s_honest || sc->setup == s_wt_ent) {
-        check_protocol(tag, &w, topk, jobs[0].ent);
-        outs o;
-        outs_poison(&o);
-        kdloss_status s = whole(&jobs[0], d, &o);
-        KT_CHECK(s == KDLOSS_OK, "%s: whole call %d", tag, (int)s);
-        for (int r = 0; r < size && s == KDLOSS_OK; r++) {
-            kt_close(jobs[r].o.sc[0], o.sc[0], 1e-30, 1e-6, "%s rank %d loss", tag, r);
-            for (int64_t i = 0; jobs[r].ent && i < BT; i++)
-                if (!kt_close(jobs[r].o.ent[i], o.ent[i], 1e-7, 1e-6, "%s rank %d entropy %lld",
-                              tag, r, (long long)i))
-                    break;
-            for (int64_t i = 0; i < BT * HS; i++)
-                if (!kt_close(jobs[r].o.dxs[i], o.dxs[i], 1e-5, 1e-5, "%s rank %d dxs", tag, r))
-                    break;
-        }
-    }
+    if (sc->setup == s_honest || sc->setup == s_wt_ent || sc->setup == s_ent_alone)
+        check_whole(tag, jobs, size, d, &w, topk);
     if (sc->setup == s_chunks_differ)
         for (int r = 1; r < size; r++)
             KT_CHECK(jobs[r].o.sc[0] == jobs[0].o.sc[0], "%s: rank %d's loss differs", tag, r);
@@ -579,6 +596,7 @@ int main(void) {
         {"row weights on one rank only", s_wt_one, 1, SHAPE, SHAPE},
         {"row weights that differ on one rank", s_wt_differ, 1, SHAPE, SHAPE},
         {"row entropy on one rank only", s_ent_one, 1, SHAPE, SHAPE},
+        {"row entropy alone (no loss part) on every rank", s_ent_alone, 1, OK, OK},
     };
     const int nsc = (int)(sizeof sc / sizeof sc[0]);
     for (int size = 2; size <= MAXR; size++)
