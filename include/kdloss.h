@@ -440,8 +440,12 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
  *                for logging: no gradient flows from it. On the losses on logits it is a member
  *                of the params struct (an output, so that the functions' signatures stay); on the
  *                fused losses a member of kdloss_fused_linear_distill_out. Asking for it on the
- *                fused top-k loss runs the full-vocabulary path (as row_lse does).
- * The defaults (NULL, NULL) are the behaviour without these members. */
+ *                fused top-k loss runs the full-vocabulary path (as row_lse does). A fused call
+ *                asking for nothing else (no loss part weighted or asked for) still forms the
+ *                student's logits and their tempered sums for it, not the teacher's.
+ * Both are checked as the other operands are: aligned to 4 bytes (KDLOSS_ERR_MISALIGNED), neither
+ * may overlap another operand or output (KDLOSS_ERR_ALIASING). The defaults (NULL, NULL) are the
+ * behaviour without these members (the same bits on the CPU). */
 
 typedef struct kdloss_distill_logits_params {
     kdloss_div_params div; /* default forward KL                                            */

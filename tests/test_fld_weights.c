@@ -13,7 +13,8 @@
  *   - bitwise: NULL weights against all-ones; weights in {0, 1} against masking the same rows
  *     with ignore_index; asking for the entropy changes no other output;
  *   - central differences of the weighted loss in xs against dxs;
- *   - bad weights (negative, NaN, inf, misaligned) refused with INVALID_PARAM, nothing written;
+ *   - bad weights (negative, NaN, inf: INVALID_PARAM; misaligned: MISALIGNED) and row_entropy
+ *     over row_weights (ALIASING) refused, nothing written;
  *   - top-k (dense and sparse renorm_both paths): NULL vs ones and {0, 1} vs masking bitwise,
  *     the weighted loss equal to sum w row_soft / n_valid (rel 1e-6) and each dxs row equal to
  *     w times the masked call's (rel 1e-5 of the largest), the entropy against float64.
@@ -431,7 +432,7 @@ static void bad_weights(kt_rng *g) {
         prm.row_weights = w;
         call_opt c = {p.labels, 1, 1, NULL};
         wres r = w_run(&p, &prm, NULL, &c);
-        KT_CHECK(k < 3 ? r.st == KDLOSS_ERR_INVALID_PARAM : r.st != KDLOSS_OK,
+        KT_CHECK(r.st == (k < 3 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_MISALIGNED),
                  "bad weights %d: status %d", k, (int)r.st);
         KT_CHECK(kt_is_poison(r.sc, 3, KDLOSS_F32) && kt_is_poison(r.rows, 4 * BT, KDLOSS_F32) &&
                      kt_is_poison(r.dxs, BT * r.ld_dxs, KDLOSS_F32) &&
@@ -439,6 +440,23 @@ static void bad_weights(kt_rng *g) {
                  "bad weights %d: an output was written", k);
         wres_free(&r);
     }
+    /* the entropy written over the weights: aliasing, nothing written */
+    for (int64_t i = 0; i < BT; i++) buf[i] = 1.0f;
+    kdloss_fused_linear_distill_params prm;
+    kdloss_fused_linear_distill_params_default(&prm);
+    prm.row_weights = buf;
+    call_opt c = {p.labels, 0, 1, NULL};
+    wres r;
+    kdloss_fused_linear_distill_out o = w_out(&p, &r, &c);
+    o.row_entropy = buf + 1;
+    kdloss_status st = kdloss_fused_linear_distill(
+        &prm, BT, HS, HT, p.v, (kdloss_cmat){p.pxs, p.ds, p.ld_xs},
+        (kdloss_cmat){p.pws, p.ds, p.ld_ws}, p.pbias_s, (kdloss_cmat){p.pxt, p.dt, p.ld_xt},
+        (kdloss_cmat){p.pwt, p.dt, p.ld_wt}, p.pbias_t, (kdloss_labels){p.labels, KDLOSS_I64}, &o,
+        NULL, 0);
+    KT_CHECK(st == KDLOSS_ERR_ALIASING, "row_entropy over row_weights: status %d", (int)st);
+    KT_CHECK(kt_is_poison(r.sc, 3, KDLOSS_F32) && buf[1] == 1.0f,
+             "row_entropy over row_weights: an output was written");
     kt_fld_problem_free(&p);
 }
 
