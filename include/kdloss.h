@@ -440,8 +440,12 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
  *                for logging: no gradient flows from it. On the losses on logits it is a member
  *                of the params struct (an output, so that the functions' signatures stay); on the
  *                fused losses a member of kdloss_fused_linear_distill_out. Asking for it on the
- *                fused top-k loss runs the full-vocabulary path (as row_lse does).
- * The defaults (NULL, NULL) are the behaviour without these members. */
+ *                fused top-k loss runs the full-vocabulary path (as row_lse does). A fused call
+ *                asking for nothing else (no loss part weighted or asked for) still forms the
+ *                student's logits and their tempered sums for it, not the teacher's.
+ * Both are checked as the other operands are: aligned to 4 bytes (KDLOSS_ERR_MISALIGNED), neither
+ * may overlap another operand or output (KDLOSS_ERR_ALIASING). The defaults (NULL, NULL) are the
+ * behaviour without these members (the same bits on the CPU). */
 
 typedef struct kdloss_distill_logits_params {
     kdloss_div_params div; /* default forward KL                                            */
@@ -860,8 +864,8 @@ typedef struct kdloss_vocab_shard {
  * logit), a SUM of 2 (the divergence's terms and sum of its gradient), and a SUM of the chunk's
  * Hs fp32 dxs values a row: 64 bytes + 4 Hs a token (docs/MATH.md section 9). With row_entropy
  * asked for, the SUM of 4 is a SUM of 5: the 5th double of a row is the rank's sum of
- * e^u u, u = (zs - max zs) / T, over its columns (the entropy's own sum, from the exps of the
- * first; docs/MATH.md section 12): 72 bytes + 4 Hs a token. Without it the protocol is the one
+ * -e^u u, u = (zs - max zs) / T, over its columns (the entropy's own sum, from the exps of the
+ * first; docs/MATH.md section 12.1): 72 bytes + 4 Hs a token. Without it the protocol is the one
  * above. row_weights are replicated (every rank passes the same BT values) and add nothing to
  * the per-chunk collectives.
  * Every rank makes the agreement's two calls whatever its arguments, and what they return decides
@@ -900,8 +904,8 @@ KDLOSS_API kdloss_status kdloss_fused_linear_distill_vp(
  * row, a SUM of 4 + K (the rest's sums of exps, the label's logit, the K selected logits, each
  * from the rank that holds it), and the dxs SUM: 48 + 8 K + 4 Hs bytes a token. With row_entropy
  * asked for, a SUM of 5 + K: the last double of a row (after the K logits) is the rank's sum of
- * e^u u, u = (zs - mr) / T, over its columns outside the teacher's ids (docs/MATH.md section
- * 12): 56 + 8 K + 4 Hs bytes a token. renorm_both runs the full-vocabulary path here (the sparse
+ * -e^u u, u = (zs - mr) / T, over its columns outside the teacher's ids (docs/MATH.md section
+ * 12.1): 56 + 8 K + 4 Hs bytes a token. renorm_both runs the full-vocabulary path here (the sparse
  * path is single-process). */
 KDLOSS_API kdloss_status kdloss_fused_linear_topk_distill_vp(
     const kdloss_fused_linear_topk_distill_params *params, const kdloss_vocab_shard *shard,

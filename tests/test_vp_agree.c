@@ -20,7 +20,12 @@
  *     (top-k: tail), another student logit map (softcap, scale; a scale of 0 is 1, so that one
  *     agrees) or teacher map: INVALID_PARAM on every rank;
  *   - a bad argument on one rank: its own status, PEER on the others; a callback that fails on
- *     every rank: COMM; chunk sizes that differ between ranks: OK (the smallest is used).
+ *     every rank: COMM; chunk sizes that differ between ranks: OK (the smallest is used);
+ *   - row weights (with zeros) and the entropy on every rank: OK, equal to the single-process
+ *     call (loss and entropy rtol 1e-6, dxs 1e-5), the SUM of the sums one double a row longer;
+ *     weights on one rank only, weights that differ in one row on one rank, or the entropy on one
+ *     rank only: SHAPE_MISMATCH on every rank (docs/MATH.md section 12); the entropy alone (no
+ *     loss part) on every rank: OK, equal to the single-process call.
  */
 #include <errno.h>
 #include <math.h>
@@ -168,6 +173,7 @@ typedef struct data {
     int64_t lab[BT], lab_ignored[BT], lab_kept[BT];
     int32_t ids[BT * K];
     float lp[BT * K];
+    float w[BT], w_other[BT]; /* row weights (exact zeros included); w_other differs in one */
 } data;
 
 typedef struct outs {
@@ -176,6 +182,7 @@ typedef struct outs {
     float dxs[BT * HS];
     float dws[(V + 1) * HS];
     float dbs[V + 1];
+    float ent[BT];
 } outs;
 
 static void outs_poison(outs *o) { kt_poison(o, (int64_t)(sizeof *o / 4), KDLOSS_F32); }
@@ -188,7 +195,7 @@ typedef struct job {
     kdloss_vocab_shard shard;
     int64_t lo, n;
     kdloss_dtype dt;
-    int no_dxs, no_grad, ignore_all, no_bias, kept;
+    int no_dxs, no_grad, ignore_all, no_bias, kept, ent, ent_only;
     kdloss_comm comm;
     rank_ctx rc;
     const data *d;
@@ -222,6 +229,8 @@ static void *job_run(void *arg) {
     const void *bs = j->no_bias ? NULL : (char *)d->bs[t] + (size_t)j->lo * es;
     kdloss_labels lab = {j->ignore_all ? d->lab_ignored : j->kept ? d->lab_kept : d->lab, KDLOSS_I64};
     kdloss_fused_linear_distill_out out = view(&j->o, j->dt, !j->no_dxs, !j->no_grad, !j->no_bias);
+    if (j->ent) out.row_entropy = j->o.ent;
+    if (j->ent_only) out = (kdloss_fused_linear_distill_out){.row_entropy = j->o.ent};
     if (j->topk) {
         kdloss_topk_teacher tk = {K, {d->ids, KDLOSS_I32, 0}, {d->lp, KDLOSS_F32, 0}};
         j->status = kdloss_fused_linear_topk_distill_vp(&j->tp, &j->shard, BT, HS, j->n, xs, ws,
@@ -382,6 +391,29 @@ static void s_tail(job *j, int size, world *w) {
     (void)w;
     if (LAST(j, size)) j->tp.tail = KDLOSS_TAIL_RENORM_BOTH;
 }
+/* Row weights (replicated) and the entropy on every rank: OK, equal to the single process. */
+static void s_wt_ent(job *j, int size, world *w) {
+    (void)size, (void)w;
+    j->dp.row_weights = j->tp.row_weights = j->d->w;
+    j->ent = 1;
+}
+static void s_wt_one(job *j, int size, world *w) {
+    (void)w;
+    if (LAST(j, size)) j->dp.row_weights = j->tp.row_weights = j->d->w;
+}
+static void s_wt_differ(job *j, int size, world *w) {
+    (void)w;
+    j->dp.row_weights = j->tp.row_weights = LAST(j, size) ? j->d->w_other : j->d->w;
+}
+static void s_ent_one(job *j, int size, world *w) { (void)w, j->ent = LAST(j, size); }
+/* The entropy alone (no loss part weighted or asked for): the tempered pass still runs. */
+static void s_ent_alone(job *j, int size, world *w) {
+    s_wt_ent(j, size, w);
+    j->ent_only = 1;
+    j->dp.weight_soft_loss = j->dp.weight_hard_loss = 0.0;
+    j->tp.weight_soft_loss = j->tp.weight_hard_loss = 0.0;
+}
+
 static void s_bad_arg(job *j, int size, world *w) {
     (void)w;
     if (LAST(j, size)) j->dp.temperature = j->tp.temperature = -1.0;
@@ -391,6 +423,8 @@ static void s_bad_arg(job *j, int size, world *w) {
 static kdloss_status whole(const job *j0, const data *d, outs *o) {
     kdloss_labels lab = {d->lab, KDLOSS_I64};
     kdloss_fused_linear_distill_out out = view(o, KDLOSS_F32, 1, 1, 1);
+    if (j0->ent) out.row_entropy = o->ent; /* j0's params carry its row weights */
+    if (j0->ent_only) out = (kdloss_fused_linear_distill_out){.row_entropy = o->ent};
     kdloss_cmat xs = {d->xs[0], KDLOSS_F32, 0}, ws = {d->ws[0], KDLOSS_F32, 0};
     if (j0->topk) {
         kdloss_topk_teacher tk = {K, {d->ids, KDLOSS_I32, 0}, {d->lp, KDLOSS_F32, 0}};
@@ -403,8 +437,9 @@ static kdloss_status whole(const job *j0, const data *d, outs *o) {
                                        NULL, 0);
 }
 
-/* Rank 0's calls: the agreement, the confirmation, then 3 (top-k) or 4 per chunk of 4 rows. */
-static void check_protocol(const char *tag, const world *w, int topk) {
+/* Rank 0's calls: the agreement, the confirmation, then 3 (top-k) or 4 per chunk of 4 rows; the
+ * SUM of the sums one double a row longer with the entropy (kdloss.h). */
+static void check_protocol(const char *tag, const world *w, int topk, int ent) {
     call_rec want[64];
     int n = 0;
     want[n++] = (call_rec){2 * (int64_t)w->size + 12, KDLOSS_F64, KDLOSS_COMM_MAX};
@@ -412,7 +447,7 @@ static void check_protocol(const char *tag, const world *w, int topk) {
     for (int64_t r0 = 0; r0 < BT; r0 += 4) {
         int64_t m = BT - r0 < 4 ? BT - r0 : 4;
         want[n++] = (call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_MAX};
-        want[n++] = (call_rec){(4 + (topk ? K : 0)) * m, KDLOSS_F64, KDLOSS_COMM_SUM};
+        want[n++] = (call_rec){(4 + (topk ? K : 0) + ent) * m, KDLOSS_F64, KDLOSS_COMM_SUM};
         if (!topk) want[n++] = (call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_SUM};
         want[n++] = (call_rec){m * HS, KDLOSS_F32, KDLOSS_COMM_SUM};
     }
@@ -422,6 +457,28 @@ static void check_protocol(const char *tag, const world *w, int topk) {
                w->log[0][i].op == want[i].op;
     KT_CHECK(same, "%s: rank 0 made %d all-reduces, the protocol has %d (or they differ)", tag,
              w->ncalls[0], n);
+}
+
+/* The honest scenarios against the single-process call: the loss (1e-6), the entropy (1e-6) and
+ * dxs (1e-5), and the documented protocol (with the entropy alone: the entropy and no gradient). */
+static void check_whole(const char *tag, const job *jobs, int size, const data *d,
+                        const world *w, int topk) {
+    int only = jobs[0].ent_only;
+    if (!only) check_protocol(tag, w, topk, jobs[0].ent);
+    outs o;
+    outs_poison(&o);
+    kdloss_status s = whole(&jobs[0], d, &o);
+    KT_CHECK(s == KDLOSS_OK, "%s: whole call %d", tag, (int)s);
+    for (int r = 0; r < size && s == KDLOSS_OK; r++) {
+        if (!only) kt_close(jobs[r].o.sc[0], o.sc[0], 1e-30, 1e-6, "%s rank %d loss", tag, r);
+        for (int64_t i = 0; jobs[r].ent && i < BT; i++)
+            if (!kt_close(jobs[r].o.ent[i], o.ent[i], 1e-7, 1e-6, "%s rank %d entropy %lld", tag,
+                          r, (long long)i))
+                break;
+        for (int64_t i = 0; !only && i < BT * HS; i++)
+            if (!kt_close(jobs[r].o.dxs[i], o.dxs[i], 1e-5, 1e-5, "%s rank %d dxs", tag, r))
+                break;
+    }
 }
 
 static void run_scenario(const scenario *sc, int size, int topk, const data *d) {
@@ -453,19 +510,8 @@ static void run_scenario(const scenario *sc, int size, int topk, const data *d) 
             same = !memcmp(&w.log[r][i], &w.log[0][i], sizeof w.log[0][i]);
         KT_CHECK(same, "%s: rank %d's all-reduces differ from rank 0's", tag, r);
     }
-    if (sc->setup == s_honest) {
-        check_protocol(tag, &w, topk);
-        outs o;
-        outs_poison(&o);
-        kdloss_status s = whole(&jobs[0], d, &o);
-        KT_CHECK(s == KDLOSS_OK, "%s: whole call %d", tag, (int)s);
-        for (int r = 0; r < size && s == KDLOSS_OK; r++) {
-            kt_close(jobs[r].o.sc[0], o.sc[0], 1e-30, 1e-6, "%s rank %d loss", tag, r);
-            for (int64_t i = 0; i < BT * HS; i++)
-                if (!kt_close(jobs[r].o.dxs[i], o.dxs[i], 1e-5, 1e-5, "%s rank %d dxs", tag, r))
-                    break;
-        }
-    }
+    if (sc->setup == s_honest || sc->setup == s_wt_ent || sc->setup == s_ent_alone)
+        check_whole(tag, jobs, size, d, &w, topk);
     if (sc->setup == s_chunks_differ)
         for (int r = 1; r < size; r++)
             KT_CHECK(jobs[r].o.sc[0] == jobs[0].o.sc[0], "%s: rank %d's loss differs", tag, r);
@@ -488,6 +534,7 @@ static void data_make(kt_rng *g, data *d) {
         d->lab[r] = r % 5 == 3 ? -100 : kt_randint(g, V);
         d->lab_ignored[r] = -100;
         d->lab_kept[r] = kt_randint(g, V);
+        d->w[r] = d->w_other[r] = r % 4 == 1 ? 0.0f : (float)(0.2 + 2.0 * kt_uniform(g));
         for (int64_t k = 0; k < K; k++) {
             int dup;
             do {
@@ -510,6 +557,7 @@ int main(void) {
     kt_rng_seed(&g, kt_base_seed());
     data d;
     data_make(&g, &d);
+    d.w_other[BT - 2] = d.w[BT - 2] * 1.5f + 0.25f;
     const kdloss_status OK = KDLOSS_OK, COMM = KDLOSS_ERR_COMM, SHAPE = KDLOSS_ERR_SHAPE_MISMATCH,
                         PARAM = KDLOSS_ERR_INVALID_PARAM;
     const scenario sc[] = {
@@ -544,6 +592,11 @@ int main(void) {
         {"student scale on one rank", s_student_scale, 1, PARAM, PARAM},
         {"student scale 0 (read as 1) on one rank", s_scale_zero, 1, OK, OK},
         {"teacher softcap on one rank", s_teacher_cap, 0, PARAM, PARAM},
+        {"row weights and entropy on every rank", s_wt_ent, 1, OK, OK},
+        {"row weights on one rank only", s_wt_one, 1, SHAPE, SHAPE},
+        {"row weights that differ on one rank", s_wt_differ, 1, SHAPE, SHAPE},
+        {"row entropy on one rank only", s_ent_one, 1, SHAPE, SHAPE},
+        {"row entropy alone (no loss part) on every rank", s_ent_alone, 1, OK, OK},
     };
     const int nsc = (int)(sizeof sc / sizeof sc[0]);
     for (int size = 2; size <= MAXR; size++)

@@ -704,8 +704,7 @@ static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, cha
         rows(&a);
         kd_ph_leave();
         for (int64_t i = 0; i < a.n; i++) {
-            /* a kept row's divergence counts w times (row_soft: once) */
-            soft_sum += a.w ? (double)a.w[r0 + i] * a.row_soft[i] : a.row_soft[i];
+            soft_sum += a.w ? (double)a.w[r0 + i] * a.row_soft[i] : a.row_soft[i]; /* w times */
             if (o->row_soft) o->row_soft[r0 + i] = (float)a.row_soft[i];
             nan_row |= ((const int64_t *)(a.tk + (size_t)i * scr))[k->topk.k] != 0;
         }

@@ -131,8 +131,13 @@ kdloss_status kd_fld_plan_make(const kdloss_fused_linear_distill_params *p, int6
     plan->panel_floats = plan->whole ? 0 : (size_t)plan->panel_rows * (size_t)h;
     size_t fixed = base + (plan->whole ? copies : plan->panel_floats * f4);
 
-    int64_t chunk = p->chunk_size > 0 ? p->chunk_size
-                                      : auto_chunk(bt, budget > fixed ? budget - fixed : 0, per_row);
+    /* the chunk the rows had before the statistics held the entropy's double (fld_rows.h), when
+     * it still fits with that double: the same chunk, hence the same bits, as before it */
+    size_t avail = budget > fixed ? budget - fixed : 0, used;
+    int64_t chunk = p->chunk_size > 0 ? p->chunk_size : auto_chunk(bt, avail, per_row - sizeof(double));
+    if (p->chunk_size <= 0 &&
+        (__builtin_mul_overflow((size_t)chunk, per_row, &used) || used > avail))
+        chunk = auto_chunk(bt, avail, per_row);
     if (chunk > bt) chunk = bt;
     if (chunk > INT32_MAX) chunk = INT32_MAX; /* a GEMM dimension (CBLAS int) */
     plan->chunk = chunk;

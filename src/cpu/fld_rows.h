@@ -5,14 +5,16 @@
  * zs and zt; one call does everything that needs whole rows, one row at a time, in a fixed
  * order of operations that does not depend on the thread count:
  *   1. add the bias, apply the heads' logit maps, and take the row max of zs and zt;
- *   2. sum-exp of zs/T and zt/T (and of zs itself for the cross-entropy when T != 1);
+ *   2. sum-exp of zs/T and zt/T (and of zs itself for the cross-entropy when T != 1); with the
+ *      entropy asked for, the sum of -e^u u beside that of e^u for zs/T (docs/MATH.md 12.1);
  *   3. the JSD element terms on X = log_softmax(zs/T), Y = log_softmax(zt/T), their sum, and
- *      the element gradients g = dJSD/dX (stored over zt) with sum(g);
+ *      the element gradients g = dJSD/dX (stored over zt) with sum(g); the row's entropy;
  *   4. dzs = gh (softmax(zs) - onehot(y)) + gs (g - softmax(zs/T) sum(g)), written over zs
  *      (times the softcap's factor 1 - (zs / cap)^2 per element when the student has one).
  * With a sparse teacher (topk set, zt unused) passes 2-4 run on the columns outside the teacher's
  * ids and kd_topk_row on the ids themselves (fld_row_phases.h).
- * Ignored rows get zero loss terms and, when gradients are wanted, a zero dzs row. */
+ * Ignored rows (label ignore_index, or row weight 0) get zero loss terms and, when gradients
+ * are wanted, a zero dzs row; a kept row's dzs is its weight times the unweighted one. */
 #ifndef KDLOSS_FLD_ROWS_H
 #define KDLOSS_FLD_ROWS_H
 

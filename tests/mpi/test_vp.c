@@ -11,7 +11,9 @@
  * no labels; and the agreement: a rank with a bad argument (its status, KDLOSS_ERR_PEER on the
  * others, nothing written), blocks that do not tile the vocabulary (SHAPE_MISMATCH), and ranks
  * that disagree (issue 25): one rank with v_total + 1 or without dxs (SHAPE_MISMATCH everywhere),
- * or with another temperature (INVALID_PARAM everywhere), nothing written. */
+ * or with another temperature (INVALID_PARAM everywhere), nothing written. With per-row weights
+ * (exact zeros included) and the entropy (docs/MATH.md section 12): dense reverse KL and JSD
+ * (fp32, bf16), the sparse teacher in every tail; the entropy at rtol 1e-6 like the losses. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +60,11 @@ static void close_vec(const char *what, const void *a, const void *b, int64_t n,
 typedef struct outs {
     float loss, soft, hard;
     void *dxs, *dws, *dbs;
-    float *row_soft, *row_hard, *row_lse;
+    float *row_soft, *row_hard, *row_lse, *row_ent;
 } outs;
+
+/* The cases with the student's entropy asked for (row_entropy; docs/MATH.md section 12). */
+static int g_ent = 0;
 
 static void outs_alloc(outs *o, const shape *s, int64_t v, int bias) {
     size_t es = kdloss_dtype_size(s->dt);
@@ -69,6 +74,7 @@ static void outs_alloc(outs *o, const shape *s, int64_t v, int bias) {
     o->row_soft = calloc((size_t)s->bt, 4);
     o->row_hard = calloc((size_t)s->bt, 4);
     o->row_lse = calloc((size_t)s->bt, 4);
+    o->row_ent = calloc((size_t)s->bt, 4);
 }
 
 static void outs_free(outs *o) {
@@ -78,6 +84,7 @@ static void outs_free(outs *o) {
     free(o->row_soft);
     free(o->row_hard);
     free(o->row_lse);
+    free(o->row_ent);
 }
 
 static kdloss_fused_linear_distill_out view(outs *o, const shape *s, int hard) {
@@ -89,7 +96,7 @@ static kdloss_fused_linear_distill_out view(outs *o, const shape *s, int hard) {
                                          o->dbs,
                                          o->row_soft,
                                          hard ? o->row_hard : NULL,
-                                         hard ? o->row_lse : NULL, NULL};
+                                         hard ? o->row_lse : NULL, g_ent ? o->row_ent : NULL};
     return d;
 }
 
@@ -102,6 +109,9 @@ static void compare(const outs *p, const outs *w, const shape *s, int64_t lo, in
     if (hard) kt_close(p->hard, w->hard, 1e-30, 1e-6, "%s hard", tag);
     for (int64_t r = 0; r < s->bt; r++) {
         kt_close(p->row_soft[r], w->row_soft[r], 1e-6, 1e-6, "%s row_soft[%lld]", tag, (long long)r);
+        if (g_ent)
+            kt_close(p->row_ent[r], w->row_ent[r], 1e-7, 1e-6, "%s row_entropy[%lld]", tag,
+                     (long long)r);
         if (hard) {
             kt_close(p->row_hard[r], w->row_hard[r], 1e-6, 1e-6, "%s row_hard", tag);
             kt_close(p->row_lse[r], w->row_lse[r], 1e-6, 1e-6, "%s row_lse", tag);
@@ -286,6 +296,30 @@ static void agreement_cases(kt_rng *g, const kdloss_mpi_comm *c) {
     free(xs), free(ws), free(y);
 }
 
+/* Per-row weights (replicated, exact zeros among them) and the entropy (docs/MATH.md section 12):
+ * dense reverse KL (fp32, chunked) and JSD (bf16), the sparse teacher in every tail. */
+static void weighted_cases(kt_rng *g, const kdloss_mpi_comm *c, const shape *d1, const shape *d2,
+                           const shape *k1, kdloss_fused_linear_distill_params dp,
+                           kdloss_fused_linear_topk_distill_params tp) {
+    char tag[128];
+    float w[64];
+    for (int i = 0; i < 64; i++) w[i] = i % 6 == 4 ? 0.0f : (float)(0.2 + 2.0 * kt_uniform(g));
+    g_ent = 1;
+    dp.div.divergence = KDLOSS_DIV_REVERSE_KL;
+    dp.row_weights = w;
+    dense_case(g, c, d1, &dp, 1, "dense rev weights entropy chunked");
+    dp.div.divergence = KDLOSS_DIV_JSD;
+    dense_case(g, c, d2, &dp, 1, "dense jsd weights entropy bf16");
+    tp.row_weights = w;
+    for (int tail = 0; tail < 3; tail++) {
+        tp.tail = (kdloss_topk_tail)tail;
+        tp.div.divergence = tail == 2 ? KDLOSS_DIV_FORWARD_KL : KDLOSS_DIV_REVERSE_KL;
+        snprintf(tag, sizeof tag, "topk %s weights entropy", kdloss_topk_tail_name(tp.tail));
+        topk_case(g, c, k1, &tp, 1, tag);
+    }
+    g_ent = 0;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     kdloss_mpi_comm c;
@@ -330,6 +364,7 @@ int main(int argc, char **argv) {
     tp.tail = KDLOSS_TAIL_BUCKET;
     tp.div.divergence = KDLOSS_DIV_TVD;
     topk_case(&g, &c, &k2, &tp, 1, "topk bucket K = V tvd");
+    weighted_cases(&g, &c, &d1, &d2, &k1, dp, tp);
 
     agreement_cases(&g, &c);
     /* every rank's verdict: the test fails when any rank failed */
