@@ -251,9 +251,14 @@ def _with_entropy(result, entropy, lead, return_entropy):
 def _autocast_dtype(t):
     """The dtype torch.autocast computes matmuls in on `t`'s device, None when autocast is off
     there (or `t` is None)."""
-    if t is None or not torch.is_autocast_enabled(t.device.type):
+    if not isinstance(t, torch.Tensor):
         return None
-    return torch.get_autocast_dtype(t.device.type)
+    try:
+        if not torch.is_autocast_enabled(t.device.type):
+            return None
+        return torch.get_autocast_dtype(t.device.type)
+    except RuntimeError:  # a device type autocast does not know (meta, a registered one)
+        return None
 
 
 def _as_autocast(t, dtype):
