@@ -16,13 +16,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import assert_close, require
+from conftest import assert_close, require, require_row_extras
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir,
                                 os.pardir, "examples"))
 import onpolicy_distill as ex  # noqa: E402  (spawned ranks import it by this name)
 
-pytestmark = [require("kdloss_fused_linear_distill_vp"),
+pytestmark = [require("kdloss_fused_linear_distill_vp"), require_row_extras("fused"),
               pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                  reason="torch.distributed with gloo is not available")]
 

@@ -21,7 +21,7 @@ from kdloss.torch import DistillLoss, FusedLinearDistillLoss, FusedLinearTopKDis
 from kdloss.torch import functional as F
 
 import reference as ref
-from conftest import assert_close
+from conftest import assert_close, require_row_extras
 
 SEED = int(os.environ.get("KDLOSS_TEST_SEED") or random.SystemRandom().randrange(2**31))
 print(f"test_weights_entropy: KDLOSS_TEST_SEED={SEED}")
@@ -58,6 +58,7 @@ def _softcap(u, scale, cap):
 
 # ---- losses on logits ---------------------------------------------------------------------------
 
+@require_row_extras("logits")
 @pytest.mark.parametrize("div,beta", [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.3)])
 @pytest.mark.parametrize("reduction", ["batchmean", "sum", "mean", "none"])
 def test_distill_loss_weights_entropy(div, beta, reduction):
@@ -87,6 +88,7 @@ def test_distill_loss_weights_entropy(div, beta, reduction):
     assert_close(zs.grad, zd.grad, 1e-4, what=f"{div} {reduction} gradient")
 
 
+@require_row_extras("logits")
 def test_distill_loss_weights_module_and_shape():
     """(B, T, V) logits: the entropy comes back (B, T); the module's return_entropy and forward's
     token_weights reach the same call; the weights get no gradient even when they require it."""
@@ -107,6 +109,7 @@ def test_distill_loss_weights_module_and_shape():
         F.distill_loss(zs, zt, token_weights=torch.ones(3))
 
 
+@require_row_extras("topk_logits")
 @pytest.mark.parametrize("tail", ["bucket", "renorm_both"])
 def test_topk_distill_loss_weights_entropy(tail):
     g = _gen(3)
@@ -152,6 +155,7 @@ def _fused_reference(xs, ws, bs, xt, wt, bt_, labels, w, div, beta, t, w_hard, w
     return (w_hard * hard + w_soft * soft) / n, soft / n, hard / n, ent.detach()
 
 
+@require_row_extras("fused")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("div,beta,maps", [("jsd", 0.5, (1.0, 0.0, 1.0, 0.0)),
                                            ("reverse_kl", 0.5, (0.7, 9.0, 1.2, 0.0)),
@@ -189,6 +193,7 @@ def test_fused_linear_distill_weights_entropy(dtype, div, beta, maps, items):
                      what=f"{div} {dtype} {what}")
 
 
+@require_row_extras("fused")
 def test_fused_module_weights_entropy_and_no_weight_gradient():
     """FusedLinearDistillLoss(return_entropy=True)(..., token_weights=w): the functional form's
     result; weights that require grad get none; all-ones weights give the unweighted loss."""
@@ -214,6 +219,7 @@ def test_fused_module_weights_entropy_and_no_weight_gradient():
         F.fused_linear_distill_loss(xs, ws, xt, wt, labels, token_weights=-torch.ones(bt))
 
 
+@require_row_extras("fused_topk")
 def test_fused_topk_weights_entropy():
     g = _gen(6)
     bt, h, v, k, t = 10, 12, 64, 5, 1.2
@@ -257,6 +263,7 @@ def test_ops_fake_shapes_with_weights_and_entropy():
                                           token_weights=torch.empty(5))
 
 
+@require_row_extras("fused")
 def test_compiled_fused_loss_with_weights_and_entropy():
     """torch.compile(fullgraph=True) keeps the op whole with the new arguments: the same loss,
     entropy and gradients as eager."""
