@@ -1004,6 +1004,11 @@ def plan(args):
                                               "hidden_teacher": args.ht, "vocab": args.vocab,
                                               "dtype": args.dtype}, modes,
                          min(args.min_reps, args.distill_min_reps)))
+        for bt in args.large_vocab_bt:  # 256k vocabularies: the same loss, V = --large-vocab
+            jobs.append(("distill_jsd_loss", {"tokens": bt, "hidden_student": args.hs,
+                                              "hidden_teacher": args.ht, "vocab": args.large_vocab,
+                                              "dtype": args.dtype}, ["full"],
+                         min(args.min_reps, args.distill_min_reps)))
     if "distill_logits" in args.workloads:
         for bt, v in args.logits_points:
             jobs.append(("distill_logits", {"tokens": bt, "vocab": v, "dtype": "fp32"}, ["full"],
@@ -1248,6 +1253,10 @@ def parse(argv):
     ap.add_argument("--hs", type=int, default=1024)
     ap.add_argument("--ht", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--large-vocab", type=int, default=262144,
+                    help="V of the large-vocabulary rows of distill_jsd_loss (Gemma's 262144; "
+                         "0: none), measured after its --vocab points, deadline-guarded as they")
+    ap.add_argument("--large-vocab-bt", default="2048", help="their BT list")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--topk-bt", default="2048", help="BT list of the sparse top-k teacher loss")
     ap.add_argument("--topk-hs", type=int, default=1024, help="its hidden size (V: --vocab)")
@@ -1297,12 +1306,14 @@ def parse(argv):
     a.logits_points = [tuple(int(x) for x in s.split("x")) for s in a.logits_points.split(",") if s]
     a.distill_bt = [int(x) for x in a.distill_bt.split(",") if x]
     a.topk_bt = [int(x) for x in a.topk_bt.split(",") if x]
+    a.large_vocab_bt = [int(x) for x in a.large_vocab_bt.split(",") if x] if a.large_vocab else []
     a.kl_all_modes = [tuple(int(x) for x in s.split("x")) for s in a.kl_all_modes.split(",") if s]
     if a.quick:
         a.kl_points = [(16384, 4096)]
         a.logits_points = [(1024, 32768)]
         a.distill_bt = [256]
         a.topk_bt = [256]
+        a.large_vocab_bt = []
         a.topk_rss_bt = 0
         a.min_reps, a.max_reps, a.target_s, a.warmup_s = 3, 5, 1.0, 0.0
     return a

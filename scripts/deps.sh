@@ -2,7 +2,9 @@
 # Installs what kdloss needs when it is missing, so the README's two commands work on a fresh
 # machine. `deps.sh c` : compiler, CMake, oneDNN, OpenBLAS, pkg-config, clang + libFuzzer (Debian).
 #           `deps.sh py`: a virtual environment at $KDLOSS_VENV with torch, numpy, pytest, matplotlib
-#                         (and Liger-Kernel for the peer harness), from PyPI.
+#                         and trl==1.16.0 (with transformers, accelerate, datasets: the TRL tests
+#                         and examples; about 30 s and 480 MB, measured), and Liger-Kernel for the
+#                         peer harness, from PyPI.
 set -euo pipefail
 what=${1:-c}
 
@@ -37,6 +39,14 @@ if [ "$what" = py ]; then
     if ! "$venv/bin/python" -c "import torch, numpy, pytest, matplotlib" >/dev/null 2>&1; then
         echo "deps: installing torch, numpy, pytest, matplotlib into $venv (several GB the first time)"
         "$venv/bin/pip" install -q torch numpy pytest matplotlib
+    fi
+    # TRL's trainers (tests/python/test_trl_distillation.py, examples/trl_*.py): pinned, as the
+    # adapters follow its private _chunked_divergence_loss; pip through the venv's python (a
+    # copied venv's bin/pip still points at the original's interpreter)
+    if ! "$venv/bin/python" -c "import importlib.metadata as m; assert m.version('trl') == '1.16.0'" \
+            >/dev/null 2>&1; then
+        echo "deps: installing trl==1.16.0 (transformers, accelerate, datasets) into $venv"
+        "$venv/bin/python" -m pip install -q trl==1.16.0 || echo "deps: trl could not be installed"
     fi
     if [ "${2:-}" = peers ] && ! "$venv/bin/python" -c "import liger_kernel" >/dev/null 2>&1; then
         echo "deps: installing liger-kernel into $venv"

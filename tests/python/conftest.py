@@ -78,3 +78,36 @@ def gen():
 def pytest_report_header(config):
     return (f"kdloss {kdloss.version()} from {kdloss.library_path()}, CPU path {kdloss.cpu_isa()}, "
             f"torch {torch.__version__}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+
+
+def _entropy_written(path):
+    """Whether the loaded library writes the student's entropy on `path` (the per-row weights
+    and entropy members of the C API, merged per backend path): a call on zero logits must give
+    log V exactly as the definition does (an unwritten output holds whatever the allocator left)."""
+    import math
+    from kdloss.torch import functional as F
+    z, x, head = torch.zeros(2, 8), torch.zeros(2, 4), torch.zeros(8, 4)  # logits 0: H = log 8
+    ids, lps = torch.tensor([[0, 1], [2, 3]]), torch.full((2, 2), -math.log(8.0))
+    w = torch.tensor([1.0, 0.0])
+    calls = {
+        "logits": lambda: F.distill_loss(z, z, token_weights=w, return_entropy=True),
+        "topk_logits": lambda: F.topk_distill_loss(z, ids, lps, token_weights=w,
+                                                   return_entropy=True),
+        "fused": lambda: F.fused_linear_distill_loss(
+            x, head, x, head, None, weight_hard_loss=0.0, token_weights=w, return_entropy=True),
+        "fused_topk": lambda: F.fused_linear_topk_distill_loss(
+            x, head, ids, lps, token_weights=w, return_entropy=True),
+    }
+    try:
+        entropy = calls[path]()[-1]
+    except kdloss.KdlossError:
+        return False
+    return abs(float(entropy[0]) - math.log(8.0)) < 1e-6 and float(entropy[1]) == 0.0
+
+
+def require_row_extras(path):
+    """Skip until the loaded library honours row_weights / row_entropy on `path` (one of
+    _entropy_written's): the Python surface is tested against the documented C semantics, and
+    each backend path's C side lands on its own."""
+    return pytest.mark.skipif(not _entropy_written(path), reason=f"{_lib.library_path()} does "
+                              f"not write row_entropy on the {path} path yet")

@@ -383,8 +383,12 @@ def test_fused_under_cpu_autocast(gen):
     assert_close(out, want, 5e-2, 5e-3, what="autocast loss")  # Liger's test_amp tolerances
     assert_close(x1.grad, x2.grad, 5e-2, 5e-3, what="autocast dx")
     assert_close(w1.grad, w2.grad, 5e-2, 5e-3, what="autocast dW")
-    plain = FusedLinearJSD(jsd_beta=0.5)(xs, ws, xt, wt, labels)
-    assert torch.equal(out.detach(), plain)  # autocast is not consulted
+    # under autocast the heads are taken in bf16, as torch's linear takes them; without autocast
+    # the same call on bf16 heads is the same computation, bit for bit
+    as_bf16 = FusedLinearJSD(jsd_beta=0.5)(xs, ws.bfloat16(), xt, wt.bfloat16(), labels)
+    assert torch.equal(out.detach(), as_bf16)
+    plain = FusedLinearJSD(jsd_beta=0.5)(xs, ws, xt, wt, labels)  # fp32 heads: promoted
+    assert not torch.equal(plain, as_bf16)
 
 
 def test_row_losses_take_fp16_and_mixed_natively(gen):

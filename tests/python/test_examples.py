@@ -78,3 +78,20 @@ def test_trl_gkd_example_plain_loop(monkeypatch, capsys):
     losses = env["losses"]
     assert len(losses) == env["STEPS"] and all(x == x and 0 <= x < 1e3 for x in losses)
     assert "steps, loss" in capsys.readouterr().out
+
+
+@require("kdloss_fused_linear_distill")
+@pytest.mark.skipif(not _importable("trl", "transformers", "datasets"),
+                    reason="trl (with transformers, datasets) is not installed")
+def test_trl_distillation_example_follows_trl(capsys):
+    """examples/trl_distillation.py: TRL's DistillationTrainer with kdloss's
+    chunked_divergence_loss swapped in by the subclass; its loss curve follows the one with
+    TRL's own loss (same weights, seed and completions) within 1e-3, and kdloss made the calls."""
+    path, _ = _script("trl_distillation.py")
+    env = runpy.run_path(path, run_name="__main__")
+    losses, trl_losses = env["losses"], env["trl_losses"]
+    assert len(losses) == len(trl_losses) == env["STEPS"]
+    assert all(x == x and 0 <= x < 1e3 for x in losses)
+    assert max(abs(a - b) for a, b in zip(losses, trl_losses)) <= 1e-3, (losses, trl_losses)
+    assert len(env["kdloss_calls"]) >= env["STEPS"] and all(n > 0 for n in env["kdloss_calls"])
+    assert "largest difference" in capsys.readouterr().out

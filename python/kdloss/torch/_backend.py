@@ -131,6 +131,36 @@ def labels_view(labels, rows, device, what):
     return labels, _lib.Labels(labels.data_ptr(), LABEL_CODES[labels.dtype])
 
 
+def weights_view(weights, rows, device, what="token_weights"):
+    """(tensor, pointer) for per-row weights (include/kdloss.h, "Per-row weights and the
+    student's entropy"): `weights` flattened to [rows] float32, contiguous (a floating tensor of
+    another dtype is cast once), detached (weights are data: no gradient reaches them). None
+    gives (None, None). Their values (finite, >= 0) are checked by the C call."""
+    if weights is None:
+        return None, None
+    if not isinstance(weights, torch.Tensor) or not weights.is_floating_point():
+        raise KdlossError(_lib.ERR_INVALID_DTYPE, f"{what}: a floating tensor of one weight per "
+                          f"row, not {getattr(weights, 'dtype', type(weights).__name__)}")
+    if weights.device != device:
+        raise KdlossError(_lib.ERR_SHAPE_MISMATCH,
+                          f"{what} is on {weights.device}, the inputs on {device}")
+    if weights.numel() != rows:
+        raise KdlossError(_lib.ERR_SHAPE_MISMATCH,
+                          f"{what} has {weights.numel()} elements {tuple(weights.shape)}, "
+                          f"expected one per row ({rows})")
+    w = weights.detach().reshape(rows).to(torch.float32).contiguous()
+    return w, w.data_ptr()
+
+
+def entropy_out(want, rows, device):
+    """The [rows] float32 output the C call writes the student's entropy into (None, None when
+    not wanted): (tensor, pointer)."""
+    if not want:
+        return None, None
+    e = torch.empty(rows, dtype=torch.float32, device=device)
+    return e, e.data_ptr()
+
+
 def label_matches(labels, ignore_index):
     """labels == ignore_index compared as the C call compares, in int64: an ignore_index outside
     the labels' integer range matches no label (torch would wrap it to that range)."""

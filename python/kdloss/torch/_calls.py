@@ -20,7 +20,7 @@ from .._lib import KdlossError
 from . import _backend
 from ._backend import (as_rows, backend_for, cmat, filled_labels, float_code, label_matches,
                        labels_view, out_mat, ptr, reports, same_device, scalar_out,
-                       topk_teacher)
+                       topk_teacher, weights_view, entropy_out)
 
 
 def promoted(*tensors):
@@ -200,12 +200,14 @@ def check_distill_reduction(reduction, fname):
                           f"({fname} takes batchmean, sum, mean or none)")
 
 
-def logits_frame(zs, labels, ignore_index, reduction, device, fname):
+def logits_frame(zs, labels, ignore_index, reduction, device, fname, weights=None):
     """The part every loss on student logits shares: the reduction check, the logits as a
-    (bt x v) view, the labels, the reduction's divisor (None: the C call's own, max(1, n_kept))
-    and the C grad_scale that makes the gradient the reduction's (the C gradient is scaled by
-    grad_scale / max(1, n_kept)). Returns (kept tensors, logits view, bt, v, labels view,
-    grad_scale, divisor).
+    (bt x v) view, the labels, the per-row weights, the reduction's divisor (None: the C call's
+    own, max(1, n_kept)) and the C grad_scale that makes the gradient the reduction's (the C
+    gradient is scaled by grad_scale / max(1, n_kept)). Returns (kept tensors, logits view, bt,
+    v, labels view, grad_scale, divisor); the kept tensors are (logits, labels, weights).
+    n_kept counts the rows the C call keeps: label not ignore_index and weight > 0 (a weight of
+    0 ignores its row, include/kdloss.h).
 
     Divisors: batchmean with labels max(1, n_kept) (the per-token mean over the kept rows, as
     TRL's generalized_jsd_loss), without labels student_logits.size(0) (torch's batchmean: B for
@@ -215,9 +217,15 @@ def logits_frame(zs, labels, ignore_index, reduction, device, fname):
     zc = float_code(zs, "student_logits")
     zs2, bt, v, ldz = as_rows(zs.detach(), "student_logits")
     labels, lview = labels_view(labels, bt, device, "labels")
+    weights, _ = weights_view(weights, bt, device)
     n_kept = bt
-    if labels is not None:  # one host read: the sum's and the gradient's scale need it
-        n_kept = _backend.host_read((~label_matches(labels, ignore_index)).sum())
+    if labels is not None or weights is not None:  # one host read: the sum's and the
+        kept_rows = torch.ones(bt, dtype=torch.bool, device=device)  # gradient's scale need it
+        if labels is not None:
+            kept_rows &= ~label_matches(labels, ignore_index)
+        if weights is not None:
+            kept_rows &= weights > 0
+        n_kept = _backend.host_read(kept_rows.sum())
     kept = max(1, n_kept)
     batch = zs.shape[0] if zs.dim() > 1 else 1  # 1-D logits: one row (one distribution)
     divisor = {"batchmean": kept if labels is not None else batch,
@@ -225,12 +233,16 @@ def logits_frame(zs, labels, ignore_index, reduction, device, fname):
     gscale = float(kept) / max(1, divisor)
     if reduction == "batchmean" and divisor == kept:
         divisor = None  # the C call's loss is already this one
-    return (zs2, labels), cmat(zs2, ldz, zc), bt, v, lview, gscale, divisor
+    return (zs2, labels, weights), cmat(zs2, ldz, zc), bt, v, lview, gscale, divisor
 
 
-def reduced(loss, rows, reduction, divisor, zs):
-    """The loss, float32 whatever zs's dtype, from the C call's loss (sum / max(1, kept)) or
-    the row losses (reduced in double)."""
+def reduced(loss, rows, reduction, divisor, zs, weights=None):
+    """The loss, float32 whatever zs's dtype, from the C call's loss (sum / max(1, kept), the
+    rows weighted) or the row losses (reduced in double). The C call's row losses are
+    unweighted: with weights they are multiplied here (reduction "none" returns w_r * loss_r,
+    the rows whose sum the gradient is of)."""
+    if weights is not None and (reduction == "none" or divisor is not None):
+        rows = rows * weights
     if reduction == "none":
         return rows.view(zs.shape[:-1])
     if divisor is None:
@@ -238,14 +250,28 @@ def reduced(loss, rows, reduction, divisor, zs):
     return (rows.double().sum() / max(1, divisor)).float()
 
 
-def distill_loss(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad):
-    """Returns (loss, dz or None): dz = dloss/dzs for upstream 1 ("none": per row, unscaled).
-    Backends with distill_logits (the CPU's and the CUDA one's) make one call on the logits that
-    writes dz in the student's dtype; others (a backend registered without it) get log-probs from
-    torch, kdloss_distill and the chain rule here."""
-    device = same_device([("student_logits", zs), ("teacher_logits", zt)])
+def _logits_extras(params, keep, want_entropy, bt, device):
+    """Sets the per-row weights (keep[2], or none) and the entropy output of a loss on logits'
+    params struct (members of the params there, include/kdloss.h); returns the entropy tensor
+    ([bt] float32, or None when not wanted)."""
+    params.row_weights = ptr(keep[2])
+    entropy, params.row_entropy = entropy_out(want_entropy, bt, device)
+    return entropy
+
+
+def distill_loss(zs, zt, labels, div, temperature, ignore_index, reduction, want_grad,
+                 weights=None, want_entropy=False):
+    """Returns (loss, dz or None, entropy or None): dz = dloss/dzs for upstream 1 ("none": per
+    row, unscaled); weights: [bt] per-row weights or None; entropy: the student's [bt] entropy
+    at T when want_entropy. Backends with distill_logits (the CPU's and the CUDA one's) make one
+    call on the logits that writes dz in the student's dtype; others (a backend registered
+    without it) get log-probs from torch, kdloss_distill and the chain rule here (no weights
+    nor entropy there: refused)."""
+    device = same_device([("student_logits", zs), ("teacher_logits", zt), ("labels", labels),
+                          ("token_weights", weights)])
     keep, zs_v, bt, v, lview, gscale, divisor = logits_frame(zs, labels, ignore_index,
-                                                             reduction, device, "distill_loss")
+                                                             reduction, device, "distill_loss",
+                                                             weights)
     zt = teacher_logits(zs, zt, "distill_loss")  # a padded teacher: its first V columns
     tc = float_code(zt, "teacher_logits")
     backend = backend_for(device)
@@ -254,11 +280,16 @@ def distill_loss(zs, zt, labels, div, temperature, ignore_index, reduction, want
     t = float(temperature)
     if hasattr(backend, "distill_logits"):
         params = _lib.distill_logits_params(div, t, int(ignore_index), gscale)
+        entropy = _logits_extras(params, keep, want_entropy, bt, device)
         g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
         backend.distill_logits(device, params, bt, v, zs_v, cmat(zt2, ldt, tc), lview, ptr(loss),
                                ptr(rows), out_mat(g))
         dz = g.view(zs.shape) if g is not None else None
     else:
+        if keep[2] is not None or want_entropy:
+            raise KdlossError(_lib.ERR_UNSUPPORTED, f"the backend for {device.type} has no "
+                              "distill_logits: token_weights and return_entropy need it")
+        entropy = None
         if not t > 0.0 or t == float("inf"):  # NaN fails too; the C library's message
             raise KdlossError(_lib.ERR_INVALID_PARAM, f"temperature={temperature!r}")
         # log-probs in fp32; the divergence and its gradient in X come from one C pass
@@ -272,30 +303,34 @@ def distill_loss(zs, zt, labels, div, temperature, ignore_index, reduction, want
         if g is not None:  # chain rule of X = log_softmax(z / T): (g - softmax * sum(g)) / T
             dz = (g - x.exp() * g.sum(-1, keepdim=True)) / t
             dz = dz.to(zs.dtype).view(zs.shape)
-    return reduced(loss, rows, reduction, divisor, zs), dz
+    return reduced(loss, rows, reduction, divisor, zs, keep[2]), dz, entropy
 
 
 def topk_distill_loss(zs, ids, lps, labels, div, tail, temperature, ignore_index, reduction,
-                      want_grad):
-    """One kdloss_topk_distill_logits call: (loss, dz or None) as distill_loss's."""
+                      want_grad, weights=None, want_entropy=False):
+    """One kdloss_topk_distill_logits call: (loss, dz or None, entropy or None) as
+    distill_loss's."""
     device = same_device([("student_logits", zs), ("teacher_ids", ids),
-                          ("teacher_logprobs", lps)])
+                          ("teacher_logprobs", lps), ("labels", labels),
+                          ("token_weights", weights)])
     keep, zs_v, bt, v, lview, gscale, divisor = logits_frame(
-        zs, labels, ignore_index, reduction, device, "topk_distill_loss")
+        zs, labels, ignore_index, reduction, device, "topk_distill_loss", weights)
     keep_t, teacher = topk_teacher(ids, lps, zs.shape[:-1])
     params = _lib.topk_distill_params(div, tail, float(temperature), int(ignore_index), gscale)
+    entropy = _logits_extras(params, keep, want_entropy, bt, device)
     loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
     g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
     backend_for(device).topk_distill_logits(device, params, bt, v, zs_v, teacher, lview,
                                             ptr(loss), ptr(rows), out_mat(g))
-    return reduced(loss, rows, reduction, divisor, zs), (g.view(zs.shape) if g is not None
-                                                        else None)
+    return (reduced(loss, rows, reduction, divisor, zs, keep[2]),
+            g.view(zs.shape) if g is not None else None, entropy)
 
 
-def fused_outputs(want, xs, ws, bs, rows, want_hard=True):
+def fused_outputs(want, xs, ws, bs, rows, want_hard=True, want_entropy=False):
     """Fresh outputs of a fused-linear call: loss, soft, hard ([1] fp32; hard zero and not passed
-    to C unless want_hard) and the wanted gradients, with the FldOut that points at them. xs, ws:
-    the operands as the C call sees them (lm_head's kept tensors: the gradients' dtypes)."""
+    to C unless want_hard), the wanted gradients and the student's entropy ([rows] fp32 when
+    want_entropy, else None), with the FldOut that points at them. xs, ws: the operands as the C
+    call sees them (lm_head's kept tensors: the gradients' dtypes)."""
     device = xs.device
     v, hs = ws.shape
     loss, soft = scalar_out(device), scalar_out(device)
@@ -303,34 +338,39 @@ def fused_outputs(want, xs, ws, bs, rows, want_hard=True):
     dxs = torch.empty(rows, hs, dtype=xs.dtype, device=device) if want[0] else None
     dws = torch.empty(v, hs, dtype=ws.dtype, device=device) if want[1] else None
     dbs = torch.empty(v, dtype=ws.dtype, device=device) if want[2] and bs is not None else None
+    entropy, entropy_ptr = entropy_out(want_entropy, rows, device)
     out = _lib.FldOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr() if want_hard else None,
-                      out_mat(dxs), out_mat(dws), ptr(dbs), None, None, None)
-    return (loss, soft, hard, dxs, dws, dbs), out
+                      out_mat(dxs), out_mat(dws), ptr(dbs), None, None, None, entropy_ptr)
+    return (loss, soft, hard, dxs, dws, dbs, entropy), out
 
 
 def fused_results(outputs, xs, ws, bs):
-    """(loss, soft, hard, dxs, dws, dbs): losses fp32, gradients shaped like the caller's xs, ws,
-    bs and in their dtypes (cast back once when lm_head computed in another)."""
-    loss, soft, hard, dxs, dws, dbs = outputs
+    """(loss, soft, hard, dxs, dws, dbs, entropy): losses fp32, gradients shaped like the
+    caller's xs, ws, bs and in their dtypes (cast back once when lm_head computed in another);
+    entropy [rows] fp32 or None."""
+    loss, soft, hard, dxs, dws, dbs, entropy = outputs
     if dxs is not None:
         dxs = dxs.view(xs.shape).to(xs.dtype)
     if dws is not None:
         dws = dws.to(ws.dtype)
     if dbs is not None:
         dbs = dbs.to(bs.dtype).view(bs.shape)
-    return loss[0], soft[0], hard[0], dxs, dws, dbs
+    return loss[0], soft[0], hard[0], dxs, dws, dbs, entropy
 
 
 def fused_linear_distill(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, w_hard, w_soft,
                          ignore_index, chunk_size, t2_scale, vp, want,
-                         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0):
+                         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0, weights=None,
+                         want_entropy=False):
     """One kdloss_fused_linear_distill call (div: a _lib.DivParams; vp: a VocabParallel or
     None). Shapes: xs (..., Hs), ws (V, Hs), xt (..., Ht), wt (>= V, Ht), labels (...) or None,
     biases [V] or None. `want` = (dxs, dws, dbs); maps: the heads' logit maps (functional's
     _maps); memory_budget: bytes, 0 = the library's choice. Returns (loss, soft, hard, dxs, dws,
-    dbs) with the gradients shaped like their inputs."""
+    dbs, entropy) with the gradients shaped like their inputs; weights: [rows] per-row weights
+    or None; entropy: the student's [rows] entropy when want_entropy, else None."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_input", xt),
-                          ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)])
+                          ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias),
+                          ("token_weights", weights)])
     backend = backend_for(device, vp)
     wt, bt_bias = teacher_head(ws, wt, bt_bias, vp)  # a padded teacher: its first V rows
     keep_s, xs_v, ws_v, bs2, rows, hs, v = lm_head(xs, ws, bs, "student")
@@ -348,8 +388,9 @@ def fused_linear_distill(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, 
     params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
                              int(ignore_index), int(chunk_size or 0), t2_scale,
                              int(memory_budget), maps=maps)
+    weights, params.row_weights = weights_view(weights, rows, device)
     # without labels the hard loss is 0, not the cross-entropy against the filled ids
-    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows, given)
+    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows, given, want_entropy)
     backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
                                  wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
     return fused_results(outputs, xs, ws, bs)
@@ -357,12 +398,14 @@ def fused_linear_distill(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, 
 
 def fused_linear_topk_distill(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard,
                               w_soft, ignore_index, chunk_size, t2_scale, want_hard, vp, want,
-                              student_map=(1.0, 0.0), memory_budget=0):
+                              student_map=(1.0, 0.0), memory_budget=0, weights=None,
+                              want_entropy=False):
     """One kdloss_fused_linear_topk_distill call; returns what fused_linear_distill does.
     Shapes: xs (..., H), ws (V, H), ids and lps (..., K), labels (...) or None. labels None
     passes no labels (every row kept; the C call then needs w_hard 0 and no hard-loss output)."""
     device = same_device([("student_input", xs), ("student_weight", ws), ("teacher_ids", ids),
-                          ("teacher_logprobs", lps), ("student_bias", bs)])
+                          ("teacher_logprobs", lps), ("student_bias", bs),
+                          ("token_weights", weights)])
     backend = backend_for(device, vp)
     keep_s, xs_v, ws_v, bs2, rows, hs, v = lm_head(xs, ws, bs, "student")
     keep_t, teacher = topk_teacher(ids, lps, xs.shape[:-1])
@@ -370,10 +413,11 @@ def fused_linear_topk_distill(xs, ws, ids, lps, labels, bs, div, tail, temperatu
     params = _lib.fltk_params(div, tail, float(temperature), float(w_hard), float(w_soft),
                               int(ignore_index), int(chunk_size or 0), t2_scale,
                               int(memory_budget), student_map=student_map)
+    weights, params.row_weights = weights_view(weights, rows, device)
     # the hard loss is asked for only when wanted: any cross-entropy output turns renorm_both's
-    # sparse path (K gathered weight rows, no BT x V logits) off
+    # sparse path (K gathered weight rows, no BT x V logits) off (so does the entropy)
     outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows,
-                                 want_hard and labels is not None)
+                                 want_hard and labels is not None, want_entropy)
     backend.fused_linear_topk_distill(device, params, rows, hs, v, xs_v, ws_v, ptr(bs2), teacher,
                                       lview, out, xs_v.dtype, any(want))
     return fused_results(outputs, xs, ws, bs)
@@ -478,11 +522,12 @@ class FusedSpec:
         return TEACHER_FORMS[self.teacher]
 
 
-def fused_call(spec, tensors, labels, scalars, vp, want):
+def fused_call(spec, tensors, labels, scalars, vp, want, weights=None, want_entropy=False):
     """One call of a spec-declared fused loss. tensors: name -> tensor (student_input (..., H),
     student_weight (V, H), student_bias [V] or None, and the teacher form's); labels (...) or
-    None (every row kept); scalars: name -> value (spec.params's keywords). Returns (loss,
-    soft, hard, dxs, dws, dbs) as fused_linear_distill."""
+    None (every row kept); scalars: name -> value (spec.params's keywords); weights and
+    want_entropy as fused_linear_distill's. Returns (loss, soft, hard, dxs, dws, dbs, entropy)
+    as fused_linear_distill."""
     form = spec.form
     xs, ws, bs = tensors["student_input"], tensors["student_weight"], tensors["student_bias"]
     device = same_device(list(tensors.items()))
@@ -498,7 +543,13 @@ def fused_call(spec, tensors, labels, scalars, vp, want):
     else:
         lview = _lib.Labels(None, _lib.I64)
     params = spec.params(**scalars)
-    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows, given)
+    weights, wptr = weights_view(weights, rows, device)
+    if wptr is not None:
+        if "row_weights" not in (f[0] for f in type(params)._fields_):
+            raise KdlossError(_lib.ERR_UNSUPPORTED, f"{spec.name}: token_weights, but its params "
+                              f"({type(params).__name__}) have no row_weights")
+        params.row_weights = wptr
+    outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows, given, want_entropy)
     p = ctypes.byref(params)
     backend.fused(device, spec.c_name, v, (p, *size_dims, xs_v.dtype, int(any(want))),
                   (p, *call_dims, xs_v, ws_v, ptr(bs2), *teacher_args, lview, ctypes.byref(out)),

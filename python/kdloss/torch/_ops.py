@@ -192,9 +192,10 @@ def _(input, target, shift_labels, beta, ignore_index, want_grad):
 
 def _student_setup(ctx, inputs, output):
     """One student tensor (inputs[0]) and its gradient (output[1]); ctx.rowwise: the loss is
-    one value per row (reduction "none" of distill_loss / topk_distill_loss)."""
+    one value per row (reduction "none" of distill_loss / topk_distill_loss). Outputs after the
+    gradient (the student's entropy) carry no gradient."""
     ctx.save_for_backward(output[1], inputs[0])
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(*output[1:])
 
 
 def _jsd_setup(ctx, inputs, output):
@@ -203,7 +204,7 @@ def _jsd_setup(ctx, inputs, output):
 
 
 @first_order_only
-def _student_backward(ctx, grad_output, _grad_grad):
+def _student_backward(ctx, grad_output, *_others):
     dz = saved(ctx.saved_tensors[0])
     if dz is not None:
         if ctx.rowwise:
@@ -225,6 +226,29 @@ jsd.register_autograd(_student_backward,
 
 
 # ---- distill_loss, topk_distill_loss ------------------------------------------------------------
+# Both take token_weights ([BT] per-row weights, or None) and want_entropy, and return (loss, dz,
+# entropy): the student's entropy [BT] float32 when want_entropy, else the (0,) placeholder
+# (include/kdloss.h, "Per-row weights and the student's entropy"). Neither gets a gradient.
+
+def _entropy_or_none(e, like):
+    return e if e is not None else _no_grad_out(like)
+
+
+def _fake_entropy(lead, want, like):
+    rows = 1
+    for d in lead:
+        rows *= d
+    return like.new_empty((rows,) if want else (0,), dtype=_F32)
+
+
+def _fake_weights(weights, lead):
+    if weights is not None:
+        rows = 1
+        for d in lead:
+            rows *= d
+        if weights.numel() != rows:
+            raise _calls.shape_error(f"token_weights has {weights.numel()} elements "
+                                     f"{tuple(weights.shape)}, expected one per row ({rows})")
 
 def _row_loss_fake(zs, reduction):
     if reduction == "none":
@@ -241,22 +265,27 @@ def _check_reduction(reduction, fname):
 @torch.library.custom_op(f"{_LIB}::distill_loss", mutates_args=())
 def distill_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
                  labels: Optional[torch.Tensor], divergence: str, beta: float, alpha: float,
-                 temperature: float, ignore_index: int, reduction: str,
-                 want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                 temperature: float, ignore_index: int, reduction: str, want_grad: bool,
+                 token_weights: Optional[torch.Tensor] = None, want_entropy: bool = False
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     div = _lib.div_params(divergence, beta, alpha)
-    out, dz = _calls.distill_loss(student_logits, teacher_logits, labels, div, temperature,
-                                 ignore_index, reduction, want_grad)
-    return out, _grad_or_none(dz, want_grad, student_logits)
+    out, dz, ent = _calls.distill_loss(student_logits, teacher_logits, labels, div, temperature,
+                                       ignore_index, reduction, want_grad, token_weights,
+                                       want_entropy)
+    return (out, _grad_or_none(dz, want_grad, student_logits),
+            _entropy_or_none(ent, student_logits))
 
 
 @distill_loss.register_fake
 def _(student_logits, teacher_logits, labels, divergence, beta, alpha, temperature,
-      ignore_index, reduction, want_grad):
+      ignore_index, reduction, want_grad, token_weights=None, want_entropy=False):
     _check_reduction(reduction, "distill_loss")
     _backend.float_code(student_logits, "student_logits")
     _calls.teacher_logits(student_logits, teacher_logits, "distill_loss")  # more columns: sliced
     _backend.float_code(teacher_logits, "teacher_logits")
-    return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
+    _fake_weights(token_weights, student_logits.shape[:-1])
+    return (_row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad),
+            _fake_entropy(student_logits.shape[:-1], want_entropy, student_logits))
 
 
 def _rowwise_setup(op):
@@ -277,22 +306,27 @@ distill_loss.register_autograd(_student_backward, setup_context=_rowwise_setup(d
 def topk_distill_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor,
                       teacher_logprobs: torch.Tensor, labels: Optional[torch.Tensor],
                       divergence: str, tail: str, beta: float, alpha: float, temperature: float,
-                      ignore_index: int, reduction: str,
-                      want_grad: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                      ignore_index: int, reduction: str, want_grad: bool,
+                      token_weights: Optional[torch.Tensor] = None, want_entropy: bool = False
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     div = _lib.div_params(divergence, beta, alpha)
     code = _lib.topk_tail(tail)
-    out, dz = _calls.topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels, div, code,
-                              temperature, ignore_index, reduction, want_grad)
-    return out, _grad_or_none(dz, want_grad, student_logits)
+    out, dz, ent = _calls.topk_distill_loss(student_logits, teacher_ids, teacher_logprobs,
+                                            labels, div, code, temperature, ignore_index,
+                                            reduction, want_grad, token_weights, want_entropy)
+    return (out, _grad_or_none(dz, want_grad, student_logits),
+            _entropy_or_none(ent, student_logits))
 
 
 @topk_distill_loss.register_fake
 def _(student_logits, teacher_ids, teacher_logprobs, labels, divergence, tail, beta, alpha,
-      temperature, ignore_index, reduction, want_grad):
+      temperature, ignore_index, reduction, want_grad, token_weights=None, want_entropy=False):
     _check_reduction(reduction, "topk_distill_loss")
     _backend.float_code(student_logits, "student_logits")
     _calls.topk_shapes(teacher_ids, teacher_logprobs, student_logits.shape[:-1])
-    return _row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad)
+    _fake_weights(token_weights, student_logits.shape[:-1])
+    return (_row_loss_fake(student_logits, reduction), _fake_grad(student_logits, want_grad),
+            _fake_entropy(student_logits.shape[:-1], want_entropy, student_logits))
 
 
 topk_distill_loss.register_autograd(_student_backward,
@@ -301,21 +335,25 @@ topk_distill_loss.register_autograd(_student_backward,
 
 # ---- fused LM head + loss -------------------------------------------------------------------------
 
+# Every fused op returns (loss, soft, hard, dxs, dws, dbs, entropy): entropy the student's [BT]
+# float32 entropy when want_entropy, else the (0,) placeholder; token_weights: [BT] or None.
 _FusedOut = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                  torch.Tensor]
+                  torch.Tensor, torch.Tensor]
 
 
 def _fused_out(results, want, xs, ws, bs):
-    loss, soft, hard, dxs, dws, dbs = results
+    loss, soft, hard, dxs, dws, dbs, ent = results
     return (loss, soft, hard, _grad_or_none(dxs, want[0], xs), _grad_or_none(dws, want[1], ws),
-            _grad_or_none(dbs, want[2] and bs is not None, ws))
+            _grad_or_none(dbs, want[2] and bs is not None, ws), _entropy_or_none(ent, xs))
 
 
-def _fused_fake(xs, ws, bs, want):
+def _fused_fake(xs, ws, bs, want, want_entropy=False, token_weights=None):
+    _fake_weights(token_weights, xs.shape[:-1])
     scalar = xs.new_empty((), dtype=_F32)
     return (scalar, scalar.new_empty(()), scalar.new_empty(()), _fake_grad(xs, want[0]),
             _fake_grad(ws, want[1]),
-            _fake_grad(bs, want[2]) if bs is not None else ws.new_empty((0,), dtype=_F32))
+            _fake_grad(bs, want[2]) if bs is not None else ws.new_empty((0,), dtype=_F32),
+            _fake_entropy(xs.shape[:-1], want_entropy, xs))
 
 
 # ---- vocabulary-parallel calls: the group lent to an op by handle -------------------------------
@@ -361,14 +399,17 @@ def fused_linear_distill(student_input: torch.Tensor, student_weight: torch.Tens
                          t2_scale: bool, want_dx: bool, want_dw: bool, want_db: bool,
                          student_scale: float = 1.0, student_softcap: float = 0.0,
                          teacher_scale: float = 1.0, teacher_softcap: float = 0.0,
-                         memory_budget: int = 0, vocab_parallel: int = 0) -> _FusedOut:
+                         memory_budget: int = 0, vocab_parallel: int = 0,
+                         token_weights: Optional[torch.Tensor] = None,
+                         want_entropy: bool = False) -> _FusedOut:
     div = _lib.div_params(divergence, beta, alpha)
     want = (want_dx, want_dw, want_db and student_bias is not None)
     maps = (student_scale, student_softcap, teacher_scale, teacher_softcap)
     results = _calls.fused_linear_distill(
         student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
         teacher_bias, div, temperature, weight_hard_loss, weight_soft_loss, ignore_index,
-        chunk_size, t2_scale, _lent(vocab_parallel), want, maps, memory_budget)
+        chunk_size, t2_scale, _lent(vocab_parallel), want, maps, memory_budget, token_weights,
+        want_entropy)
     return _fused_out(results, want, student_input, student_weight, student_bias)
 
 
@@ -377,7 +418,7 @@ def _(student_input, student_weight, teacher_input, teacher_weight, labels, stud
       teacher_bias, divergence, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
       ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db, student_scale=1.0,
       student_softcap=0.0, teacher_scale=1.0, teacher_softcap=0.0, memory_budget=0,
-      vocab_parallel=0):
+      vocab_parallel=0, token_weights=None, want_entropy=False):
     _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
     _calls.lm_head_shapes(teacher_input, teacher_weight, teacher_bias, "teacher")
     _calls.teacher_head(student_weight, teacher_weight, teacher_bias)  # more rows: the first V
@@ -385,7 +426,8 @@ def _(student_input, student_weight, teacher_input, teacher_weight, labels, stud
         raise _calls.shape_error(f"student_input {tuple(student_input.shape)} and teacher_input "
                                  f"{tuple(teacher_input.shape)} have different token counts")
     return _fused_fake(student_input, student_weight, student_bias,
-                       (want_dx, want_dw, want_db and student_bias is not None))
+                       (want_dx, want_dw, want_db and student_bias is not None), want_entropy,
+                       token_weights)
 
 
 def _fused_setup(op):
@@ -396,8 +438,8 @@ def _fused_setup(op):
 def _fused_setup_at(bias_at, n_inputs):
     def setup(ctx, inputs, output):
         ctx.bias_at, ctx.n_inputs = bias_at, n_inputs
-        ctx.save_for_backward(*output[3:], inputs[0], inputs[1])
-        ctx.mark_non_differentiable(*output[1:])  # soft, hard: not differentiated separately
+        ctx.save_for_backward(*output[3:6], inputs[0], inputs[1])
+        ctx.mark_non_differentiable(*output[1:])  # soft, hard, entropy: no gradient of their own
     return setup
 
 
@@ -424,14 +466,17 @@ def fused_linear_topk_distill(student_input: torch.Tensor, student_weight: torch
                               t2_scale: bool, want_hard: bool, want_dx: bool, want_dw: bool,
                               want_db: bool, student_scale: float = 1.0,
                               student_softcap: float = 0.0, memory_budget: int = 0,
-                              vocab_parallel: int = 0) -> _FusedOut:
+                              vocab_parallel: int = 0,
+                              token_weights: Optional[torch.Tensor] = None,
+                              want_entropy: bool = False) -> _FusedOut:
     div = _lib.div_params(divergence, beta, alpha)
     code = _lib.topk_tail(tail)
     want = (want_dx, want_dw, want_db and student_bias is not None)
     results = _calls.fused_linear_topk_distill(
         student_input, student_weight, teacher_ids, teacher_logprobs, labels, student_bias, div,
         code, temperature, weight_hard_loss, weight_soft_loss, ignore_index, chunk_size, t2_scale,
-        want_hard, _lent(vocab_parallel), want, (student_scale, student_softcap), memory_budget)
+        want_hard, _lent(vocab_parallel), want, (student_scale, student_softcap), memory_budget,
+        token_weights, want_entropy)
     return _fused_out(results, want, student_input, student_weight, student_bias)
 
 
@@ -439,11 +484,13 @@ def fused_linear_topk_distill(student_input: torch.Tensor, student_weight: torch
 def _(student_input, student_weight, teacher_ids, teacher_logprobs, labels, student_bias,
       divergence, tail, beta, alpha, temperature, weight_hard_loss, weight_soft_loss,
       ignore_index, chunk_size, t2_scale, want_hard, want_dx, want_dw, want_db, student_scale=1.0,
-      student_softcap=0.0, memory_budget=0, vocab_parallel=0):
+      student_softcap=0.0, memory_budget=0, vocab_parallel=0, token_weights=None,
+      want_entropy=False):
     _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
     _calls.topk_shapes(teacher_ids, teacher_logprobs, student_input.shape[:-1])
     return _fused_fake(student_input, student_weight, student_bias,
-                       (want_dx, want_dw, want_db and student_bias is not None))
+                       (want_dx, want_dw, want_db and student_bias is not None), want_entropy,
+                       token_weights)
 
 
 fused_linear_topk_distill.register_autograd(_fused_backward,
@@ -459,10 +506,14 @@ _SPEC_TAIL = (("ignore_index", -100), ("chunk_size", 0), ("memory_budget", 0))
 def spec_arguments(spec):
     """The argument names of a spec's op, in order: the student's tensors, the teacher form's,
     labels and the student bias, the scalars (spec.scalars, ignore_index, chunk_size,
-    memory_budget), the wanted gradients, the vocabulary-parallel handle."""
+    memory_budget), the wanted gradients, the vocabulary-parallel handle, the per-row weights
+    (token_weights, a Tensor?) and want_entropy."""
     tensors = ("student_input", "student_weight") + spec.form.tensors + ("labels", "student_bias")
     scalars = tuple(n for n, _ in spec.scalars + _SPEC_TAIL)
-    return tensors, scalars, ("want_dx", "want_dw", "want_db", "vocab_parallel")
+    return tensors, scalars, _SPEC_FLAGS
+
+
+_SPEC_FLAGS = ("want_dx", "want_dw", "want_db", "vocab_parallel", "token_weights", "want_entropy")
 
 
 def _spec_schema(spec):
@@ -470,25 +521,29 @@ def _spec_schema(spec):
     optional = spec.form.optional + ("labels", "student_bias")
     args = [f"Tensor{'?' if n in optional else ''} {n}" for n in tensors]
     args += [f"{_SCHEMA_TYPES[type(d)]} {n}" for n, d in spec.scalars + _SPEC_TAIL]
-    args += ["bool want_dx", "bool want_dw", "bool want_db", "int vocab_parallel"]
-    return "(" + ", ".join(args) + ") -> (" + ", ".join(["Tensor"] * 6) + ")"
+    args += ["bool want_dx", "bool want_dw", "bool want_db", "int vocab_parallel",
+             "Tensor? token_weights=None", "bool want_entropy=False"]
+    return "(" + ", ".join(args) + ") -> (" + ", ".join(["Tensor"] * 7) + ")"
 
 
 def define_fused(spec):
     """kdloss::`spec.name`: the custom op of a spec-declared fused loss (the one autograd
     route of its functional form and module), with its fake and autograd registrations."""
     tensors, scalars, _ = spec_arguments(spec)
-    names = tensors + scalars + ("want_dx", "want_dw", "want_db", "vocab_parallel")
+    names = tensors + scalars + _SPEC_FLAGS
 
     def unpack(args):
         a = dict(zip(names, args))
+        a.setdefault("token_weights", None)  # the schema's defaults, for a caller that omits them
+        a.setdefault("want_entropy", False)
         want = (a["want_dx"], a["want_dw"], a["want_db"] and a["student_bias"] is not None)
         return a, {n: a[n] for n in tensors if n != "labels"}, want
 
     def impl(*args):
         a, t, want = unpack(args)
         results = _calls.fused_call(spec, t, a["labels"], {n: a[n] for n in scalars},
-                                    _lent(a["vocab_parallel"]), want)
+                                    _lent(a["vocab_parallel"]), want, a["token_weights"],
+                                    a["want_entropy"])
         return _fused_out(results, want, t["student_input"], t["student_weight"],
                           t["student_bias"])
 
@@ -497,14 +552,15 @@ def define_fused(spec):
         _calls.lm_head_shapes(t["student_input"], t["student_weight"], t["student_bias"],
                               "student")
         spec.form.shapes(t["student_input"], t["student_weight"], t)
-        return _fused_fake(t["student_input"], t["student_weight"], t["student_bias"], want)
+        return _fused_fake(t["student_input"], t["student_weight"], t["student_bias"], want,
+                           a["want_entropy"], a["token_weights"])
 
     op = torch.library.custom_op(f"{_LIB}::{spec.name}", impl, mutates_args=(),
                                  schema=_spec_schema(spec))
     op.register_fake(fake)
     op.register_autograd(_fused_backward, setup_context=_fused_setup_at(
         names.index("student_bias"), len(names)))
-    _meta_as_before(op)
+    _meta_as_before(op, names)
     return op
 
 
@@ -517,11 +573,15 @@ def define_fused(spec):
 _META = torch.library.Library(_LIB, "FRAGMENT")
 
 
-def _meta_as_before(op):
+def _meta_as_before(op, names=None):
+    """names: the op's argument names (counted from its definition when None)."""
     impl = op._init_fn
+    names = list(names) if names is not None else _params(op)
+    at = names.index("vocab_parallel") if "vocab_parallel" in names else None
 
     def meta(*args):
-        lent = args and type(args[-1]) is int and args[-1] in _LENT
+        lent = (at is not None and len(args) > at and type(args[at]) is int
+                and args[at] in _LENT)
         if not lent:  # a vocabulary-parallel call binds its device itself (and refuses meta)
             _backend.backend_for(torch.device("meta"))
         return impl(*args)

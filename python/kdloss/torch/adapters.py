@@ -11,7 +11,9 @@ tools' stored formats into that:
     retemper(logprobs, valid, generation_temperature, training_temperature)
 
 and, for the fused losses, logit_map_kwargs(student_config, teacher_config): the models'
-logit_scale / final_logit_softcapping as the losses' keywords.
+logit_scale / final_logit_softcapping as the losses' keywords. For TRL's trainers:
+generalized_jsd_loss (GKDTrainer's loss on logits) and chunked_divergence_loss
+(DistillationTrainer's fused loss on hidden states and LM heads), each with TRL's signature.
 
 Re-tempering (what is done, and why). A stored log-prob generated at temperature T_gen is
 lp_gen(i) = z_i / T_gen - log Z_gen, with z the teacher's logits. At the training temperature
@@ -42,7 +44,7 @@ import torch
 from . import functional as F
 
 __all__ = ["retemper", "from_axolotl", "from_sparse", "logit_map_kwargs",
-           "generalized_jsd_loss"]
+           "generalized_jsd_loss", "chunked_divergence_loss"]
 
 
 def generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0.5, temperature=1.0,
@@ -76,6 +78,75 @@ def generalized_jsd_loss(student_logits, teacher_logits, labels=None, beta=0.5, 
         m = torch.logaddexp(x + math.log1p(-beta), y + math.log(beta))
         terms = beta * y.exp() * (y - m) + (1 - beta) * x.exp() * (x - m)
     return terms[labels != -100] if labels is not None else terms
+
+
+def _trl_divergence(beta):
+    """kdloss's divergence for TRL's beta: 0 forward KL(teacher || student), 1 reverse KL, else
+    the JSD(beta) of the mixture M = beta P + (1 - beta) Q (TRL's (1 - beta) p_s + beta p_t,
+    docs/MATH.md section 3: the same mixture, the same weights)."""
+    beta = float(beta)
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta={beta!r}: in [0, 1]")
+    return {0.0: "forward_kl", 1.0: "reverse_kl"}.get(beta, "jsd"), beta
+
+
+def _trl_head(weight, bias, hidden, what):
+    """An LM head as TRL's _chunked_divergence_loss projects with it: a DTensor gathered (the
+    functional forms' gather, differentiable), then the weight in the hidden states' dtype (TRL
+    casts each weight tile to it; under autocast both go to the autocast dtype later, in the
+    fused loss). The bias is kept as it is (TRL adds it in float32)."""
+    weight, bias = F._gathered(weight, what + "_weight"), F._gathered(bias, what + "_bias")
+    if weight.dtype != hidden.dtype and hidden.dtype.is_floating_point:
+        weight = weight.to(hidden.dtype)
+    return weight, bias
+
+
+def chunked_divergence_loss(student_hidden_states, teacher_hidden_states,
+                            student_lm_head_weight, teacher_lm_head_weight, completion_mask,
+                            beta, num_items_in_batch=None, student_lm_head_bias=None,
+                            teacher_lm_head_bias=None, student_logit_scale=1.0,
+                            teacher_logit_scale=1.0, student_final_logit_softcapping=None,
+                            teacher_final_logit_softcapping=None, temperature=1.0):
+    """TRL's DistillationTrainer loss (trl.trainer.distillation_trainer._chunked_divergence_loss,
+    trl 1.16.0), same signature and returns, as one fused kdloss call:
+    `distillation_trainer._chunked_divergence_loss = chunked_divergence_loss` (README, TRL).
+
+    student_hidden_states (B, K, Hs), teacher_hidden_states (B, K, Ht): the backbones' outputs
+    at the completion tokens; the LM heads (V, Hs) and (V, Ht) (DTensors gathered), biases [V]
+    or None; completion_mask (B, K): the positions != 0 count. beta: 0 forward KL(teacher ||
+    student), 1 reverse KL (TRL's default), else the generalized JSD (_trl_divergence). The
+    logits are scale -> softcap -> temperature (kdloss_logit_map, then / T: TRL's order); a
+    softcap of None is none; a logit scale of 0.0 is refused (kdloss reads 0 as "unset", TRL
+    would zero the logits). Returns (loss, entropy_sum, n_valid): the divergence summed over the
+    valid positions and divided by num_items_in_batch when given (an int or a tensor: the
+    valid tokens of the global batch), else by max(1, n_valid); the student's entropy at T
+    summed over the valid positions (float32, detached: TRL logs it, no gradient); n_valid,
+    the valid positions (an int64 tensor). The entropy comes from the same C pass as the loss
+    (return_entropy). Dtypes as TRL's: each head is used in its hidden states' dtype, and under
+    torch.autocast both in the autocast dtype (functional's module docstring); kdloss forms the
+    logits in its fp32 accumulator where TRL (since trl #6863) rounds them to bf16 first."""
+    divergence, beta = _trl_divergence(beta)
+    for name, scale in (("student_logit_scale", student_logit_scale),
+                        ("teacher_logit_scale", teacher_logit_scale)):
+        if scale is not None and float(scale) == 0.0:
+            raise ValueError(f"{name}=0.0: kdloss's logit map reads a scale of 0 as unset (1)")
+    ws, bs = _trl_head(student_lm_head_weight, student_lm_head_bias, student_hidden_states,
+                       "student_lm_head")
+    wt, bt = _trl_head(teacher_lm_head_weight, teacher_lm_head_bias, teacher_hidden_states,
+                       "teacher_lm_head")
+    valid = completion_mask.reshape(-1) != 0
+    n_valid = valid.sum()
+    # the mask as labels: a kept position gets a token id that is not ignore_index (the hard
+    # loss has weight 0, so which id does not matter), a masked one ignore_index
+    labels = torch.where(valid, 0, -100).to(torch.int64)
+    loss, entropy = F.fused_linear_distill_loss(
+        student_hidden_states, ws, teacher_hidden_states, wt, labels, bs, bt,
+        divergence=divergence, beta=beta, weight_hard_loss=0.0, weight_soft_loss=1.0,
+        temperature=temperature, num_items_in_batch=num_items_in_batch,
+        student_logit_scale=student_logit_scale, student_softcap=student_final_logit_softcapping,
+        teacher_logit_scale=teacher_logit_scale, teacher_softcap=teacher_final_logit_softcapping,
+        return_entropy=True)
+    return loss, entropy.double().sum().float(), n_valid
 
 
 def _config_map(config, who):

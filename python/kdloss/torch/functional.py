@@ -22,9 +22,27 @@ are float32 or both bfloat16; any other pair (float16, or mixed: bf16 activation
 head, as under CPU autocast) is cast ONCE per call to torch.promote_types of the two, float16
 widened to float32. Cost: one copy of the narrower operand in that dtype (BT x H for the
 activations, V x H for a head) and, for the student, its gradient cast back to the operand's
-dtype; the result is what the wider dtype gives. Autocast itself is not consulted (kdloss never
-computes in less than its operands' precision). float64 is refused (KdlossError naming the
-operand): cast it with .float().
+dtype; the result is what the wider dtype gives. Under torch.autocast (enabled for the
+operands' device) the fused losses take the hidden states and LM heads in the autocast dtype,
+as torch's matmul in the model's forward would: bfloat16 natively, float16 rounded to float16
+and widened to float32 (the CPU GEMMs have no float16); biases stay as given. An autocast
+caller thus gets the loss of its own low-precision logits (what TRL's DistillationTrainer loss
+computes); without autocast nothing changes. The losses on logits take their logits as given.
+float64 is refused (KdlossError naming the operand): cast it with .float().
+
+Per-row weights and the student's entropy (include/kdloss.h, docs/MATH.md section 12): every
+loss on logits (distill_loss, topk_distill_loss) and every fused loss takes token_weights=, a
+floating tensor with one weight per row ((B, T) or (B*T,); cast once to float32), each finite
+and >= 0: a row of weight 0 is ignored as a row whose label is ignore_index (it is not counted
+in the mean's divisor), a row of weight w > 0 adds w times its loss and w times its gradients;
+the divisor stays the count of the kept rows (weights of 0 and 1 are a mask). Weights are data:
+they are detached, no gradient reaches them, whatever their requires_grad. return_entropy=True
+makes the call return (result, entropy) where result is what it returns otherwise (the loss, or
+(loss, soft, hard) with return_soft_hard_loss, flattened: (loss, soft, hard, entropy)) and
+entropy is the student's entropy H(softmax(z / T)) per row in nats at the call's temperature
+(after the logit map), float32, shaped like the rows (the student's leading dims), 0 on ignored
+rows, from the same C pass as the loss, and without gradient (a detached tensor: it is for
+logging). On the fused top-k loss it runs the full-vocabulary path.
 
 DTensor arguments (FSDP2, tensor parallelism) are gathered with full_tensor(), which is
 differentiable (the gradient goes back to the shards through DTensor's autograd), when the full
@@ -197,21 +215,71 @@ def _over_items(loss, num_items_in_batch, times=1.0):
     return (loss.double() / d).float()
 
 
-def _kept_rows(labels, ignore_index, rows):
-    """max(1, rows whose label != ignore_index) (all rows without labels): the divisor the fused
-    losses' per-call mean used; a tensor (no sync) when labels are given."""
-    if labels is None:
+def _kept_rows(labels, ignore_index, rows, weights=None):
+    """max(1, rows whose label != ignore_index and whose weight is > 0) (all rows without labels
+    and weights): the divisor the fused losses' per-call mean used; a tensor (no sync) when
+    labels or weights are given."""
+    if labels is None and weights is None:
         return float(max(1, rows))
-    return (~label_matches(labels.detach(), ignore_index)).sum().clamp(min=1).double()
+    kept = torch.ones(rows, dtype=torch.bool, device=(labels if labels is not None
+                                                      else weights).device)
+    if labels is not None:
+        kept = kept & ~label_matches(labels.detach(), ignore_index).reshape(-1)
+    if weights is not None:
+        kept = kept & (weights.detach().reshape(-1) > 0)
+    return kept.sum().clamp(min=1).double()
 
 
-def _fused_over_items(results, labels, ignore_index, xs, num_items_in_batch):
+def _fused_over_items(results, labels, ignore_index, xs, num_items_in_batch, weights=None):
     """The fused losses' (loss, soft, hard), each a per-call mean over the kept rows, turned
     into sums / num_items_in_batch (gradient accumulation, TRL #6006)."""
     if num_items_in_batch is None:
         return results
-    kept = _kept_rows(labels, ignore_index, xs.numel() // max(1, xs.shape[-1]))
+    kept = _kept_rows(labels, ignore_index, xs.numel() // max(1, xs.shape[-1]), weights)
     return tuple(_over_items(r.double() * kept, num_items_in_batch) for r in results)
+
+
+def _with_entropy(result, entropy, lead, return_entropy):
+    """What a loss returns: `result`, or with return_entropy (result, entropy) flattened, the
+    entropy ([rows] from the op) viewed as the student's leading dims `lead` and detached."""
+    if not return_entropy:
+        return result
+    entropy = entropy.detach().view(lead)
+    return (*result, entropy) if isinstance(result, tuple) else (result, entropy)
+
+
+def _autocast_dtype(t):
+    """The dtype torch.autocast computes matmuls in on `t`'s device, None when autocast is off
+    there (or `t` is None)."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        if not torch.is_autocast_enabled(t.device.type):
+            return None
+        return torch.get_autocast_dtype(t.device.type)
+    except RuntimeError:  # a device type autocast does not know (meta, a registered one)
+        return None
+
+
+def _as_autocast(t, dtype):
+    """`t` as an autocast matmul sees it (module docstring): in `dtype` (bfloat16), or float16
+    rounded and widened to float32 (no float16 GEMM); differentiable (the gradient returns to
+    `t` in its dtype). None and dtype None leave it as it is."""
+    if t is None or dtype is None or t.dtype == dtype:
+        return t
+    if dtype == torch.float16:
+        return t.to(torch.float16).to(torch.float32)
+    return t.to(dtype)
+
+
+def _autocast_heads(named):
+    """(name, tensor) pairs with the hidden states and LM heads (not biases nor teacher data
+    that are not matmul operands) cast as autocast would (_as_autocast)."""
+    dtype = _autocast_dtype(named[0][1])
+    if dtype is None:
+        return named
+    heads = ("student_input", "student_weight", "teacher_input", "teacher_weight")
+    return [(n, _as_autocast(t, dtype) if n in heads else t) for n, t in named]
 
 
 # ---- KL divergence and JSD ------------------------------------------------------------------------
@@ -372,16 +440,18 @@ def _budget(memory_budget):
 
 def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
          chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None,
-         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0):
-    """(loss, soft, hard) of one dense fused call through the kdloss::fused_linear_distill op
-    (its autograd is the only one), with `vp` lent to it for a vocabulary-parallel call."""
+         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0, weights=None, want_entropy=False):
+    """(loss, soft, hard, entropy) of one dense fused call through the
+    kdloss::fused_linear_distill op (its autograd is the only one), with `vp` lent to it for a
+    vocabulary-parallel call; entropy [rows] (the (0,) placeholder unless want_entropy)."""
     _check_names(divergence, beta, alpha)
     with _ops.vocab_call(vp) as handle:
-        return _ops.fused_linear_distill(
+        out = _ops.fused_linear_distill(
             xs, ws, _detached(xt), _detached(wt), labels, bs, _detached(bt_bias), divergence,
             float(beta), float(alpha), float(temperature), float(w_hard), float(w_soft),
             _index(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
-            *maps, _budget(memory_budget), handle)[:3]
+            *maps, _budget(memory_budget), handle, _detached(weights), bool(want_entropy))
+    return out[:3] + (out[6],)
 
 
 def _check_accum_dtype(accum_dtype):
@@ -473,18 +543,24 @@ def _dense_named(xs, ws, xt, wt, bs=None, bt_bias=None):
 def _dense_call(named, labels, process_group, num_items_in_batch, soft_hard, refuse_t0=False,
                 **fld):
     """The body of every dense fused loss: its checks inside the vocabulary-parallel context
-    (a rank that fails lets its peers know), DTensors gathered, one _fld call (fld: its
-    keywords), then num_items_in_batch. Returns the loss, or (loss, soft, hard) when
-    soft_hard."""
+    (a rank that fails lets its peers know), DTensors gathered, the operands cast as autocast
+    would (module docstring), one _fld call (fld: its keywords, weights and want_entropy among
+    them), then num_items_in_batch. Returns the loss, or (loss, soft, hard) when soft_hard,
+    with the entropy after it when fld["want_entropy"] (_with_entropy)."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         if refuse_t0:
             _check_temperature(fld["temperature"])
         _require_labels(labels, fld["w_hard"])
         _check_items(num_items_in_batch)
-        xs, ws, xt, wt, bs, bt_bias = _gather_all(process_group, named)
-        results = _fld(xs, ws, xt, wt, labels, bs, bt_bias, vp=vp, **fld)
-    results = _fused_over_items(results, labels, fld["ignore_index"], xs, num_items_in_batch)
-    return results if soft_hard else results[0]
+        names = [n for n, _ in named]
+        gathered = _gather_all(process_group, named)
+        xs, ws, xt, wt, bs, bt_bias = (t for _, t in _autocast_heads(list(zip(names,
+                                                                              gathered))))
+        *results, entropy = _fld(xs, ws, xt, wt, labels, bs, bt_bias, vp=vp, **fld)
+    results = _fused_over_items(tuple(results), labels, fld["ignore_index"], xs,
+                                num_items_in_batch, fld.get("weights"))
+    return _with_entropy(results if soft_hard else results[0], entropy, xs.shape[:-1],
+                         fld.get("want_entropy", False))
 
 
 def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_weight,
@@ -493,7 +569,8 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
                           compiled=True, chunk_size=None, return_soft_hard_loss=False,
                           process_group=None, *, num_items_in_batch=None,
                           student_logit_scale=1.0, student_softcap=None,
-                          teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0):
+                          teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0,
+                          token_weights=None, return_entropy=False):
     """Chunked fused-linear distillation loss (Liger's chunked LigerFusedLinearJSDLoss and its
     functional liger_kernel.chunked_loss.functional.liger_fused_linear_jsd, same positional
     order; docs/MATH.md section 4): w_hard * CE(student logits, labels) + w_soft * JSD(beta) of
@@ -517,7 +594,9 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
     teacher_config) reads them from Hugging Face configs. A scale of 0.0 acts as 1 (the C API's
     kdloss_logit_map: 0 is "unset"), as does None.
     memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
-    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
+    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins.
+    token_weights, return_entropy: per-row weights and the student's entropy (module
+    docstring, "Per-row weights and the student's entropy")."""
     return _dense_call(
         _dense_named(student_input, student_weight, teacher_input, teacher_weight, student_bias,
                      teacher_bias), true_labels, process_group, num_items_in_batch,
@@ -525,7 +604,7 @@ def fused_linear_jsd_loss(student_input, student_weight, teacher_input, teacher_
         w_hard=weight_hard_loss, w_soft=weight_soft_loss, ignore_index=ignore_index,
         chunk_size=chunk_size, maps=_maps(student_logit_scale, student_softcap,
                                           teacher_logit_scale, teacher_softcap),
-        memory_budget=memory_budget)
+        memory_budget=memory_budget, weights=token_weights, want_entropy=bool(return_entropy))
 
 
 class FusedLinearJSDLossFunction:
@@ -560,7 +639,8 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
                               t2_scale=False, chunk_size=None, return_soft_hard_loss=False,
                               process_group=None, num_items_in_batch=None,
                               student_logit_scale=1.0, student_softcap=None,
-                              teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0):
+                              teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0,
+                              token_weights=None, return_entropy=False):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
@@ -577,7 +657,9 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     maps, as fused_linear_jsd_loss's (a scale of 0.0 acts as 1). Without true_labels (and
     weight_hard_loss 0) every row counts, whatever ignore_index is, and hard_loss is 0.
     memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
-    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
+    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins.
+    token_weights, return_entropy: per-row weights and the student's entropy (module
+    docstring, "Per-row weights and the student's entropy")."""
     return _dense_call(
         _dense_named(student_input, student_weight, teacher_input, teacher_weight, student_bias,
                      teacher_bias), true_labels, process_group, num_items_in_batch,
@@ -585,7 +667,7 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
         w_soft=weight_soft_loss, ignore_index=ignore_index, chunk_size=chunk_size,
         divergence=divergence, alpha=alpha, t2_scale=t2_scale,
         maps=_maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap),
-        memory_budget=memory_budget)
+        memory_budget=memory_budget, weights=token_weights, want_entropy=bool(return_entropy))
 def _op_tensors(names, t, labels):
     """A spec op's tensor arguments in order: the teacher's detached (it gets no gradient)."""
     student = ("student_input", "student_weight", "student_bias")
@@ -598,7 +680,8 @@ def fused_form(spec, op):
     op): `spec.name`_loss(student_input, student_weight, <the teacher form's tensors>,
     labels=None, student_bias=None, *, <spec.scalars>, ignore_index=-100, chunk_size=None,
     memory_budget=0, return_soft_hard_loss=False, process_group=None,
-    num_items_in_batch=None), with the dense fused losses' conventions (module docstring)."""
+    num_items_in_batch=None, token_weights=None, return_entropy=False), with the dense fused
+    losses' conventions (module docstring)."""
     tensors, scalars, _ = _ops.spec_arguments(spec)
     teacher = spec.form.tensors
     P = inspect.Parameter
@@ -609,7 +692,7 @@ def fused_form(spec, op):
     params += [P(n, P.KEYWORD_ONLY, default=d) for n, d in spec.scalars + (
         ("ignore_index", -100), ("chunk_size", None), ("memory_budget", 0),
         ("return_soft_hard_loss", False), ("process_group", None),
-        ("num_items_in_batch", None))]
+        ("num_items_in_batch", None), ("token_weights", None), ("return_entropy", False))]
     sig = inspect.Signature(params)
     kinds = dict(spec.scalars)
 
@@ -621,16 +704,19 @@ def fused_form(spec, op):
         with vocab_parallel(group, spec.c_name + "_vp") as vp:
             _check_items(a["num_items_in_batch"])
             named = [(n, a[n]) for n in tensors if n != "labels"]
-            t = dict(zip((n for n, _ in named), _gather_all(group, named)))
+            names = [n for n, _ in named]
+            t = dict(_autocast_heads(list(zip(names, _gather_all(group, named)))))
             xs, ws, bs = t["student_input"], t["student_weight"], t["student_bias"]
             values = [type(kinds[n])(a[n]) for n, _ in spec.scalars]
             with _ops.vocab_call(vp) as handle:
-                results = op(*_op_tensors(tensors, t, a["labels"]), *values,
-                             _index(a["ignore_index"]), int(a["chunk_size"] or 0),
-                             _budget(a["memory_budget"]), *_wanted(xs, ws, bs), handle)[:3]
-        results = _fused_over_items(results, a["labels"], a["ignore_index"], xs,
-                                    a["num_items_in_batch"])
-        return results if a["return_soft_hard_loss"] else results[0]
+                out = op(*_op_tensors(tensors, t, a["labels"]), *values,
+                         _index(a["ignore_index"]), int(a["chunk_size"] or 0),
+                         _budget(a["memory_budget"]), *_wanted(xs, ws, bs), handle,
+                         _detached(a["token_weights"]), bool(a["return_entropy"]))
+        results = _fused_over_items(out[:3], a["labels"], a["ignore_index"], xs,
+                                    a["num_items_in_batch"], a["token_weights"])
+        return _with_entropy(results if a["return_soft_hard_loss"] else results[0], out[6],
+                             xs.shape[:-1], a["return_entropy"])
     loss.__name__ = loss.__qualname__ = spec.name + "_loss"
     loss.__signature__, loss.__doc__ = sig, spec.doc
     return loss
@@ -652,7 +738,7 @@ def _items_reduction(reduction, num_items_in_batch, zs, fname):
 
 def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="forward_kl", beta=0.5,
                  alpha=0.1, temperature=1.0, ignore_index=-100, reduction="batchmean",
-                 num_items_in_batch=None):
+                 num_items_in_batch=None, token_weights=None, return_entropy=False):
     """A divergence of the family (docs/MATH.md section 7) between softmax(teacher_logits / T)
     (P) and softmax(student_logits / T) (Q), per row over the last dim. divergence: one of
     kdloss._lib.divergences() (the C registry; beta and alpha as kdloss.h says). Rows whose label
@@ -672,23 +758,29 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     loss is (sum over the kept rows) / num_items_in_batch for reduction "batchmean" (the
     default) and "sum" alike, (sum) / (num_items_in_batch * V) for "mean"; "none" refuses it.
     The micro-batches' losses and gradients then add up to the full batch's. Cost: one multiply
-    over the saved gradient in backward."""
+    over the saved gradient in backward.
+    token_weights, return_entropy: per-row weights and the student's entropy (module docstring,
+    "Per-row weights and the student's entropy"); with weights, "batchmean" and "mean" keep
+    their divisors (the kept rows: label not ignored, weight > 0) and "none" returns each row's
+    loss times its weight."""
     _check_names(divergence, beta, alpha)
     student_logits = _gathered(student_logits, "student_logits")
     teacher_logits = _gathered(teacher_logits, "teacher_logits")
     check_distill_reduction(reduction, "distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "distill_loss")
-    loss = _ops.distill_loss(student_logits, _detached(teacher_logits), labels, divergence,
-                             float(beta), float(alpha), float(temperature), _index(ignore_index),
-                             reduction, _needs_grad(student_logits))[0]
-    return loss if times is None else _over_items(loss, num_items_in_batch, times)
+    loss, _, entropy = _ops.distill_loss(
+        student_logits, _detached(teacher_logits), labels, divergence, float(beta), float(alpha),
+        float(temperature), _index(ignore_index), reduction, _needs_grad(student_logits),
+        _detached(token_weights), bool(return_entropy))
+    loss = loss if times is None else _over_items(loss, num_items_in_batch, times)
+    return _with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
 
 
 def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None, *,
                       divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                       temperature=1.0, ignore_index=-100, reduction="batchmean",
-                      num_items_in_batch=None):
+                      num_items_in_batch=None, token_weights=None, return_entropy=False):
     """A divergence of the family between a sparse top-k teacher and softmax(student_logits / T)
     (docs/MATH.md section 8), per row over the last dim.
 
@@ -701,18 +793,19 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     only). divergence, beta, alpha, labels / ignore_index and reduction as distill_loss's. A row
     with no used slot contributes 0. Gradient to student_logits only, formed in the forward pass.
     Invalid ids or shapes raise KdlossError before anything is computed (on CUDA the ids are
-    checked on the device instead: the loss is NaN, include/kdloss.h). num_items_in_batch: as
-    distill_loss's (gradient accumulation)."""
+    checked on the device instead: the loss is NaN, include/kdloss.h). num_items_in_batch,
+    token_weights, return_entropy: as distill_loss's (the entropy over the full vocabulary)."""
     _check_names(divergence, beta, alpha, tail)
     student_logits = _gathered(student_logits, "student_logits")
     check_distill_reduction(reduction, "topk_distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "topk_distill_loss")
-    loss = _ops.topk_distill_loss(student_logits, teacher_ids, _detached(teacher_logprobs),
-                                  labels, divergence, tail, float(beta), float(alpha),
-                                  float(temperature), _index(ignore_index), reduction,
-                                  _needs_grad(student_logits))[0]
-    return loss if times is None else _over_items(loss, num_items_in_batch, times)
+    loss, _, entropy = _ops.topk_distill_loss(
+        student_logits, teacher_ids, _detached(teacher_logprobs), labels, divergence, tail,
+        float(beta), float(alpha), float(temperature), _index(ignore_index), reduction,
+        _needs_grad(student_logits), _detached(token_weights), bool(return_entropy))
+    loss = loss if times is None else _over_items(loss, num_items_in_batch, times)
+    return _with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
 
 
 def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, teacher_logprobs,
@@ -722,7 +815,8 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
                                    temperature=1.0, t2_scale=False, chunk_size=None,
                                    return_soft_hard_loss=False, process_group=None,
                                    num_items_in_batch=None, student_logit_scale=1.0,
-                                   student_softcap=None, memory_budget=0):
+                                   student_softcap=None, memory_budget=0, token_weights=None,
+                                   return_entropy=False):
     """The fused LM head + sparse top-k teacher loss (docs/MATH.md sections 4 and 8): student
     logits zs = student_input @ student_weight.T + student_bias formed chunk by chunk, never in
     full; (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) / max(1, n_kept), CE on
@@ -743,22 +837,26 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     renorm_both tail runs the full-vocabulary path (not the K-gathered-rows one). A scale of
     0.0 acts as 1, as does None.
     memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
-    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins."""
+    library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins.
+    token_weights, return_entropy: per-row weights and the student's entropy (module
+    docstring; the entropy runs the full-vocabulary path)."""
     smap = _maps(student_logit_scale, student_softcap)[:2]
     with vocab_parallel(process_group, _VP_TOPK) as vp:
         _check_names(divergence, beta, alpha, tail)
         _check_items(num_items_in_batch)
-        xs, ws, bs, ids, lps = _gather_all(process_group, [
-            ("student_input", student_input), ("student_weight", student_weight),
-            ("student_bias", student_bias), ("teacher_ids", teacher_ids),
-            ("teacher_logprobs", teacher_logprobs)])
+        names = ("student_input", "student_weight", "student_bias", "teacher_ids",
+                 "teacher_logprobs")
+        gathered = _gather_all(process_group, list(zip(names, (
+            student_input, student_weight, student_bias, teacher_ids, teacher_logprobs))))
+        xs, ws, bs, ids, lps = (t for _, t in _autocast_heads(list(zip(names, gathered))))
         with _ops.vocab_call(vp) as handle:  # the op: its autograd is the only one
-            loss, soft, hard = _ops.fused_linear_topk_distill(
+            out = _ops.fused_linear_topk_distill(
                 xs, ws, ids, _detached(lps), true_labels, bs, divergence, tail, float(beta),
                 float(alpha), float(temperature), float(weight_hard_loss),
                 float(weight_soft_loss), _index(ignore_index), int(chunk_size or 0),
                 bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs), *smap,
-                _budget(memory_budget), handle)[:3]
-    loss, soft, hard = _fused_over_items((loss, soft, hard), true_labels, ignore_index, xs,
-                                         num_items_in_batch)
-    return (loss, soft, hard) if return_soft_hard_loss else loss
+                _budget(memory_budget), handle, _detached(token_weights), bool(return_entropy))
+    loss, soft, hard = _fused_over_items(out[:3], true_labels, ignore_index, xs,
+                                         num_items_in_batch, token_weights)
+    return _with_entropy((loss, soft, hard) if return_soft_hard_loss else loss, out[6],
+                         xs.shape[:-1], return_entropy)

@@ -9,7 +9,13 @@ setting: it can be changed later, and nothing about the group is cached.
 The forward of every module here but KLDivLoss and JSD also takes `num_items_in_batch=`
 (keyword): the non-ignored tokens of all the gradient-accumulation micro-batches of one step;
 given, the loss is this call's sum divided by it (functional.py's docstrings; the HF Trainer
-passes it to compute_loss)."""
+passes it to compute_loss).
+
+Per-row weights and the student's entropy (functional.py's module docstring): the forward of
+DistillLoss, TopKDistillLoss and every fused-linear loss module but FusedLinearJSD takes
+`token_weights=` (keyword; a tensor with one weight per row, >= 0; no gradient reaches it), and
+their constructors `return_entropy=False` (keyword, an attribute): True makes forward return
+(loss, entropy), or (loss, soft, hard, entropy) with return_soft_hard_loss."""
 
 import torch
 
@@ -104,9 +110,11 @@ class FusedLinearJSDLoss(torch.nn.Module):
     def __init__(self, weight_hard_loss=0.5, weight_soft_loss=0.5, beta=0.5, ignore_index=-100,
                  temperature=1.0, compiled=True, chunk_size=None, return_soft_hard_loss=False,
                  process_group=None, *, student_logit_scale=1.0, student_softcap=None,
-                 teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0):
+                 teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0,
+                 return_entropy=False):
         super().__init__()
         F._check_temperature(temperature)
+        self.return_entropy = return_entropy
         self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
                                                 teacher_logit_scale, teacher_softcap)
@@ -121,14 +129,15 @@ class FusedLinearJSDLoss(torch.nn.Module):
         self.process_group = process_group
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
-                student_bias=None, teacher_bias=None, *, num_items_in_batch=None):
+                student_bias=None, teacher_bias=None, *, num_items_in_batch=None,
+                token_weights=None):
         return F.fused_linear_jsd_loss(
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias, teacher_bias, self.weight_hard_loss, self.weight_soft_loss, self.beta,
             self.ignore_index, self.temperature, self.compiled, self.chunk_size,
             self.return_soft_hard_loss, self.process_group,
             num_items_in_batch=num_items_in_batch, memory_budget=self.memory_budget,
-            **self.logit_maps)
+            token_weights=token_weights, return_entropy=self.return_entropy, **self.logit_maps)
 
     def extra_repr(self):
         return (f"weight_hard_loss={self.weight_hard_loss}, "
@@ -142,9 +151,10 @@ class DistillLoss(torch.nn.Module):
     (functional.distill_loss). forward(student_logits, teacher_logits, labels=None)."""
 
     def __init__(self, divergence="forward_kl", beta=0.5, alpha=0.1, temperature=1.0,
-                 ignore_index=-100, reduction="batchmean"):
+                 ignore_index=-100, reduction="batchmean", *, return_entropy=False):
         super().__init__()
         F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
+        self.return_entropy = return_entropy
         self.divergence = divergence
         self.beta = beta
         self.alpha = alpha
@@ -152,11 +162,13 @@ class DistillLoss(torch.nn.Module):
         self.ignore_index = ignore_index
         self.reduction = reduction
 
-    def forward(self, student_logits, teacher_logits, labels=None, *, num_items_in_batch=None):
+    def forward(self, student_logits, teacher_logits, labels=None, *, num_items_in_batch=None,
+                token_weights=None):
         return F.distill_loss(student_logits, teacher_logits, labels, divergence=self.divergence,
                               beta=self.beta, alpha=self.alpha, temperature=self.temperature,
                               ignore_index=self.ignore_index, reduction=self.reduction,
-                              num_items_in_batch=num_items_in_batch)
+                              num_items_in_batch=num_items_in_batch, token_weights=token_weights,
+                              return_entropy=self.return_entropy)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -179,8 +191,9 @@ class FusedLinearDistillLoss(torch.nn.Module):
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
                  return_soft_hard_loss=False, chunk_size=None, process_group=None, *,
                  student_logit_scale=1.0, student_softcap=None, teacher_logit_scale=1.0,
-                 teacher_softcap=None, memory_budget=0):
+                 teacher_softcap=None, memory_budget=0, return_entropy=False):
         super().__init__()
+        self.return_entropy = return_entropy
         self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
                                                 teacher_logit_scale, teacher_softcap)
@@ -198,7 +211,8 @@ class FusedLinearDistillLoss(torch.nn.Module):
         self.process_group = process_group
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
-                student_bias=None, teacher_bias=None, *, num_items_in_batch=None):
+                student_bias=None, teacher_bias=None, *, num_items_in_batch=None,
+                token_weights=None):
         return F.fused_linear_distill_loss(
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias, teacher_bias, divergence=self.divergence, beta=self.beta,
@@ -207,7 +221,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
             temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
             return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group,
             num_items_in_batch=num_items_in_batch, memory_budget=self.memory_budget,
-            **self.logit_maps)
+            token_weights=token_weights, return_entropy=self.return_entropy, **self.logit_maps)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -242,14 +256,17 @@ class TopKDistillLoss(_TopKModule):
     forward(student_logits, teacher_ids, teacher_logprobs, labels=None)."""
 
     def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
-                 temperature=1.0, ignore_index=-100, reduction="batchmean"):
+                 temperature=1.0, ignore_index=-100, reduction="batchmean", *,
+                 return_entropy=False):
         super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
-                         temperature=temperature, ignore_index=ignore_index, reduction=reduction)
+                         temperature=temperature, ignore_index=ignore_index, reduction=reduction,
+                         return_entropy=return_entropy)
 
     def forward(self, student_logits, teacher_ids, teacher_logprobs, labels=None, *,
-                num_items_in_batch=None):
+                num_items_in_batch=None, token_weights=None):
         return F.topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels,
-                                   num_items_in_batch=num_items_in_batch, **self._args())
+                                   num_items_in_batch=num_items_in_batch,
+                                   token_weights=token_weights, **self._args())
 
 
 class FusedLinearTopKDistillLoss(_TopKModule):
@@ -265,23 +282,25 @@ class FusedLinearTopKDistillLoss(_TopKModule):
     def __init__(self, divergence="forward_kl", tail="bucket", beta=0.5, alpha=0.1,
                  weight_hard_loss=0.0, weight_soft_loss=1.0, ignore_index=-100, temperature=1.0,
                  t2_scale=False, process_group=None, chunk_size=None, *,
-                 student_logit_scale=1.0, student_softcap=None, memory_budget=0):
+                 student_logit_scale=1.0, student_softcap=None, memory_budget=0,
+                 return_entropy=False):
         super().__init__(divergence=divergence, tail=tail, beta=beta, alpha=alpha,
                          weight_hard_loss=weight_hard_loss, weight_soft_loss=weight_soft_loss,
                          ignore_index=ignore_index, temperature=temperature, t2_scale=t2_scale,
                          chunk_size=chunk_size, student_logit_scale=student_logit_scale,
                          student_softcap=student_softcap,
-                         memory_budget=F._budget(memory_budget))
+                         memory_budget=F._budget(memory_budget), return_entropy=return_entropy)
         F._maps(student_logit_scale, student_softcap)  # a non-number fails here
         self.process_group = process_group  # not one of _args(): a group has no useful repr
 
     def forward(self, student_input, student_weight, teacher_ids, teacher_logprobs,
-                true_labels=None, student_bias=None, *, num_items_in_batch=None):
+                true_labels=None, student_bias=None, *, num_items_in_batch=None,
+                token_weights=None):
         return F.fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids,
                                                 teacher_logprobs, true_labels, student_bias,
                                                 process_group=self.process_group,
                                                 num_items_in_batch=num_items_in_batch,
-                                                **self._args())
+                                                token_weights=token_weights, **self._args())
 
 
 # ---- fused losses declared by a spec -----------------------------------------------------------
@@ -305,9 +324,10 @@ class _SpecModule(torch.nn.Module):
         for name, default in self._keywords:
             setattr(self, name, kwargs.get(name, default))
 
-    def forward(self, *tensors, num_items_in_batch=None):
+    def forward(self, *tensors, num_items_in_batch=None, token_weights=None):
         kw = {n: getattr(self, n) for n, _ in self._keywords}
-        return type(self)._fn(*tensors, num_items_in_batch=num_items_in_batch, **kw)
+        return type(self)._fn(*tensors, num_items_in_batch=num_items_in_batch,
+                              token_weights=token_weights, **kw)
 
     def extra_repr(self):
         return ", ".join(f"{n}={getattr(self, n)!r}" for n, _ in self._keywords
@@ -322,7 +342,7 @@ def declare_fused(spec, module_name):
     fn = F.fused_form(spec, _ops.define_fused(spec))
     keywords = tuple(spec.scalars) + (("ignore_index", -100), ("chunk_size", None),
                                       ("memory_budget", 0), ("return_soft_hard_loss", False),
-                                      ("process_group", None))
+                                      ("process_group", None), ("return_entropy", False))
     cls = type(module_name, (_SpecModule,), {
         "_fn": staticmethod(fn), "_keywords": keywords, "__module__": __name__,
         "__doc__": f"The module of functional.{fn.__name__} (declare_fused)."})
