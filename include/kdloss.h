@@ -671,7 +671,7 @@ KDLOSS_API kdloss_status kdloss_fused_linear_distill(
     const void *bt_bias, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes);
 
-/* Several teachers in one call (docs/MATH.md section 12): row r of the batch is distilled from
+/* Several teachers in one call (docs/MATH.md section 13): row r of the batch is distilled from
  * teacher index[r]'s head, all heads over the same vocabulary and the same hidden size Ht (xt's
  * row r holds the hidden state that row's teacher produced). The loss, its parts, the row outputs
  * and the gradients are those of kdloss_fused_linear_distill with row r's teacher logits

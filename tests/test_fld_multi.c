@@ -1,4 +1,4 @@
-/* kdloss_fused_linear_distill_multi (several teachers, one per row; docs/MATH.md section 12) on
+/* kdloss_fused_linear_distill_multi (several teachers, one per row; docs/MATH.md section 13) on
  * every CPU path:
  *  - against the float64 reference (ref_fld: each row's teacher logits from its own head), JSD
  *    beta 0 / 0.5 / 1 with cross-entropy, T 1 and 2, 1 to 3 heads with and without biases, fp32

@@ -507,7 +507,7 @@ static void run_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, f
 }
 
 /* zt (n x V, the chunk's teacher logits) for rows [r0, r0 + n) with several teachers
- * (kdloss_teacher_heads, docs/MATH.md section 12): one GEMM per run of rows that share a head,
+ * (kdloss_teacher_heads, docs/MATH.md section 13): one GEMM per run of rows that share a head,
  * bf16 heads widened in panels per run (the plan holds one head, never all of them: where it
  * holds a whole copy, that space is the panel), its bias added
  * to the run's logits here (the row pass's bias_t is NULL then; the same fp32 sum either way). */
