@@ -682,6 +682,37 @@ KDLOSS_API kdloss_status kdloss_fused_linear_distill(
     const void *bt_bias, kdloss_labels labels, kdloss_fused_linear_distill_out *out,
     void *workspace, size_t workspace_bytes);
 
+/* Several teachers in one call (docs/MATH.md section 13): row r of the batch is distilled from
+ * teacher index[r]'s head, all heads over the same vocabulary and the same hidden size Ht (xt's
+ * row r holds the hidden state that row's teacher produced). The loss, its parts, the row outputs
+ * and the gradients are those of kdloss_fused_linear_distill with row r's teacher logits
+ * zt_r = xt_r wt[index[r]]^T + bias[index[r]]: equal to separate single-teacher calls on each
+ * teacher's rows, combined with the n_valid of the whole batch.
+ *   n      the number of heads, >= 1
+ *   wt     [n] the heads, each (V x Ht), all of xt's dtype; each checked as wt is
+ *   bias   [n] optional ([V], dtype of the heads; an entry may be NULL), or NULL: no biases
+ *   index  [BT] int32 in HOST memory (on every backend: it decides which rows share a teacher
+ *          GEMM), each in [0, n) (KDLOSS_ERR_INVALID_ID otherwise, ignored rows included);
+ *          must not overlap an output (KDLOSS_ERR_ALIASING)
+ * Every argument is checked before anything is written, each head as the single-teacher call
+ * checks wt. The teacher GEMM runs once per run of rows with the same index inside a chunk, so
+ * rows grouped by teacher (one teacher per sequence, as multi-teacher data is) cost what one
+ * teacher costs; alternating teachers row by row cost one small GEMM a row. The heads are widened
+ * to fp32 panel by panel (never whole). The workspace is
+ * kdloss_fused_linear_distill_workspace_size()'s for the same params and shapes. */
+typedef struct kdloss_teacher_heads {
+    int64_t n;
+    const kdloss_cmat *wt;
+    const void *const *bias;
+    const int32_t *index;
+} kdloss_teacher_heads;
+
+KDLOSS_API kdloss_status kdloss_fused_linear_distill_multi(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
+    const kdloss_teacher_heads *teachers, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes);
+
 /* ------------------------------------------------------------------------------------------ */
 /* Sparse top-k teacher (docs/MATH.md section 8)                                               */
 /* ------------------------------------------------------------------------------------------ */

@@ -168,6 +168,12 @@ class TopkTeacher(ctypes.Structure):
     _fields_ = [("k", ctypes.c_int64), ("ids", CMat), ("logprobs", CMat)]
 
 
+class TeacherHeads(ctypes.Structure):
+    """kdloss_teacher_heads: n heads (CMat array), optional biases, a host int32 index per row."""
+    _fields_ = [("n", ctypes.c_int64), ("wt", ctypes.POINTER(CMat)), ("bias", ctypes.c_void_p),
+                ("index", ctypes.c_void_p)]
+
+
 class TopkDistillParams(ctypes.Structure):
     """kdloss_topk_distill_params."""
     _fields_ = [("div", DivParams), ("tail", ctypes.c_int), ("temperature", ctypes.c_double),
@@ -255,7 +261,8 @@ C_STRUCTS = {CMat: "kdloss_cmat", Mat: "kdloss_mat", Labels: "kdloss_labels",
              TopkDistillParams: "kdloss_topk_distill_params",
              FltkParams: "kdloss_fused_linear_topk_distill_params", FldJsdOut: "kdloss_fljsd_out",
              Comm: "kdloss_comm", VocabShard: "kdloss_vocab_shard",
-             Bf16GemmInfo: "kdloss_bf16_gemm_info", LogitMap: "kdloss_logit_map"}
+             Bf16GemmInfo: "kdloss_bf16_gemm_info", LogitMap: "kdloss_logit_map",
+             TeacherHeads: "kdloss_teacher_heads"}
 
 
 def abi_layout(c_name):
@@ -321,6 +328,10 @@ _PROTOTYPES = {
     "kdloss_fused_linear_distill": (_ST, [ctypes.POINTER(FldParams), _I64, _I64, _I64, _I64, CMat,
                                           CMat, _P, CMat, CMat, _P, Labels,
                                           ctypes.POINTER(FldOut), _P, ctypes.c_size_t]),
+    "kdloss_fused_linear_distill_multi": (_ST, [ctypes.POINTER(FldParams), _I64, _I64, _I64, _I64,
+                                                CMat, CMat, _P, CMat, ctypes.POINTER(TeacherHeads),
+                                                Labels, ctypes.POINTER(FldOut), _P,
+                                                ctypes.c_size_t]),
     "kdloss_fused_linear_distill_vp": (_ST, [ctypes.POINTER(FldParams), ctypes.POINTER(VocabShard),
                                              _I64, _I64, _I64, _I64, CMat, CMat, _P, CMat, CMat,
                                              _P, Labels, ctypes.POINTER(FldOut), _P,

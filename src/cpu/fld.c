@@ -419,7 +419,10 @@ static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, 
     r->zs = (float *)(base + pl->off_zs);
     r->zt = k->topk.k ? NULL : (float *)(base + pl->off_zt);
     r->bias_s = bias_f32(k->bs, k->ws.dtype, k->v, bias);
-    r->bias_t = soft && !k->topk.k ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v) : NULL;
+    /* several teachers add their biases to their runs' logits (heads_logits) */
+    r->bias_t = soft && !k->topk.k && !k->heads
+                    ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v)
+                    : NULL;
     r->topk = k->topk.k ? &k->topk : NULL;
     r->tail = k->tail;
     r->tk = base + pl->off_tk;
@@ -500,13 +503,47 @@ static void run_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, f
     u->w_t = w_t;
     /* the student's weights in fp32: for the widened logits, or for dxs from an fp32 dz */
     int need_ws32 = !u->native_s || (o->dxs.data && !u->native_g);
-    widen_whole(pl, base, u->dense_t, u->native_t, need_ws32, &u->w_s, &u->w_t);
+    widen_whole(pl, base, u->dense_t && !k->heads, u->native_t, need_ws32, &u->w_s, &u->w_t);
     rows_setup(k, pl, base, u->soft, u->hard, &u->r);
     /* both gradient factors 0: the gradients are zeros (kdloss.h), written once at the end; no
      * gradient GEMM (0 x a NaN weight or input would be NaN) */
     u->zero_g = k->grad && u->r.gs == 0.0f && u->r.gh == 0.0f;
     if (u->zero_g) u->r.grad = 0;
     u->soft_sum = u->hard_sum = 0.0;
+}
+
+/* zt (n x V, the chunk's teacher logits) for rows [r0, r0 + n) with several teachers
+ * (kdloss_teacher_heads, docs/MATH.md section 13): one GEMM per run of rows that share a head,
+ * bf16 heads widened in panels per run (the plan holds one head, never all of them: where it
+ * holds a whole copy, that space is the panel), its bias added
+ * to the run's logits here (the row pass's bias_t is NULL then; the same fp32 sum either way). */
+static kdloss_status heads_logits(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
+                                  const fld_run *u, int64_t r0, int64_t n) {
+    const kdloss_teacher_heads *h = k->heads;
+    float *xbuf = (float *)(base + pl->off_xconv), *bbuf = (float *)(base + pl->off_bias) + k->v;
+    kdloss_status st = KDLOSS_OK;
+    for (int64_t i0 = 0, i1; i0 < n && st == KDLOSS_OK; i0 = i1) {
+        int32_t j = h->index[r0 + i0];
+        for (i1 = i0 + 1; i1 < n && h->index[r0 + i1] == j;) i1++;
+        wsrc w = u->w_t;
+        w.data = h->wt[j].data;
+        w.ld = h->wt[j].ld ? h->wt[j].ld : k->ht;
+        w.f32 = NULL;
+        if (pl->whole) { /* no panel region then: the one head's fp32 copy space is the panel */
+            w.panel = (float *)(base + pl->off_wt32);
+            w.panel_rows = k->v;
+            w.panel_floats = (size_t)k->v * (size_t)k->ht;
+        }
+        const float *a;
+        int64_t lda;
+        float *z = u->r.zt + i0 * k->v;
+        st = chunk_logits(k->xt, r0 + i0, i1 - i0, &w, u->native_t, xbuf, z, &a, &lda,
+                          KD_PH_GEMM_ZT);
+        const float *b = h->bias ? bias_f32(h->bias[j], k->wt.dtype, k->v, bbuf) : NULL;
+        for (int64_t i = 0; b && st == KDLOSS_OK && i < i1 - i0; i++)
+            for (int64_t c = 0; c < k->v; c++) z[i * k->v + c] += b[c];
+    }
+    return st;
 }
 
 /* Rows [r0, r0 + n): the logits GEMMs, the row pass (or its vocabulary-parallel phases), the
@@ -518,7 +555,9 @@ static kdloss_status run_chunk(const kd_fld_call *k, const kd_fld_plan *pl, char
     int64_t lda;
     const float *at, *as;
     kdloss_status st = KDLOSS_OK;
-    if (u->dense_t)
+    if (u->dense_t && k->heads)
+        st = heads_logits(k, pl, base, u, r0, n);
+    else if (u->dense_t)
         st = chunk_logits(k->xt, r0, n, &u->w_t, u->native_t, (float *)(base + pl->off_xconv),
                           r->zt, &at, &lda, KD_PH_GEMM_ZT);
     if (st == KDLOSS_OK)
@@ -773,6 +812,64 @@ kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_para
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
     return fused(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
+}
+
+/* The heads' own checks (kdloss_teacher_heads): present, n >= 1, every index in [0, n), the
+ * index vector apart from every output. The heads' views are checked by kd_fld_check. */
+static kd_span out_mat_span(kdloss_mat m, int64_t rows, int64_t cols) {
+    int64_t ld = m.ld ? m.ld : cols;
+    return kd_vec_span(m.data, (rows - 1) * ld + cols, kdloss_dtype_size(m.dtype));
+}
+
+static kdloss_status heads_check(const kdloss_teacher_heads *h, int64_t bt, int64_t hs,
+                                 int64_t v, const kdloss_fused_linear_distill_out *o) {
+    if (!h) return kd_named("teachers", KDLOSS_ERR_NULL_POINTER);
+    if (!h->wt || !h->index) return kd_named(!h->wt ? "teachers->wt" : "teachers->index",
+                                             KDLOSS_ERR_NULL_POINTER);
+    if (h->n < 1 || h->n > INT32_MAX) {
+        kd_detail("teachers->n = %lld: at least one head, at most 2^31 - 1", (long long)h->n);
+        return KDLOSS_ERR_INVALID_PARAM;
+    }
+    for (int64_t r = 0; r < bt; r++)
+        if (h->index[r] < 0 || h->index[r] >= h->n) {
+            kd_detail("teachers->index[%lld] = %d is not in [0, %lld)", (long long)r,
+                      (int)h->index[r], (long long)h->n);
+            return KDLOSS_ERR_INVALID_ID;
+        }
+    kd_span in = kd_vec_span(h->index, bt, sizeof(int32_t));
+    const float *rows[6] = {o->loss, o->soft_loss, o->hard_loss, o->row_soft, o->row_hard,
+                            o->row_lse};
+    int64_t lens[6] = {1, 1, 1, bt, bt, bt};
+    int bad = 0;
+    for (int i = 0; i < 6; i++) bad |= kd_spans_overlap(in, kd_vec_span(rows[i], lens[i], 4));
+    bad |= kd_spans_overlap(in, out_mat_span(o->dxs, bt, hs));
+    bad |= kd_spans_overlap(in, out_mat_span(o->dws, v, hs));
+    bad |= kd_spans_overlap(in, kd_vec_span(o->dbs, v, kdloss_dtype_size(o->dws.dtype)));
+    if (!bad) return KDLOSS_OK;
+    kd_detail("teachers->index overlaps an output");
+    return KDLOSS_ERR_ALIASING;
+}
+
+kdloss_status kdloss_fused_linear_distill_multi(
+    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
+    int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
+    const kdloss_teacher_heads *teachers, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
+    kd_fld_call call;
+    kd_fld_plan plan;
+    kdloss_status st = KDLOSS_OK;
+    /* every head through the single-teacher checks (its view, dtype, aliasing), then their own */
+    for (int64_t j = 0; st == KDLOSS_OK && teachers && teachers->wt && j < teachers->n; j++) {
+        const void *b = teachers->bias ? teachers->bias[j] : NULL;
+        kd_fld_teacher t = {ht, xt, teachers->wt[j], b, NULL, 0};
+        st = kd_fld_check(params, bt, hs, v, v, xs, ws, bs, &t, labels, out, workspace,
+                          workspace_bytes, &call, &plan);
+    }
+    if (st == KDLOSS_OK) st = heads_check(teachers, bt, hs, v, out);
+    if (st != KDLOSS_OK) return st;
+    call.heads = teachers;
+    return kd_fld_execute(&call, &plan, workspace);
 }
 
 kdloss_status kdloss_fused_linear_topk_distill(

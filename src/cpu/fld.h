@@ -75,6 +75,7 @@ typedef struct kd_fld_call {
     int grad;        /* some gradient output is wanted */
     const kdloss_comm *comm; /* vocabulary-parallel: the ranks' communicator; NULL otherwise */
     int64_t v_lo;    /* vocabulary-parallel: the global id of this rank's first row */
+    const kdloss_teacher_heads *heads; /* several teachers (checked), or NULL: wt is the one */
 } kd_fld_call;
 
 /* Checks every argument (src/common/args_fld.c's checks with the CPU's rules: params, sizes,

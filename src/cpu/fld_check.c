@@ -47,6 +47,7 @@ static void fill_call(kd_fld_call *call, const kdloss_fused_linear_distill_param
     call->grad = c->want_grad;
     call->comm = NULL;
     call->v_lo = 0;
+    call->heads = NULL;
 }
 
 kdloss_status kd_fld_check(const kdloss_fused_linear_distill_params *params, int64_t bt,

@@ -33,7 +33,8 @@ def test_every_public_struct_is_mirrored_or_listed():
                          "kdloss_fused_linear_distill_params", "kdloss_fused_linear_distill_out",
                          "kdloss_topk_teacher", "kdloss_topk_distill_params",
                          "kdloss_fused_linear_topk_distill_params", "kdloss_comm",
-                         "kdloss_vocab_shard", "kdloss_logit_map") if _lib.abi_layout(n)]
-    assert len(known) == 20
+                         "kdloss_vocab_shard", "kdloss_logit_map", "kdloss_teacher_heads")
+             if _lib.abi_layout(n)]
+    assert len(known) == 21
     assert set(known) == mirrored | NOT_MIRRORED
     assert _lib.abi_layout("kdloss_nonexistent") == []
