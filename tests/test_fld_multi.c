@@ -8,6 +8,7 @@
  *  - against the single-teacher calls, one per head on its own rows (the others ignored), with
  *    grad_scale n_j / N, summed: the issue's definition of the combined call, within 1e-6
  *    relative (loss) and 1e-6 of the largest entry (gradients): only summation orders differ;
+ *  - the same identity with per-row weights (some 0: those rows leave n_valid);
  *  - one head equals kdloss_fused_linear_distill bitwise in fp32 when its weights are fp32;
  *  - errors (NULL teachers, n 0, an index out of range in an ignored row too, a head of another
  *    dtype, the index over an output): the status, nothing written. */
@@ -63,6 +64,14 @@ static kdloss_fused_linear_distill_out out_view(mt_out *o, kdloss_dtype dt, int 
     return d;
 }
 
+/* Per-row weights every call of a case's weighted pass takes (NULL: none); docs/MATH.md 12. */
+static const float *g_weights;
+
+/* Whether row r counts in n_valid: not ignored, and of positive weight when weighted. */
+static int kept(const int64_t *labels, int64_t ig, int64_t r) {
+    return labels[r] != ig && (!g_weights || g_weights[r] > 0.0f);
+}
+
 static kdloss_fused_linear_distill_params params_of(const mt_case *c, int64_t ignore_index,
                                                     double grad_scale) {
     kdloss_fused_linear_distill_params p;
@@ -73,6 +82,7 @@ static kdloss_fused_linear_distill_params params_of(const mt_case *c, int64_t ig
     p.ignore_index = ignore_index;
     p.chunk_size = c->chunk;
     p.grad_scale = grad_scale;
+    p.row_weights = g_weights;
     return p;
 }
 
@@ -144,7 +154,7 @@ static int run_split(const mt_case *c, kt_fld_problem *pr, const int32_t *idx, d
                      double *dxs, double *dws, double *dbs) {
     int64_t bt = c->bt, n_all = 0, ig = pr[0].ignore_index;
     int64_t *lab = malloc(sizeof(int64_t) * (size_t)bt);
-    for (int64_t r = 0; r < bt; r++) n_all += pr[0].labels[r] != ig;
+    for (int64_t r = 0; r < bt; r++) n_all += kept(pr[0].labels, ig, r);
     memset(dxs, 0, sizeof(double) * (size_t)(bt * c->hs));
     memset(dws, 0, sizeof(double) * (size_t)(c->v * c->hs));
     memset(dbs, 0, sizeof(double) * (size_t)c->v);
@@ -154,7 +164,7 @@ static int run_split(const mt_case *c, kt_fld_problem *pr, const int32_t *idx, d
         int64_t nj = 0;
         for (int64_t r = 0; r < bt; r++) {
             lab[r] = idx[r] == j ? pr[0].labels[r] : ig;
-            nj += lab[r] != ig;
+            nj += kept(lab, ig, r);
         }
         if (nj == 0) continue;
         mt_out o;
@@ -175,6 +185,31 @@ static int run_split(const mt_case *c, kt_fld_problem *pr, const int32_t *idx, d
     }
     free(lab);
     return ok;
+}
+
+/* With per-row weights (some 0, the rest in [0.1, 3)): the combined call against the split calls
+ * with the same weights (the float64 reference has no weights; test_fld_weights checks the
+ * weighted loss itself). rx, rw, rb: scratch of the reference's sizes. */
+static void check_weighted(const mt_case *c, kt_fld_problem *pr, const int32_t *idx,
+                           const char *what, double *rx, double *rw, double *rb) {
+    float *w = malloc(sizeof(float) * (size_t)c->bt);
+    for (int64_t r = 0; r < c->bt; r++)
+        w[r] = r % 7 == 3 ? 0.0f : (float)(0.1 + 0.97 * (double)(r % 3) + 0.01 * (double)r);
+    g_weights = w;
+    mt_out o;
+    out_alloc(&o, c);
+    kdloss_status st = run_multi(c, pr, idx, &o);
+    double sl;
+    if (KT_CHECK(st == KDLOSS_OK, "%s weighted: status %d", what, (int)st) &&
+        run_split(c, pr, idx, &sl, rx, rw, rb)) {
+        double stol = c->dt == KDLOSS_BF16 ? 2.0 * 0x1p-8 : 1e-6;
+        kt_close(o.loss, sl, 1e-7, 1e-6, "%s weighted loss vs split calls", what);
+        close_norm(o.dxs, c->dt, rx, c->bt * c->hs, stol, "weighted dxs vs split calls", what);
+        close_norm(o.dws, c->dt, rw, c->v * c->hs, stol, "weighted dws vs split calls", what);
+    }
+    g_weights = NULL;
+    out_free(&o);
+    free(w);
 }
 
 static void check_case(kt_rng *rng, const mt_case *c, const char *isa) {
@@ -216,6 +251,7 @@ static void check_case(kt_rng *rng, const mt_case *c, const char *isa) {
         }
     }
     out_free(&o);
+    check_weighted(c, pr, idx, what, rx, rw, rb);
     free(rx);
     free(rw);
     free(rb);
