@@ -174,7 +174,8 @@ static int run_split(const mt_case *c, kt_fld_problem *pr, const int32_t *idx, d
         kdloss_status st = kdloss_fused_linear_distill(
             &p, bt, c->hs, c->ht, c->v, (kdloss_cmat){pr[0].pxs, c->dt, pr[0].ld_xs},
             (kdloss_cmat){pr[0].pws, c->dt, pr[0].ld_ws}, c->bias ? pr[0].pbias_s : NULL,
-            (kdloss_cmat){pr[0].pxt, c->dt, pr[0].ld_xt}, (kdloss_cmat){pr[j].pwt, c->dt, pr[j].ld_wt},
+            (kdloss_cmat){pr[0].pxt, c->dt, pr[0].ld_xt},
+            (kdloss_cmat){pr[j].pwt, c->dt, pr[j].ld_wt},
             c->bias ? pr[j].pbias_t : NULL, (kdloss_labels){lab, KDLOSS_I64}, &d, NULL, 0);
         ok = KT_CHECK(st == KDLOSS_OK, "split call head %d: status %d", j, (int)st);
         *loss += (double)o.loss * (double)nj / (double)n_all;
@@ -288,7 +289,8 @@ static void check_one_head_bitwise(kt_rng *rng, const char *isa) {
 }
 
 /* Each refused call leaves every output as it was (poisoned here). */
-static void expect_refused(const char *what, kdloss_status want, const kdloss_fused_linear_distill_params *p,
+static void expect_refused(const char *what, kdloss_status want,
+                           const kdloss_fused_linear_distill_params *p,
                            const mt_case *c, kt_fld_problem *pr, const kdloss_teacher_heads *h,
                            mt_out *o) {
     kt_poison(o->dxs, c->bt * c->hs, KDLOSS_F32);
@@ -303,7 +305,8 @@ static void expect_refused(const char *what, kdloss_status want, const kdloss_fu
     KT_CHECK(st == want, "%s: status %d, want %d (%s)", what, (int)st, (int)want,
              kdloss_error_detail());
     KT_CHECK(kt_is_poison(o->dxs, c->bt * c->hs, KDLOSS_F32) &&
-                 kt_is_poison(o->row_soft, c->bt, KDLOSS_F32) && kt_is_poison(&o->loss, 1, KDLOSS_F32),
+                 kt_is_poison(o->row_soft, c->bt, KDLOSS_F32) &&
+                 kt_is_poison(&o->loss, 1, KDLOSS_F32),
              "%s: an output was written", what);
 }
 
@@ -331,7 +334,8 @@ static void check_errors(kt_rng *rng) {
     bad[1] = 2; /* row 1 is ignored (ignore_every 4): its index is checked all the same */
     z = h;
     z.index = bad;
-    expect_refused("index 2 of 2 heads in an ignored row", KDLOSS_ERR_INVALID_ID, &p, &c, &pr, &z, &o);
+    expect_refused("index 2 of 2 heads in an ignored row", KDLOSS_ERR_INVALID_ID, &p, &c, &pr, &z,
+                   &o);
     bad[1] = -1;
     expect_refused("index -1", KDLOSS_ERR_INVALID_ID, &p, &c, &pr, &z, &o);
     kdloss_cmat wt2[2] = {{pr.pwt, KDLOSS_F32, 0}, {other.pwt, KDLOSS_BF16, 0}};
