@@ -159,5 +159,6 @@ kdloss_status kdloss_fused_linear_topk_distill(
     kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
     kd_fld_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
                        (int)params->tail};
-    return kd_fld_run_checked(&p, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
+    return kd_fld_run_checked(&p, bt, hs, v, xs, ws, bs, &t, labels, out, workspace,
+                              workspace_bytes);
 }
