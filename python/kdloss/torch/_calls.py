@@ -531,6 +531,7 @@ def host_index(index, rows, n, device):
                           f"inputs on {device} (it may be on either, or on the host)")
     idx = index.detach().reshape(rows).to("cpu")
     if idx.dtype != torch.int32:
+        idx = idx.to(torch.int64)  # compared in int64: a narrower dtype would wrap the bounds
         wide = (idx < -2**31) | (idx >= 2**31)
         if rows and _backend.host_read(wide.any()):
             r = _backend.host_read(wide.nonzero()[0, 0])

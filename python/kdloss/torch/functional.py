@@ -53,6 +53,35 @@ parameters it unsharded for its own forward: calling the loss inside the wrapped
 gets that and needs no gather. A 1-D or empty LM head weight (an FSDP1 FlatParameter view or a
 DeepSpeed ZeRO-3 placeholder seen outside the forward) raises KdlossError with that hint.
 
+Several teachers in one call (docs/MATH.md section 13; kdloss_fused_linear_distill_multi), in
+fused_linear_distill_loss and FusedLinearDistillLoss: teacher_weight a list or tuple of heads
+[W_0, ..., W_{n-1}] (one vocabulary; each (>= V, Ht), a padded one used through its first V
+rows as one head is), teacher_bias None or a list or tuple of one entry per head (a [V] bias,
+or None: that head has none), and teacher_index= an integer tensor of one head per row ((B, T)
+or (B*T,), values in [0, n)). Row r is distilled from head j = teacher_index[r] applied to
+teacher_input's row r (each row's hidden state comes from its own teacher, so the teachers share
+the hidden size Ht): zt_r = teacher_input_r @ W_j.T + b_j. Everything else is as with one head:
+labels and ignore_index, token_weights, the mean over the kept rows of the whole batch,
+num_items_in_batch, the logit maps (the teacher's shared by the heads), temperature, t2_scale,
+every divergence, return_soft_hard_loss, return_entropy. So the result equals one single-head
+call per teacher on its own rows (the others ignored), each loss and gradient weighted by its
+teacher's share of the kept rows, summed. teacher_input and the heads are cast to one dtype as
+one head and its input are (above); the gradients are the student's only (the teachers get
+none, as one head gets none). teacher_index is copied once to host memory as int32 (the C call
+decides on the host which rows share a teacher GEMM; for a device tensor the copy is a stream
+synchronization); a value outside [0, n), in an ignored row too, raises
+KdlossError(ERR_INVALID_ID) naming the row before anything is computed. Rows grouped by teacher
+(a teacher per sequence) cost one teacher's GEMMs; rows alternating teachers cost a small GEMM
+each. CPU tensors only: CUDA tensors raise KdlossError(ERR_UNSUPPORTED) (the C library has no
+CUDA entry for several teachers), as does process_group (its entry,
+kdloss_fused_linear_distill_vp, takes one head). teacher_index with a single teacher_weight
+tensor, or a list without teacher_index, raises KdlossError; a single tensor without it is the
+one-head call, unchanged. Names: the heads keep the one-head names (teacher_weight,
+teacher_bias: a list where one tensor was, so a call is written the same way for one teacher or
+several), and the row's head is teacher_index, not teacher_ids (the top-k losses' name for token
+ids) nor teacher_weights (token_weights= weighs rows): an index into the list, as the C API's
+kdloss_teacher_heads.index.
+
 Vocabulary parallelism (docs/MATH.md section 9): the fused-linear losses take process_group, a
 torch.distributed group whose ranks split the LM heads by vocabulary rows (CPU tensors with a
 CPU-capable group such as gloo; CUDA tensors go to the kdloss_cuda_*_vp entry points, whose
@@ -714,30 +743,8 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     token_weights, return_entropy: per-row weights and the student's entropy (module
     docstring, "Per-row weights and the student's entropy").
 
-    Several teachers in one call (docs/MATH.md section 13; kdloss_fused_linear_distill_multi):
-    teacher_weight a list or tuple of heads [W_0, ..., W_{n-1}] (one vocabulary, each (>= V,
-    Ht): padded ones are used through their first V rows, as one head is), teacher_bias None or
-    a list or tuple of one entry per head (a [V] bias, or None: that head has none), and
-    teacher_index= an integer tensor with one head index per row ((B, T) or (B*T,), values in
-    [0, n)). Row r is distilled from head teacher_index[r] on teacher_input's row r (each row's
-    hidden state from its own teacher, so every teacher has hidden size Ht): zt_r =
-    teacher_input_r @ W_j.T + b_j, j = teacher_index[r]; everything else (labels, weights,
-    the mean over the kept rows of the whole batch, logit maps, temperature, divergence,
-    num_items_in_batch, return_entropy) is as with one head, so the result equals one
-    single-head call per teacher on its own rows with the others ignored, the losses and
-    gradients weighted by that teacher's share of the kept rows and summed. The heads (and
-    teacher_input) are cast to one dtype as one head is (the module docstring), the
-    gradients are the student's only (the teachers get none, as one head gets none), and the
-    teacher logit map is shared by the heads. teacher_index is copied once to host memory as
-    int32 (the C call decides on the host which rows share a teacher GEMM; for a device tensor
-    the copy is a stream synchronization); a value outside [0, n), in an ignored row too, raises
-    KdlossError(ERR_INVALID_ID) naming the row, before anything is computed. Rows grouped by
-    teacher (one teacher per sequence) cost one teacher's GEMMs; rows that alternate teachers
-    cost one small GEMM each. CPU tensors only: CUDA tensors raise KdlossError(ERR_UNSUPPORTED)
-    (the C library has no CUDA entry for several teachers), as does process_group (its entry,
-    kdloss_fused_linear_distill_vp, takes one head). teacher_index with a single
-    teacher_weight tensor, or a list without teacher_index, raises KdlossError; a single tensor
-    without it is the one-head call, unchanged."""
+    teacher_index, and teacher_weight / teacher_bias as lists: several teachers in one call
+    (module docstring, "Several teachers in one call")."""
     return _dense_call(
         _dense_named(student_input, student_weight, teacher_input, teacher_weight, student_bias,
                      teacher_bias), true_labels, process_group, num_items_in_batch,
