@@ -313,6 +313,40 @@ def test_heads_of_mixed_dtypes_are_cast_once():
     assert torch.equal(mixed, wide)
 
 
+def test_autocast_casts_every_head():
+    """Under CPU autocast (bf16) the heads and hidden states are taken in bf16, as one head's
+    are: the call on the bf16-cast operands, bitwise (the biases as given)."""
+    g = _gen(15)
+    d = _problem(g, 2)
+    index = _index("random", BT, 2, g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = F.fused_linear_distill_loss(d["xs"], d["ws"], d["xt"], d["wts"], d["labels"],
+                                          d["bs"], d["bts"], teacher_index=index)
+    b16 = {k: d[k].bfloat16() for k in ("xs", "ws", "xt")}
+    want = F.fused_linear_distill_loss(b16["xs"], b16["ws"], b16["xt"],
+                                       [w.bfloat16() for w in d["wts"]], d["labels"], d["bs"],
+                                       d["bts"], teacher_index=index)
+    assert torch.equal(got, want)
+
+
+def test_without_labels_every_row_counts():
+    """No labels (weight_hard_loss 0): every row kept, the soft part as with labels that ignore
+    nothing (1e-6: the same rows, with or without the cross-entropy pass)."""
+    g = _gen(16)
+    d = _problem(g, 3)
+    index = _index("grouped", BT, 3, g)
+    kw = dict(weight_hard_loss=0.0, divergence="reverse_kl", teacher_index=index,
+              return_soft_hard_loss=True)
+    loss, soft, hard = F.fused_linear_distill_loss(d["xs"], d["ws"], d["xt"], d["wts"], None,
+                                                   d["bs"], d["bts"], **kw)
+    every = d["labels"].clamp(min=0)
+    want = F.fused_linear_distill_loss(d["xs"], d["ws"], d["xt"], d["wts"], every, d["bs"],
+                                       d["bts"], **kw)
+    assert_close(loss, want[0], 1e-6, what="loss")
+    assert_close(soft, want[1], 1e-6, what="soft")
+    assert float(hard) == 0.0 and float(want[2]) > 0
+
+
 def test_padded_heads_and_no_teacher_gradient():
     """Heads with more rows than the student's V (a padded vocabulary) are used through their
     first V, as one head is; the teachers' tensors get no gradient even when they require it."""
@@ -437,6 +471,10 @@ def test_argument_errors():
          _lib.ERR_SHAPE_MISMATCH, r"teacher_bias\[1\]"),
         ("float64 head", lambda: _call(d, [d["wts"][0], d["wts"][1].double()], None, index),
          _lib.ERR_INVALID_DTYPE, r"teacher_weight\[1\]"),
+        ("index as a list", lambda: _call(d, d["wts"], None, index.tolist()),
+         _lib.ERR_INVALID_DTYPE, "integer tensor"),
+        ("a head that is None", lambda: _call(d, [d["wts"][0], None], None, index),
+         _lib.ERR_NULL_POINTER, r"teacher_weight\[1\] is NoneType"),
         ("unknown divergence", lambda: _call(d, d["wts"], None, index, divergence="nope"),
          None, None),
     ]

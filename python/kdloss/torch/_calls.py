@@ -516,7 +516,8 @@ def index_shape(index, rows):
                           f"{getattr(index, 'dtype', type(index).__name__)}")
     if index.numel() != rows:
         raise shape_error(f"teacher_index has {index.numel()} elements {tuple(index.shape)}, "
-                          f"expected one per row ({rows})")
+                          f"expected one per row ({rows}; a teacher per sequence of (B, T) "
+                          "rows: index[:, None].expand(B, T))")
 
 
 def host_index(index, rows, n, device):

@@ -608,6 +608,13 @@ def _heads(named, index, process_group):
                           "but teacher_index is not given (one head per row, in [0, "
                           f"{len(wt)}); fused_linear_distill_loss and FusedLinearDistillLoss "
                           "take it)")
+    if not isinstance(index, torch.Tensor):
+        raise KdlossError(_lib.ERR_INVALID_DTYPE, "teacher_index: an integer tensor of one head "
+                          f"per row, not {type(index).__name__}")
+    for j, w in enumerate(wt):
+        if not isinstance(w, torch.Tensor):
+            raise KdlossError(_lib.ERR_NULL_POINTER, f"teacher_weight[{j}] is "
+                              f"{type(w).__name__}, not a tensor (a (V, Ht) head)")
     if isinstance(bt, torch.Tensor) or bt is not None and len(bt) != len(wt):
         raise KdlossError(_lib.ERR_INVALID_PARAM, f"teacher_bias with {len(wt)} teacher heads: "
                           "None, or a list of one bias (or None) per head")
