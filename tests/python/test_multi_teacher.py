@@ -13,8 +13,8 @@ Checked against:
     budget of test_weights_entropy.py), bf16 operands against the reference on the same
     bf16-rounded values 2e-3 (losses) and 2e-2 (gradients: dz rounded to bf16);
   - a one-head list against the single-teacher call: bitwise (the same GEMMs);
-  - central finite differences of the loss along random directions (the gradients formed by the
-    several-teacher path are new), 1e-2 relative (fp32 losses, eps 1e-2: rounding ~1e-5).
+  - central finite differences of the loss along random unit directions (the gradients formed
+    by the several-teacher path are new), 2e-4 of the gradient's norm (fp32 losses, eps 1e-2).
 Index layouts: grouped (runs, one teacher per sequence), interleaved (row by row) and random.
 Inputs are fresh random draws (the seed printed; KDLOSS_TEST_SEED reruns one).
 """
@@ -233,9 +233,11 @@ def test_against_float64_reference(dtype, div, beta, alpha, t2, pattern):
 
 
 def test_finite_differences():
-    """The loss along random directions of xs, ws and bs: its central difference against the
-    gradient the call returned (fp32; eps 1e-2 keeps the rounding of the loss, ~1e-7 absolute,
-    at ~1e-5 of the difference, and the curvature term O(eps^2) below 1e-3)."""
+    """The loss along random unit directions of (xs, ws, bs) together: its central difference
+    against the gradient the call returned, within 2e-4 of the gradient's norm (fp32 losses of
+    ~2 round at ~2e-7, over a step of 2e-2: ~1e-5 of a unit slope; seen at most 1.6e-5 of the
+    norm over 20 seeds x 4 directions). The gradient of head 0 for every row (every teacher but
+    one ignored) is off by 4e-4 or more of the norm in some direction on each of those seeds."""
     g = _gen(4)
     d = _problem(g, 3, bt=12, v=29)
     index = _index("random", 12, 3, g)
@@ -244,18 +246,22 @@ def test_finite_differences():
     loss = F.fused_linear_distill_loss(xs, ws, d["xt"], d["wts"], d["labels"], bs, d["bts"],
                                        **kw)
     loss.backward()
-    for trial in range(3):
-        dirs = [torch.randn(t.shape, generator=g) for t in (xs, ws, bs)]
-        slope = sum(float((t.grad.double() * u.double()).sum()) for t, u in zip((xs, ws, bs),
-                                                                                   dirs))
-        eps = 1e-2
+    grads = [t.grad.double() for t in (xs, ws, bs)]
+    norm = sum(float((u * u).sum()) for u in grads) ** 0.5
+    eps = 1e-2
+    for trial in range(4):
+        dirs = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (xs, ws, bs)]
+        scale = sum(float((u * u).sum()) for u in dirs) ** 0.5
+        dirs = [u / scale for u in dirs]
+        slope = sum(float((gr * u).sum()) for gr, u in zip(grads, dirs))
 
         def at(sign):
-            a = [(t.detach() + sign * eps * u) for t, u in zip((xs, ws, bs), dirs)]
+            a = [(t.detach().double() + sign * eps * u).float()
+                 for t, u in zip((xs, ws, bs), dirs)]
             return float(F.fused_linear_distill_loss(a[0], a[1], d["xt"], d["wts"], d["labels"],
                                                      a[2], d["bts"], **kw))
         fd = (at(1) - at(-1)) / (2 * eps)
-        assert abs(fd - slope) <= 1e-2 * abs(slope) + 1e-4, (trial, fd, slope)
+        assert abs(fd - slope) <= 2e-4 * norm, (trial, fd, slope, norm)
 
 
 # ---- one head, layouts, dtypes ------------------------------------------------------------------
