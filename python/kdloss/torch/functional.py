@@ -53,6 +53,35 @@ parameters it unsharded for its own forward: calling the loss inside the wrapped
 gets that and needs no gather. A 1-D or empty LM head weight (an FSDP1 FlatParameter view or a
 DeepSpeed ZeRO-3 placeholder seen outside the forward) raises KdlossError with that hint.
 
+Several teachers in one call (docs/MATH.md section 13; kdloss_fused_linear_distill_multi), in
+fused_linear_distill_loss and FusedLinearDistillLoss: teacher_weight a list or tuple of heads
+[W_0, ..., W_{n-1}] (one vocabulary; each (>= V, Ht), a padded one used through its first V
+rows as one head is), teacher_bias None or a list or tuple of one entry per head (a [V] bias,
+or None: that head has none), and teacher_index= an integer tensor of one head per row ((B, T)
+or (B*T,), values in [0, n)). Row r is distilled from head j = teacher_index[r] applied to
+teacher_input's row r (each row's hidden state comes from its own teacher, so the teachers share
+the hidden size Ht): zt_r = teacher_input_r @ W_j.T + b_j. Everything else is as with one head:
+labels and ignore_index, token_weights, the mean over the kept rows of the whole batch,
+num_items_in_batch, the logit maps (the teacher's shared by the heads), temperature, t2_scale,
+every divergence, return_soft_hard_loss, return_entropy. So the result equals one single-head
+call per teacher on its own rows (the others ignored), each loss and gradient weighted by its
+teacher's share of the kept rows, summed. teacher_input and the heads are cast to one dtype as
+one head and its input are (above); the gradients are the student's only (the teachers get
+none, as one head gets none). teacher_index is copied once to host memory as int32 (the C call
+decides on the host which rows share a teacher GEMM; for a device tensor the copy is a stream
+synchronization); a value outside [0, n), in an ignored row too, raises
+KdlossError(ERR_INVALID_ID) naming the row before anything is computed. Rows grouped by teacher
+(a teacher per sequence) cost one teacher's GEMMs; rows alternating teachers cost a small GEMM
+each. CPU tensors only: CUDA tensors raise KdlossError(ERR_UNSUPPORTED) (the C library has no
+CUDA entry for several teachers), as does process_group (its entry,
+kdloss_fused_linear_distill_vp, takes one head). teacher_index with a single teacher_weight
+tensor, or a list without teacher_index, raises KdlossError; a single tensor without it is the
+one-head call, unchanged. Names: the heads keep the one-head names (teacher_weight,
+teacher_bias: a list where one tensor was, so a call is written the same way for one teacher or
+several), and the row's head is teacher_index, not teacher_ids (the top-k losses' name for token
+ids) nor teacher_weights (token_weights= weighs rows): an index into the list, as the C API's
+kdloss_teacher_heads.index.
+
 Vocabulary parallelism (docs/MATH.md section 9): the fused-linear losses take process_group, a
 torch.distributed group whose ranks split the LM heads by vocabulary rows (CPU tensors with a
 CPU-capable group such as gloo; CUDA tensors go to the kdloss_cuda_*_vp entry points, whose
@@ -279,7 +308,13 @@ def _autocast_heads(named):
     if dtype is None:
         return named
     heads = ("student_input", "student_weight", "teacher_input", "teacher_weight")
-    return [(n, _as_autocast(t, dtype) if n in heads else t) for n, t in named]
+    return [(n, _each(lambda x: _as_autocast(x, dtype), t) if n in heads else t)
+            for n, t in named]
+
+
+def _each(fn, t):
+    """fn(t), or [fn(x) for each x] when t is a list (several teachers' heads or biases)."""
+    return [fn(x) for x in t] if isinstance(t, list) else fn(t)
 
 
 # ---- KL divergence and JSD ------------------------------------------------------------------------
@@ -440,11 +475,22 @@ def _budget(memory_budget):
 
 def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
          chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None,
-         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0, weights=None, want_entropy=False):
+         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0, weights=None, want_entropy=False,
+         index=None):
     """(loss, soft, hard, entropy) of one dense fused call through the
     kdloss::fused_linear_distill op (its autograd is the only one), with `vp` lent to it for a
-    vocabulary-parallel call; entropy [rows] (the (0,) placeholder unless want_entropy)."""
+    vocabulary-parallel call; entropy [rows] (the (0,) placeholder unless want_entropy). With
+    `index` (several teachers: wt and bt_bias lists, _heads) the kdloss::fused_linear_distill_multi
+    op instead, the same arguments but the vocabulary-parallel handle."""
     _check_names(divergence, beta, alpha)
+    if index is not None:
+        out = _ops.fused_linear_distill_multi(
+            xs, ws, _detached(xt), [_detached(w) for w in wt], labels, bs,
+            [_detached(b) for b in bt_bias], _detached(index), divergence, float(beta),
+            float(alpha), float(temperature), float(w_hard), float(w_soft), _index(ignore_index),
+            int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs), *maps,
+            _budget(memory_budget), _detached(weights), bool(want_entropy))
+        return out[:3] + (out[6],)
     with _ops.vocab_call(vp) as handle:
         out = _ops.fused_linear_distill(
             xs, ws, _detached(xt), _detached(wt), labels, bs, _detached(bt_bias), divergence,
@@ -469,6 +515,9 @@ def _gather_all(process_group, named):
     with a process_group a DTensor is refused (the group's ranks pass their own blocks)."""
     out = []
     for name, t in named:
+        if isinstance(t, list):  # several teachers' heads or biases: each gathered
+            out.append([_gathered(x, f"{name}[{j}]") for j, x in enumerate(t)])
+            continue
         if process_group is not None and is_dtensor(t):
             raise KdlossError(_lib.ERR_UNSUPPORTED,
                               f"{name} is a DTensor and process_group is given: pass this "
@@ -540,6 +589,45 @@ def _dense_named(xs, ws, xt, wt, bs=None, bt_bias=None):
             ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)]
 
 
+def _heads(named, index, process_group):
+    """_dense_named's pairs with several teachers' heads made lists (docs/MATH.md section 13):
+    teacher_weight a list or tuple of heads needs `index` (teacher_index=), and teacher_bias is
+    then None (no biases) or a list or tuple of one entry per head, each a bias or None; a
+    single teacher_weight tensor refuses `index`. Several heads with process_group raise: the
+    C library's vocabulary-parallel entry takes one teacher head. No value is read (traced)."""
+    t = dict(named)
+    wt, bt = t["teacher_weight"], t["teacher_bias"]
+    if not isinstance(wt, (list, tuple)):
+        if index is not None:
+            raise KdlossError(_lib.ERR_INVALID_PARAM, "teacher_index is given but teacher_weight "
+                              "is one head: pass the heads as a list, teacher_weight=[w0, w1, "
+                              "...], with teacher_index choosing one per row")
+        return named
+    if index is None:
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"teacher_weight is a list of {len(wt)} heads "
+                          "but teacher_index is not given (one head per row, in [0, "
+                          f"{len(wt)}); fused_linear_distill_loss and FusedLinearDistillLoss "
+                          "take it)")
+    if not isinstance(index, torch.Tensor):
+        raise KdlossError(_lib.ERR_INVALID_DTYPE, "teacher_index: an integer tensor of one head "
+                          f"per row, not {type(index).__name__}")
+    for j, w in enumerate(wt):
+        if not isinstance(w, torch.Tensor):
+            raise KdlossError(_lib.ERR_NULL_POINTER, f"teacher_weight[{j}] is "
+                              f"{type(w).__name__}, not a tensor (a (V, Ht) head)")
+    if isinstance(bt, torch.Tensor) or bt is not None and len(bt) != len(wt):
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"teacher_bias with {len(wt)} teacher heads: "
+                          "None, or a list of one bias (or None) per head")
+    if process_group is not None:
+        raise KdlossError(_lib.ERR_UNSUPPORTED, f"several teacher heads with process_group: "
+                          f"the vocabulary-parallel entry ({_VP_DENSE}) takes one teacher head, "
+                          "and kdloss has none for several (kdloss_fused_linear_distill_multi "
+                          "is single-process)")
+    t["teacher_weight"] = list(wt)
+    t["teacher_bias"] = [None] * len(wt) if bt is None else list(bt)
+    return list(t.items())
+
+
 def _dense_call(named, labels, process_group, num_items_in_batch, soft_hard, refuse_t0=False,
                 **fld):
     """The body of every dense fused loss: its checks inside the vocabulary-parallel context
@@ -548,6 +636,7 @@ def _dense_call(named, labels, process_group, num_items_in_batch, soft_hard, ref
     them), then num_items_in_batch. Returns the loss, or (loss, soft, hard) when soft_hard,
     with the entropy after it when fld["want_entropy"] (_with_entropy)."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
+        named = _heads(named, fld.get("index"), process_group)
         if refuse_t0:
             _check_temperature(fld["temperature"])
         _require_labels(labels, fld["w_hard"])
@@ -640,7 +729,7 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
                               process_group=None, num_items_in_batch=None,
                               student_logit_scale=1.0, student_softcap=None,
                               teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0,
-                              token_weights=None, return_entropy=False):
+                              token_weights=None, return_entropy=False, teacher_index=None):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
@@ -659,7 +748,10 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
     library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins.
     token_weights, return_entropy: per-row weights and the student's entropy (module
-    docstring, "Per-row weights and the student's entropy")."""
+    docstring, "Per-row weights and the student's entropy").
+
+    teacher_index, and teacher_weight / teacher_bias as lists: several teachers in one call
+    (module docstring, "Several teachers in one call")."""
     return _dense_call(
         _dense_named(student_input, student_weight, teacher_input, teacher_weight, student_bias,
                      teacher_bias), true_labels, process_group, num_items_in_batch,
@@ -667,7 +759,10 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
         w_soft=weight_soft_loss, ignore_index=ignore_index, chunk_size=chunk_size,
         divergence=divergence, alpha=alpha, t2_scale=t2_scale,
         maps=_maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap),
-        memory_budget=memory_budget, weights=token_weights, want_entropy=bool(return_entropy))
+        memory_budget=memory_budget, weights=token_weights, want_entropy=bool(return_entropy),
+        index=teacher_index)
+
+
 def _op_tensors(names, t, labels):
     """A spec op's tensor arguments in order: the teacher's detached (it gets no gradient)."""
     student = ("student_input", "student_weight", "student_bias")

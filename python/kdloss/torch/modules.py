@@ -185,7 +185,12 @@ class FusedLinearDistillLoss(torch.nn.Module):
     final_logit_softcapping; functional.fused_linear_jsd_loss; a scale of 0.0 acts as 1).
     memory_budget: the chunked workspace's bytes, 0 (the default) = the library's choice.
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
-            student_bias=None, teacher_bias=None)."""
+            student_bias=None, teacher_bias=None, *, num_items_in_batch=None,
+            token_weights=None, teacher_index=None).
+    Several teachers: teacher_weight a list of heads, teacher_bias None or a list of one
+    entry (or None) per head, and teacher_index one head per row (functional.
+    fused_linear_distill_loss, "Several teachers in one call"; CPU tensors, no
+    process_group)."""
 
     def __init__(self, divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
@@ -212,7 +217,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
                 student_bias=None, teacher_bias=None, *, num_items_in_batch=None,
-                token_weights=None):
+                token_weights=None, teacher_index=None):
         return F.fused_linear_distill_loss(
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias, teacher_bias, divergence=self.divergence, beta=self.beta,
@@ -221,7 +226,8 @@ class FusedLinearDistillLoss(torch.nn.Module):
             temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
             return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group,
             num_items_in_batch=num_items_in_batch, memory_budget=self.memory_budget,
-            token_weights=token_weights, return_entropy=self.return_entropy, **self.logit_maps)
+            token_weights=token_weights, return_entropy=self.return_entropy,
+            teacher_index=teacher_index, **self.logit_maps)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
