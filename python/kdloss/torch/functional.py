@@ -103,8 +103,8 @@ import torch
 
 from .. import _lib
 from .._lib import KdlossError
-from . import _backend, _ops
-from ._backend import as_rows, is_dtensor, label_matches, vocab_parallel
+from . import _args as A, _ops
+from ._backend import is_dtensor, vocab_parallel
 from ._calls import check_distill_reduction, reduction_code
 
 __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
@@ -112,209 +112,6 @@ __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_js
            "KLDivFunction", "JSDFunction", "FusedLinearJSDFunction", "FusedLinearJSDLossFunction"]
 
 LOSS_DTYPE = torch.float32  # the dtype of every loss kdloss returns (module docstring)
-
-
-def _free_bytes(device):
-    """Free memory of `device` in bytes (None when unknown): MemAvailable for the CPU,
-    cudaMemGetInfo for CUDA."""
-    try:
-        if device.type == "cuda":
-            return torch.cuda.mem_get_info(device)[0]
-        if device.type == "cpu":
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-    except (OSError, RuntimeError, ValueError):
-        pass
-    return None
-
-
-def _gathered(t, what):
-    """`t`, or for a DTensor its full tensor (full_tensor(): differentiable) when that takes at
-    most half the free memory of its device; KdlossError(UNSUPPORTED) naming DTensor and
-    process_group= otherwise."""
-    if t is None or not is_dtensor(t):
-        return t
-    nbytes = t.numel() * t.element_size()
-    local = t.to_local()
-    free = _free_bytes(local.device)
-    if free is not None and nbytes > free // 2:
-        raise KdlossError(
-            _lib.ERR_UNSUPPORTED,
-            f"{what} is a DTensor {tuple(t.shape)} {t.dtype} with placements "
-            f"{tuple(t.placements)} on {t.device_mesh}: gathering it with full_tensor() takes "
-            f"{nbytes / 2**20:.0f} MiB, more than half of the {free / 2**20:.0f} MiB free on "
-            f"{local.device}. For an LM head sharded by vocabulary rows (Shard(0)) pass each "
-            f"rank's block ({what}.to_local()) with process_group=<the mesh's group> and the "
-            "hidden states replicated over it; with FSDP2, call the loss inside the wrapped "
-            "module's forward, where the weight is already unsharded")
-    # The gradient back to the shards is the AVERAGE over the mesh of the ranks' gradients:
-    # under FSDP2 / HSDP each rank's loss is its own batch's, and FSDP2 averages (its default
-    # gradient divide factor; a custom factor set with set_gradient_divide_factor is not seen
-    # here); under tensor parallelism every rank's gradient is the same, so the average changes
-    # nothing. full_tensor()'s default (Replicate) would keep each rank's own, never reduced:
-    # FSDP2 did not unshard this weight, so it reduces nothing either (tests/python/test_fsdp2.py).
-    try:
-        from torch.distributed.tensor import Partial
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor import Partial
-    return t.full_tensor(grad_placements=[Partial("avg")] * t.device_mesh.ndim)
-
-
-def _refuse_dtensors(*named):
-    """KdlossError naming the DTensor among (name, tensor) pairs (as_rows's message), before an
-    op would see it: the autograd Functions do not gather (the functional forms do)."""
-    for name, t in named:
-        if t is not None and is_dtensor(t):
-            as_rows(t, name)
-
-
-def _index(ignore_index):
-    """ignore_index as the int64 the C API takes; KdlossError (not torch's schema error) for a
-    value outside int64."""
-    i = int(ignore_index)
-    if not -2**63 <= i < 2**63:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, f"ignore_index={ignore_index!r}: outside "
-                          "int64 (labels are int32 or int64 token ids)")
-    return i
-
-
-def _check_temperature(temperature):
-    """temperature 0 refused here, before any tensor work (other bad values by the C call)."""
-    if temperature == 0:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
-
-
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _detached(t):
-    """A tensor that receives no gradient (teachers, targets) as the ops get it: detached, so
-    that one requiring grad neither records a graph nor gets a gradient (None stays None)."""
-    return None if t is None else t.detach()
-
-
-_NO_TAIL = object()
-
-
-def _check_names(divergence, beta, alpha, tail=_NO_TAIL):
-    """An unknown divergence (or tail) name raises KdlossError here, through the C lookup, as
-    before the ops were there. Skipped while torch.compile / torch.export trace (no ctypes call
-    in a graph): the op's implementation makes the same lookup and raises at run time."""
-    if torch.compiler.is_compiling():
-        return
-    _lib.div_params(divergence, beta, alpha)
-    if tail is not _NO_TAIL:
-        _lib.topk_tail(tail)
-
-
-def _check_items(num_items_in_batch):
-    """KdlossError unless num_items_in_batch is None or a number > 0: a Python int or float, or
-    a one-element real tensor holding one. A tensor's value is read once (_backend.host_read:
-    free in host memory, one stream synchronization for a device tensor, which only this check
-    costs; traced tensors are not read)."""
-    n = num_items_in_batch
-    if n is None:
-        return
-    if isinstance(n, torch.Tensor):
-        value = f"a {n.dtype} tensor of shape {tuple(n.shape)}"
-        ok = n.numel() == 1 and not (n.is_complex() or n.dtype == torch.bool)
-        if ok and not _ops.traced(n):
-            read = _backend.host_read(n.detach())
-            ok, value = read > 0, f"tensor({read!r})"
-    else:
-        ok = not isinstance(n, bool) and isinstance(n, (int, float)) and n > 0
-        value = repr(n)
-    if not ok:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, f"num_items_in_batch={value}: a number > 0 "
-                          "(or a one-element tensor holding one), the non-ignored tokens of "
-                          "every accumulation micro-batch together")
-
-
-def _over_items(loss, num_items_in_batch, times=1.0):
-    """loss / (num_items_in_batch * times), computed in double and returned in float32;
-    differentiable (backward scales the saved gradient once)."""
-    n = num_items_in_batch
-    if isinstance(n, torch.Tensor):
-        d = n.detach().reshape(()).to(device=loss.device, dtype=torch.float64) * times
-    else:
-        d = float(n) * times
-    return (loss.double() / d).float()
-
-
-def _kept_rows(labels, ignore_index, rows, weights=None):
-    """max(1, rows whose label != ignore_index and whose weight is > 0) (all rows without labels
-    and weights): the divisor the fused losses' per-call mean used; a tensor (no sync) when
-    labels or weights are given."""
-    if labels is None and weights is None:
-        return float(max(1, rows))
-    kept = torch.ones(rows, dtype=torch.bool, device=(labels if labels is not None
-                                                      else weights).device)
-    if labels is not None:
-        kept = kept & ~label_matches(labels.detach(), ignore_index).reshape(-1)
-    if weights is not None:
-        kept = kept & (weights.detach().reshape(-1) > 0)
-    return kept.sum().clamp(min=1).double()
-
-
-def _fused_over_items(results, labels, ignore_index, xs, num_items_in_batch, weights=None):
-    """The fused losses' (loss, soft, hard), each a per-call mean over the kept rows, turned
-    into sums / num_items_in_batch (gradient accumulation, TRL #6006)."""
-    if num_items_in_batch is None:
-        return results
-    kept = _kept_rows(labels, ignore_index, xs.numel() // max(1, xs.shape[-1]), weights)
-    return tuple(_over_items(r.double() * kept, num_items_in_batch) for r in results)
-
-
-def _with_entropy(result, entropy, lead, return_entropy):
-    """What a loss returns: `result`, or with return_entropy (result, entropy) flattened, the
-    entropy ([rows] from the op) viewed as the student's leading dims `lead` and detached."""
-    if not return_entropy:
-        return result
-    entropy = entropy.detach().view(lead)
-    return (*result, entropy) if isinstance(result, tuple) else (result, entropy)
-
-
-def _autocast_dtype(t):
-    """The dtype torch.autocast computes matmuls in on `t`'s device, None when autocast is off
-    there (or `t` is None)."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    try:
-        if not torch.is_autocast_enabled(t.device.type):
-            return None
-        return torch.get_autocast_dtype(t.device.type)
-    except RuntimeError:  # a device type autocast does not know (meta, a registered one)
-        return None
-
-
-def _as_autocast(t, dtype):
-    """`t` as an autocast matmul sees it (module docstring): in `dtype` (bfloat16), or float16
-    rounded and widened to float32 (no float16 GEMM); differentiable (the gradient returns to
-    `t` in its dtype). None and dtype None leave it as it is."""
-    if t is None or dtype is None or t.dtype == dtype:
-        return t
-    if dtype == torch.float16:
-        return t.to(torch.float16).to(torch.float32)
-    return t.to(dtype)
-
-
-def _autocast_heads(named):
-    """(name, tensor) pairs with the hidden states and LM heads (not biases nor teacher data
-    that are not matmul operands) cast as autocast would (_as_autocast)."""
-    dtype = _autocast_dtype(named[0][1])
-    if dtype is None:
-        return named
-    heads = ("student_input", "student_weight", "teacher_input", "teacher_weight")
-    return [(n, _each(lambda x: _as_autocast(x, dtype), t) if n in heads else t)
-            for n, t in named]
-
-
-def _each(fn, t):
-    """fn(t), or [fn(x) for each x] when t is a list (several teachers' heads or biases)."""
-    return [fn(x) for x in t] if isinstance(t, list) else fn(t)
 
 
 # ---- KL divergence and JSD ------------------------------------------------------------------------
@@ -329,9 +126,9 @@ class KLDivFunction:
     @staticmethod
     def apply(y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
         reduction_code(reduction)
-        _refuse_dtensors(("input", y_pred), ("target", y_true))
-        return _ops.kl_div(y_pred, _detached(y_true), reduction, bool(log_target), float(eps),
-                           _needs_grad(y_pred))[0]
+        A.refuse_dtensors(("input", y_pred), ("target", y_true))
+        return _ops.kl_div(y_pred, A.detached(y_true), reduction, bool(log_target), float(eps),
+                           A.needs_grad(y_pred))[0]
 
 
 _KLDivFunction = KLDivFunction  # the name before it was public
@@ -384,10 +181,10 @@ def kl_div(input=None, target=None, size_average=None, reduce=None, reduction="m
         reduction = old_reduction
     elif size_average is False or reduce is False:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-    input, target = _gathered(input, "input"), _gathered(target, "target")
+    input, target = A.gathered(input, "input"), A.gathered(target, "target")
     reduction_code(reduction)  # an unknown reduction: KdlossError, before the op's str check
-    return _ops.kl_div(input, _detached(target), reduction, bool(log_target), float(eps),
-                       _needs_grad(input))[0]
+    return _ops.kl_div(input, A.detached(target), reduction, bool(log_target), float(eps),
+                       A.needs_grad(input))[0]
 
 
 class JSDFunction:
@@ -399,9 +196,9 @@ class JSDFunction:
     @staticmethod
     def apply(input, target, shift_labels=None, beta=0.5, ignore_index=-100, jsd_impl=None,
               jsd_mode=None):
-        _refuse_dtensors(("input (log_q)", input), ("target (log_p)", target))
-        return _ops.jsd(input, _detached(target), shift_labels, float(beta), _index(ignore_index),
-                        _needs_grad(input))[0]
+        A.refuse_dtensors(("input (log_q)", input), ("target (log_p)", target))
+        return _ops.jsd(input, A.detached(target), shift_labels, float(beta), A.index(ignore_index),
+                        A.needs_grad(input))[0]
 
 
 _JSDFunction = JSDFunction  # the name before it was public
@@ -418,9 +215,9 @@ def jsd(input=None, target=None, shift_labels=None, beta=0.5, ignore_index=-100,
     (Liger's returns the input's dtype); the gradient, to input only, in input's dtype.
     """
     input, target = _operands("jsd", input, target, ("log_q", log_q), ("log_p", log_p))
-    input, target = _gathered(input, "input"), _gathered(target, "target")
-    return _ops.jsd(input, _detached(target), shift_labels, float(beta), _index(ignore_index),
-                    _needs_grad(input))[0]
+    input, target = A.gathered(input, "input"), A.gathered(target, "target")
+    return _ops.jsd(input, A.detached(target), shift_labels, float(beta), A.index(ignore_index),
+                    A.needs_grad(input))[0]
 
 
 # ---- fused linear losses --------------------------------------------------------------------------
@@ -482,21 +279,21 @@ def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft,
     vocabulary-parallel call; entropy [rows] (the (0,) placeholder unless want_entropy). With
     `index` (several teachers: wt and bt_bias lists, _heads) the kdloss::fused_linear_distill_multi
     op instead, the same arguments but the vocabulary-parallel handle."""
-    _check_names(divergence, beta, alpha)
+    A.check_names(divergence, beta, alpha)
     if index is not None:
         out = _ops.fused_linear_distill_multi(
-            xs, ws, _detached(xt), [_detached(w) for w in wt], labels, bs,
-            [_detached(b) for b in bt_bias], _detached(index), divergence, float(beta),
-            float(alpha), float(temperature), float(w_hard), float(w_soft), _index(ignore_index),
+            xs, ws, A.detached(xt), [A.detached(w) for w in wt], labels, bs,
+            [A.detached(b) for b in bt_bias], A.detached(index), divergence, float(beta),
+            float(alpha), float(temperature), float(w_hard), float(w_soft), A.index(ignore_index),
             int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs), *maps,
-            _budget(memory_budget), _detached(weights), bool(want_entropy))
+            _budget(memory_budget), A.detached(weights), bool(want_entropy))
         return out[:3] + (out[6],)
     with _ops.vocab_call(vp) as handle:
         out = _ops.fused_linear_distill(
-            xs, ws, _detached(xt), _detached(wt), labels, bs, _detached(bt_bias), divergence,
+            xs, ws, A.detached(xt), A.detached(wt), labels, bs, A.detached(bt_bias), divergence,
             float(beta), float(alpha), float(temperature), float(w_hard), float(w_soft),
-            _index(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
-            *maps, _budget(memory_budget), handle, _detached(weights), bool(want_entropy))
+            A.index(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
+            *maps, _budget(memory_budget), handle, A.detached(weights), bool(want_entropy))
     return out[:3] + (out[6],)
 
 
@@ -511,18 +308,18 @@ def _check_accum_dtype(accum_dtype):
 
 
 def _gather_all(process_group, named):
-    """The tensors of `named` ((name, tensor) pairs) with every DTensor gathered (_gathered);
+    """The tensors of `named` ((name, tensor) pairs) with every DTensor gathered (A.gathered);
     with a process_group a DTensor is refused (the group's ranks pass their own blocks)."""
     out = []
     for name, t in named:
         if isinstance(t, list):  # several teachers' heads or biases: each gathered
-            out.append([_gathered(x, f"{name}[{j}]") for j, x in enumerate(t)])
+            out.append([A.gathered(x, f"{name}[{j}]") for j, x in enumerate(t)])
             continue
         if process_group is not None and is_dtensor(t):
             raise KdlossError(_lib.ERR_UNSUPPORTED,
                               f"{name} is a DTensor and process_group is given: pass this "
                               f"rank's block of rows ({name}.to_local()), not the DTensor")
-        out.append(_gathered(t, name))
+        out.append(A.gathered(t, name))
     return out
 
 
@@ -566,7 +363,7 @@ class FusedLinearJSDFunction:
               jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None, jsd_impl=None,
               jsd_mode=None):
         _check_accum_dtype(accum_dtype)
-        _refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
+        A.refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
                          ("teacher_input", teacher_input), ("teacher_weight", teacher_weight))
         return _dense_call(_dense_named(student_input, student_weight, teacher_input,
                                         teacher_weight), shift_labels, None, None, False,
@@ -634,21 +431,21 @@ def _dense_call(named, labels, process_group, num_items_in_batch, soft_hard, ref
     (a rank that fails lets its peers know), DTensors gathered, the operands cast as autocast
     would (module docstring), one _fld call (fld: its keywords, weights and want_entropy among
     them), then num_items_in_batch. Returns the loss, or (loss, soft, hard) when soft_hard,
-    with the entropy after it when fld["want_entropy"] (_with_entropy)."""
+    with the entropy after it when fld["want_entropy"] (A.with_entropy)."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
         named = _heads(named, fld.get("index"), process_group)
         if refuse_t0:
-            _check_temperature(fld["temperature"])
+            A.check_temperature(fld["temperature"])
         _require_labels(labels, fld["w_hard"])
-        _check_items(num_items_in_batch)
+        A.check_items(num_items_in_batch)
         names = [n for n, _ in named]
         gathered = _gather_all(process_group, named)
-        xs, ws, xt, wt, bs, bt_bias = (t for _, t in _autocast_heads(list(zip(names,
+        xs, ws, xt, wt, bs, bt_bias = (t for _, t in A.autocast_heads(list(zip(names,
                                                                               gathered))))
         *results, entropy = _fld(xs, ws, xt, wt, labels, bs, bt_bias, vp=vp, **fld)
-    results = _fused_over_items(tuple(results), labels, fld["ignore_index"], xs,
+    results = A.fused_over_items(tuple(results), labels, fld["ignore_index"], xs,
                                 num_items_in_batch, fld.get("weights"))
-    return _with_entropy(results if soft_hard else results[0], entropy, xs.shape[:-1],
+    return A.with_entropy(results if soft_hard else results[0], entropy, xs.shape[:-1],
                          fld.get("want_entropy", False))
 
 
@@ -713,8 +510,8 @@ class FusedLinearJSDLossFunction:
               return_soft_hard_loss=False):
         named = _dense_named(student_input, student_weight, teacher_input, teacher_weight,
                              student_bias, teacher_bias)
-        _check_temperature(temperature)
-        _refuse_dtensors(*named)
+        A.check_temperature(temperature)
+        A.refuse_dtensors(*named)
         return _dense_call(named, true_labels, None, None, return_soft_hard_loss, beta=beta,
                            temperature=temperature, w_hard=weight_hard_loss,
                            w_soft=weight_soft_loss, ignore_index=ignore_index,
@@ -766,7 +563,7 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
 def _op_tensors(names, t, labels):
     """A spec op's tensor arguments in order: the teacher's detached (it gets no gradient)."""
     student = ("student_input", "student_weight", "student_bias")
-    return [labels if n == "labels" else t[n] if n in student else _detached(t[n])
+    return [labels if n == "labels" else t[n] if n in student else A.detached(t[n])
             for n in names]
 
 
@@ -797,20 +594,20 @@ def fused_form(spec, op):
         a = a.arguments
         group = a["process_group"]
         with vocab_parallel(group, spec.c_name + "_vp") as vp:
-            _check_items(a["num_items_in_batch"])
+            A.check_items(a["num_items_in_batch"])
             named = [(n, a[n]) for n in tensors if n != "labels"]
             names = [n for n, _ in named]
-            t = dict(_autocast_heads(list(zip(names, _gather_all(group, named)))))
+            t = dict(A.autocast_heads(list(zip(names, _gather_all(group, named)))))
             xs, ws, bs = t["student_input"], t["student_weight"], t["student_bias"]
             values = [type(kinds[n])(a[n]) for n, _ in spec.scalars]
             with _ops.vocab_call(vp) as handle:
                 out = op(*_op_tensors(tensors, t, a["labels"]), *values,
-                         _index(a["ignore_index"]), int(a["chunk_size"] or 0),
+                         A.index(a["ignore_index"]), int(a["chunk_size"] or 0),
                          _budget(a["memory_budget"]), *_wanted(xs, ws, bs), handle,
-                         _detached(a["token_weights"]), bool(a["return_entropy"]))
-        results = _fused_over_items(out[:3], a["labels"], a["ignore_index"], xs,
+                         A.detached(a["token_weights"]), bool(a["return_entropy"]))
+        results = A.fused_over_items(out[:3], a["labels"], a["ignore_index"], xs,
                                     a["num_items_in_batch"], a["token_weights"])
-        return _with_entropy(results if a["return_soft_hard_loss"] else results[0], out[6],
+        return A.with_entropy(results if a["return_soft_hard_loss"] else results[0], out[6],
                              xs.shape[:-1], a["return_entropy"])
     loss.__name__ = loss.__qualname__ = spec.name + "_loss"
     loss.__signature__, loss.__doc__ = sig, spec.doc
@@ -824,7 +621,7 @@ def _items_reduction(reduction, num_items_in_batch, zs, fname):
     when no num_items_in_batch): with one, the op sums and the caller divides."""
     if num_items_in_batch is None:
         return reduction, None
-    _check_items(num_items_in_batch)
+    A.check_items(num_items_in_batch)
     if reduction == "none":
         raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"{fname}: num_items_in_batch with "
                           "reduction='none' (per-row losses have no divisor)")
@@ -858,18 +655,18 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     "Per-row weights and the student's entropy"); with weights, "batchmean" and "mean" keep
     their divisors (the kept rows: label not ignored, weight > 0) and "none" returns each row's
     loss times its weight."""
-    _check_names(divergence, beta, alpha)
-    student_logits = _gathered(student_logits, "student_logits")
-    teacher_logits = _gathered(teacher_logits, "teacher_logits")
+    A.check_names(divergence, beta, alpha)
+    student_logits = A.gathered(student_logits, "student_logits")
+    teacher_logits = A.gathered(teacher_logits, "teacher_logits")
     check_distill_reduction(reduction, "distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "distill_loss")
     loss, _, entropy = _ops.distill_loss(
-        student_logits, _detached(teacher_logits), labels, divergence, float(beta), float(alpha),
-        float(temperature), _index(ignore_index), reduction, _needs_grad(student_logits),
-        _detached(token_weights), bool(return_entropy))
-    loss = loss if times is None else _over_items(loss, num_items_in_batch, times)
-    return _with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
+        student_logits, A.detached(teacher_logits), labels, divergence, float(beta), float(alpha),
+        float(temperature), A.index(ignore_index), reduction, A.needs_grad(student_logits),
+        A.detached(token_weights), bool(return_entropy))
+    loss = loss if times is None else A.over_items(loss, num_items_in_batch, times)
+    return A.with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
 
 
 def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None, *,
@@ -890,17 +687,17 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     Invalid ids or shapes raise KdlossError before anything is computed (on CUDA the ids are
     checked on the device instead: the loss is NaN, include/kdloss.h). num_items_in_batch,
     token_weights, return_entropy: as distill_loss's (the entropy over the full vocabulary)."""
-    _check_names(divergence, beta, alpha, tail)
-    student_logits = _gathered(student_logits, "student_logits")
+    A.check_names(divergence, beta, alpha, tail)
+    student_logits = A.gathered(student_logits, "student_logits")
     check_distill_reduction(reduction, "topk_distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "topk_distill_loss")
     loss, _, entropy = _ops.topk_distill_loss(
-        student_logits, teacher_ids, _detached(teacher_logprobs), labels, divergence, tail,
-        float(beta), float(alpha), float(temperature), _index(ignore_index), reduction,
-        _needs_grad(student_logits), _detached(token_weights), bool(return_entropy))
-    loss = loss if times is None else _over_items(loss, num_items_in_batch, times)
-    return _with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
+        student_logits, teacher_ids, A.detached(teacher_logprobs), labels, divergence, tail,
+        float(beta), float(alpha), float(temperature), A.index(ignore_index), reduction,
+        A.needs_grad(student_logits), A.detached(token_weights), bool(return_entropy))
+    loss = loss if times is None else A.over_items(loss, num_items_in_batch, times)
+    return A.with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
 
 
 def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, teacher_logprobs,
@@ -937,21 +734,21 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     docstring; the entropy runs the full-vocabulary path)."""
     smap = _maps(student_logit_scale, student_softcap)[:2]
     with vocab_parallel(process_group, _VP_TOPK) as vp:
-        _check_names(divergence, beta, alpha, tail)
-        _check_items(num_items_in_batch)
+        A.check_names(divergence, beta, alpha, tail)
+        A.check_items(num_items_in_batch)
         names = ("student_input", "student_weight", "student_bias", "teacher_ids",
                  "teacher_logprobs")
         gathered = _gather_all(process_group, list(zip(names, (
             student_input, student_weight, student_bias, teacher_ids, teacher_logprobs))))
-        xs, ws, bs, ids, lps = (t for _, t in _autocast_heads(list(zip(names, gathered))))
+        xs, ws, bs, ids, lps = (t for _, t in A.autocast_heads(list(zip(names, gathered))))
         with _ops.vocab_call(vp) as handle:  # the op: its autograd is the only one
             out = _ops.fused_linear_topk_distill(
-                xs, ws, ids, _detached(lps), true_labels, bs, divergence, tail, float(beta),
+                xs, ws, ids, A.detached(lps), true_labels, bs, divergence, tail, float(beta),
                 float(alpha), float(temperature), float(weight_hard_loss),
-                float(weight_soft_loss), _index(ignore_index), int(chunk_size or 0),
+                float(weight_soft_loss), A.index(ignore_index), int(chunk_size or 0),
                 bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs), *smap,
-                _budget(memory_budget), handle, _detached(token_weights), bool(return_entropy))
-    loss, soft, hard = _fused_over_items(out[:3], true_labels, ignore_index, xs,
+                _budget(memory_budget), handle, A.detached(token_weights), bool(return_entropy))
+    loss, soft, hard = A.fused_over_items(out[:3], true_labels, ignore_index, xs,
                                          num_items_in_batch, token_weights)
-    return _with_entropy((loss, soft, hard) if return_soft_hard_loss else loss, out[6],
+    return A.with_entropy((loss, soft, hard) if return_soft_hard_loss else loss, out[6],
                          xs.shape[:-1], return_entropy)

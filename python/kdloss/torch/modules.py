@@ -19,7 +19,7 @@ their constructors `return_entropy=False` (keyword, an attribute): True makes fo
 
 import torch
 
-from . import _ops
+from . import _args, _ops
 from . import functional as F
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "DistillLoss",
@@ -76,7 +76,7 @@ class FusedLinearJSD(torch.nn.Module):
     def __init__(self, jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None, *,
                  memory_budget=0):
         super().__init__()
-        F._check_temperature(temperature)
+        _args.check_temperature(temperature)
         F._check_accum_dtype(accum_dtype)
         self.jsd_beta = jsd_beta
         self.ignore_index = ignore_index
@@ -113,7 +113,7 @@ class FusedLinearJSDLoss(torch.nn.Module):
                  teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0,
                  return_entropy=False):
         super().__init__()
-        F._check_temperature(temperature)
+        _args.check_temperature(temperature)
         self.return_entropy = return_entropy
         self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
@@ -153,7 +153,7 @@ class DistillLoss(torch.nn.Module):
     def __init__(self, divergence="forward_kl", beta=0.5, alpha=0.1, temperature=1.0,
                  ignore_index=-100, reduction="batchmean", *, return_entropy=False):
         super().__init__()
-        F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
+        _args.check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.return_entropy = return_entropy
         self.divergence = divergence
         self.beta = beta
@@ -202,7 +202,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
         self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
                                                 teacher_logit_scale, teacher_softcap)
-        F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
+        _args.check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
         self.beta = beta
         self.alpha = alpha
@@ -244,7 +244,7 @@ class _TopKModule(torch.nn.Module):
 
     def __init__(self, **args):
         super().__init__()
-        F._check_names(args["divergence"], args["beta"], args["alpha"], args["tail"])
+        _args.check_names(args["divergence"], args["beta"], args["alpha"], args["tail"])
         self._arg_names = tuple(args)
         for name, value in args.items():
             setattr(self, name, value)
