@@ -34,7 +34,8 @@ file(GLOB KD_VEC_SRC CONFIGURE_DEPENDS src/cpu/*_vec.c)
 # Compiles target's sources for ISA name: its flags and the definitions of isa.h.
 function(kd_isa_target target name)
   target_compile_options(${target} PRIVATE ${KD_ISA_${name}_FLAGS})
-  target_compile_definitions(${target} PRIVATE KD_ISA_NAME=${name} KD_LAYER_${KD_ISA_${name}_LAYER}=1)
+  target_compile_definitions(${target} PRIVATE KD_ISA_NAME=${name}
+                             KD_LAYER_${KD_ISA_${name}_LAYER}=1)
 endfunction()
 
 # KD_ISA_OBJECTS: the objects of every ISA's copy of the generic sources (kd_isa_<name>), for

@@ -342,7 +342,8 @@ static void isa_registry(void) {
         const char *nm = kdloss_cpu_isa_name((kdloss_cpu_isa)i);
         KT_CHECK(strcmp(nm, "unknown") && strcmp(nm, "auto"), "path %d has no name", i);
         for (int j = KDLOSS_ISA_SCALAR; j < i; j++)
-            KT_CHECK(strcmp(nm, kdloss_cpu_isa_name((kdloss_cpu_isa)j)), "paths %d, %d: one name", j, i);
+            KT_CHECK(strcmp(nm, kdloss_cpu_isa_name((kdloss_cpu_isa)j)), "paths %d, %d: one name",
+                     j, i);
         int sup = kdloss_cpu_isa_supported((kdloss_cpu_isa)i), got = isa_in_child(nm);
         KT_CHECK(got == (sup ? i : best), "KDLOSS_CPU_ISA=%s gave path %d", nm, got);
     }

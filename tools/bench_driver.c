@@ -40,7 +40,8 @@ void kb_bench_usage(FILE *f) {
             "                  time fewer rounds rather than end after it (a SMALLER line says so)\n"
             "environment: OMP_NUM_THREADS (threads), KDLOSS_CPU_ISA=");
     for (int i = KDLOSS_ISA_SCALAR; i < KDLOSS_ISA_COUNT; i++) /* the registry's names */
-        fprintf(f, "%s%s", i > KDLOSS_ISA_SCALAR ? "|" : "", kdloss_cpu_isa_name((kdloss_cpu_isa)i));
+        fprintf(f, "%s%s", i > KDLOSS_ISA_SCALAR ? "|" : "",
+                kdloss_cpu_isa_name((kdloss_cpu_isa)i));
     fprintf(f, " (code path)\n");
     for (int k = 0; kb_kernels[k]; k++)
         if (kb_kernels[k]->flags_help)

@@ -107,8 +107,9 @@ static int info(void) {
     printf("isa path    %s", s.isa);
     if (forced) printf(" (KDLOSS_CPU_ISA=%s)", forced);
     printf("; supported:");
-    for (int k = KDLOSS_ISA_SCALAR; k < KDLOSS_ISA_COUNT; k++)
-        if (kdloss_cpu_isa_supported((kdloss_cpu_isa)k)) printf(" %s", kdloss_cpu_isa_name((kdloss_cpu_isa)k));
+    for (int k = KDLOSS_ISA_SCALAR; k < KDLOSS_ISA_COUNT; k++) /* the registry, in enum order */
+        if (kdloss_cpu_isa_supported((kdloss_cpu_isa)k))
+            printf(" %s", kdloss_cpu_isa_name((kdloss_cpu_isa)k));
     printf("\n");
     gemm_info();
     bf16_info();

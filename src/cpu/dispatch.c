@@ -29,12 +29,14 @@ enum { KD_ISA_POS0 = 0,
 #undef KD_ISA_POS
        KD_ISA_ROWS_END };
 #define KD_ISA_ORDER(ID, name, layer, has, flags)                                               \
-    _Static_assert((int)KD_ISA_POS_##ID == (int)KDLOSS_ISA_##ID, "KD_ISAS row " #name " out of enum order");
+    _Static_assert((int)KD_ISA_POS_##ID == (int)KDLOSS_ISA_##ID,                               \
+                   "KD_ISAS row " #name " out of enum order");
 KD_ISAS(KD_ISA_ORDER)
 #undef KD_ISA_ORDER
-_Static_assert((int)KD_ISA_ROWS_END == (int)KDLOSS_ISA_COUNT, "KD_ISAS and kdloss_cpu_isa disagree");
+_Static_assert((int)KD_ISA_ROWS_END == (int)KDLOSS_ISA_COUNT,
+               "KD_ISAS and kdloss_cpu_isa disagree in count");
 
-/* The registry's `has` tests. x86 builds only compile the vector ISAs (their flags are x86's). */
+/* The registry's `has` tests (the vector rows' flags are x86's: kdloss builds for x86-64). */
 static int kd_has_always(void) { return 1; }
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

@@ -42,7 +42,8 @@ static inline size_t kd_gemm_fb_floats(int64_t m, int64_t n, int64_t k) {
 
 /* C = alpha op(A) op(B) + beta C for g (m, n, k > 0) with the scratch above; beta = 0 never
  * reads C. One per ISA of the registry (isa.h); dispatch.c tables them (kd_cpu_kernels). */
-#define KD_GEMM_FB_DECL(ID, name, layer, has, flags) void kd_gemm_fb_##name(const kd_gemm *g, float *scratch);
+#define KD_GEMM_FB_DECL(ID, name, layer, has, flags)                                            \
+    void kd_gemm_fb_##name(const kd_gemm *g, float *scratch);
 KD_ISAS(KD_GEMM_FB_DECL)
 #undef KD_GEMM_FB_DECL
 
