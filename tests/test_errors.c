@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include "testutil.h"
 
@@ -315,19 +315,26 @@ static void details(void) {
 }
 
 /* The path a fresh process takes with KDLOSS_CPU_ISA=env (NULL: unset): this program run again
- * as "--isa-child", which exits with kdloss_cpu_get_isa(); -1 if it could not run. */
+ * as "--isa-child", which exits with kdloss_cpu_get_isa(); -1 if it could not run. posix_spawn,
+ * not fork: LLVM's libomp can hang in its own fork handler in a process that ran OpenMP. */
+extern char **environ;
 static int isa_in_child(const char *env) {
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        if (env) setenv("KDLOSS_CPU_ISA", env, 1);
-        else unsetenv("KDLOSS_CPU_ISA");
-        execl("/proc/self/exe", "test_errors", "--isa-child", (char *)NULL);
-        _exit(127);
+    char *envp[256], var[128];
+    int n = 0;
+    for (char **e = environ; *e && n < 254; e++)
+        if (strncmp(*e, "KDLOSS_CPU_ISA=", 15)) envp[n++] = *e;
+    if (env) {
+        snprintf(var, sizeof var, "KDLOSS_CPU_ISA=%s", env);
+        envp[n++] = var;
     }
+    envp[n] = NULL;
+    char *argv[] = {"test_errors", "--isa-child", NULL};
+    pid_t pid;
     int ws = 0;
-    if (pid < 0 || waitpid(pid, &ws, 0) != pid || !WIFEXITED(ws)) return -1;
-    return WEXITSTATUS(ws) == 127 ? -1 : WEXITSTATUS(ws);
+    fflush(stdout);
+    if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, envp) != 0) return -1;
+    if (waitpid(pid, &ws, 0) != pid || !WIFEXITED(ws)) return -1;
+    return WEXITSTATUS(ws);
 }
 
 /* The ISA registry as the API shows it: every path in [SCALAR, KDLOSS_ISA_COUNT) has its own
