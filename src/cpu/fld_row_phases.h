@@ -1,5 +1,5 @@
 /* The fused loss's row work in four phases (max, sums, divergence, gradient), written once for
- * the scalar kernel (fld_rows_scalar.c) and the vector ones (fld_rows_impl.h), for the dense
+ * the scalar kernel (fld_rows_scalar.c) and the vector ones (fld_rows_vec.c), for the dense
  * teacher and the sparse top-k one (docs/MATH.md sections 4, 8 and 9). One process runs the four
  * back to back on each row while it is in cache (kd_fld_rows_*); the vocabulary-parallel driver
  * runs each over a chunk's rows and all-reduces the statistics in between
