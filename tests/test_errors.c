@@ -134,7 +134,7 @@ static void jsd_errors(void) {
     jsd_expect("grad dtype differs", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, s, te, lab, &loss, rows, (kdloss_mat){g, KDLOSS_F16, 0});
 }
 
-/* Issue 12: parameters that do not survive the fp32 cast the kernels make (eps 1e39 became inf
+/* Parameters that do not survive the fp32 cast the kernels make (eps 1e39 became inf
  * on the scalar path and a wrong finite value on AVX; grad_scale 1e39 gave inf * 0 = NaN
  * gradients where the true value is 0), and misaligned element pointers (undefined behaviour
  * in the row kernels): errors now, nothing written. */
@@ -226,7 +226,7 @@ static void misc(void) {
     }
 }
 
-/* kdloss_error_detail names the failing argument, row and value (issue 24): `want` must appear
+/* kdloss_error_detail names the failing argument, row and value: `want` must appear
  * in it after a call that failed with `st_want`. */
 static void detail_is(const char *what, kdloss_status st, kdloss_status st_want, const char *want) {
     const char *d = kdloss_error_detail();

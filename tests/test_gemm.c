@@ -262,7 +262,7 @@ static void fallback(kt_rng *rng) {
     kdloss_cpu_set_isa(save);
 }
 
-/* The bf16 GEMM choice (issue 23): measured once per process, the first time from several
+/* The bf16 GEMM choice: measured once per process, the first time from several
  * threads at once, cached (the same rates and choice on every later query), and the choice the
  * measured rates imply; forced modes change what runs, not the measurement. Runs first, so that
  * nothing has measured yet. */

@@ -1,4 +1,4 @@
-/* The sparse top-k teacher (issue 10; docs/MATH.md section 8): kdloss_topk_distill_logits and
+/* The sparse top-k teacher (docs/MATH.md section 8): kdloss_topk_distill_logits and
  * kdloss_fused_linear_topk_distill against the float64 reference of tests/support/ref_topk.c
  * (written from the definitions, not from src/common/topk_row.h).
  *
