@@ -283,6 +283,9 @@ kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
     kd_spanset spans;
     kdloss_status s = kd_args_distill_logits(params, bt, v, student, teacher, labels, loss,
                                              row_loss, grad, &g, &spans);
+    if (s == KDLOSS_OK)
+        s = kd_args_no_row_extras("kdloss_cuda_distill_logits", params->row_weights,
+                                  params->row_entropy);
     if (s != KDLOSS_OK) return s;
     kd_ew_plan plan;
     if ((s = dl_plan(bt, v, NULL, &plan)) != KDLOSS_OK) return s;

@@ -512,6 +512,9 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     kd_spanset spans;
     kdloss_status s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out,
                                  &g, &spans);
+    if (s == KDLOSS_OK)
+        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_distill", params->row_weights,
+                                  out->row_entropy);
     if (s != KDLOSS_OK) return s;
     fld_plan P;
     const int dev = ctx->device;

@@ -405,6 +405,9 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     if (s == KDLOSS_OK)
         s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out, &g, &spans);
     if (s == KDLOSS_OK)
+        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_distill_vp", params->row_weights,
+                                  out->row_entropy);
+    if (s == KDLOSS_OK)
         s = fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, ctx->device, NULL, &P);
     if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.fl.total, &spans);
     /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks

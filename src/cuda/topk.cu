@@ -752,6 +752,9 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     kd_spanset spans;
     kdloss_status s = kd_args_topk_logits(params, bt, v, student_logits, teacher, labels, loss,
                                           row_loss, grad, &g, &spans);
+    if (s == KDLOSS_OK)
+        s = kd_args_no_row_extras("kdloss_cuda_topk_distill_logits", params->row_weights,
+                                  params->row_entropy);
     if (s != KDLOSS_OK) return s;
     tk_plan P;
     if ((s = tk_logits_plan(bt, v, teacher.k, NULL, &P)) != KDLOSS_OK) return s;
@@ -981,6 +984,9 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     kd_spanset spans;
     kdloss_status s =
         kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
+    if (s == KDLOSS_OK)
+        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_topk_distill", params->row_weights,
+                                  out->row_entropy);
     if (s != KDLOSS_OK) return s;
     const int sparse = tk_sparse_call(params, bt, teacher.k, out);
     tk_plan P;

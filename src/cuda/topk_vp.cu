@@ -377,6 +377,9 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     if (s == KDLOSS_OK)
         s = kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
     if (s == KDLOSS_OK)
+        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_topk_distill_vp",
+                                  params->row_weights, out->row_entropy);
+    if (s == KDLOSS_OK)
         s = tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
     if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.tk.total, &spans);
     /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks

@@ -233,6 +233,7 @@ typedef struct vp_job {
     vp_rank *rank;               /* the test's communicator, or NULL */
     int ws_short;                /* pass one byte less than the size query's */
     int no_dxs;                  /* ask for dws / dbs but not dxs */
+    float *row_entropy;          /* asked for when not NULL (device, bt floats) */
     vp_out o;
     kdloss_status status;
     int32_t word;                /* the workspace's status word */

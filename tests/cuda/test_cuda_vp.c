@@ -227,6 +227,7 @@ static kdloss_status vp_job_call(vp_job *j, void *wk, size_t wsb) {
     const size_t es = kdloss_dtype_size(c->dt);
     kdloss_fused_linear_distill_out out = vp_view(&j->o, c);
     if (j->no_dxs) out.dxs.data = NULL;
+    out.row_entropy = j->row_entropy;
     kdloss_cmat xs = {d->xs, c->dt, 0},
                 ws = {(char *)d->ws + (size_t)(j->lo * c->hs) * es, c->dt, 0};
     const void *bs = c->bias ? (const char *)d->bs + (size_t)j->lo * es : NULL;
@@ -411,11 +412,12 @@ static void test_vp_case(kt_rng *rng, const vp_case *c, int size) {
 
 /* ---- the agreement's faults ---- */
 
-enum { K_BAD_T, K_GAP, K_SHORT_WS, K_OTHER_T, K_NO_DXS, K_S_CAP, K_S_SCALE, K_T_CAP, K_CHUNK_1E6,
-       K_CHUNK_0, K_CHUNK_NAN, K_N };
+enum { K_BAD_T, K_GAP, K_SHORT_WS, K_OTHER_T, K_NO_DXS, K_S_CAP, K_S_SCALE, K_T_CAP, K_WEIGHTS,
+       K_ENTROPY, K_CHUNK_1E6, K_CHUNK_0, K_CHUNK_NAN, K_N };
 static const char *const VP_FAULTS[K_N] = {
     "bad temperature", "gap", "short workspace", "another temperature", "no dxs",
     "another student softcap", "another student scale", "another teacher softcap",
+    "row_weights on every rank", "row_entropy on the last rank",
     "chunk tampered to 1e6", "chunk tampered to 0", "chunk tampered to NaN"};
 
 /* Rank r's status under fault `kind`. */
@@ -428,12 +430,17 @@ static kdloss_status vp_fault_want(int kind, int r, int size) {
     case K_OTHER_T: case K_S_CAP: case K_S_SCALE: case K_T_CAP:
         return size > 1 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_OK;
     case K_NO_DXS: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
+    /* not taken by the CUDA vocabulary-parallel kernels yet: refused as this rank's fault */
+    case K_WEIGHTS: return KDLOSS_ERR_UNSUPPORTED;
+    case K_ENTROPY: return last ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_ERR_PEER;
     default: return KDLOSS_ERR_COMM;
     }
 }
 
-/* The fault on the ranks' arguments (the tampering is the communicator's). */
-static void vp_fault_apply(int kind, vp_job *jobs, int size) {
+/* The fault on the ranks' arguments (the tampering is the communicator's); extra: bt poisoned
+ * device floats for row_weights (never read: their NaNs would be INVALID_PARAM) and bt more for
+ * row_entropy. */
+static void vp_fault_apply(int kind, vp_job *jobs, int size, float *extra) {
     for (int r = 0; r < size; r++) {
         vp_job *j = &jobs[r];
         const int last = r == size - 1;
@@ -445,6 +452,8 @@ static void vp_fault_apply(int kind, vp_job *jobs, int size) {
         if (kind == K_S_CAP && last) j->dp.student_map.softcap = j->tp.student_map.softcap = 30.0;
         if (kind == K_S_SCALE && last) j->dp.student_map.scale = j->tp.student_map.scale = 0.5;
         if (kind == K_T_CAP && last) j->dp.teacher_map.softcap = 30.0;
+        if (kind == K_WEIGHTS) j->dp.row_weights = j->tp.row_weights = extra;
+        if (kind == K_ENTROPY && last) j->row_entropy = extra + j->c->bt;
     }
 }
 
@@ -461,8 +470,14 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
         tp = (vp_tamper){1, 0, -1, 2 * (int64_t)size + KD_VP_AG_NEG_CHUNK, -val};
     }
     vp_jobs_init(jobs, size, c, d);
-    vp_fault_apply(kind, jobs, size);
+    float *extra = dalloc((size_t)(2 * c->bt) * sizeof(float));
+    dpoison(extra, (size_t)(2 * c->bt) * sizeof(float));
+    vp_fault_apply(kind, jobs, size, extra);
     vp_run_ranks(jobs, size, &w, ranks, &tp);
+    KT_CHECK(dpoisoned(extra, (size_t)(2 * c->bt) * sizeof(float)),
+             "vp agreement %s %s ranks=%d: row_entropy not written", teacher, VP_FAULTS[kind],
+             size);
+    CK(cudaFree(extra));
     for (int r = 0; r < size; r++) {
         const vp_job *j = &jobs[r];
         const kdloss_status want = vp_fault_want(kind, r, size);
@@ -489,7 +504,9 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
  * SHAPE_MISMATCH; a workspace one byte short on the last rank gives it WORKSPACE_TOO_SMALL and
  * the others PEER; the last rank with another (valid) temperature: INVALID_PARAM on every rank;
  * the last rank without dxs: SHAPE_MISMATCH on every rank; the last rank with another student
- * softcap or scale, or (dense) teacher softcap: INVALID_PARAM on every rank; the agreed chunk tampered by the
+ * softcap or scale, or (dense) teacher softcap: INVALID_PARAM on every rank; row_weights on
+ * every rank: UNSUPPORTED on every rank, row_entropy on the last: UNSUPPORTED there and PEER on
+ * the others (the CUDA kernels do not take them yet); the agreed chunk tampered by the
  * communicator on every rank to 1e6, 0 or NaN: KDLOSS_ERR_COMM on every rank. Every rank makes
  * both of the agreement's collectives and no other, and nothing is written anywhere. Dense
  * teacher, or (topk) the sparse one (bucket, CE, K 6). */
