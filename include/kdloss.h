@@ -423,8 +423,9 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
                                         kdloss_mat grad);
 
 /* Per-row weights and the student's entropy (docs/MATH.md section 12), taken by the losses on
- * logits and the fused losses (the CPU backend, the vocabulary-parallel calls included; the CUDA
- * entry points refuse them, see "CUDA backend" below):
+ * logits and the fused losses (the CPU backend, the vocabulary-parallel calls included; on the
+ * CUDA backend the entry points that take them are listed under "CUDA backend" below, the others
+ * refuse them):
  *   row_weights  [BT] fp32, optional input (NULL: every row weighs 1). Each weight must be finite
  *                and >= 0 (KDLOSS_ERR_INVALID_PARAM, nothing written; on CUDA, where the values
  *                are device memory, through the status word as labels are). A row of weight 0 is
@@ -976,12 +977,17 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
  * cudaMemcpyAsync + a stream synchronization when you need it (it stays valid until the workspace
  * is reused). Calls without labels write KDLOSS_OK there too.
  *
- * Per-row weights and the entropy (row_weights, row_entropy; docs/MATH.md section 12): the CUDA
- * kernels do not take them yet. kdloss_cuda_distill_logits, kdloss_cuda_topk_distill_logits,
- * kdloss_cuda_fused_linear_distill, kdloss_cuda_fused_linear_topk_distill and the two _vp forms
- * return KDLOSS_ERR_UNSUPPORTED (the detail naming the argument) when either is not NULL, once
- * the other arguments have passed their checks and before anything is written; the weights'
- * values are not read. On the _vp forms that is this rank's fault in the agreement (the others
+ * Per-row weights and the entropy (row_weights, row_entropy; docs/MATH.md section 12):
+ * kdloss_cuda_distill_logits takes both, with the CPU's semantics. The weights are device memory,
+ * so their values are checked on the device, as labels are: a weight that is not finite and >= 0
+ * makes the status word KDLOSS_ERR_INVALID_PARAM (KDLOSS_ERR_LABEL_OUT_OF_RANGE when a label is
+ * bad too: the CPU checks the labels first), every scalar loss NaN, that row's row_loss and
+ * row_entropy NaN and its gradient zero, the other rows computed as if it were ignored.
+ * kdloss_cuda_topk_distill_logits, kdloss_cuda_fused_linear_distill,
+ * kdloss_cuda_fused_linear_topk_distill and the two _vp forms do not take them yet: they return
+ * KDLOSS_ERR_UNSUPPORTED (the detail naming the argument) when either is not NULL, once the other
+ * arguments have passed their checks and before anything is written; the weights' values are not
+ * read. On the _vp forms that is this rank's fault in the agreement (the others
  * KDLOSS_ERR_PEER). */
 KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);
 KDLOSS_API kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,

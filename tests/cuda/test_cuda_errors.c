@@ -623,12 +623,13 @@ static void test_errors_row_extras(void) {
     jsd_call j = jsd_base(2), jc;
     KT_CHECK(kdloss_cuda_distill_logits_workspace_size(4, 8, &j.ws_bytes) == KDLOSS_OK,
              "extras dlogits ws size");
-    jc = j; jc.rw = 1; extras_expect("dlogits row_weights", run_jsd, &jc, "row_weights");
-    jc = j; jc.ent = 1; extras_expect("dlogits row_entropy", run_jsd, &jc, "row_entropy");
-    jc = j; jc.ent = 1; jc.loss = jc.row = jc.grad = 0;
-    extras_expect("dlogits row_entropy alone", run_jsd, &jc, "row_entropy");
+    /* kdloss_cuda_distill_logits takes both: their argument checks are the CPU's */
     jc = j; jc.rw = 1; jc.temperature = 0;
-    jsd_err("dlogits row_weights and T 0", &jc, KDLOSS_ERR_INVALID_PARAM, 0);
+    jsd_err("dlogits row_weights and T 0", &jc, KDLOSS_ERR_INVALID_PARAM, 1);
+    jc = j; jc.ent = 1; jc.ld_g = 3;
+    jsd_err("dlogits row_entropy and grad ld", &jc, KDLOSS_ERR_INVALID_STRIDE, 1);
+    jc = j; jc.ent = 1; jc.g_off = AR_ENT - 64;
+    jsd_err("dlogits grad overlaps row_entropy", &jc, KDLOSS_ERR_ALIASING, 1);
 
     fl_call f = fl_base(1), fc;
     KT_CHECK(kdloss_cuda_fused_linear_distill_workspace_size(&f.pd, 4, 8, 8, 16, KDLOSS_BF16, 1,
