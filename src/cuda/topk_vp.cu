@@ -341,7 +341,7 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     if (s == KDLOSS_OK)
         s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.G.out, p->weight_hard_loss,
                             p->weight_soft_loss,
-                            p->t2_scale ? p->temperature * p->temperature : 1.0, 1);
+                            p->t2_scale ? p->temperature * p->temperature : 1.0, 1, NULL);
     return s;
 }
 

@@ -645,10 +645,11 @@ static void test_errors_row_extras(void) {
     tk_err t = tk_base(), tc;
     KT_CHECK(kdloss_cuda_topk_distill_logits_workspace_size(4, 8, 4, &t.ws_bytes) == KDLOSS_OK,
              "extras topk ws size");
-    tc = t; tc.rw = 1; extras_expect("topk row_weights", run_tk_err, &tc, "row_weights");
-    tc = t; tc.ent = 1; extras_expect("topk row_entropy", run_tk_err, &tc, "row_entropy");
-    tc = t; tc.ent = 1; tc.loss = tc.row = tc.grad = 0;
-    extras_expect("topk row_entropy alone", run_tk_err, &tc, "row_entropy");
+    /* kdloss_cuda_topk_distill_logits takes both: their argument checks are the CPU's */
+    tc = t; tc.rw = 1; tc.p.temperature = 0;
+    tk_err_expect("topk row_weights and T 0", &tc, KDLOSS_ERR_INVALID_PARAM, 1);
+    tc = t; tc.ent = 1; tc.g_off = AR_ENT - 64;
+    tk_err_expect("topk grad overlaps row_entropy", &tc, KDLOSS_ERR_ALIASING, 1);
 
     tk_err u = tk_base();
     u.fused = 1;
