@@ -978,13 +978,14 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
  * is reused). Calls without labels write KDLOSS_OK there too.
  *
  * Per-row weights and the entropy (row_weights, row_entropy; docs/MATH.md section 12):
- * kdloss_cuda_distill_logits and kdloss_cuda_topk_distill_logits take both, with the CPU's
- * semantics. The weights are device memory, so their values are checked on the device, as labels
- * are: a weight that is not finite and >= 0 makes the status word KDLOSS_ERR_INVALID_PARAM, every
- * scalar loss NaN, that row's row_loss and row_entropy NaN and its gradient zero, the other rows
- * computed as if it were ignored. With several faults the word holds the code of the CPU
- * function's first failing check: labels, then weights, then (top-k) ids.
- * kdloss_cuda_fused_linear_distill,
+ * kdloss_cuda_distill_logits, kdloss_cuda_topk_distill_logits and
+ * kdloss_cuda_fused_linear_distill take both, with the CPU's semantics (a fused call asking for
+ * row_entropy runs its row pass without the sm_90 single-read form). The weights are device
+ * memory, so their values are checked on the device, as labels are: a weight that is not finite
+ * and >= 0 makes the status word KDLOSS_ERR_INVALID_PARAM, every scalar loss NaN, that row's
+ * row outputs (row_entropy included) NaN and its gradient zero, the other rows computed as if it
+ * were ignored. With several faults the word holds the code of the CPU function's first failing
+ * check: labels, then weights, then (top-k) ids.
  * kdloss_cuda_fused_linear_topk_distill and the two _vp forms do not take them yet: they return
  * KDLOSS_ERR_UNSUPPORTED (the detail naming the argument) when either is not NULL, once the other
  * arguments have passed their checks and before anything is written; the weights' values are not

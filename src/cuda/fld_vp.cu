@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_grad_kernel(fldvp_args 
     const float *zt = a.r.zt ? a.r.zt + r * a.r.ldz : NULL;
     int64_t y, yc;
     if (!fldvp_label(a, r, &y, &yc)) {
-        fld_skip_row<DS>(a.r, (void *)zs, gr, y);
+        fld_skip_row<DS>(a.r, (void *)zs, gr, y != a.r.ignore);
         return;
     }
     if (threadIdx.x == 0) {
@@ -344,7 +344,7 @@ static kdloss_status fldvp_chunk(const fldvp_call &k, fldvp_args &a, int64_t r0,
     if (s == KDLOSS_OK) s = fldvp_rows(k, a, rows);
     if (s != KDLOSS_OK) return s;
     /* the label rules, against v_total */
-    const fld_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0};
+    const fld_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0, NULL};
     return fld_chunk_backward(k.gm, k.G, m, r0, rows, [&] {
         const kdloss_mat dxs = {k.G.out->dxs.data, k.G.out->dxs.dtype, k.G.ld_dxs};
         return kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);

@@ -862,7 +862,7 @@ void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params 
 /* The zero-gradient rows of a top-k chunk (fld_mask): rows that do not count, and without the
  * cross-entropy's gradient (gh0) rows without a used slot. */
 fld_mask tk_mask_of(const tk_row_args &a, int gh0) {
-    const fld_mask m = {NULL, 0, 0, 0, a.flags, gh0 ? a.ids : NULL, a.ids64, a.ld_ids, a.k};
+    const fld_mask m = {NULL, 0, 0, 0, a.flags, gh0 ? a.ids : NULL, a.ids64, a.ld_ids, a.k, NULL};
     return m;
 }
 
