@@ -978,19 +978,20 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
  * is reused). Calls without labels write KDLOSS_OK there too.
  *
  * Per-row weights and the entropy (row_weights, row_entropy; docs/MATH.md section 12):
- * kdloss_cuda_distill_logits, kdloss_cuda_topk_distill_logits and
- * kdloss_cuda_fused_linear_distill take both, with the CPU's semantics (a fused call asking for
- * row_entropy runs its row pass without the sm_90 single-read form). The weights are device
- * memory, so their values are checked on the device, as labels are: a weight that is not finite
- * and >= 0 makes the status word KDLOSS_ERR_INVALID_PARAM, every scalar loss NaN, that row's
- * row outputs (row_entropy included) NaN and its gradient zero, the other rows computed as if it
- * were ignored. With several faults the word holds the code of the CPU function's first failing
- * check: labels, then weights, then (top-k) ids.
- * kdloss_cuda_fused_linear_topk_distill and the two _vp forms do not take them yet: they return
- * KDLOSS_ERR_UNSUPPORTED (the detail naming the argument) when either is not NULL, once the other
- * arguments have passed their checks and before anything is written; the weights' values are not
- * read. On the _vp forms that is this rank's fault in the agreement (the others
- * KDLOSS_ERR_PEER). */
+ * kdloss_cuda_distill_logits, kdloss_cuda_topk_distill_logits, kdloss_cuda_fused_linear_distill
+ * and kdloss_cuda_fused_linear_topk_distill take both, with the CPU's semantics (a dense fused
+ * call asking for row_entropy runs its row pass without the sm_90 single-read form; a top-k one
+ * runs the full-vocabulary path, as on the CPU). The weights are device memory, so their values
+ * are checked on the device, as labels are: a weight that is not finite and >= 0 makes the
+ * status word KDLOSS_ERR_INVALID_PARAM, every scalar loss NaN, that row's row outputs
+ * (row_entropy included) NaN and its gradient zero, the other rows computed as if it were
+ * ignored. With several faults the word holds the code of the CPU function's first failing
+ * check: on the losses on logits labels, then weights, then (top-k) ids; on the fused top-k
+ * loss ids, then labels, then weights.
+ * The two _vp forms do not take them yet: they return KDLOSS_ERR_UNSUPPORTED (the detail naming
+ * the argument) when either is not NULL, once the other arguments have passed their checks and
+ * before anything is written; the weights' values are not read. That is this rank's fault in
+ * the agreement (the others KDLOSS_ERR_PEER). */
 KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);
 KDLOSS_API kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                             const kdloss_kl_params *params, int64_t bt, int64_t v,

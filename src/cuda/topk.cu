@@ -287,6 +287,7 @@ typedef struct tk_sparse_args {
     double w_soft, grad_scale, temperature, soft_fac;
     double *row_soft;     /* [bt] workspace */
     float *out_soft;      /* caller's [bt] or NULL */
+    const float *w;       /* [bt] row weights, or NULL: 1 */
     float *dz;            /* (bt x k) dz of the used slots, compacted per row (0 after), or NULL */
     int32_t *pcol;        /* (bt x k) their ids (-1 after) */
     void *dxs;            /* (bt x hs, ld_dxs) DS or NULL */
@@ -339,16 +340,17 @@ __device__ void tk_sparse_math(const tk_sparse_args &a, int64_t r, tk_slots s, i
     const float cb = a.grad_soft
                          ? (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
                          : 0.0f;
-    for (int64_t k = 0; k < n; k++) s.g[k] *= cb;
+    const float cw = a.w ? cb * a.w[r] : cb; /* the row weight, once in fp32 (MATH.md 12.1) */
+    for (int64_t k = 0; k < n; k++) s.g[k] *= cw;
     a.row_soft[r] = d;
     if (a.out_soft) a.out_soft[r] = (float)d;
     /* the NaN policy: a poisoned row (kd_topk_row's NaN c_rest) with a gradient is NaN outside S
      * too, as the full-vocabulary path's dz row, so dws and dbs are NaN everywhere
      * (tk_dw_kernel fills them; the CPU's run_sparse likewise) */
-    if (cb != 0.0f && isnan(crest)) atomicOr(&a.hdr->poisoned, 1u);
+    if (cw != 0.0f && isnan(crest)) atomicOr(&a.hdr->poisoned, 1u);
     /* a factor of 0 writes zeros: no slot reaches dxs, dws or dbs (0 x a NaN weight or hidden
      * state would be NaN; the CPU's sparse rows skip their axpys and scatter) */
-    *n_out = cb != 0.0f ? n : 0;
+    *n_out = cw != 0.0f ? n : 0;
 }
 
 /* dxs[r] = sum over the used slots, in order, of dz_k ws[id_k] (threads over hidden columns);
@@ -669,7 +671,9 @@ static int tk_sparse_params(const kdloss_fused_linear_topk_distill_params *p, in
 }
 static int tk_sparse_call(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                           int64_t k, const kdloss_fused_linear_distill_out *out) {
-    return tk_sparse_params(p, bt, k) && !out->hard_loss && !out->row_hard && !out->row_lse;
+    /* the entropy spans every column, as row_lse: the full-vocabulary path (MATH.md 12) */
+    return tk_sparse_params(p, bt, k) && !out->hard_loss && !out->row_hard && !out->row_lse &&
+           !out->row_entropy;
 }
 
 /* ---- host side: launchers ------------------------------------------------------------------- */
@@ -855,8 +859,12 @@ void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params 
     /* "0 skips all cross-entropy work": the CE only when weighted or asked for */
     a->do_ce = has_labels && (p->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard);
     a->do_hard = a->do_ce || out->row_lse != NULL;
-    a->need_r = p->tail != KDLOSS_TAIL_RENORM_BOTH || (a->do_hard && a->same_t);
+    /* R for the untempered lse at T = 1, and for the entropy (over every column) */
+    a->need_r = p->tail != KDLOSS_TAIL_RENORM_BOTH || (a->do_hard && a->same_t) ||
+                out->row_entropy != NULL;
     fld_grad_fields(a, p, out, want_grad);
+    a->w = p->row_weights;
+    a->out_ent = out->row_entropy;
 }
 
 /* The zero-gradient rows of a top-k chunk (fld_mask): rows that do not count, and without the
@@ -957,6 +965,7 @@ static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_to
     a.soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
     a.row_soft = P.row_soft;
     a.out_soft = out->row_soft;
+    a.w = p->row_weights;
     a.dz = wgrad ? P.dz : NULL;
     a.pcol = wgrad ? P.pcol : NULL;
     a.dxs = out->dxs.data;
@@ -1013,9 +1022,6 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     kd_spanset spans;
     kdloss_status s =
         kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
-    if (s == KDLOSS_OK)
-        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_topk_distill", params->row_weights,
-                                  out->row_entropy);
     if (s != KDLOSS_OK) return s;
     const int sparse = tk_sparse_call(params, bt, teacher.k, out);
     tk_plan P;
@@ -1027,7 +1033,8 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     if (sparse) tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, workspace, &P);
     else tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
 
-    const tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    c.w = params->row_weights;
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
@@ -1046,7 +1053,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     if (s == KDLOSS_OK) {
         const double soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;
         s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, out, params->weight_hard_loss,
-                            params->weight_soft_loss, soft_fac, 1, NULL);
+                            params->weight_soft_loss, soft_fac, 1, params->row_weights);
     }
     kd_dev_leave(&dg);
     return s;

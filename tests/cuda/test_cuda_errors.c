@@ -607,18 +607,11 @@ static void test_errors_fltopk(void) {
     c = f; c.ws_bytes -= 256; tk_err_expect("fltopk workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
 }
 
-/* What the CUDA kernels do not take yet (docs/MATH.md section 12): row_weights or row_entropy on
- * an entry point that refuses them is KDLOSS_ERR_UNSUPPORTED, its detail naming the argument,
- * nothing written (the entropy's buffer among the poisoned outputs); the weights' values are
- * never read (the arena's zeros would be valid weights anyway). An argument error still gets its
- * own code first. The vocabulary-parallel forms refuse in the agreement (test_cuda_vp.c). */
-static void extras_expect(const char *what, err_run run, const void *c, const char *name) {
-    err_expect(what, run, c, 0, KDLOSS_ERR_UNSUPPORTED);
-    const char *d = kdloss_error_detail();
-    KT_CHECK(d && strstr(d, name) && strstr(d, "CUDA"), "%s: detail \"%s\" names %s", what,
-             d ? d : "(null)", name);
-}
-
+/* Per-row weights and the entropy (docs/MATH.md section 12) on the entry points that take them:
+ * with either, an argument error still gets the CPU's code (the weights' values are device
+ * memory on the GPU: test_cuda_distill_logits.c, test_cuda_topk.c, test_cuda_fused_linear.c
+ * check them through the status word). The vocabulary-parallel forms refuse them in the
+ * agreement (test_cuda_vp.c). */
 static void test_errors_row_extras(void) {
     jsd_call j = jsd_base(2), jc;
     KT_CHECK(kdloss_cuda_distill_logits_workspace_size(4, 8, &j.ws_bytes) == KDLOSS_OK,
@@ -659,10 +652,10 @@ static void test_errors_row_extras(void) {
     KT_CHECK(kdloss_cuda_fused_linear_topk_distill_workspace_size(&u.pf, 4, 8, 8, 4, KDLOSS_BF16,
                                                                   1, &u.ws_bytes) == KDLOSS_OK,
              "extras fltopk ws size");
-    tc = u; tc.rw = 1; extras_expect("fltopk row_weights", run_tk_err, &tc, "row_weights");
-    tc = u; tc.ent = 1; extras_expect("fltopk row_entropy", run_tk_err, &tc, "row_entropy");
     tc = u; tc.rw = 1; tc.pf.t2_scale = 3;
-    tk_err_expect("fltopk row_weights and t2_scale 3", &tc, KDLOSS_ERR_INVALID_PARAM, 0);
+    tk_err_expect("fltopk row_weights and t2_scale 3", &tc, KDLOSS_ERR_INVALID_PARAM, 1);
+    tc = u; tc.ent = 1; tc.g_off = AR_ENT - 16;
+    tk_err_expect("fltopk dxs overlaps row_entropy", &tc, KDLOSS_ERR_ALIASING, 1);
 }
 
 /* A callback the at-once faults must never reach. */

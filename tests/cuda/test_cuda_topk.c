@@ -488,6 +488,8 @@ typedef struct fltk_case {
     int bad_id;   /* tk_break_ids's kinds */
     int fwd_only; /* 1: losses only; 2: dxs only (no dws / dbs) */
     int rows;     /* 1: row_lse (and row_hard with labels): renorm_both then runs dense */
+    int wmode;    /* row weights, tk_case's modes */
+    int ent;      /* the entropy (renorm_both then runs dense) */
 } fltk_case;
 
 typedef struct fltk_run {
@@ -503,6 +505,7 @@ typedef struct fltk_run {
     void *wk;
     size_t wkb;
     int host; /* the call's operands: 1 the host copies (the CPU function) */
+    float *hw, *dw; /* row weights, host and device (NULL: none) */
 } fltk_run;
 
 /* The call's operands, on the device or (host) the host copies. */
@@ -536,12 +539,13 @@ static double fltk_ref(const fltk_run *r, double *dz, double *rr, double L[3]) {
     int bad = 0;
     for (int64_t i = 0; i < bt; i++) bad |= r->te.kind[i] >= 2;
     const double nvd = r->te.nv > 0 ? (double)r->te.nv : 1.0, t2f = c->t2 ? c->T * c->T : 1.0;
-    const double ca = c->w_hard * 0.5 / nvd, cb = c->w_soft * 0.5 * t2f / nvd;
     double *zs = xmalloc((size_t)v * 8), *dd = xmalloc((size_t)v * 8), soft = 0, hard = 0,
            abs_soft = 0;
     for (int64_t i = 0; i < bt; i++) {
         const int64_t y = r->L.lab[i];
-        rr[i] = rr[bt + i] = rr[2 * bt + i] = r->te.kind[i] == 1 ? 0.0 : NAN;
+        const double w = r->hw ? (double)r->hw[i] : 1.0; /* MATH.md 12.1: dz and terms times w */
+        const double ca = w * c->w_hard * 0.5 / nvd, cb = w * c->w_soft * 0.5 * t2f / nvd;
+        rr[i] = rr[bt + i] = rr[2 * bt + i] = rr[3 * bt + i] = r->te.kind[i] == 1 ? 0.0 : NAN;
         for (int64_t j = 0; j < v; j++) dz[i * v + j] = 0.0;
         if (r->te.kind[i] != 0) continue;
         for (int64_t j = 0; j < v; j++) {
@@ -556,7 +560,8 @@ static double fltk_ref(const fltk_run *r, double *dz, double *rr, double L[3]) {
         for (int64_t j = 0; j < v; j++) /* dd = dD/dzs, the 1/T included */
             dz[i * v + j] = ca * (exp(zs[j] - lh) - (c->labels && j == y ? 1.0 : 0.0)) + cb * dd[j];
         rr[i] = o.loss, rr[bt + i] = h, rr[2 * bt + i] = lh;
-        soft += o.loss, hard += h, abs_soft += o.mag;
+        rr[3 * bt + i] = tk_ref_ent(zs, v, c->T);
+        soft += w * o.loss, hard += w * h, abs_soft += w * o.mag;
     }
     L[1] = bad ? NAN : soft * t2f / nvd;
     L[2] = bad ? NAN : hard / nvd;
@@ -575,10 +580,18 @@ static void fltk_check_losses(const char *tag, const fltk_run *r, const double *
     static const char *ln[3] = {"loss", "soft_loss", "hard_loss"};
     for (int i = 0; i < (c->labels ? 3 : 2); i++) /* no hard_loss without labels */
         kt_close(hl[i], L[i], 1e-5 * abs_soft / nvd + 1e-6, lt, "%s %s", tag, ln[i]);
-    float *hr = dfetch(r->o.row_soft, (size_t)c->bt * 12); /* row_soft, row_hard, row_lse */
-    static const char *rn[3] = {"row_soft", "row_hard", "row_lse"};
-    for (int o = 0; o < (c->rows ? 3 : 1); o++) {
-        if (o == 1 && !c->labels) continue;
+    /* row_soft, row_hard, row_lse, row_entropy */
+    float *hr = dfetch(r->o.row_soft, (size_t)c->bt * 16);
+    static const char *rn[4] = {"row_soft", "row_hard", "row_lse", "row_entropy"};
+    for (int o = 0; o < 4; o++) {
+        if ((o == 1 && !c->labels) || (o && o < 3 && !c->rows) || (o == 3 && !c->ent)) continue;
+        if (o == 3) { /* the entropy's tolerance: tk_cmp_ent's, and the GEMM's (lt) */
+            for (int64_t i = 0; i < c->bt; i++)
+                kt_close(hr[3 * c->bt + i], rr[3 * c->bt + i],
+                         64 * U32 * (1.0 + log((double)c->v)), lt, "%s row_entropy[%lld]", tag,
+                         (long long)i);
+            continue;
+        }
         for (int64_t i = 0; i < c->bt; i++)
             kt_close(hr[o * c->bt + i], rr[o * c->bt + i],
                      o ? 1e-6 : 1e-5 * abs_soft / c->bt + 1e-6, lt, "%s %s[%lld]", tag, rn[o],
@@ -596,10 +609,13 @@ static void fltk_vs_cpu(const char *tag, const fltk_run *r, const void *h1, cons
     const size_t es = kdloss_dtype_size(c->ds);
     const double lt = c->ds == KDLOSS_BF16 ? 1e-3 : 1e-4, tol = c->ds == KDLOSS_BF16 ? 3e-2 : 2e-4;
     const double nvd = r->te.nv > 0 ? (double)r->te.nv : 1.0;
-    float cl[3], gl[3];
+    float cl[3], gl[3], *cent = xmalloc((size_t)c->bt * 4);
     kdloss_fused_linear_distill_out o = r->o;
     o.loss = cl, o.soft_loss = cl + 1, o.hard_loss = c->labels ? cl + 2 : NULL;
     o.row_soft = o.row_hard = o.row_lse = NULL, o.dbs = NULL;
+    o.row_entropy = c->ent ? cent : NULL;
+    kdloss_fused_linear_topk_distill_params p = r->p;
+    p.row_weights = r->hw;
     void *cpu[2] = {h1 ? xmalloc((size_t)(c->bt * ldh) * es) : NULL,
                     h2 ? xmalloc((size_t)(c->v * ldh) * es) : NULL};
     o.dxs.data = cpu[0], o.dws.data = cpu[1];
@@ -607,7 +623,7 @@ static void fltk_vs_cpu(const char *tag, const fltk_run *r, const void *h1, cons
     const void *bs;
     kdloss_topk_teacher t;
     fltk_operands(r, 1, &xs, &ws, &bs, &t);
-    kdloss_status s = kdloss_fused_linear_topk_distill(&r->p, c->bt, c->hs, c->v, xs, ws, bs, t,
+    kdloss_status s = kdloss_fused_linear_topk_distill(&p, c->bt, c->hs, c->v, xs, ws, bs, t,
                                                        r->L.host, &o, NULL, 0);
     if (KT_CHECK(s == KDLOSS_OK, "%s: CPU status %d", tag, (int)s)) {
         d2h(gl, r->o.loss, 12);
@@ -624,8 +640,57 @@ static void fltk_vs_cpu(const char *tag, const fltk_run *r, const void *h1, cons
             cmp_norm(what, x, y, rows * c->hs, tol);
             free(x), free(y);
         }
+        float *ge = c->ent ? dfetch(r->o.row_entropy, (size_t)c->bt * 4) : NULL;
+        for (int64_t i = 0; ge && i < c->bt; i++)
+            kt_close(ge[i], cent[i], 64 * U32 * (1.0 + log((double)c->v)), lt,
+                     "%s row_entropy[%lld] vs CPU", tag, (long long)i);
+        free(ge);
     }
-    free(cpu[0]), free(cpu[1]);
+    free(cpu[0]), free(cpu[1]), free(cent);
+}
+
+/* docs/MATH.md 12.1's exact cases from a checked call's outputs (h1 dxs, h2 dws, h3 dbs, each
+ * NULL when not asked; hl the losses): weights of 1 (wmode 3) give the bits of NULL weights,
+ * weights in {0, 1} (wmode 4) those of the rows masked through ignore_index (labels 0 on the
+ * others without labels; the cross-entropy is then off: w_hard 0). */
+static void fltk_exact(const char *tag, fltk_run *r, const void *h1, const void *h2,
+                       const void *h3, const float *hl) {
+    const fltk_case *c = r->c;
+    const int64_t bt = c->bt, ldh = c->hs + c->pad;
+    const size_t es = kdloss_dtype_size(c->ds);
+    float *hr = dfetch(r->grows, (size_t)bt * 16);
+    const kdloss_labels keep = r->L.dev;
+    void *masked = NULL;
+    if (c->wmode == 4) {
+        const kdloss_dtype lt = c->labels ? r->L.dev.dtype : KDLOSS_I64;
+        const size_t ls = kdloss_dtype_size(lt);
+        char *h = xmalloc((size_t)bt * ls);
+        for (int64_t i = 0; i < bt; i++) {
+            const int64_t y = r->hw[i] == 0.0f ? -100 : c->labels ? r->L.lab[i] : 0;
+            if (ls == 8) ((int64_t *)h)[i] = y;
+            else ((int32_t *)h)[i] = (int32_t)y;
+        }
+        masked = dupload(h, (size_t)bt * ls);
+        free(h);
+        r->L.dev = (kdloss_labels){masked, lt};
+    }
+    r->p.row_weights = NULL;
+    KT_CHECK(fltk_call(r) == KDLOSS_OK, "%s: the exact case's call", tag);
+    CK(cudaStreamSynchronize(g_st));
+    r->p.row_weights = r->dw, r->L.dev = keep;
+    const int one = c->wmode == 3;
+    if (h1) ct_same_bits(tag, one ? "dxs (w 1 = NULL)" : "dxs ({0,1} = masked)", r->o.dxs.data, h1,
+                         (size_t)(bt * ldh) * es);
+    if (h2) ct_same_bits(tag, one ? "dws (w 1 = NULL)" : "dws ({0,1} = masked)", r->o.dws.data, h2,
+                         (size_t)(c->v * ldh) * es);
+    if (h3) ct_same_bits(tag, one ? "dbs (w 1 = NULL)" : "dbs ({0,1} = masked)", r->o.dbs, h3,
+                         (size_t)c->v * es);
+    ct_same_bits(tag, one ? "rows (w 1 = NULL)" : "rows ({0,1} = masked)", r->grows, hr,
+                 (size_t)bt * 16);
+    ct_same_bits(tag, one ? "losses (w 1 = NULL)" : "losses ({0,1} = masked)", r->gl, hl,
+                 c->labels ? 12 : 8);
+    if (masked) CK(cudaFree(masked));
+    free(hr);
 }
 
 /* The gradients asked for against the reference; the same call again: the same bits; the CPU. */
@@ -652,6 +717,7 @@ static void fltk_check_grads(const char *tag, fltk_run *r, const double *dz, con
     if (h3) ct_same_bits(tag, "dbs", r->o.dbs, h3, (size_t)v * es);
     if (kdloss_fused_linear_topk_distill && want_status == KDLOSS_OK)
         fltk_vs_cpu(tag, r, h1, h2, abs_soft);
+    if (c->wmode == 3 || c->wmode == 4) fltk_exact(tag, r, h1, h2, h3, hl);
     free(h1), free(h2), free(h3), free(rdx), free(rdw), free(rdb);
 }
 
@@ -671,6 +737,18 @@ static void fltk_inputs(kt_rng *rng, fltk_run *r) {
     r->L = ct_labels_kind(rng, c->labels, bt, v);
     tk_teacher_make(rng, &r->te, bt, v, c->k, c->k + c->pad, c->T, &KT_DIV_CASES[c->div],
                     KDLOSS_I64, c->lpdt, c->bad_id, &r->L);
+    if (c->wmode) { /* the row kinds with the weights, as tk_weights_make */
+        r->hw = xmalloc((size_t)bt * 4);
+        r->te.nv = 0;
+        for (int64_t i = 0; i < bt; i++) {
+            const float w = r->hw[i] = tk_weight(rng, c->wmode, i, bt);
+            int *kind = &r->te.kind[i];
+            if (*kind < 2 && !(w >= 0.0f && w <= FLT_MAX)) *kind = 4;
+            if (*kind == 0 && w == 0.0f) *kind = 1;
+            r->te.nv += *kind == 0;
+        }
+        r->dw = dupload(r->hw, (size_t)bt * 4);
+    }
     r->mxs = ct_in(r->xs, bt, hs, ldh, c->ds, 0), r->mws = ct_in(r->ws, v, hs, ldh, c->ds, 0);
     r->mbs = ct_in(r->bs, 1, v, v, c->ds, 0);
 }
@@ -684,15 +762,17 @@ static void fltk_setup(const char *tag, fltk_run *r) {
     r->p.div = KT_DIV_CASES[c->div], r->p.tail = (kdloss_topk_tail)c->tail, r->p.temperature = c->T;
     r->p.weight_hard_loss = c->w_hard, r->p.weight_soft_loss = c->w_soft, r->p.t2_scale = c->t2;
     r->p.ignore_index = -100, r->p.chunk_size = c->chunk, r->p.grad_scale = 0.5;
+    r->p.row_weights = r->dw;
     r->gdx = dalloc((size_t)(bt * ldh) * es), r->gdw = dalloc((size_t)(c->v * ldh) * es);
-    r->gdb = dalloc((size_t)c->v * es), r->gl = dalloc(12), r->grows = dalloc((size_t)bt * 12);
+    r->gdb = dalloc((size_t)c->v * es), r->gl = dalloc(12), r->grows = dalloc((size_t)bt * 16);
     dpoison(r->gdx, (size_t)(bt * ldh) * es), dpoison(r->gdw, (size_t)(c->v * ldh) * es);
-    dpoison(r->gdb, (size_t)c->v * es), dpoison(r->gl, 12), dpoison(r->grows, (size_t)bt * 12);
+    dpoison(r->gdb, (size_t)c->v * es), dpoison(r->gl, 12), dpoison(r->grows, (size_t)bt * 16);
     memset(&r->o, 0, sizeof r->o);
     r->o.loss = r->gl, r->o.soft_loss = r->gl + 1, r->o.hard_loss = c->labels ? r->gl + 2 : NULL;
     r->o.row_soft = r->grows;
     r->o.row_hard = c->rows && c->labels ? r->grows + bt : NULL;
     r->o.row_lse = c->rows ? r->grows + 2 * bt : NULL;
+    r->o.row_entropy = c->ent ? r->grows + 3 * bt : NULL;
     if (c->fwd_only != 1) r->o.dxs = (kdloss_mat){r->gdx, c->ds, ldh};
     if (!c->fwd_only) r->o.dws = (kdloss_mat){r->gdw, c->ds, ldh};
     if (!c->fwd_only && c->bias) r->o.dbs = r->gdb;
@@ -704,10 +784,10 @@ static void fltk_setup(const char *tag, fltk_run *r) {
 
 static void fltk_check(const char *tag, fltk_run *r) {
     const fltk_case *c = r->c;
-    const int32_t want_status = tk_want_status(&r->te, &r->L, c->bt, c->v, 1, NULL);
+    const int32_t want_status = tk_want_status(&r->te, &r->L, c->bt, c->v, 1, r->hw);
     KT_CHECK(read_status(r->wk) == want_status, "%s: device status word %d", tag,
              (int)read_status(r->wk));
-    double *dz = xmalloc((size_t)(c->bt * c->v) * 8), *rr = xmalloc((size_t)c->bt * 24), L[3];
+    double *dz = xmalloc((size_t)(c->bt * c->v) * 8), *rr = xmalloc((size_t)c->bt * 32), L[3];
     float hl[3];
     const double abs_soft = fltk_ref(r, dz, rr, L);
     fltk_check_losses(tag, r, rr, L, abs_soft, hl);
@@ -720,12 +800,13 @@ static void test_fltk_case(kt_rng *rng, const fltk_case *c) {
     char tag[260];
     snprintf(tag, sizeof tag,
              "fltopk %s %s beta=%g alpha=%g bt=%lld hs=%lld v=%lld k=%lld s=%s lp=%s T=%g wh=%g "
-             "ws=%g t2=%d bias=%d chunk=%lld pad=%lld labels=%d bad_id=%d fwd=%d rows=%d",
+             "ws=%g t2=%d bias=%d chunk=%lld pad=%lld labels=%d bad_id=%d fwd=%d rows=%d w=%d "
+             "ent=%d",
              tk_tail_name(c->tail), kdloss_divergence_name(d.divergence), d.beta, d.alpha,
              (long long)c->bt, (long long)c->hs, (long long)c->v, (long long)c->k,
              kt_dtype_name(c->ds), kt_dtype_name(c->lpdt), c->T, c->w_hard, c->w_soft, c->t2,
              c->bias, (long long)c->chunk, (long long)c->pad, c->labels, c->bad_id, c->fwd_only,
-             c->rows);
+             c->rows, c->wmode, c->ent);
     fltk_run r;
     memset(&r, 0, sizeof r);
     r.c = c;
@@ -739,7 +820,35 @@ static void test_fltk_case(kt_rng *rng, const fltk_case *c) {
     ct_free(&r.mxs), ct_free(&r.mws), ct_free(&r.mbs);
     tk_teacher_free(&r.te);
     ct_labels_free(&r.L);
+    if (r.dw) CK(cudaFree(r.dw));
+    free(r.hw);
     free(r.xs), free(r.ws), free(r.bs);
+}
+
+/* Per-row weights and the entropy (docs/MATH.md 12.1), per divergence: bucket (dense) and
+ * renorm_both (the sparse path without labels and the entropy, else dense) with weights of
+ * zeros and non-integers, among ignored labels, with the CE, with the entropy; bad weights with
+ * bad ids (the fused loss's order: ids first) and with a bad label; weights of 1 against NULL
+ * and {0, 1} against masked labels on both paths. */
+static void fltk_weight_cases(kt_rng *rng) {
+    for (int i = 0; i < KT_NDIV_CASES; i++) {
+        if (kt_quick() && i % 4) continue;
+        const kdloss_dtype ds = KT_DTYPES[i % 2];
+        const double T = i % 2 ? 2.0 : 1.0;
+        const fltk_case c[] = {
+            {29, 24, 300, 8, ds, KDLOSS_F32, i, 0, T, 0.5, 1.0, i % 2, 1, 7, 0, 1, 0, 0, 1, 1, 1},
+            {29, 24, 300, 8, ds, KDLOSS_F32, i, 1, T, 0.0, 1.0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0},
+            {29, 24, 300, 8, ds, KDLOSS_F32, i, 1, T, 0.0, 1.0, 1, 0, 5, 0, 0, 0, 0, 0, 1, 1},
+            {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, i, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 4, 0, 0, 0, 2, 1},
+            {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, i, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 0, 1 + i % 3, 0, 0, 2, 0},
+            {17, 16, 200, 8, ds, KDLOSS_F32, i, 0, T, 0.5, 0.5, 0, 1, 6, 0, 1, 0, 0, 1, 3, i % 2},
+            {17, 16, 200, 8, ds, KDLOSS_F32, i, 1, T, 0.0, 1.0, 0, 1, 0, 0, 0, 0, 0, 0, 4, 0},
+            {17, 16, 200, 8, ds, KDLOSS_F32, i, 1, T, 0.0, 1.0, 1, 1, 0, 0, 0, 0, 0, 0, 3, 0},
+            {17, 16, 200, 8, ds, KDLOSS_F32, i, 0, T, 0.0, 1.0, 1, 1, 4, 0, 0, 0, 0, 0, 4, 1},
+        };
+        for (size_t j = 0; j < sizeof c / sizeof c[0]; j++)
+            if (j == 0 || !kt_quick()) test_fltk_case(rng, &c[j]);
+    }
 }
 
 /* Every divergence case with the bucket (dense) and renorm_both (the sparse path, and dense
@@ -754,29 +863,31 @@ void test_topk_fused(kt_rng *rng) {
             const int labels = n % 3 == 2 ? 0 : 1; /* no labels: no cross-entropy */
             fltk_case c = {29, 24, 300, 8, KT_DTYPES[n % 2], KDLOSS_F32, i, tail,
                            n % 4 == 1 ? 2.0 : 1.0, labels && tail == 0 ? 0.5 : 0.0, 1.0,
-                           (n / 2) % 2, n % 3 != 1, chunks[n % 4], 0, labels, 0, 0, n % 5 == 4};
+                           (n / 2) % 2, n % 3 != 1, chunks[n % 4], 0, labels, 0, 0, n % 5 == 4,
+                           0, 0};
             test_fltk_case(rng, &c);
         }
     static const fltk_case sp[] = {
         /* renorm_teacher; renorm_both dense (row_lse) with CE; renorm_both sparse, bf16 log-probs,
            padded */
-        {29, 24, 300, 8, KDLOSS_F32, KDLOSS_F32, 0, 2, 1.5, 0.5, 0.5, 1, 1, 7, 0, 1, 0, 0, 1},
-        {29, 24, 300, 8, KDLOSS_BF16, KDLOSS_BF16, 4, 1, 1.0, 0.5, 0.5, 0, 1, 0, 0, 1, 0, 0, 1},
-        {29, 24, 300, 8, KDLOSS_BF16, KDLOSS_BF16, 4, 1, 2.0, 0.0, 1.0, 1, 1, 0, 3, 1, 0, 0, 0},
+        {29, 24, 300, 8, KDLOSS_F32, KDLOSS_F32, 0, 2, 1.5, 0.5, 0.5, 1, 1, 7, 0, 1, 0, 0, 1, 0, 0},
+        {29, 24, 300, 8, KDLOSS_BF16, KDLOSS_BF16, 4, 1, 1.0, 0.5, 0.5, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0},
+        {29, 24, 300, 8, KDLOSS_BF16, KDLOSS_BF16, 4, 1, 2.0, 0.0, 1.0, 1, 1, 0, 3, 1, 0, 0, 0, 0, 0},
         /* all ignored; one label out of range; invalid ids (dense, sparse, without labels) */
-        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 3, 0, 0, 0},
-        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 1, 1, 1.0, 0.0, 1.0, 0, 0, 0, 0, 4, 0, 0, 0},
-        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 1, 1, 0, 1},
-        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 2, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 2, 0, 0},
-        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 14, 0, 1.0, 0.0, 1.0, 0, 1, 3, 0, 0, 3, 0, 0},
-        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 4, 2, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 3, 0, 0, 0, 0, 0},
+        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 1, 1, 1.0, 0.0, 1.0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 5, 0, 1, 1, 0, 1, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 2, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 2, 0, 0, 0, 0},
+        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 14, 0, 1.0, 0.0, 1.0, 0, 1, 3, 0, 0, 3, 0, 0, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 4, 2, 0, 0, 0, 0},
         /* forward only; dxs only (sparse: no pairs); V across tiles, k 64; S = V (k > v) */
-        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 2.0, 0.5, 0.5, 1, 1, 0, 0, 1, 0, 1, 1},
-        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 0, 2, 0},
-        {9, 16, 4100, 64, KDLOSS_BF16, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 4, 3, 1, 0, 0, 1},
-        {9, 16, 4100, 64, KDLOSS_F32, KDLOSS_F32, 12, 1, 1.5, 0.0, 1.0, 1, 1, 0, 0, 1, 0, 0, 0},
-        {10, 8, 6, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 0, 0, 1, 0, 0, 1},
-        {10, 8, 6, 8, KDLOSS_F32, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 3, 0, 1, 0, 0, 0},
+        {12, 16, 100, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 2.0, 0.5, 0.5, 1, 1, 0, 0, 1, 0, 1, 1, 0, 0},
+        {12, 16, 100, 8, KDLOSS_BF16, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 0, 0, 1, 0, 2, 0, 0, 0},
+        {9, 16, 4100, 64, KDLOSS_BF16, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 4, 3, 1, 0, 0, 1, 0, 0},
+        {9, 16, 4100, 64, KDLOSS_F32, KDLOSS_F32, 12, 1, 1.5, 0.0, 1.0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0},
+        {10, 8, 6, 8, KDLOSS_F32, KDLOSS_F32, 0, 0, 1.0, 0.5, 0.5, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0},
+        {10, 8, 6, 8, KDLOSS_F32, KDLOSS_F32, 0, 1, 1.0, 0.0, 1.0, 0, 1, 3, 0, 1, 0, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) test_fltk_case(rng, &sp[i]);
+    fltk_weight_cases(rng);
 }
