@@ -988,10 +988,13 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
  * ignored. With several faults the word holds the code of the CPU function's first failing
  * check: on the losses on logits labels, then weights, then (top-k) ids; on the fused top-k
  * loss ids, then labels, then weights.
- * The two _vp forms do not take them yet: they return KDLOSS_ERR_UNSUPPORTED (the detail naming
- * the argument) when either is not NULL, once the other arguments have passed their checks and
- * before anything is written; the weights' values are not read. That is this rank's fault in
- * the agreement (the others KDLOSS_ERR_PEER). */
+ * The two _vp forms take row_weights and read them to the host before the agreement (a copy on
+ * `stream` and its synchronization, so a call with weights synchronizes twice): there they are
+ * checked as the CPU checks them (KDLOSS_ERR_INVALID_PARAM naming the row, this rank's fault in
+ * the agreement, nothing written) and their values join the agreement's fingerprint (ranks
+ * whose weights differ: KDLOSS_ERR_SHAPE_MISMATCH). They do not take row_entropy yet: it is
+ * KDLOSS_ERR_UNSUPPORTED (the detail naming it), this rank's fault in the agreement (the others
+ * KDLOSS_ERR_PEER). */
 KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);
 KDLOSS_API kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                             const kdloss_kl_params *params, int64_t bt, int64_t v,

@@ -46,11 +46,13 @@ typedef struct fldvp_norms {
 /* ---- device side ----------------------------------------------------------------------------- */
 
 /* Row r's label y: *ycol its local column (-1 on the ranks that do not hold it). Returns whether
- * the row counts: not ignored and in [0, v_total) (a bad label is NaN, as fld_row_kernel's). */
+ * the row counts: not ignored and in [0, v_total), and its weight (if any) > 0 (a bad label is
+ * NaN, as fld_row_kernel's; the weights were checked on the host: fld_vp's kd_cuda_vp_weights). */
 __device__ __forceinline__ int fldvp_label(const fldvp_args &a, int64_t r, int64_t *y,
                                           int64_t *ycol) {
     *y = kd_label(a.r.labels, a.r.lab64, a.r.row0 + r);
-    const int valid = *y != a.r.ignore && *y >= 0 && *y < a.v_total;
+    const int valid = *y != a.r.ignore && *y >= 0 && *y < a.v_total &&
+                      kd_weight_kind(a.r.w, a.r.row0 + r) == 0;
     const int64_t c = *y - a.v_lo;
     *ycol = valid && c >= 0 && c < a.r.v ? c : -1;
     return valid;
@@ -228,7 +230,8 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_grad_kernel(fldvp_args 
     const float *zt = a.r.zt ? a.r.zt + r * a.r.ldz : NULL;
     int64_t y, yc;
     if (!fldvp_label(a, r, &y, &yc)) {
-        fld_skip_row<DS>(a.r, (void *)zs, gr, y != a.r.ignore);
+        /* bad: a label out of range (a weight 0 ignores the row; bad weights never get here) */
+        fld_skip_row<DS>(a.r, (void *)zs, gr, y != a.r.ignore && (y < 0 || y >= a.v_total));
         return;
     }
     if (threadIdx.x == 0) {
@@ -241,6 +244,7 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_grad_kernel(fldvp_args 
     const float it = a.r.inv_t, S = (float)a.stat_div[2 * r + 1];
     float ca, cb;
     fld_factors(a.r, &ca, &cb);
+    fld_weigh(a.r, gr, &ca, &cb);
     if (nm.wide) { /* the careful form (row_special.cuh): kd_wide_dz, S in double */
         const float gs = a.r.grad_soft ? cb : 0.0f, gh = a.r.grad_hard ? ca : 0.0f;
         const bool share = a.r.same_t && gs != 0.0f;
@@ -344,7 +348,7 @@ static kdloss_status fldvp_chunk(const fldvp_call &k, fldvp_args &a, int64_t r0,
     if (s == KDLOSS_OK) s = fldvp_rows(k, a, rows);
     if (s != KDLOSS_OK) return s;
     /* the label rules, against v_total */
-    const fld_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0, NULL};
+    const fld_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0, a.r.w};
     return fld_chunk_backward(k.gm, k.G, m, r0, rows, [&] {
         const kdloss_mat dxs = {k.G.out->dxs.data, k.G.out->dxs.dtype, k.G.ld_dxs};
         return kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
@@ -364,8 +368,8 @@ static kdloss_status fldvp_run(const fldvp_call &k, const kdloss_fused_linear_di
     a.stat_sum = a.stat_max + 2 * P.chunk;
     a.stat_div = a.stat_sum + 4 * P.chunk;
     const cudaStream_t st = k.gm.st;
-    kdloss_status s = kd_cuda_count_labels(st, labels.data, a.r.lab64, bt, sh->v_total,
-                                           p->ignore_index, P.hdr);
+    kdloss_status s = kd_cuda_count_rows(st, labels.data, a.r.lab64, bt, sh->v_total,
+                                         p->ignore_index, a.r.w, P.hdr);
     s = fld_for_chunks(s, bt, P.chunk,
                       [&](int64_t r0, int64_t rows) { return fldvp_chunk(k, a, r0, rows); });
     if (s == KDLOSS_OK) s = fld_end_grads(k.gm, k.G, bt);
@@ -404,9 +408,8 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     s = kd_vp_check_shard(shard, v);
     if (s == KDLOSS_OK)
         s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out, &g, &spans);
-    if (s == KDLOSS_OK)
-        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_distill_vp", params->row_weights,
-                                  out->row_entropy);
+    if (s == KDLOSS_OK) /* the entropy: not yet (docs/MATH.md 12.1, CUDA) */
+        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_distill_vp", NULL, out->row_entropy);
     if (s == KDLOSS_OK)
         s = fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, ctx->device, NULL, &P);
     if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.fl.total, &spans);
@@ -429,6 +432,7 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     const cudaStream_t st = (cudaStream_t)stream;
     /* everything that can fail before the first chunk was decided above: after the agreement
      * every rank makes the chunk loop's collectives */
+    if (s == KDLOSS_OK) s = kd_cuda_vp_weights(st, params->row_weights, bt, &terms.setup);
     s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, ht, &terms, &chunk);
     if (s == KDLOSS_OK) {
         fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, ctx->device, workspace,

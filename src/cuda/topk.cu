@@ -110,7 +110,8 @@ __device__ __forceinline__ int32_t tk_status_of(const tk_header *hdr, int ids_fi
 
 /* row_soft, row_hard [bt] (row_hard may be NULL), w [bt] (NULL: 1) -> the scalar losses (one
  * block, fixed order):
- *   soft = sum w row_soft * soft_fac / n, hard = sum w row_hard / n, loss = w_hard hard + w_soft soft
+ *   soft = sum w row_soft * soft_fac / n, hard = sum w row_hard / n,
+ *   loss = w_hard hard + w_soft soft
  * with n = max(1, n_valid); NaN when a row is bad; the status word (tk_status_of). */
 __global__ void __launch_bounds__(TK_FINAL_THREADS)
 tk_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, tk_header *hdr,

@@ -324,7 +324,8 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     const tk_plan &P = k.P->tk;
     const kd_topk_geom &g = *k.g;
     const cudaStream_t st = k.gm.st;
-    const tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
+    tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
+    c.w = p->row_weights; /* checked on the host (kd_cuda_vp_weights): 0 ignores a row */
     tkvp_args a;
     tk_row_common(&a.r, t, g, c, P);
     tk_row_fused(&a.r, p, k.G.out, labels.data != NULL, bs, P, g.want_grad && !k.G.zero_g);
@@ -341,7 +342,8 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     if (s == KDLOSS_OK)
         s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.G.out, p->weight_hard_loss,
                             p->weight_soft_loss,
-                            p->t2_scale ? p->temperature * p->temperature : 1.0, 1, NULL);
+                            p->t2_scale ? p->temperature * p->temperature : 1.0, 1,
+                            p->row_weights);
     return s;
 }
 
@@ -376,9 +378,9 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     s = kd_vp_check_shard(shard, v);
     if (s == KDLOSS_OK)
         s = kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
-    if (s == KDLOSS_OK)
-        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_topk_distill_vp",
-                                  params->row_weights, out->row_entropy);
+    if (s == KDLOSS_OK) /* the entropy: not yet (docs/MATH.md 12.1, CUDA) */
+        s = kd_args_no_row_extras("kdloss_cuda_fused_linear_topk_distill_vp", NULL,
+                                  out->row_entropy);
     if (s == KDLOSS_OK)
         s = tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
     if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.tk.total, &spans);
@@ -403,6 +405,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     const cudaStream_t st = (cudaStream_t)stream;
     /* everything that can fail before the first chunk was decided above: after the agreement
      * every rank makes the chunk loop's collectives */
+    if (s == KDLOSS_OK) s = kd_cuda_vp_weights(st, params->row_weights, bt, &terms.setup);
     s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, teacher.k, &terms, &chunk);
     if (s == KDLOSS_OK) {
         tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);

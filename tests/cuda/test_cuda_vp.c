@@ -413,11 +413,12 @@ static void test_vp_case(kt_rng *rng, const vp_case *c, int size) {
 /* ---- the agreement's faults ---- */
 
 enum { K_BAD_T, K_GAP, K_SHORT_WS, K_OTHER_T, K_NO_DXS, K_S_CAP, K_S_SCALE, K_T_CAP, K_WEIGHTS,
-       K_ENTROPY, K_CHUNK_1E6, K_CHUNK_0, K_CHUNK_NAN, K_N };
+       K_BAD_W, K_OTHER_W, K_ENTROPY, K_CHUNK_1E6, K_CHUNK_0, K_CHUNK_NAN, K_N };
 static const char *const VP_FAULTS[K_N] = {
     "bad temperature", "gap", "short workspace", "another temperature", "no dxs",
     "another student softcap", "another student scale", "another teacher softcap",
-    "row_weights on every rank", "row_entropy on the last rank",
+    "NaN row_weights on every rank", "a NaN row weight on the last rank",
+    "other row_weights on the last rank", "row_entropy on the last rank",
     "chunk tampered to 1e6", "chunk tampered to 0", "chunk tampered to NaN"};
 
 /* Rank r's status under fault `kind`. */
@@ -430,16 +431,19 @@ static kdloss_status vp_fault_want(int kind, int r, int size) {
     case K_OTHER_T: case K_S_CAP: case K_S_SCALE: case K_T_CAP:
         return size > 1 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_OK;
     case K_NO_DXS: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
-    /* not taken by the CUDA vocabulary-parallel kernels yet: refused as this rank's fault */
-    case K_WEIGHTS: return KDLOSS_ERR_UNSUPPORTED;
+    /* the weights are read to the host and checked there (each rank its own), and their values
+     * join the setup's fingerprint; the entropy is not taken yet: this rank's fault */
+    case K_WEIGHTS: return KDLOSS_ERR_INVALID_PARAM;
+    case K_BAD_W: return last ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER;
+    case K_OTHER_W: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
     case K_ENTROPY: return last ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_ERR_PEER;
     default: return KDLOSS_ERR_COMM;
     }
 }
 
 /* The fault on the ranks' arguments (the tampering is the communicator's); extra: bt poisoned
- * device floats for row_weights (never read: their NaNs would be INVALID_PARAM) and bt more for
- * row_entropy. */
+ * device floats (NaN row weights), bt more for row_entropy, then bt weights of 1 and bt of 1
+ * but for a 0.5 in row 0. */
 static void vp_fault_apply(int kind, vp_job *jobs, int size, float *extra) {
     for (int r = 0; r < size; r++) {
         vp_job *j = &jobs[r];
@@ -452,7 +456,11 @@ static void vp_fault_apply(int kind, vp_job *jobs, int size, float *extra) {
         if (kind == K_S_CAP && last) j->dp.student_map.softcap = j->tp.student_map.softcap = 30.0;
         if (kind == K_S_SCALE && last) j->dp.student_map.scale = j->tp.student_map.scale = 0.5;
         if (kind == K_T_CAP && last) j->dp.teacher_map.softcap = 30.0;
-        if (kind == K_WEIGHTS) j->dp.row_weights = j->tp.row_weights = extra;
+        if (kind == K_WEIGHTS || (kind == K_BAD_W && last))
+            j->dp.row_weights = j->tp.row_weights = extra;
+        if (kind == K_BAD_W && !last) j->dp.row_weights = j->tp.row_weights = extra + 2 * j->c->bt;
+        if (kind == K_OTHER_W)
+            j->dp.row_weights = j->tp.row_weights = extra + (last ? 3 : 2) * j->c->bt;
         if (kind == K_ENTROPY && last) j->row_entropy = extra + j->c->bt;
     }
 }
@@ -470,8 +478,12 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
         tp = (vp_tamper){1, 0, -1, 2 * (int64_t)size + KD_VP_AG_NEG_CHUNK, -val};
     }
     vp_jobs_init(jobs, size, c, d);
-    float *extra = dalloc((size_t)(2 * c->bt) * sizeof(float));
+    float *extra = dalloc((size_t)(4 * c->bt) * sizeof(float));
+    float *ones = xmalloc((size_t)(2 * c->bt) * sizeof(float));
+    for (int64_t i = 0; i < 2 * c->bt; i++) ones[i] = i == c->bt ? 0.5f : 1.0f;
     dpoison(extra, (size_t)(2 * c->bt) * sizeof(float));
+    h2d(extra + 2 * c->bt, ones, (size_t)(2 * c->bt) * sizeof(float));
+    free(ones);
     vp_fault_apply(kind, jobs, size, extra);
     vp_run_ranks(jobs, size, &w, ranks, &tp);
     KT_CHECK(dpoisoned(extra, (size_t)(2 * c->bt) * sizeof(float)),
@@ -504,9 +516,12 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
  * SHAPE_MISMATCH; a workspace one byte short on the last rank gives it WORKSPACE_TOO_SMALL and
  * the others PEER; the last rank with another (valid) temperature: INVALID_PARAM on every rank;
  * the last rank without dxs: SHAPE_MISMATCH on every rank; the last rank with another student
- * softcap or scale, or (dense) teacher softcap: INVALID_PARAM on every rank; row_weights on
- * every rank: UNSUPPORTED on every rank, row_entropy on the last: UNSUPPORTED there and PEER on
- * the others (the CUDA kernels do not take them yet); the agreed chunk tampered by the
+ * softcap or scale, or (dense) teacher softcap: INVALID_PARAM on every rank; NaN row_weights on
+ * every rank: INVALID_PARAM on every rank (each rank checks its own, on the host); a NaN weight
+ * on the last rank only: INVALID_PARAM there, PEER on the others; valid weights that differ on
+ * the last rank: SHAPE_MISMATCH on every rank (their values are in the fingerprint); row_entropy
+ * on the last: UNSUPPORTED there and PEER on the others (the CUDA kernels do not take it yet);
+ * the agreed chunk tampered by the
  * communicator on every rank to 1e6, 0 or NaN: KDLOSS_ERR_COMM on every rank. Every rank makes
  * both of the agreement's collectives and no other, and nothing is written anywhere. Dense
  * teacher, or (topk) the sparse one (bucket, CE, K 6). */
@@ -532,8 +547,8 @@ static void test_vp_agreement(kt_rng *rng, int size, int topk) {
 /* The cases: dense JSD with bias in 5 chunks and logit maps on both heads; forward KL at T 2
  * with t2_scale in bf16, automatic chunk; the top-k teacher with each tail (bucket CE T 1.5 with
  * a student logit map, renorm_both without labels, renorm_teacher CE); K = V with TVD. */
-static void vp_cases(vp_case c[6]) {
-    memset(c, 0, 6 * sizeof *c);
+static void vp_cases(vp_case c[8], const float *w) {
+    memset(c, 0, 8 * sizeof *c);
     c[0].tag = "dense jsd bias chunk 8";
     c[0].bt = 37, c[0].hs = 24, c[0].ht = 20, c[0].v = 301, c[0].dt = KDLOSS_F32, c[0].bias = 1;
     kdloss_fused_linear_distill_params_default(&c[0].dp); /* JSD 0.5, w 0.5 / 0.5 */
@@ -567,11 +582,21 @@ static void vp_cases(vp_case c[6]) {
     c[5].tag = "topk bucket K=V tvd";
     c[5].bt = 16, c[5].hs = 32, c[5].v = 64, c[5].k = 64, c[5].tp.chunk_size = 0;
     c[5].tp.div.divergence = KDLOSS_DIV_TVD;
+    /* per-row weights (docs/MATH.md 12.1; w: zeros, non-integers, replicated on every rank) */
+    c[6] = c[0];
+    c[6].tag = "dense jsd bias chunk 8 weights";
+    c[6].dp.row_weights = w;
+    c[7] = c[2];
+    c[7].tag = "topk bucket CE T1.5 chunk 7 weights";
+    c[7].tp.row_weights = w;
 }
 
 void test_vp(kt_rng *rng) {
-    vp_case c[6];
-    vp_cases(c);
+    vp_case c[8];
+    float hw[64];
+    for (int i = 0; i < 64; i++) hw[i] = i % 5 == 2 ? 0.0f : (float)(0.25 + 2.5 * kt_uniform(rng));
+    float *w = dupload(hw, sizeof hw); /* bt <= 64 in every case */
+    vp_cases(c, w);
     const int fails = kt_failures;
     for (int size = 2; size <= VP_MAX_RANKS; size++) {
         for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) test_vp_case(rng, &c[i], size);
@@ -580,6 +605,7 @@ void test_vp(kt_rng *rng) {
     }
     printf("vp: %d cases x 2..%d ranks as threads, and the agreement: %d failures\n",
            (int)(sizeof c / sizeof c[0]), VP_MAX_RANKS, kt_failures - fails);
+    CK(cudaFree(w));
 }
 
 #ifdef KDLOSS_TEST_NCCL
@@ -594,8 +620,8 @@ void test_vp_nccl(kt_rng *rng) {
     kdloss_nccl_comm nccl;
     kdloss_status s = kdloss_comm_from_nccl(nc, g_st, &nccl);
     KT_CHECK(s == KDLOSS_OK && nccl.comm.rank == 0 && nccl.comm.size == 1, "vp nccl: comm");
-    vp_case all[6];
-    vp_cases(all);
+    vp_case all[8];
+    vp_cases(all, NULL);
     vp_case c = all[0]; /* dense JSD with bias, chunk 8 */
     c.tag = "nccl one rank dense jsd chunk 8";
     vp_data d;
