@@ -992,7 +992,9 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
  * `stream` and its synchronization, so a call with weights synchronizes twice): there they are
  * checked as the CPU checks them (KDLOSS_ERR_INVALID_PARAM naming the row, this rank's fault in
  * the agreement, nothing written) and their values join the agreement's fingerprint (ranks
- * whose weights differ: KDLOSS_ERR_SHAPE_MISMATCH). They do not take row_entropy yet: it is
+ * whose weights differ: KDLOSS_ERR_SHAPE_MISMATCH). kdloss_cuda_fused_linear_distill_vp takes
+ * row_entropy too (the SUM of 5 of the protocol below; its workspace holds that double a row
+ * whether or not it is asked for); kdloss_cuda_fused_linear_topk_distill_vp does not yet: it is
  * KDLOSS_ERR_UNSUPPORTED (the detail naming it), this rank's fault in the agreement (the others
  * KDLOSS_ERR_PEER). */
 KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);

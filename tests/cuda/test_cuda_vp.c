@@ -74,16 +74,16 @@ static int vp_hard(const vp_case *c) { return c->topk ? c->tp.weight_hard_loss >
 void vp_out_alloc(vp_out *o, const vp_case *c, int64_t rows) {
     const size_t es = kdloss_dtype_size(c->dt);
     o->d_sc = dalloc(3 * sizeof(float));
-    o->d_rows = dalloc((size_t)(3 * c->bt) * sizeof(float));
+    o->d_rows = dalloc((size_t)(4 * c->bt) * sizeof(float));
     o->d_dxs = dalloc((size_t)(c->bt * c->hs) * es);
     o->d_dws = dalloc((size_t)(rows * c->hs) * es);
     o->d_dbs = c->bias ? dalloc((size_t)rows * es) : NULL;
     dpoison(o->d_sc, 3 * sizeof(float));
-    dpoison(o->d_rows, (size_t)(3 * c->bt) * sizeof(float));
+    dpoison(o->d_rows, (size_t)(4 * c->bt) * sizeof(float));
     dpoison(o->d_dxs, (size_t)(c->bt * c->hs) * es);
     dpoison(o->d_dws, (size_t)(rows * c->hs) * es);
     if (o->d_dbs) dpoison(o->d_dbs, (size_t)rows * es);
-    o->rows = xmalloc((size_t)(3 * c->bt) * sizeof(float));
+    o->rows = xmalloc((size_t)(4 * c->bt) * sizeof(float));
     o->dxs = xmalloc((size_t)(c->bt * c->hs) * es);
     o->dws = xmalloc((size_t)(rows * c->hs) * es);
     o->dbs = xmalloc((size_t)rows * es);
@@ -102,13 +102,14 @@ static kdloss_fused_linear_distill_out vp_view(const vp_out *o, const vp_case *c
     d.row_soft = o->d_rows;
     d.row_hard = hard ? o->d_rows + c->bt : NULL;
     d.row_lse = hard ? o->d_rows + 2 * c->bt : NULL;
+    d.row_entropy = c->ent ? o->d_rows + 3 * c->bt : NULL;
     return d;
 }
 
 void vp_out_fetch(vp_out *o, const vp_case *c, int64_t rows) {
     const size_t es = kdloss_dtype_size(c->dt);
     d2h(o->sc, o->d_sc, 3 * sizeof(float));
-    d2h(o->rows, o->d_rows, (size_t)(3 * c->bt) * sizeof(float));
+    d2h(o->rows, o->d_rows, (size_t)(4 * c->bt) * sizeof(float));
     d2h(o->dxs, o->d_dxs, (size_t)(c->bt * c->hs) * es);
     d2h(o->dws, o->d_dws, (size_t)(rows * c->hs) * es);
     if (o->d_dbs) d2h(o->dbs, o->d_dbs, (size_t)rows * es);
@@ -227,7 +228,7 @@ static kdloss_status vp_job_call(vp_job *j, void *wk, size_t wsb) {
     const size_t es = kdloss_dtype_size(c->dt);
     kdloss_fused_linear_distill_out out = vp_view(&j->o, c);
     if (j->no_dxs) out.dxs.data = NULL;
-    out.row_entropy = j->row_entropy;
+    if (j->row_entropy) out.row_entropy = j->row_entropy;
     kdloss_cmat xs = {d->xs, c->dt, 0},
                 ws = {(char *)d->ws + (size_t)(j->lo * c->hs) * es, c->dt, 0};
     const void *bs = c->bias ? (const char *)d->bs + (size_t)j->lo * es : NULL;
@@ -361,6 +362,11 @@ static void vp_compare(const char *tag, const vp_case *c, vp_job *j, const vp_ou
         kt_close(q->rows[c->bt + r], w->rows[c->bt + r], 1e-6, 1e-6, "%s row_hard", tag);
         kt_close(q->rows[2 * c->bt + r], w->rows[2 * c->bt + r], 1e-6, 1e-6, "%s row_lse", tag);
     }
+    /* the entropy: E / S + log S from the reduced double sums against the single-process
+     * kernel's fp32 -Q x sums (docs/MATH.md 12.1: the same quantity, roundings apart) */
+    for (int64_t r = 0; c->ent && r < c->bt; r++)
+        kt_close(q->rows[3 * c->bt + r], w->rows[3 * c->bt + r], 64 * U32 * (1.0 + log(c->v)),
+                 1e-5, "%s row_entropy[%lld]", tag, (long long)r);
     vp_close(tag, "dxs", q->dxs, w->dxs, c->bt * c->hs, c->dt);
     vp_close(tag, "dws", q->dws, (const char *)w->dws + (size_t)(j->lo * c->hs) * es,
              j->n * c->hs, c->dt);
@@ -370,8 +376,8 @@ static void vp_compare(const char *tag, const vp_case *c, vp_job *j, const vp_ou
 }
 
 /* Rank 0's all-reduces: the agreement (MAX of 2 size + 12 doubles, then the confirmation's MAX
- * of 3), then per chunk (the case's chunk_size, which every rank shares) MAX 2 rows, SUM (4 or
- * 4 + K) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
+ * of 3), then per chunk (the case's chunk_size, which every rank shares) MAX 2 rows, SUM (4, 5
+ * with the entropy, or 4 + K) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
 static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world *w) {
     vp_call_rec want[VP_MAX_CALLS];
     int n = 0;
@@ -381,7 +387,8 @@ static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world 
     for (int64_t r0 = 0; chunk > 0 && r0 < c->bt && n + 4 <= VP_MAX_CALLS; r0 += chunk) {
         const int64_t m = c->bt - r0 < chunk ? c->bt - r0 : chunk;
         want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_MAX};
-        want[n++] = (vp_call_rec){(4 + (c->topk ? c->k : 0)) * m, KDLOSS_F64, KDLOSS_COMM_SUM};
+        want[n++] = (vp_call_rec){(4 + (c->topk ? c->k : c->ent)) * m, KDLOSS_F64,
+                                  KDLOSS_COMM_SUM};
         if (!c->topk) want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_SUM};
         want[n++] = (vp_call_rec){m * c->hs, KDLOSS_F32, KDLOSS_COMM_SUM};
     }
@@ -421,8 +428,8 @@ static const char *const VP_FAULTS[K_N] = {
     "other row_weights on the last rank", "row_entropy on the last rank",
     "chunk tampered to 1e6", "chunk tampered to 0", "chunk tampered to NaN"};
 
-/* Rank r's status under fault `kind`. */
-static kdloss_status vp_fault_want(int kind, int r, int size) {
+/* Rank r's status under fault `kind` (topk: the sparse teacher's call). */
+static kdloss_status vp_fault_want(int kind, int r, int size, int topk) {
     const int last = r == size - 1;
     switch (kind) {
     case K_BAD_T: return last ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER;
@@ -436,7 +443,9 @@ static kdloss_status vp_fault_want(int kind, int r, int size) {
     case K_WEIGHTS: return KDLOSS_ERR_INVALID_PARAM;
     case K_BAD_W: return last ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER;
     case K_OTHER_W: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
-    case K_ENTROPY: return last ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_ERR_PEER;
+    case K_ENTROPY: /* the dense form takes it: the last rank alone asks (the SUM's size) */
+        return topk ? (last ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_ERR_PEER)
+                    : size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
     default: return KDLOSS_ERR_COMM;
     }
 }
@@ -492,12 +501,12 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
     CK(cudaFree(extra));
     for (int r = 0; r < size; r++) {
         const vp_job *j = &jobs[r];
-        const kdloss_status want = vp_fault_want(kind, r, size);
+        const kdloss_status want = vp_fault_want(kind, r, size, c->topk);
         KT_CHECK(j->status == want, "vp agreement %s %s ranks=%d rank %d: got %d want %d", teacher,
                  VP_FAULTS[kind], size, r, (int)j->status, (int)want);
         if (want != KDLOSS_OK)
             KT_CHECK(dpoisoned(j->o.d_sc, 3 * sizeof(float)) &&
-                         dpoisoned(j->o.d_rows, (size_t)(3 * c->bt) * sizeof(float)) &&
+                         dpoisoned(j->o.d_rows, (size_t)(4 * c->bt) * sizeof(float)) &&
                          dpoisoned(j->o.d_dxs, (size_t)(c->bt * c->hs) * 4) &&
                          dpoisoned(j->o.d_dws, (size_t)(j->n * c->hs) * 4) &&
                          dpoisoned(j->o.d_dbs, (size_t)j->n * 4),
@@ -520,7 +529,8 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
  * every rank: INVALID_PARAM on every rank (each rank checks its own, on the host); a NaN weight
  * on the last rank only: INVALID_PARAM there, PEER on the others; valid weights that differ on
  * the last rank: SHAPE_MISMATCH on every rank (their values are in the fingerprint); row_entropy
- * on the last: UNSUPPORTED there and PEER on the others (the CUDA kernels do not take it yet);
+ * on the last rank: SHAPE_MISMATCH on every rank (dense: it sizes the SUM), UNSUPPORTED there
+ * and PEER on the others (top-k: not taken yet);
  * the agreed chunk tampered by the
  * communicator on every rank to 1e6, 0 or NaN: KDLOSS_ERR_COMM on every rank. Every rank makes
  * both of the agreement's collectives and no other, and nothing is written anywhere. Dense
@@ -584,8 +594,9 @@ static void vp_cases(vp_case c[8], const float *w) {
     c[5].tp.div.divergence = KDLOSS_DIV_TVD;
     /* per-row weights (docs/MATH.md 12.1; w: zeros, non-integers, replicated on every rank) */
     c[6] = c[0];
-    c[6].tag = "dense jsd bias chunk 8 weights";
+    c[6].tag = "dense jsd bias chunk 8 weights entropy";
     c[6].dp.row_weights = w;
+    c[6].ent = 1;
     c[7] = c[2];
     c[7].tag = "topk bucket CE T1.5 chunk 7 weights";
     c[7].tp.row_weights = w;
