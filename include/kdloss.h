@@ -423,9 +423,8 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
                                         kdloss_mat grad);
 
 /* Per-row weights and the student's entropy (docs/MATH.md section 12), taken by the losses on
- * logits and the fused losses (the CPU backend, the vocabulary-parallel calls included; on the
- * CUDA backend the entry points that take them are listed under "CUDA backend" below, the others
- * refuse them):
+ * logits and the fused losses (every backend, the vocabulary-parallel calls included; the CUDA
+ * backend's differences are under "CUDA backend" below):
  *   row_weights  [BT] fp32, optional input (NULL: every row weighs 1). Each weight must be finite
  *                and >= 0 (KDLOSS_ERR_INVALID_PARAM, nothing written; on CUDA, where the values
  *                are device memory, through the status word as labels are). A row of weight 0 is
@@ -992,11 +991,9 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
  * `stream` and its synchronization, so a call with weights synchronizes twice): there they are
  * checked as the CPU checks them (KDLOSS_ERR_INVALID_PARAM naming the row, this rank's fault in
  * the agreement, nothing written) and their values join the agreement's fingerprint (ranks
- * whose weights differ: KDLOSS_ERR_SHAPE_MISMATCH). kdloss_cuda_fused_linear_distill_vp takes
- * row_entropy too (the SUM of 5 of the protocol below; its workspace holds that double a row
- * whether or not it is asked for); kdloss_cuda_fused_linear_topk_distill_vp does not yet: it is
- * KDLOSS_ERR_UNSUPPORTED (the detail naming it), this rank's fault in the agreement (the others
- * KDLOSS_ERR_PEER). */
+ * whose weights differ: KDLOSS_ERR_SHAPE_MISMATCH). They take row_entropy too (one more double
+ * a row in phase 2's SUM, as the protocol below says; their workspace holds it whether or not it
+ * is asked for, so the size queries do not depend on the outputs). */
 KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);
 KDLOSS_API kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                             const kdloss_kl_params *params, int64_t bt, int64_t v,

@@ -1,6 +1,5 @@
 /* The CUDA backend's argument-check rules, and the kd_args_* names its entry points call (args.h):
- * each is src/common's check with these rules; nothing here checks anything itself, but for the
- * refusal of what a kernel does not take yet (kd_args_no_row_extras). */
+ * each is src/common's check with these rules; nothing here checks anything itself. */
 #include "args.h"
 
 static const kd_rules CUDA_RULES = {
@@ -77,14 +76,6 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
     if (st != KDLOSS_OK) return st;
     *g = (kd_topk_geom){c.ld_ids, c.ld_lp, 0, 0, c.ld_xs, c.ld_ws, c.ld_dxs, c.ld_dws, c.want_grad};
     return KDLOSS_OK;
-}
-
-kdloss_status kd_args_no_row_extras(const char *entry, const float *row_weights,
-                                    const float *row_entropy) {
-    if (!row_weights && !row_entropy) return KDLOSS_OK;
-    kd_detail("%s: not supported on the CUDA backend (%s)",
-              row_weights ? "row_weights" : "row_entropy", entry);
-    return KDLOSS_ERR_UNSUPPORTED;
 }
 
 kdloss_status kd_args_workspace(const void *ws, size_t bytes, size_t need,

@@ -55,13 +55,6 @@ kdloss_status kd_args_fltk(const kdloss_fused_linear_topk_distill_params *p, int
                            const kdloss_fused_linear_distill_out *out, kd_topk_geom *g,
                            kd_spanset *spans);
 
-/* Per-row weights and the entropy (docs/MATH.md section 12) on an entry point whose kernels do
- * not take them: KDLOSS_ERR_UNSUPPORTED, the detail naming the argument and `entry`, when
- * row_weights or row_entropy is given. Called once the shared checks have passed (bad arguments
- * keep the CPU's codes) and before anything is written; the values are never read. */
-kdloss_status kd_args_no_row_extras(const char *entry, const float *row_weights,
-                                    const float *row_entropy);
-
 /* Workspace checks common to every CUDA call: NULL -> NULL_POINTER, not 16-byte aligned ->
  * INVALID_PARAM, smaller than `need` -> WORKSPACE_TOO_SMALL, overlapping any operand -> ALIASING.
  * KL and JSD check their operands' overlaps before (the CPU functions have no workspace). */

@@ -201,7 +201,7 @@ typedef struct vp_case {
     kdloss_dtype dt; /* every float operand's */
     int bias;
     int labels;      /* top-k: 0 runs without labels */
-    int ent;         /* dense: row_entropy too (the 4th row output) */
+    int ent;         /* row_entropy too (the 4th row output) */
     kdloss_fused_linear_distill_params dp;
     kdloss_fused_linear_topk_distill_params tp;
 } vp_case;

@@ -376,8 +376,8 @@ static void vp_compare(const char *tag, const vp_case *c, vp_job *j, const vp_ou
 }
 
 /* Rank 0's all-reduces: the agreement (MAX of 2 size + 12 doubles, then the confirmation's MAX
- * of 3), then per chunk (the case's chunk_size, which every rank shares) MAX 2 rows, SUM (4, 5
- * with the entropy, or 4 + K) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
+ * of 3), then per chunk (the case's chunk_size, which every rank shares) MAX 2 rows, SUM (4 or
+ * 4 + K, one more with the entropy) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
 static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world *w) {
     vp_call_rec want[VP_MAX_CALLS];
     int n = 0;
@@ -387,7 +387,7 @@ static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world 
     for (int64_t r0 = 0; chunk > 0 && r0 < c->bt && n + 4 <= VP_MAX_CALLS; r0 += chunk) {
         const int64_t m = c->bt - r0 < chunk ? c->bt - r0 : chunk;
         want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_MAX};
-        want[n++] = (vp_call_rec){(4 + (c->topk ? c->k : c->ent)) * m, KDLOSS_F64,
+        want[n++] = (vp_call_rec){(4 + (c->topk ? c->k : 0) + c->ent) * m, KDLOSS_F64,
                                   KDLOSS_COMM_SUM};
         if (!c->topk) want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_SUM};
         want[n++] = (vp_call_rec){m * c->hs, KDLOSS_F32, KDLOSS_COMM_SUM};
@@ -428,8 +428,8 @@ static const char *const VP_FAULTS[K_N] = {
     "other row_weights on the last rank", "row_entropy on the last rank",
     "chunk tampered to 1e6", "chunk tampered to 0", "chunk tampered to NaN"};
 
-/* Rank r's status under fault `kind` (topk: the sparse teacher's call). */
-static kdloss_status vp_fault_want(int kind, int r, int size, int topk) {
+/* Rank r's status under fault `kind`. */
+static kdloss_status vp_fault_want(int kind, int r, int size) {
     const int last = r == size - 1;
     switch (kind) {
     case K_BAD_T: return last ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER;
@@ -443,9 +443,8 @@ static kdloss_status vp_fault_want(int kind, int r, int size, int topk) {
     case K_WEIGHTS: return KDLOSS_ERR_INVALID_PARAM;
     case K_BAD_W: return last ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER;
     case K_OTHER_W: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
-    case K_ENTROPY: /* the dense form takes it: the last rank alone asks (the SUM's size) */
-        return topk ? (last ? KDLOSS_ERR_UNSUPPORTED : KDLOSS_ERR_PEER)
-                    : size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
+    case K_ENTROPY: /* the last rank alone asks for it: it sizes the SUM */
+        return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
     default: return KDLOSS_ERR_COMM;
     }
 }
@@ -501,7 +500,7 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
     CK(cudaFree(extra));
     for (int r = 0; r < size; r++) {
         const vp_job *j = &jobs[r];
-        const kdloss_status want = vp_fault_want(kind, r, size, c->topk);
+        const kdloss_status want = vp_fault_want(kind, r, size);
         KT_CHECK(j->status == want, "vp agreement %s %s ranks=%d rank %d: got %d want %d", teacher,
                  VP_FAULTS[kind], size, r, (int)j->status, (int)want);
         if (want != KDLOSS_OK)
@@ -529,8 +528,7 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
  * every rank: INVALID_PARAM on every rank (each rank checks its own, on the host); a NaN weight
  * on the last rank only: INVALID_PARAM there, PEER on the others; valid weights that differ on
  * the last rank: SHAPE_MISMATCH on every rank (their values are in the fingerprint); row_entropy
- * on the last rank: SHAPE_MISMATCH on every rank (dense: it sizes the SUM), UNSUPPORTED there
- * and PEER on the others (top-k: not taken yet);
+ * on the last rank only: SHAPE_MISMATCH on every rank (it sizes the SUM);
  * the agreed chunk tampered by the
  * communicator on every rank to 1e6, 0 or NaN: KDLOSS_ERR_COMM on every rank. Every rank makes
  * both of the agreement's collectives and no other, and nothing is written anywhere. Dense
@@ -557,8 +555,8 @@ static void test_vp_agreement(kt_rng *rng, int size, int topk) {
 /* The cases: dense JSD with bias in 5 chunks and logit maps on both heads; forward KL at T 2
  * with t2_scale in bf16, automatic chunk; the top-k teacher with each tail (bucket CE T 1.5 with
  * a student logit map, renorm_both without labels, renorm_teacher CE); K = V with TVD. */
-static void vp_cases(vp_case c[8], const float *w) {
-    memset(c, 0, 8 * sizeof *c);
+static void vp_cases(vp_case c[9], const float *w) {
+    memset(c, 0, 9 * sizeof *c);
     c[0].tag = "dense jsd bias chunk 8";
     c[0].bt = 37, c[0].hs = 24, c[0].ht = 20, c[0].v = 301, c[0].dt = KDLOSS_F32, c[0].bias = 1;
     kdloss_fused_linear_distill_params_default(&c[0].dp); /* JSD 0.5, w 0.5 / 0.5 */
@@ -598,12 +596,16 @@ static void vp_cases(vp_case c[8], const float *w) {
     c[6].dp.row_weights = w;
     c[6].ent = 1;
     c[7] = c[2];
-    c[7].tag = "topk bucket CE T1.5 chunk 7 weights";
+    c[7].tag = "topk bucket CE T1.5 chunk 7 weights entropy";
     c[7].tp.row_weights = w;
+    c[7].ent = 1;
+    c[8] = c[3]; /* renorm_both, no labels: R is the rest's, the entropy over every column */
+    c[8].tag = "topk renorm_both no labels chunk 7 entropy";
+    c[8].ent = 1;
 }
 
 void test_vp(kt_rng *rng) {
-    vp_case c[8];
+    vp_case c[9];
     float hw[64];
     for (int i = 0; i < 64; i++) hw[i] = i % 5 == 2 ? 0.0f : (float)(0.25 + 2.5 * kt_uniform(rng));
     float *w = dupload(hw, sizeof hw); /* bt <= 64 in every case */
@@ -631,7 +633,7 @@ void test_vp_nccl(kt_rng *rng) {
     kdloss_nccl_comm nccl;
     kdloss_status s = kdloss_comm_from_nccl(nc, g_st, &nccl);
     KT_CHECK(s == KDLOSS_OK && nccl.comm.rank == 0 && nccl.comm.size == 1, "vp nccl: comm");
-    vp_case all[8];
+    vp_case all[9];
     vp_cases(all, NULL);
     vp_case c = all[0]; /* dense JSD with bias, chunk 8 */
     c.tag = "nccl one rank dense jsd chunk 8";

@@ -342,8 +342,7 @@ class CudaBackend:
     the stream once; a call without any (kl_div, jsd or distill without labels, a fused loss
     without labels or weights) is not read: its word is always OK. token_weights and
     return_entropy reach the C calls through their params (row_weights, row_entropy), as on the
-    CPU; the vocabulary-parallel CUDA calls refuse return_entropy (KDLOSS_ERR_UNSUPPORTED,
-    raised with its detail).
+    CPU (the vocabulary-parallel CUDA calls read the weights to the host themselves).
     set_cuda_status_check(False) skips the read (the losses are NaN then, as the header says),
     and it is skipped while a CUDA graph is being captured."""
 
