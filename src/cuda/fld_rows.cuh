@@ -74,9 +74,9 @@ typedef struct fld_row_args {
     const kd_ws_header *hdr; /* n_valid, counted before the first chunk */
     double *row_soft, *row_hard; /* [bt] */
     float *out_soft, *out_hard, *out_lse; /* [bt] caller's per-row outputs, or NULL */
-    const float *w;       /* [bt] row weights (docs/MATH.md 12.1), or NULL: 1. fld_row_kernel
-                             only (the slab and vocabulary-parallel kernels do not take them) */
-    float *out_ent;       /* [bt] the student's entropy, or NULL; fld_row_kernel only */
+    const float *w;       /* [bt] row weights (docs/MATH.md 12.1), or NULL: 1 */
+    float *out_ent;       /* [bt] the student's entropy, or NULL: formed by fld_row_kernel and
+                             the vocabulary-parallel phases, not by the slab kernel (fld.cu) */
     uint8_t *only;        /* [C] fld_row_kernel runs only the rows flagged 1 here (the slab
                              kernel's careful-form rows), or NULL: every row */
 } fld_row_args;

@@ -439,7 +439,7 @@ static kdloss_status vp_fault_want(int kind, int r, int size) {
         return size > 1 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_OK;
     case K_NO_DXS: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
     /* the weights are read to the host and checked there (each rank its own), and their values
-     * join the setup's fingerprint; the entropy is not taken yet: this rank's fault */
+     * join the setup's fingerprint */
     case K_WEIGHTS: return KDLOSS_ERR_INVALID_PARAM;
     case K_BAD_W: return last ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER;
     case K_OTHER_W: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
