@@ -425,7 +425,8 @@ KDLOSS_API kdloss_status kdloss_distill(const kdloss_distill_params *params, int
                                         kdloss_mat grad);
 
 /* Per-row weights and the student's entropy (docs/MATH.md section 12), taken by the losses on
- * logits and the fused losses (every backend, the vocabulary-parallel calls included):
+ * logits and the fused losses (every backend, the vocabulary-parallel calls included; the CUDA
+ * backend's differences are under "CUDA backend" below):
  *   row_weights  [BT] fp32, optional input (NULL: every row weighs 1). Each weight must be finite
  *                and >= 0 (KDLOSS_ERR_INVALID_PARAM, nothing written; on CUDA, where the values
  *                are device memory, through the status word as labels are). A row of weight 0 is
@@ -975,7 +976,26 @@ KDLOSS_API void kdloss_cuda_context_destroy(kdloss_cuda_context *ctx);
  * case every scalar loss output is NaN, the offending rows have NaN row_loss and zero gradient,
  * and the other rows are computed as if those rows were ignored. Read the word with
  * cudaMemcpyAsync + a stream synchronization when you need it (it stays valid until the workspace
- * is reused). Calls without labels write KDLOSS_OK there too. */
+ * is reused). Calls without labels write KDLOSS_OK there too.
+ *
+ * Per-row weights and the entropy (row_weights, row_entropy; docs/MATH.md section 12):
+ * kdloss_cuda_distill_logits, kdloss_cuda_topk_distill_logits, kdloss_cuda_fused_linear_distill
+ * and kdloss_cuda_fused_linear_topk_distill take both, with the CPU's semantics (a dense fused
+ * call asking for row_entropy runs its row pass without the sm_90 single-read form; a top-k one
+ * runs the full-vocabulary path, as on the CPU). The weights are device memory, so their values
+ * are checked on the device, as labels are: a weight that is not finite and >= 0 makes the
+ * status word KDLOSS_ERR_INVALID_PARAM, every scalar loss NaN, that row's row outputs
+ * (row_entropy included) NaN and its gradient zero, the other rows computed as if it were
+ * ignored. With several faults the word holds the code of the CPU function's first failing
+ * check: on the losses on logits labels, then weights, then (top-k) ids; on the fused top-k
+ * loss ids, then labels, then weights.
+ * The two _vp forms take row_weights and read them to the host before the agreement (a copy on
+ * `stream` and its synchronization, so a call with weights synchronizes twice): there they are
+ * checked as the CPU checks them (KDLOSS_ERR_INVALID_PARAM naming the row, this rank's fault in
+ * the agreement, nothing written) and their values join the agreement's fingerprint (ranks
+ * whose weights differ: KDLOSS_ERR_SHAPE_MISMATCH). They take row_entropy too (one more double
+ * a row in phase 2's SUM, as the protocol below says; their workspace holds it whether or not it
+ * is asked for, so the size queries do not depend on the outputs). */
 KDLOSS_API kdloss_status kdloss_cuda_kl_div_workspace_size(int64_t bt, int64_t v, size_t *bytes);
 KDLOSS_API kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
                                             const kdloss_kl_params *params, int64_t bt, int64_t v,

@@ -15,11 +15,20 @@
  *   2. x = (zs - m_s) / T - ls_s, y = (zt - m_t) / T - ls_t and the divergence's element
  *      function (kd_div_elem, div_math.h: div_elem.h's formulas, the code every CUDA kernel and
  *      the CPU scalar path run): the row loss and S = sum of g = dD/dx
- *   3. dz = gs (g - exp(x) S), gs = grad_scale / (T max(1, n_valid)), in the student's dtype
- * Launches, on the caller's stream: with labels kd_cuda_count_labels (n_valid, n_bad; the row
- * kernel reads n_valid for gs, so the host never waits); the row kernel; kd_cuda_finish_rows
- * (row_loss, loss = sum / max(1, n_valid) in a fixed order, the status word). No float atomics:
- * every sum has a fixed order, so results are bitwise reproducible.
+ *   3. dz = gs w (g - exp(x) S), gs = grad_scale / (T max(1, n_valid)), w the row's weight (1
+ *      without row_weights; the product rounded once in fp32, docs/MATH.md section 12), in the
+ *      student's dtype
+ * With row_entropy, pass 2 also sums the student's entropy elements -Q x (div_elem.h's
+ * KDE(entropy) at Q = exp(x): docs/MATH.md section 12's first form, from the log-probs pass 2
+ * already forms), as the loss is summed. A row of weight 0 is an ignored row; a weight that is
+ * not finite and >= 0 makes its row a bad one (as a bad label: NaN row loss and entropy, zero
+ * gradient) and the status word KDLOSS_ERR_INVALID_PARAM (a bad label's code wins: the CPU
+ * checks the labels first).
+ * Launches, on the caller's stream: with labels or weights kd_cuda_count_rows (n_valid, n_bad,
+ * n_bad_w; the row kernel reads n_valid for gs, so the host never waits); the row kernel;
+ * kd_cuda_finish_rows_w (row_loss, loss = sum of w times the row losses / max(1, n_valid) in a
+ * fixed order, the status word). No float atomics: every sum has a fixed order, so results are
+ * bitwise reproducible.
  * Workspace: the elementwise losses' plan with one partial sum per row (a single tile). */
 
 #define DL_THREADS 512
@@ -35,7 +44,9 @@ typedef struct dl_args {
     const void *labels;      /* [bt] or NULL (every row counted) */
     int lab64;
     int64_t ignore;
-    const kd_ws_header *hdr; /* n_valid, counted by the launch before when labels are given */
+    const float *w;          /* [bt] row weights, or NULL: every row weighs 1 */
+    float *ent;              /* [bt] out: the student's entropy, or NULL */
+    const kd_ws_header *hdr; /* n_valid, counted by the launch before when labels or w given */
     double *part;            /* [bt] row losses (0 ignored, NaN label out of range) */
     int64_t bt, v;
     float inv_t;             /* 1 / T rounded to fp32, as the CPU scales the logits */
@@ -45,15 +56,18 @@ typedef struct dl_args {
 
 /* The gradient factor grad_scale / (T max(1, n_valid)), rounded once, as the CPU's. */
 __device__ __forceinline__ float dl_grad_scale(const dl_args &a) {
-    const double n = a.labels ? (double)a.hdr->n_valid : (double)a.bt;
+    const double n = a.labels || a.w ? (double)a.hdr->n_valid : (double)a.bt;
     return (float)(a.grad_scale / (a.temperature * (n > 0.0 ? n : 1.0)));
 }
 
-/* Row r: 0 counted, 1 ignored, 2 label out of range. The same for the whole block. */
+/* Row r: 0 counted, 1 ignored (label ignore_index or weight 0), 2 bad (label out of range, or a
+ * weight not finite and >= 0). The same for the whole block. */
 __device__ __forceinline__ int dl_row_kind(const dl_args &a, int64_t r) {
-    if (!a.labels) return 0;
+    const int wk = kd_weight_kind(a.w, r);
+    if (!a.labels) return wk;
     const int64_t y = kd_label(a.labels, a.lab64, r);
-    return y == a.ignore ? 1 : (y >= 0 && y < a.v) ? 0 : 2;
+    const int lk = y == a.ignore ? 1 : (y >= 0 && y < a.v) ? 0 : 2;
+    return lk == 2 || wk == 2 ? 2 : lk | wk;
 }
 
 /* Columns in the group starting at c0 (0 past the row's end). */
@@ -70,7 +84,10 @@ __device__ void dl_skip_row(const dl_args &a, int64_t r, int kind) {
         for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += DL_TILE)
             kd_st8n<DS, VEC>(a.grad, r * a.ld_g + c0, dl_group(a, c0), z8);
     }
-    if (threadIdx.x == 0) a.part[r] = kind == 1 ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
+    if (threadIdx.x == 0) {
+        a.part[r] = kind == 1 ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
+        if (a.ent) a.ent[r] = kind == 1 ? 0.0f : __int_as_float(0x7fc00000);
+    }
 }
 
 /* A row's normalizer at temperature T: x = (z - m) / T - ls, m the row's largest logit. */
@@ -114,15 +131,16 @@ __device__ __forceinline__ void dl_logprobs(const dl_args &a, int64_t r, int64_t
     }
 }
 
-/* Pass 2: the row's divergence (valid in thread 0) and S = sum of g (every thread; only when a
- * gradient is wanted). Groups of 8 are summed in fp32, the groups in double. */
+/* Pass 2: the row's divergence and, with a.ent, its entropy (valid in thread 0), and S = sum of
+ * g (every thread; only when a gradient is wanted). Groups of 8 are summed in fp32, the groups
+ * in double. */
 template <int DS, int DT, bool VEC>
 __device__ void dl_pass_div(const dl_args &a, int64_t r, dl_norm ns, dl_norm nt, double *red,
-                            double *loss, double *sum_g) {
-    double accl = 0.0, accg = 0.0;
+                            double *loss, double *sum_g, double *ent) {
+    double accl = 0.0, accg = 0.0, acch = 0.0;
     for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += DL_TILE) {
         const int n = dl_group(a, c0);
-        float x[8], y[8], l8 = 0.0f, g8 = 0.0f;
+        float x[8], y[8], l8 = 0.0f, g8 = 0.0f, h8 = 0.0f;
         dl_logprobs<DS, DT, VEC>(a, r, c0, n, ns, nt, x, y);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
@@ -133,11 +151,17 @@ __device__ void dl_pass_div(const dl_args &a, int64_t r, dl_norm ns, dl_norm nt,
                 g8 += g;
             }
         }
+        if (a.ent) /* the same for the whole block */
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j < n) h8 += kd_s_entropy(x[j], expf(x[j]));
         accl += (double)l8;
         accg += (double)g8;
+        acch += (double)h8;
     }
     *loss = kd_block_sum(accl, red);
     *sum_g = a.grad ? kd_block_sum_all(accg, red) : 0.0;
+    *ent = a.ent ? kd_block_sum(acch, red) : 0.0;
 }
 
 /* Pass 3: dz = gs (g - exp(x) S) over row r. In place (grad == student, same ld) is safe: each
@@ -165,8 +189,9 @@ __device__ void dl_pass_grad(const dl_args &a, int64_t r, dl_norm ns, dl_norm nt
  * policy). Its passes 2 and 3 in the careful form, the CPU's lr_special_row
  * (src/cpu/logits_rows_impl.h): normalizers, divergence and S = sum g in double-formed
  * log-probs, dz in double; the divergence and S NaN (so every dz NaN, 0 at gs = 0) when a
- * normalizer is NaN. ms, mt: the row maxima of pass 1. In place is safe as in pass 3: each
- * thread reads and writes its own columns, after the barriers of the sums. */
+ * normalizer is NaN; the entropy (a.ent) over the same log-probs, NaN with the student's
+ * normalizer (the CPU's lr_special_entropy). ms, mt: the row maxima of pass 1. In place is safe
+ * as in pass 3: each thread reads and writes its own columns, after the barriers of the sums. */
 template <int DS, int DT>
 __device__ void dl_special_row(const dl_args &a, int64_t r, float ms_f, float mt_f, float gs,
                                double *red) {
@@ -179,18 +204,23 @@ __device__ void dl_special_row(const dl_args &a, int64_t r, float ms_f, float mt
     });
     const double lss = log(kd_block_sum_all(es, red));
     const double lst = log(kd_block_sum_all(et, red));
-    double accl = 0.0, accg = 0.0;
+    double accl = 0.0, accg = 0.0, acch = 0.0;
     kd_cu_each(a.v, [&](int64_t c) {
         float g;
         const float x = kd_wide_lp(kd_ld<DS>(a.s, os + c), ms, it, lss);
         const float y = kd_wide_lp(kd_ld<DT>(a.t, ot + c), mt, it, lst);
         accl += (double)kd_div_elem(&a.coef, x, y, &g);
         accg += (double)g;
+        if (a.ent) acch += (double)kd_s_entropy(x, expf(x));
     });
     double loss = kd_block_sum(accl, red);
     double S = a.grad ? kd_block_sum_all(accg, red) : 0.0;
+    const double h = a.ent ? kd_block_sum(acch, red) : 0.0;
     if (isnan(lss) || isnan(lst)) loss = S = __longlong_as_double(0x7ff8000000000000LL);
-    if (threadIdx.x == 0) a.part[r] = loss;
+    if (threadIdx.x == 0) {
+        a.part[r] = loss;
+        if (a.ent) a.ent[r] = isnan(lss) ? __int_as_float(0x7fc00000) : (float)h;
+    }
     if (!a.grad) return;
     kd_cu_each(a.v, [&](int64_t c) {
         const float z = kd_ld<DS>(a.s, os + c);
@@ -207,13 +237,14 @@ template <int DS, int DT, bool VEC>
 __global__ void __launch_bounds__(DL_THREADS) dl_row_kernel(dl_args a) {
     __shared__ double red[32];
     __shared__ kd_lse lred[32];
-    const float gs = a.grad ? dl_grad_scale(a) : 0.0f;
+    const float gs0 = a.grad ? dl_grad_scale(a) : 0.0f;
     for (int64_t r = blockIdx.x; r < a.bt; r += gridDim.x) {
         const int kind = dl_row_kind(a, r);
         if (kind != 0) {
             dl_skip_row<DS, VEC>(a, r, kind);
             continue;
         }
+        const float gs = a.w ? gs0 * a.w[r] : gs0; /* the row's whole gradient times its weight */
         dl_norm ns, nt;
         dl_pass_lse<DS, DT, VEC>(a, r, lred, &ns, &nt);
         /* one test a row (the same in every thread): the careful form's rows */
@@ -221,9 +252,12 @@ __global__ void __launch_bounds__(DL_THREADS) dl_row_kernel(dl_args a) {
             dl_special_row<DS, DT>(a, r, ns.m, nt.m, gs, red);
             continue;
         }
-        double loss, S;
-        dl_pass_div<DS, DT, VEC>(a, r, ns, nt, red, &loss, &S);
-        if (threadIdx.x == 0) a.part[r] = loss;
+        double loss, S, h;
+        dl_pass_div<DS, DT, VEC>(a, r, ns, nt, red, &loss, &S, &h);
+        if (threadIdx.x == 0) {
+            a.part[r] = loss;
+            if (a.ent) a.ent[r] = (float)h;
+        }
         if (a.grad) dl_pass_grad<DS, DT, VEC>(a, r, ns, nt, gs, (float)S);
     }
 }
@@ -266,6 +300,8 @@ static dl_args dl_args_of(const kdloss_distill_logits_params *p, int64_t bt, int
     a.coef = kd_div_coef_make(&p->div);
     a.grad_scale = p->grad_scale;
     a.temperature = p->temperature;
+    a.w = p->row_weights;
+    a.ent = p->row_entropy;
     return a;
 }
 
@@ -298,16 +334,18 @@ kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
-    if (labels.data)
-        s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, plan.hdr);
+    const int counted = labels.data || a.w; /* n_valid from the device */
+    if (counted)
+        s = kd_cuda_count_rows(st, labels.data, a.lab64, bt, v, params->ignore_index, a.w,
+                               plan.hdr);
     if (s == KDLOSS_OK) {
         /* one block a row: the kernel loops over rows past the grid limit */
         kd_launch_dtypes(student.dtype, teacher.dtype, vec, dl_launcher{a, kd_grid(bt), st});
         s = kd_launch_status();
     }
     if (s == KDLOSS_OK)
-        s = kd_cuda_finish_rows(st, plan.part, bt, 1, row_loss, loss, plan.blk, (double)bt, 1,
-                                labels.data != NULL, plan.hdr);
+        s = kd_cuda_finish_rows_w(st, plan.part, bt, 1, a.w, row_loss, loss, plan.blk,
+                                  (double)bt, 1, counted, plan.hdr);
     kd_dev_leave(&dg);
     return s;
 }

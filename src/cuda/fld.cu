@@ -174,14 +174,19 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fld_row_kernel(fld_row_args a
     float *zs = a.zs + r * a.ldz;
     const float *zt = a.zt ? a.zt + r * a.ldz : NULL;
     const int64_t y = kd_label(a.labels, a.lab64, gr);
-    if (!(y != a.ignore && y >= 0 && y < a.v)) { /* the whole block: zero dzs, stats 0 or NaN */
-        fld_skip_row<DS>(a, (void *)zs, gr, y);
+    const int wk = kd_weight_kind(a.w, gr); /* weight 0: ignored; bad: as a bad label */
+    if (!(y != a.ignore && y >= 0 && y < a.v) || wk != 0) { /* the whole block: zero dzs */
+        fld_skip_row<DS>(a, (void *)zs, gr, wk == 2 || (y != a.ignore && (y < 0 || y >= a.v)));
         return;
     }
     /* the label's own logit (thread 0), read before pass 3 may overwrite it */
     float zy = 0.0f;
     if (threadIdx.x == 0 && a.do_hard) zy = zs[y] + (a.bs ? kd_ld<DS>(a.bs, y) : 0.0f);
     const fld_lses L = fld_lse_pass<DS, DT>(a, zs, zt, lred);
+    if (a.out_ent) { /* before pass 3 overwrites the logits; a NaN normalizer: careful form */
+        if (isnan(L.a)) fld_wide_ent<DS>(a, zs, gr, red, fred);
+        else fld_ent_pass<DS>(a, zs, L.a, gr, red);
+    }
     /* one test a row (the same in every thread): a NaN tempered normalizer (a NaN or +inf
      * logit, or z / T beyond fp32) takes the careful form. Wider rows need nothing more here:
      * this kernel forms z / T before subtracting the maximum, so z / T - lse overflows only
@@ -196,6 +201,7 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fld_row_kernel(fld_row_args a
     if (!a.do_grad) return;
     float ca, cb; /* pass 3: dzs in place */
     fld_factors(a, &ca, &cb);
+    fld_weigh(a, gr, &ca, &cb);
     const float Sf = (float)S;
     fld_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
         return fld_dz(a, ca, cb, s, L.h, c == y, s * a.inv_t - L.a, t * a.inv_t - L.b, Sf);
@@ -206,28 +212,32 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fld_row_kernel(fld_row_args a
 
 #define FLD_FINAL_THREADS 1024
 
-/* row_soft, row_hard [bt] -> the three scalar losses (one block, fixed order) and the status. */
+/* row_soft, row_hard [bt], w [bt] (NULL: 1) -> the three scalar losses (one block, fixed
+ * order; the weighted sums of docs/MATH.md 12.1) and the status: a bad label's code, else a bad
+ * weight's (INVALID_PARAM; the CPU checks the labels first). */
 __global__ void __launch_bounds__(FLD_FINAL_THREADS)
 fld_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, kd_ws_header *hdr,
                 float *loss, float *soft_loss, float *hard_loss, double w_hard, double w_soft,
-                double soft_fac) {
+                double soft_fac, const float *w) {
     __shared__ double red[32];
     double s = 0.0, h = 0.0;
     for (int64_t i = threadIdx.x; i < bt; i += blockDim.x) {
-        s += row_soft[i];
-        h += row_hard[i];
+        s += w ? row_soft[i] * (double)w[i] : row_soft[i];
+        h += w ? row_hard[i] * (double)w[i] : row_hard[i];
     }
     s = kd_block_sum(s, red);
     h = kd_block_sum(h, red);
     if (threadIdx.x == 0) {
-        const int bad = hdr->n_bad > 0;
+        const int bad_label = hdr->n_bad > 0, bad = bad_label || hdr->n_bad_w > 0;
         const double n = hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0;
         const float qnan = __int_as_float(0x7fc00000);
         const double sl = s * soft_fac / n, hl = h / n;
         if (loss) *loss = bad ? qnan : (float)(w_hard * hl + w_soft * sl);
         if (soft_loss) *soft_loss = bad ? qnan : (float)sl;
         if (hard_loss) *hard_loss = bad ? qnan : (float)hl;
-        hdr->status = bad ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE : (int32_t)KDLOSS_OK;
+        hdr->status = bad_label ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE
+                      : bad     ? (int32_t)KDLOSS_ERR_INVALID_PARAM
+                                : (int32_t)KDLOSS_OK;
     }
 }
 
@@ -237,7 +247,7 @@ kdloss_status fld_final(cudaStream_t st, const fld_plan &P, int64_t bt,
     const double soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
     KD_LAUNCH(1, FLD_FINAL_THREADS, 0, st, fld_final_kernel)(
         P.row_soft, P.row_hard, bt, P.hdr, out->loss, out->soft_loss, out->hard_loss,
-        p->weight_hard_loss, p->weight_soft_loss, soft_fac);
+        p->weight_hard_loss, p->weight_soft_loss, soft_fac, p->row_weights);
     return kd_launch_status();
 }
 
@@ -334,6 +344,7 @@ fld_mask_kernel(fld_mask m, const void *xs, int64_t ld_xs, int64_t r0, int64_t r
             const int64_t y = kd_label(m.labels, m.lab64, gr);
             zero = y == m.ignore || y < 0 || y >= m.v_total;
         }
+        zero = zero || kd_weight_kind(m.w, gr) != 0; /* weight 0 or bad: dz 0 */
         if (!zero && m.ids) { /* the same slots in every thread: broadcast loads */
             bool used = false;
             for (int64_t j = 0; !used && j < m.k; j++) /* kd_topk_id (topk_row.h) */
@@ -473,6 +484,8 @@ void fld_row_setup(fld_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->row_soft = P.row_soft;
     a->row_hard = P.row_hard;
     a->only = NULL;
+    a->w = p->row_weights;
+    a->out_ent = out->row_entropy;
 }
 
 /* One chunk: its logits, the row kernels (the slab kernel where the device has clusters, then
@@ -493,7 +506,7 @@ static kdloss_status fld_chunk(const fld_gemms &gm, const fld_grad_out &G, kdlos
         return s;
     fld_row_launch(gm.sdt, xt.dtype, rows, a, gm.st);
     if ((s = kd_launch_status()) != KDLOSS_OK) return s;
-    const fld_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0}; /* label rules */
+    const fld_mask m = {a.labels, a.lab64, a.ignore, a.v, NULL, NULL, 0, 0, 0, a.w}; /* the rules */
     return fld_chunk_backward(gm, G, m, r0, rows, [&] {
         return fld_chunk_dx(&gm, rows, fld_dxs_at(G, r0, gm.sdt), fld_cuda_type(gm.sdt), G.ld_dxs);
     });
@@ -530,8 +543,9 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     const fld_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
                          P.zs, P.ldz};
     const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
-    s = kd_cuda_count_labels(st, labels.data, a.lab64, bt, v, params->ignore_index, P.hdr);
-    const fld_slab sl = fld_slab_shape(ctx, v, a.do_soft);
+    s = kd_cuda_count_rows(st, labels.data, a.lab64, bt, v, params->ignore_index, a.w, P.hdr);
+    /* the entropy: fld_row_kernel alone (the slab kernel does not form it) */
+    const fld_slab sl = a.out_ent ? fld_slab{0, 0, 0} : fld_slab_shape(ctx, v, a.do_soft);
     if (s == KDLOSS_OK && sl.blocks)
         s = kd_cuda_status(cudaMemsetAsync(P.only, 0, (size_t)P.chunk, st));
     s = fld_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {

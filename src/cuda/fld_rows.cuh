@@ -74,6 +74,9 @@ typedef struct fld_row_args {
     const kd_ws_header *hdr; /* n_valid, counted before the first chunk */
     double *row_soft, *row_hard; /* [bt] */
     float *out_soft, *out_hard, *out_lse; /* [bt] caller's per-row outputs, or NULL */
+    const float *w;       /* [bt] row weights (docs/MATH.md 12.1), or NULL: 1 */
+    float *out_ent;       /* [bt] the student's entropy, or NULL: formed by fld_row_kernel and
+                             the vocabulary-parallel phases, not by the slab kernel (fld.cu) */
     uint8_t *only;        /* [C] fld_row_kernel runs only the rows flagged 1 here (the slab
                              kernel's careful-form rows), or NULL: every row */
 } fld_row_args;
@@ -86,7 +89,7 @@ typedef struct fld_lses {
 /* Which of them a call forms: a for the divergence, and for the cross-entropy when T = 1; h for
  * the cross-entropy when T != 1 (else h = a); b with the divergence (do_soft). */
 __host__ __device__ static inline int fld_need_a(const fld_row_args &a) {
-    return a.do_soft || (a.do_hard && a.same_t);
+    return a.do_soft || (a.do_hard && a.same_t) || a.out_ent != NULL;
 }
 __host__ __device__ static inline int fld_need_h(const fld_row_args &a) {
     return a.do_hard && !a.same_t;
@@ -184,6 +187,15 @@ __device__ __forceinline__ void fld_factors(const fld_row_args &a, float *ca, fl
     const double s = (double)a.map_s.scale; /* dz/du's constant factor (logit_map.h) */
     *ca = (float)(s * a.w_hard * a.grad_scale / nvd);
     *cb = (float)(s * a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature));
+}
+
+/* A kept row's weight on both factors (docs/MATH.md 12.1: once, in fp32; without weights
+ * nothing, so the bits of a call without them stay). */
+__device__ __forceinline__ void fld_weigh(const fld_row_args &a, int64_t gr, float *ca,
+                                         float *cb) {
+    if (!a.w) return;
+    *ca *= a.w[gr];
+    *cb *= a.w[gr];
 }
 
 /* dzs of one logit (docs/MATH.md 4 and 7.4): ca (softmax(zs)_j - [j = y]) + cb (g_j - Q_j S),
@@ -337,6 +349,7 @@ __device__ void fld_special_row(const fld_row_args &a, float *zs, const float *z
     if (!a.do_grad) return;
     float ca, cb;
     fld_factors(a, &ca, &cb);
+    fld_weigh(a, gr, &ca, &cb);
     const float gs = a.grad_soft ? cb : 0.0f, gh = a.grad_hard ? ca : 0.0f;
     const bool share = a.do_soft && a.same_t && gs != 0.0f;
     fld_dz_pass<DS, DT>(a, zs, zt, a.grad_soft, [&](int64_t c, float s, float t) {
@@ -349,12 +362,12 @@ __device__ void fld_special_row(const fld_row_args &a, float *zs, const float *z
     });
 }
 
-/* Columns [c_lo, c_lo + n) of a row that does not count (label y ignored, or out of range):
- * zero dzs; with put, the row outputs 0 (ignored) or NaN (bad label). The whole block calls it;
- * c_lo is a multiple of 8. */
+/* Columns [c_lo, c_lo + n) of a row that does not count (label ignored or weight 0; bad: label
+ * out of range or weight not finite and >= 0): zero dzs; with put, the row outputs (the entropy
+ * too) 0, or NaN when bad. The whole block calls it; c_lo is a multiple of 8. */
 template <int DS>
 __device__ void fld_skip_slice(const fld_row_args &a, void *dz, int64_t c_lo, int64_t n,
-                               int64_t gr, int64_t y, bool put) {
+                               int64_t gr, bool bad, bool put) {
     if (a.do_grad) {
         const float z8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int64_t j = (int64_t)threadIdx.x * 8; j < n; j += FLD_TILE) {
@@ -367,15 +380,62 @@ __device__ void fld_skip_slice(const fld_row_args &a, void *dz, int64_t c_lo, in
             }
         }
     }
-    /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad labels */
-    const double z = y == a.ignore ? 0.0 : __longlong_as_double(0x7ff8000000000000LL);
+    /* the caller's row outputs too: 0 on ignored rows (kdloss.h), NaN on bad ones */
+    const double z = bad ? __longlong_as_double(0x7ff8000000000000LL) : 0.0;
     if (put) fld_put_row(a, gr, z, z, (float)z);
+    if (put && a.out_ent && threadIdx.x == 0) a.out_ent[gr] = (float)z;
 }
 
 /* A whole row that does not count (fld_skip_slice over its v columns). */
 template <int DS>
-__device__ void fld_skip_row(const fld_row_args &a, void *dz, int64_t gr, int64_t y) {
-    fld_skip_slice<DS>(a, dz, 0, a.v, gr, y, true);
+__device__ void fld_skip_row(const fld_row_args &a, void *dz, int64_t gr, bool bad) {
+    fld_skip_slice<DS>(a, dz, 0, a.v, gr, bad, true);
+}
+
+/* The student's entropy of a row (docs/MATH.md 12.1; the whole block, thread 0 writes it):
+ * -sum Q log Q over x = log Q = zs / T - la, la the row's tempered lse from pass 1, with
+ * div_elem.h's element (0 where Q = 0), summed as the loss is (fp32 groups of 8, double across
+ * them). Its own pass over the row (before pass 3 overwrites it): the CUDA row kernels do not
+ * fold it into pass 2 as the CPU's phases do (the same quantity; roundings a few ulps apart). */
+template <int DS>
+__device__ void fld_ent_pass(const fld_row_args &a, const float *zs, float la, int64_t gr,
+                             double *red) {
+    double acc = 0.0;
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += FLD_TILE) {
+        const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
+        float s[8], h8 = 0.0f;
+        fld_load<DS>(zs, a.bs, c0, n, s);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float x = s[j] * a.inv_t - la;
+            if (j < n) h8 += kd_s_entropy(x, expf(x));
+        }
+        acc += (double)h8;
+    }
+    const double h = kd_block_sum(acc, red);
+    if (threadIdx.x == 0) a.out_ent[gr] = (float)h;
+}
+
+/* The same in the careful form (a NaN tempered normalizer: a NaN or +inf logit, or zs / T
+ * beyond fp32): log Q from kd_wide_lp at the row maximum and the double normalizer, NaN when
+ * that is NaN (the CPU's lr_special_entropy). */
+template <int DS>
+__device__ void fld_wide_ent(const fld_row_args &a, const float *zs, int64_t gr, double *red,
+                             float *fred) {
+    const double it = (double)a.inv_t;
+    float ms = -INFINITY;
+    kd_cu_each(a.v, [&](int64_t c) { ms = fmaxf(ms, fld_logit<DS>(zs, a.bs, c)); });
+    ms = kd_block_max(ms, fred);
+    double es = 0.0;
+    kd_cu_each(a.v, [&](int64_t c) { es += exp(((double)fld_logit<DS>(zs, a.bs, c) - ms) * it); });
+    const double lss = log(kd_block_sum_all(es, red));
+    double acc = 0.0;
+    kd_cu_each(a.v, [&](int64_t c) {
+        const float x = kd_wide_lp(fld_logit<DS>(zs, a.bs, c), (double)ms, it, lss);
+        acc += (double)kd_s_entropy(x, expf(x));
+    });
+    const double h = kd_block_sum(acc, red);
+    if (threadIdx.x == 0) a.out_ent[gr] = isnan(lss) ? __int_as_float(0x7fc00000) : (float)h;
 }
 #endif /* __CUDACC__ */
 
@@ -428,6 +488,7 @@ typedef struct fld_mask {
     const void *ids;      /* (bt x k, ld_ids) global ids, or NULL */
     int ids64;
     int64_t ld_ids, k;
+    const float *w;       /* [bt] row weights, or NULL: rows whose weight is not > 0 masked */
 } fld_mask;
 
 /* xm (rows x hs, contiguous, the student's dtype) = xs rows [r0, r0 + rows), with zeros in the

@@ -4,7 +4,9 @@
  * times (fld.cu's fld_row_kernel: lse, divergence, dzs). The passes and their per-element
  * functions are fld_row_kernel's (fld_dz, kd_div_elem, the online log-sum-exp); only where the
  * logits live and how the blocks' partial sums meet (distributed shared memory, rank order)
- * differ. Rows that need the careful form are flagged and left to fld_row_kernel. */
+ * differ. Rows that need the careful form are flagged and left to fld_row_kernel. Per-row
+ * weights (docs/MATH.md 12.1) as fld_row_kernel takes them (fld_weigh); the entropy it does not
+ * form: calls asking for it run fld_row_kernel alone (fld.cu). */
 /* fld_rows.cuh first: div_elem.h's locals would shadow cuda_fp16.h's half (tk_rows.cuh) */
 #include "fld_rows.cuh"
 
@@ -100,10 +102,11 @@ __device__ __forceinline__ void fld_slab_soft(const fld_row_args &a, const float
  * cluster barrier). */
 template <int DS>
 __device__ __forceinline__ void fld_slab_dz(const fld_row_args &a, float *zs, const float *s,
-                                           const float *t, int64_t c_lo, int64_t n, int64_t y,
-                                           const fld_lses &L, float S) {
+                                           const float *t, int64_t c_lo, int64_t n, int64_t gr,
+                                           int64_t y, const fld_lses &L, float S) {
     float ca, cb;
     fld_factors(a, &ca, &cb);
+    fld_weigh(a, gr, &ca, &cb);
     for (int64_t j = (int64_t)threadIdx.x * 8; j < n; j += FLD_TILE) {
         const int m = n - j >= 8 ? 8 : (int)(n - j);
         float d[8];
@@ -145,8 +148,10 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fld_slab_kernel(fld_row_args 
     const float *zt = a.zt ? a.zt + r * a.ldz : NULL;
     fld_slab_part *part = (fld_slab_part *)(sh + (a.do_soft ? 2 : 1) * w);
     const int64_t y = kd_label(a.labels, a.lab64, gr);
-    if (!(y != a.ignore && y >= 0 && y < a.v)) { /* every block of the cluster: its columns */
-        fld_skip_slice<DS>(a, (void *)zs, c_lo, n, gr, y, rank == 0);
+    const int wk = kd_weight_kind(a.w, gr); /* weight 0: ignored; bad: as a bad label */
+    if (!(y != a.ignore && y >= 0 && y < a.v) || wk != 0) { /* every block: its columns */
+        const bool bad = wk == 2 || (y != a.ignore && (y < 0 || y >= a.v));
+        fld_skip_slice<DS>(a, (void *)zs, c_lo, n, gr, bad, rank == 0);
         return;
     }
     float zy = 0.0f; /* the label's own logit, read before any block writes dzs */
@@ -170,7 +175,7 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fld_slab_kernel(fld_row_args 
     }
     if (rank == 0)
         fld_put_row(a, gr, soft, a.do_hard ? (double)(L.h - zy) : 0.0, a.do_hard ? L.h : 0.0f);
-    if (a.do_grad) fld_slab_dz<DS>(a, zs, s, t, c_lo, n, y, L, a.grad_soft ? (float)S : 0.0f);
+    if (a.do_grad) fld_slab_dz<DS>(a, zs, s, t, c_lo, n, gr, y, L, a.grad_soft ? (float)S : 0.0f);
     cl.sync();
 #endif
 }

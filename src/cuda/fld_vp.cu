@@ -8,10 +8,12 @@
  *   zs = xs[chunk] ws_r^T, zt = xt[chunk] wt_r^T           (fld_chunk_logits)
  *   1. max   the row maxima of zs and zt                    -> MAX 2 doubles a row  (stat_max)
  *   2. sums  sum e^((zs-ms)/T), sum e^((zt-mt)/T),
- *            sum e^(zs-ms) (CE at T != 1), zs[y] (its rank)  -> SUM 4              (stat_sum)
+ *            sum e^(zs-ms) (CE at T != 1), zs[y] (its rank),
+ *            with row_entropy E = sum -e^u u, u = (zs-ms)/T   -> SUM 4 (5)          (stat_sum)
  *   3. div   the divergence's terms and sum g over the block (the teacher's constants as the
  *            CPU's, fld_teacher_shift); the row's CE and lse  -> SUM 2              (stat_div)
- *   4. grad  dzs in place (fld_dz, the single-process definition), row_soft
+ *   4. grad  dzs in place (fld_dz, the single-process definition), row_soft, the entropy
+ *            H = E / S + log S from the reduced sums (docs/MATH.md 12.1)
  *   dws, dbs of the block (fld_chunk_wgrad; ignored rows zeroed in its xs, fld_mask_rows); dxs:
  *   the partial dzs ws_r in fp32, SUM, rounded once. Both gradient factors 0: none of this (no
  *   dxs all-reduce, as the CPU's), zero gradients (fld_zero_grads)
@@ -19,14 +21,17 @@
  * are global ids, checked on the device against v_total; a row's label column is local on one
  * rank only. Nothing in this file has run on a GPU yet.
  *
- * Workspace: fld.cu's (for this rank's v), then st: 8 doubles a chunk row (stat_max,
- * stat_sum, stat_div), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
+ * Workspace: fld.cu's (for this rank's v), then st: 9 doubles a chunk row (stat_max,
+ * stat_sum, stat_div; the entropy's double counted whether or not it is asked for, so that the
+ * size query does not depend on the outputs), and with gradients part: (C x Hs) fp32, the
+ * chunk's dxs partial. */
 
 typedef struct fldvp_args {
     fld_row_args r;   /* v: this rank's columns; row0 and labels global */
     int64_t v_lo;    /* global id of local column 0 */
     int64_t v_total;
-    double *stat_max, *stat_sum, *stat_div; /* [2 rows], [4 rows], [2 rows] of the chunk */
+    double *stat_max, *stat_sum, *stat_div; /* [2 rows], [n_sum rows], [2 rows] of the chunk */
+    int n_sum;       /* 4, or 5 with the entropy's E */
 } fldvp_args;
 
 /* The log-normalizers of a row from its reduced statistics (every thread computes them). */
@@ -46,11 +51,13 @@ typedef struct fldvp_norms {
 /* ---- device side ----------------------------------------------------------------------------- */
 
 /* Row r's label y: *ycol its local column (-1 on the ranks that do not hold it). Returns whether
- * the row counts: not ignored and in [0, v_total) (a bad label is NaN, as fld_row_kernel's). */
+ * the row counts: not ignored and in [0, v_total), and its weight (if any) > 0 (a bad label is
+ * NaN, as fld_row_kernel's; the weights were checked on the host: fld_vp's kd_cuda_vp_weights). */
 __device__ __forceinline__ int fldvp_label(const fldvp_args &a, int64_t r, int64_t *y,
                                           int64_t *ycol) {
     *y = kd_label(a.r.labels, a.r.lab64, a.r.row0 + r);
-    const int valid = *y != a.r.ignore && *y >= 0 && *y < a.v_total;
+    const int valid = *y != a.r.ignore && *y >= 0 && *y < a.v_total &&
+                      kd_weight_kind(a.r.w, a.r.row0 + r) == 0;
     const int64_t c = *y - a.v_lo;
     *ycol = valid && c >= 0 && c < a.r.v ? c : -1;
     return valid;
@@ -92,8 +99,22 @@ __device__ double fldvp_sum_exp(const fldvp_args &a, const float *z, const void 
     return kd_block_sum(acc, red);
 }
 
+/* The entropy's sum over the row, E = sum -e^u u with u = (z + bias - m) s, in double (u <= 0;
+ * 0 where e^u is: div_elem.h's element in double), the block's in a fixed order (valid in
+ * thread 0). */
+template <int DB>
+__device__ double fldvp_ent_sum(const fldvp_args &a, const float *z, const void *bias, float m,
+                                float s, double *red) {
+    double acc = 0.0;
+    fldvp_each<DB>(a, z, bias, [&](float x) {
+        const double u = ((double)x - m) * (double)s, e = exp(u);
+        acc += e > 0.0 ? -e * u : 0.0;
+    });
+    return kd_block_sum(acc, red);
+}
+
 __device__ __forceinline__ fldvp_norms fldvp_norms_of(const fldvp_args &a, int64_t r) {
-    const double *sm = a.stat_sum + 4 * r;
+    const double *sm = a.stat_sum + a.n_sum * r;
     fldvp_norms n;
     n.ms = (float)a.stat_max[2 * r];
     n.mt = (float)a.stat_max[2 * r + 1];
@@ -133,30 +154,33 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_max_kernel(fldvp_args a
 }
 
 /* Phase 2: stat_sum = {sum e^((zs-ms)/T), sum e^((zt-mt)/T), sum e^(zs-ms), zs[y]} over this
- * rank's columns, at the maxima of every rank (0 for rows that do not count). */
+ * rank's columns, at the maxima of every rank (0 for rows that do not count), and with the
+ * entropy E (fldvp_ent_sum; the first sum then formed without the soft part too). */
 template <int DS, int DT>
 __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_sums_kernel(fldvp_args a) {
     __shared__ double red[32];
     const int64_t r = blockIdx.x;
     const float *zs = a.r.zs + r * a.r.ldz;
     int64_t y, yc;
-    double s0 = 0.0, s1 = 0.0, s2 = 0.0, zy = 0.0;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, zy = 0.0, e = 0.0;
     if (fldvp_label(a, r, &y, &yc)) {
         const float ms = (float)a.stat_max[2 * r], mt = (float)a.stat_max[2 * r + 1];
-        if (a.r.do_soft) {
+        if (a.r.do_soft || a.r.out_ent)
             s0 = fldvp_sum_exp<DS>(a, zs, a.r.bs, ms, a.r.inv_t, red);
+        if (a.r.do_soft)
             s1 = fldvp_sum_exp<DT>(a, a.r.zt + r * a.r.ldz, a.r.bt, mt, a.r.inv_t, red);
-        }
+        if (a.r.out_ent) e = fldvp_ent_sum<DS>(a, zs, a.r.bs, ms, a.r.inv_t, red);
         if (a.r.do_hard && !(a.r.do_soft && a.r.same_t))
             s2 = fldvp_sum_exp<DS>(a, zs, a.r.bs, ms, 1.0f, red);
         if (a.r.do_hard && yc >= 0) zy = zs[yc] + (a.r.bs ? kd_ld<DS>(a.r.bs, yc) : 0.0f);
     }
     if (threadIdx.x == 0) {
-        double *sm = a.stat_sum + 4 * r;
+        double *sm = a.stat_sum + a.n_sum * r;
         sm[0] = s0;
         sm[1] = s1;
         sm[2] = s2;
         sm[3] = zy;
+        if (a.n_sum > 4) sm[4] = e;
     }
 }
 
@@ -214,7 +238,8 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_div_kernel(fldvp_args a
     a.stat_div[2 * r] = d0;
     a.stat_div[2 * r + 1] = d1;
     if (!valid) return; /* phase 4 writes the row outputs of rows that do not count */
-    const double hard = a.r.do_hard ? ((double)nm.ms - a.stat_sum[4 * r + 3]) + nm.lsh : 0.0;
+    const double hard =
+        a.r.do_hard ? ((double)nm.ms - a.stat_sum[a.n_sum * r + 3]) + nm.lsh : 0.0;
     a.r.row_hard[gr] = hard;
     if (a.r.out_hard) a.r.out_hard[gr] = (float)hard;
     if (a.r.out_lse) a.r.out_lse[gr] = a.r.do_hard ? nm.lh : 0.0f;
@@ -228,19 +253,25 @@ __global__ void __launch_bounds__(FLD_ROW_THREADS) fldvp_grad_kernel(fldvp_args 
     const float *zt = a.r.zt ? a.r.zt + r * a.r.ldz : NULL;
     int64_t y, yc;
     if (!fldvp_label(a, r, &y, &yc)) {
-        fld_skip_row<DS>(a.r, (void *)zs, gr, y);
+        /* bad: a label out of range (a weight 0 ignores the row; bad weights never get here) */
+        fld_skip_row<DS>(a.r, (void *)zs, gr, y != a.r.ignore && (y < 0 || y >= a.v_total));
         return;
     }
     if (threadIdx.x == 0) {
         const double d = a.r.do_soft ? a.stat_div[2 * r] : 0.0;
         a.r.row_soft[gr] = d;
         if (a.r.out_soft) a.r.out_soft[gr] = (float)d;
+        if (a.r.out_ent) { /* H = E / S + log S (docs/MATH.md 12.1); NaN with a NaN S */
+            const double *sm = a.stat_sum + a.n_sum * r;
+            a.r.out_ent[gr] = (float)(sm[4] / sm[0] + log(sm[0]));
+        }
     }
     if (!a.r.do_grad) return;
     const fldvp_norms nm = fldvp_norms_of(a, r);
     const float it = a.r.inv_t, S = (float)a.stat_div[2 * r + 1];
     float ca, cb;
     fld_factors(a.r, &ca, &cb);
+    fld_weigh(a.r, gr, &ca, &cb);
     if (nm.wide) { /* the careful form (row_special.cuh): kd_wide_dz, S in double */
         const float gs = a.r.grad_soft ? cb : 0.0f, gh = a.r.grad_hard ? ca : 0.0f;
         const bool share = a.r.same_t && gs != 0.0f;
@@ -290,7 +321,7 @@ static kdloss_status fldvp_launch(int phase, kdloss_dtype ds, kdloss_dtype dt, i
 /* The plan: fld.cu's regions for this rank's v, the statistics, the dxs partial. */
 typedef struct fldvp_plan {
     fld_plan fl;
-    double *st;  /* 8 doubles a chunk row */
+    double *st;  /* 9 doubles a chunk row */
     float *part; /* (chunk x hs) fp32, with gradients */
 } fldvp_plan;
 
@@ -299,7 +330,7 @@ static kdloss_status fldvp_plan_make(const kdloss_fused_linear_distill_params *p
                                     int device, void *ws, fldvp_plan *P) {
     kd_carver cv = kd_carver_for(ws);
     kdloss_status s = fld_plan_carve(p, bt, hs, v, sdt, want_grad, device, &cv, &P->fl);
-    if (s == KDLOSS_OK) s = kd_cuda_vp_carve(&cv, P->fl.chunk, 8, hs, want_grad, &P->st, &P->part);
+    if (s == KDLOSS_OK) s = kd_cuda_vp_carve(&cv, P->fl.chunk, 9, hs, want_grad, &P->st, &P->part);
     if (s != KDLOSS_OK) return s;
     P->fl.hdr = (kd_ws_header *)ws;
     P->fl.total = kd_ws_total(&cv);
@@ -323,7 +354,7 @@ static kdloss_status fldvp_rows(const fldvp_call &k, const fldvp_args &a, int64_
     kdloss_status s = fldvp_launch(1, ds, dt, rows, a, st);
     if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_max, 2 * rows, KDLOSS_F64, KDLOSS_COMM_MAX);
     if (s == KDLOSS_OK) s = fldvp_launch(2, ds, dt, rows, a, st);
-    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_sum, 4 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
+    if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_sum, a.n_sum * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = fldvp_launch(3, ds, dt, rows, a, st);
     if (s == KDLOSS_OK) s = kd_cuda_vp_allreduce(k.comm, a.stat_div, 2 * rows, KDLOSS_F64, KDLOSS_COMM_SUM);
     if (s == KDLOSS_OK) s = fldvp_launch(4, ds, dt, rows, a, st);
@@ -344,7 +375,7 @@ static kdloss_status fldvp_chunk(const fldvp_call &k, fldvp_args &a, int64_t r0,
     if (s == KDLOSS_OK) s = fldvp_rows(k, a, rows);
     if (s != KDLOSS_OK) return s;
     /* the label rules, against v_total */
-    const fld_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0};
+    const fld_mask m = {a.r.labels, a.r.lab64, a.r.ignore, a.v_total, NULL, NULL, 0, 0, 0, a.r.w};
     return fld_chunk_backward(k.gm, k.G, m, r0, rows, [&] {
         const kdloss_mat dxs = {k.G.out->dxs.data, k.G.out->dxs.dtype, k.G.ld_dxs};
         return kd_cuda_vp_dxs(&k.gm, k.comm, k.P->part, r0, rows, dxs);
@@ -361,11 +392,12 @@ static kdloss_status fldvp_run(const fldvp_call &k, const kdloss_fused_linear_di
     a.v_lo = sh->v_begin;
     a.v_total = sh->v_total;
     a.stat_max = k.P->st;
+    a.n_sum = a.r.out_ent ? 5 : 4; /* the SUM's size: kdloss.h's protocol */
     a.stat_sum = a.stat_max + 2 * P.chunk;
-    a.stat_div = a.stat_sum + 4 * P.chunk;
+    a.stat_div = a.stat_sum + a.n_sum * P.chunk;
     const cudaStream_t st = k.gm.st;
-    kdloss_status s = kd_cuda_count_labels(st, labels.data, a.r.lab64, bt, sh->v_total,
-                                           p->ignore_index, P.hdr);
+    kdloss_status s = kd_cuda_count_rows(st, labels.data, a.r.lab64, bt, sh->v_total,
+                                         p->ignore_index, a.r.w, P.hdr);
     s = fld_for_chunks(s, bt, P.chunk,
                       [&](int64_t r0, int64_t rows) { return fldvp_chunk(k, a, r0, rows); });
     if (s == KDLOSS_OK) s = fld_end_grads(k.gm, k.G, bt);
@@ -426,6 +458,7 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     const cudaStream_t st = (cudaStream_t)stream;
     /* everything that can fail before the first chunk was decided above: after the agreement
      * every rank makes the chunk loop's collectives */
+    if (s == KDLOSS_OK) s = kd_cuda_vp_weights(st, params->row_weights, bt, &terms.setup);
     s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, ht, &terms, &chunk);
     if (s == KDLOSS_OK) {
         fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, ctx->device, workspace,

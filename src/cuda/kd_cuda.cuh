@@ -132,8 +132,9 @@ static inline void kd_dev_leave(const kd_dev_guard *g) {
 typedef struct kd_ws_header {
     int32_t status;                /* kdloss_status, written by the last kernel of the call */
     int32_t reserved;
-    unsigned long long n_valid;    /* rows whose label is in [0, V) */
+    unsigned long long n_valid;    /* rows kept: label in [0, V) (or none), weight > 0 (or none) */
     unsigned long long n_bad;      /* rows whose label is neither ignore_index nor in [0, V) */
+    unsigned long long n_bad_w;    /* rows whose weight is not finite and >= 0 (any label) */
 } kd_ws_header;
 
 #define KD_WS_HEADER_BYTES 256u
@@ -282,6 +283,15 @@ __device__ __forceinline__ void kd_st8n(void *p, int64_t o, int n, const float i
 /* Label of row r (I64 or I32), widened. */
 __device__ __forceinline__ int64_t kd_label(const void *labels, int is64, int64_t r) {
     return is64 ? ((const int64_t *)labels)[r] : (int64_t)((const int32_t *)labels)[r];
+}
+
+/* Row r's weight (docs/MATH.md section 12): 0 kept (no weights, or finite and > 0), 1 weight 0
+ * (an ignored row), 2 not finite or < 0 (a bad row: the status word reports it, as a bad
+ * label). -0 is 0, as on the CPU. */
+__device__ __forceinline__ int kd_weight_kind(const float *w, int64_t r) {
+    if (!w) return 0;
+    const float x = w[r];
+    return x > 0.0f && x <= 3.402823466e38f ? 0 : x == 0.0f ? 1 : 2;
 }
 
 /* Sum over the block, in a fixed order (shuffle tree in each warp, then warp 0 over the warps):
@@ -491,16 +501,29 @@ static inline void kd_cast_launch(cudaStream_t st, const float *acc, int64_t ld_
  * (integer atomics: exact, so deterministic). Shapes: labels [bt]. */
 kdloss_status kd_cuda_count_labels(cudaStream_t st, const void *labels, int is64, int64_t bt,
                                    int64_t v, int64_t ignore_index, kd_ws_header *hdr);
+/* The same with per-row weights w [bt] (NULL: none; labels may be NULL: every label kept): a row
+ * is counted in n_valid when its label and its weight keep it (kd_weight_kind 0); n_bad_w counts
+ * the bad weights of every row, ignored ones included (the CPU checks them all). */
+kdloss_status kd_cuda_count_rows(cudaStream_t st, const void *labels, int is64, int64_t bt,
+                                 int64_t v, int64_t ignore_index, const float *w,
+                                 kd_ws_header *hdr);
 
 /* Second and third passes of the elementwise losses. part is (bt x ntiles) doubles of block
  * partial sums; writes row_loss [bt] (optional) and, when loss is not NULL,
  *   loss = sum * host_factor, or sum / host_factor (host_divides), or sum / max(1, n_valid)
  *   (use_n_valid: hdr->n_valid, counted on the device).
  * Writes hdr->status always (LABEL_OUT_OF_RANGE and NaN loss when hdr->n_bad > 0 and
- * use_n_valid). blk is scratch of kd_rows_blocks(bt) doubles. */
+ * use_n_valid; else INVALID_PARAM and NaN loss when hdr->n_bad_w > 0: the CPU checks labels
+ * before weights). blk is scratch of kd_rows_blocks(bt) doubles. */
 kdloss_status kd_cuda_finish_rows(cudaStream_t st, const double *part, int64_t bt, int64_t ntiles,
                                   float *row_loss, float *loss, double *blk, double host_factor,
                                   int host_divides, int use_n_valid, kd_ws_header *hdr);
+/* The same, the loss summing w[r] times row r's sum (in double; w NULL: 1, the same bits as
+ * kd_cuda_finish_rows); row_loss stays unweighted (docs/MATH.md section 12). */
+kdloss_status kd_cuda_finish_rows_w(cudaStream_t st, const double *part, int64_t bt,
+                                    int64_t ntiles, const float *w, float *row_loss, float *loss,
+                                    double *blk, double host_factor, int host_divides,
+                                    int use_n_valid, kd_ws_header *hdr);
 
 /* The NaN policy on log-prob inputs (kdloss.h; docs/MATH.md 10), after the main kernel of an
  * elementwise loss: every thread of it sums (x + y) 2^-100 over its elements (two FMAs each; no

@@ -21,9 +21,13 @@ typedef struct tk_header {
     unsigned long long n_valid;     /* rows with a kept label (or no labels) and valid ids */
     unsigned long long n_bad_label; /* label neither ignore_index nor in [0, V) (any ids) */
     unsigned long long n_bad_id;    /* an id neither -1 nor in [0, V), or repeated (any label) */
+    unsigned long long n_bad_w;     /* a row weight not finite and >= 0 (any label, any ids) */
 } tk_header;
 
-enum { TK_ROW_OK = 0, TK_ROW_IGNORED = 1, TK_ROW_BAD_LABEL = 2, TK_ROW_BAD_ID = 3 };
+/* A row of weight 0 is TK_ROW_IGNORED (docs/MATH.md section 12); a bad weight's row is
+ * TK_ROW_BAD_WEIGHT unless its label or ids are bad too. */
+enum { TK_ROW_OK = 0, TK_ROW_IGNORED = 1, TK_ROW_BAD_LABEL = 2, TK_ROW_BAD_ID = 3,
+       TK_ROW_BAD_WEIGHT = 4 };
 
 #define TK_ROW_THREADS 512
 #define TK_TILE (TK_ROW_THREADS * 8)
@@ -104,6 +108,7 @@ typedef struct tk_check_args {
     const void *ids;    /* (bt x k, ld_ids) I32 / I64 */
     int ids64;
     int64_t ld_ids, bt, v, k;
+    const float *w;     /* [bt] row weights, or NULL */
     uint8_t *flags;     /* [bt] out: TK_ROW_* */
     tk_header *hdr;     /* counters, zeroed before in the same stream */
 } tk_check_args;
@@ -111,10 +116,13 @@ typedef struct tk_check_args {
 kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a);
 
 /* The scalar losses in a fixed order and the status word (tk_final_kernel, topk.cu); row_hard
- * may be NULL; ids_first: with both faults the ids' code wins (the fused loss). */
+ * may be NULL; w [bt] the row weights (NULL: 1); ids_first: with several faults the ids' code
+ * wins (the fused loss), else the labels', then the weights', then the ids' (the logits loss):
+ * the orders of the CPU's checks. */
 kdloss_status tk_final_launch(cudaStream_t st, const double *row_soft, const double *row_hard,
                               int64_t bt, tk_header *hdr, const kdloss_fused_linear_distill_out *out,
-                              double w_hard, double w_soft, double soft_fac, int ids_first);
+                              double w_hard, double w_soft, double soft_fac, int ids_first,
+                              const float *w);
 
 /* ---- the dense rows' arguments and device functions ------------------------------------------ */
 
@@ -153,6 +161,8 @@ typedef struct tk_row_args {
     const tk_header *hdr;
     double *row_soft, *row_hard;          /* [bt] in the workspace; row_hard may be NULL */
     float *out_soft, *out_hard, *out_lse; /* the caller's [bt], or NULL */
+    const float *w;       /* [bt] row weights (global rows), or NULL: 1 */
+    float *out_ent;       /* [bt] the student's entropy (global rows), or NULL */
     char *gslot;          /* TK_SLICES slices of slot_stride bytes, when not in shared memory */
     size_t slot_stride;
     uint32_t *gbits;      /* TK_SLICES bitmaps of `words` words, when not in shared memory */
@@ -167,6 +177,7 @@ typedef struct tk_row_state {
     float crest;  /* c_rest of kd_topk_row: dD/du_j = crest exp(u_j - R) outside S */
     float ca, cb; /* gradient factors of the CE and of the soft term (1/T folded into cb) */
     float zy;     /* the label's logit (do_ce) */
+    float lt;     /* the tempered lse over all v columns (out_ent) */
     int64_t y;    /* the label (do_ce), else -1 */
     int64_t n;    /* used slots, compacted */
 } tk_row_state;
@@ -228,6 +239,7 @@ __device__ void tk_skip_row(const tk_row_args &a, int64_t r, int64_t gr, int kin
         if (a.out_soft) a.out_soft[gr] = (float)x;
         if (a.out_hard) a.out_hard[gr] = (float)x;
         if (a.out_lse) a.out_lse[gr] = (float)x;
+        if (a.out_ent) a.out_ent[gr] = (float)x;
     }
 }
 
@@ -247,6 +259,10 @@ __device__ __forceinline__ void tk_row_finish(const tk_row_args &a, int64_t gr, 
     rs->cb = a.grad_soft
                  ? (float)(s * a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
                  : 0.0f;
+    if (a.w) { /* the row's whole gradient times its weight, once in fp32 (MATH.md 12) */
+        rs->ca *= a.w[gr];
+        rs->cb *= a.w[gr];
+    }
     rs->n = n;
     a.row_soft[gr] = d;
     if (a.row_hard) a.row_hard[gr] = hard;
@@ -279,6 +295,29 @@ __device__ void tk_pass_grad(const tk_row_args &a, int64_t r, const tk_row_state
         }
         kd_st8n<DG, VEC>(grow, c0, n, d);
     }
+}
+
+/* The student's entropy of local row r over all v columns (docs/MATH.md section 12):
+ * H = -sum Q_j log Q_j, log Q_j = u_j - lt, u_j = z_j / T as the other V-wide passes form it,
+ * lt the row's tempered lse (tk_row_math); div_elem.h's element (0 where Q = 0). Summed as the
+ * passes' sums (fp32 groups of 8, double across them, a fixed block order); NaN when lt is not
+ * finite (a NaN or +inf logit: the NaN policy). Thread 0 writes it. red: 32 shared doubles. */
+template <int DZ, int DG, bool VEC>
+__device__ void tk_pass_ent(const tk_row_args &a, int64_t r, int64_t gr, float lt, double *red) {
+    double acc = 0.0;
+    for (int64_t c0 = (int64_t)threadIdx.x * 8; c0 < a.v; c0 += TK_TILE) {
+        const int n = a.v - c0 >= 8 ? 8 : (int)(a.v - c0);
+        float zz[8], h8 = 0.0f;
+        tk_load8<DZ, DG, VEC>(a, r, c0, n, zz);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float x = zz[j] * a.inv_t - lt;
+            if (j < n) h8 += kd_s_entropy(x, expf(x));
+        }
+        acc += (double)h8;
+    }
+    const double h = kd_block_sum(acc, red);
+    if (threadIdx.x == 0) a.out_ent[gr] = isfinite(lt) ? (float)h : __int_as_float(0x7fc00000);
 }
 
 /* After the pass (and a barrier): the slots' own values, from the gathered logits. */

@@ -39,14 +39,23 @@ __device__ __forceinline__ int tk_ids_ok(const tk_check_args &a, int64_t r, int 
     return !__any_sync(0xffffffffu, bad);
 }
 
-/* One warp per row (grid-stride): flags[r] and the three counters (integer atomics, one per
- * block: the totals are exact whatever the order). Every row's ids are checked, ignored rows
- * too (kdloss.h); a row with invalid ids is flagged so whatever its label. */
+/* Row r's flag from its ids (ok), its label's kind lk and its weight's (kd_weight_kind): a bad
+ * id, label or weight makes the row bad (in that order); a weight of 0 ignores it. */
+__device__ __forceinline__ int tk_row_flag(int ok, int lk, int wk) {
+    if (!ok) return TK_ROW_BAD_ID;
+    if (lk == TK_ROW_BAD_LABEL) return lk;
+    if (wk == 2) return TK_ROW_BAD_WEIGHT;
+    return lk == TK_ROW_IGNORED || wk == 1 ? TK_ROW_IGNORED : TK_ROW_OK;
+}
+
+/* One warp per row (grid-stride): flags[r] and the four counters (integer atomics, one per
+ * block: the totals are exact whatever the order). Every row's ids and weight are checked,
+ * ignored rows too (kdloss.h); a row with invalid ids is flagged so whatever its label. */
 __global__ void __launch_bounds__(TK_CHECK_THREADS) tk_check_kernel(tk_check_args a) {
     __shared__ unsigned long long red[32];
     const int lane = threadIdx.x & 31;
     const int64_t wpb = TK_CHECK_THREADS / 32;
-    unsigned long long nv = 0, nl = 0, ni = 0;
+    unsigned long long nv = 0, nl = 0, ni = 0, nw = 0;
     for (int64_t r = (int64_t)blockIdx.x * wpb + (threadIdx.x >> 5); r < a.bt;
          r += (int64_t)gridDim.x * wpb) {
         const int ok = tk_ids_ok(a, r, lane);
@@ -55,26 +64,30 @@ __global__ void __launch_bounds__(TK_CHECK_THREADS) tk_check_kernel(tk_check_arg
             const int64_t y = kd_label(a.labels, a.lab64, r);
             lk = y == a.ignore ? TK_ROW_IGNORED : (y >= 0 && y < a.v) ? TK_ROW_OK : TK_ROW_BAD_LABEL;
         }
-        const int kind = ok ? lk : TK_ROW_BAD_ID;
+        const int wk = kd_weight_kind(a.w, r);
+        const int kind = tk_row_flag(ok, lk, wk);
         if (lane == 0) {
             a.flags[r] = (uint8_t)kind;
             nv += kind == TK_ROW_OK;
             nl += lk == TK_ROW_BAD_LABEL;
             ni += !ok;
+            nw += wk == 2;
         }
     }
     nv = kd_block_sum(nv, red);
     nl = kd_block_sum(nl, red);
     ni = kd_block_sum(ni, red);
+    nw = kd_block_sum(nw, red);
     if (threadIdx.x == 0) {
         if (nv) atomicAdd(&a.hdr->n_valid, nv);
         if (nl) atomicAdd(&a.hdr->n_bad_label, nl);
         if (ni) atomicAdd(&a.hdr->n_bad_id, ni);
+        if (nw) atomicAdd(&a.hdr->n_bad_w, nw);
     }
 }
 
 kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a) {
-    cudaError_t e = cudaMemsetAsync(&a.hdr->n_valid, 0, 3 * sizeof(unsigned long long), st);
+    cudaError_t e = cudaMemsetAsync(&a.hdr->n_valid, 0, 4 * sizeof(unsigned long long), st);
     if (e != cudaSuccess) return kd_cuda_status(e);
     const int64_t wpb = TK_CHECK_THREADS / 32;
     int64_t blocks = (a.bt + wpb - 1) / wpb;
@@ -85,45 +98,54 @@ kdloss_status tk_check_launch(cudaStream_t st, const tk_check_args &a) {
 
 /* ---- 4. the scalar losses and the status word ------------------------------------------------ */
 
-/* row_soft, row_hard [bt] (row_hard may be NULL) -> the scalar losses (one block, fixed order):
- *   soft = sum row_soft * soft_fac / n, hard = sum row_hard / n, loss = w_hard hard + w_soft soft
- * with n = max(1, n_valid); NaN when a row is bad. With both faults the status is the one the
- * CPU function returns: it checks the ids first in the fused loss (ids_first), the labels first
- * in the logits loss. */
+/* The status word of a top-k call from its counters: the code the CPU function returns for
+ * the first fault its checks meet (the fused loss: ids, labels, weights; the logits loss:
+ * labels, weights, ids). */
+__device__ __forceinline__ int32_t tk_status_of(const tk_header *hdr, int ids_first) {
+    const int bid = hdr->n_bad_id > 0, bl = hdr->n_bad_label > 0, bw = hdr->n_bad_w > 0;
+    if (bid && (ids_first || (!bl && !bw))) return (int32_t)KDLOSS_ERR_INVALID_ID;
+    if (bl) return (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE;
+    return bw ? (int32_t)KDLOSS_ERR_INVALID_PARAM : (int32_t)KDLOSS_OK;
+}
+
+/* row_soft, row_hard [bt] (row_hard may be NULL), w [bt] (NULL: 1) -> the scalar losses (one
+ * block, fixed order):
+ *   soft = sum w row_soft * soft_fac / n, hard = sum w row_hard / n,
+ *   loss = w_hard hard + w_soft soft
+ * with n = max(1, n_valid); NaN when a row is bad; the status word (tk_status_of). */
 __global__ void __launch_bounds__(TK_FINAL_THREADS)
 tk_final_kernel(const double *row_soft, const double *row_hard, int64_t bt, tk_header *hdr,
                 float *loss, float *soft_loss, float *hard_loss, double w_hard, double w_soft,
-                double soft_fac, int ids_first) {
+                double soft_fac, int ids_first, const float *w) {
     __shared__ double red[32];
     double s = 0.0, h = 0.0;
     for (int64_t i = threadIdx.x; i < bt; i += blockDim.x) {
-        s += row_soft[i];
-        if (row_hard) h += row_hard[i];
+        const double wi = w ? (double)w[i] : 1.0; /* 1: the same bits as without weights */
+        s += w ? row_soft[i] * wi : row_soft[i];
+        if (row_hard) h += w ? row_hard[i] * wi : row_hard[i];
     }
     s = kd_block_sum(s, red);
     h = kd_block_sum(h, red);
     if (threadIdx.x == 0) {
-        const int bad_id = hdr->n_bad_id > 0, bad_label = hdr->n_bad_label > 0;
-        const int bad = bad_id || bad_label;
+        const int32_t code = tk_status_of(hdr, ids_first);
+        const int bad = code != (int32_t)KDLOSS_OK;
         const double n = hdr->n_valid > 0 ? (double)hdr->n_valid : 1.0;
         const float qnan = __int_as_float(0x7fc00000);
         const double sl = s * soft_fac / n, hl = h / n;
         if (loss) *loss = bad ? qnan : (float)(w_hard * hl + w_soft * sl);
         if (soft_loss) *soft_loss = bad ? qnan : (float)sl;
         if (hard_loss) *hard_loss = bad ? qnan : (float)hl;
-        const int id_wins = bad_id && (ids_first || !bad_label);
-        hdr->status = id_wins ? (int32_t)KDLOSS_ERR_INVALID_ID
-                      : bad   ? (int32_t)KDLOSS_ERR_LABEL_OUT_OF_RANGE
-                              : (int32_t)KDLOSS_OK;
+        hdr->status = code;
     }
 }
 
 kdloss_status tk_final_launch(cudaStream_t st, const double *row_soft, const double *row_hard,
                               int64_t bt, tk_header *hdr, const kdloss_fused_linear_distill_out *out,
-                              double w_hard, double w_soft, double soft_fac, int ids_first) {
+                              double w_hard, double w_soft, double soft_fac, int ids_first,
+                              const float *w) {
     KD_LAUNCH(1, TK_FINAL_THREADS, 0, st, tk_final_kernel)(row_soft, row_hard, bt, hdr, out->loss,
                                                            out->soft_loss, out->hard_loss, w_hard,
-                                                           w_soft, soft_fac, ids_first);
+                                                           w_soft, soft_fac, ids_first, w);
     return kd_launch_status();
 }
 
@@ -190,7 +212,8 @@ __device__ __forceinline__ int64_t tk_compact(tk_slots s, int64_t k) {
 }
 
 /* Thread 0: compact the used slots (slot order), kd_topk_row, the row's outputs and the
- * gradient factors. lh: the untempered lse of the pass (T != 1). */
+ * gradient factors, and with the entropy the tempered lse over every column (R and the slots'
+ * lse, as the untempered one at T = 1). lh: the untempered lse of the pass (T != 1). */
 __device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float R, float lh,
                             tk_row_state *rs) {
     const int64_t n = tk_compact(s, a.k);
@@ -199,6 +222,7 @@ __device__ void tk_row_math(const tk_row_args &a, int64_t gr, tk_slots s, float 
                                  &crest);
     /* T == 1: lse over all columns = logaddexp(R, lse over S), both parts exact */
     if (a.do_hard && a.same_t) lh = (float)kd_topk_logaddexp((double)R, kd_topk_lse(s.z, n, 1.0));
+    if (a.out_ent) rs->lt = (float)kd_topk_logaddexp((double)R, kd_topk_lse(s.z, n, a.inv_t64));
     tk_row_finish(a, gr, d, a.do_hard ? (double)(lh - rs->zy) : 0.0, R, lh, crest, n, rs);
 }
 
@@ -208,6 +232,7 @@ template <int DZ, int DG, bool VEC>
 __global__ void __launch_bounds__(TK_ROW_THREADS) tk_row_kernel(tk_row_args a) {
     KD_DYN_SMEM(char, tk_smem, 16);
     __shared__ kd_lse lred[32];
+    __shared__ double hred[32];
     __shared__ tk_row_state rs;
     const tk_slots s = tk_slots_of(a, tk_smem);
     uint32_t *bits = tk_bits_init(a, tk_smem);
@@ -225,6 +250,8 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tk_row_kernel(tk_row_args a) {
         if (threadIdx.x == 0) tk_row_math(a, gr, s, R, lh, &rs);
         __syncthreads();
         const tk_row_state st = rs;
+        /* before the gradient, which may overwrite the logits (the fused loss's dz in place) */
+        if (a.out_ent) tk_pass_ent<DZ, DG, VEC>(a, r, gr, st.lt, hred);
         if (a.g) {
             tk_pass_grad<DZ, DG, VEC>(a, r, st);
             __syncthreads();
@@ -261,6 +288,7 @@ typedef struct tk_sparse_args {
     double w_soft, grad_scale, temperature, soft_fac;
     double *row_soft;     /* [bt] workspace */
     float *out_soft;      /* caller's [bt] or NULL */
+    const float *w;       /* [bt] row weights, or NULL: 1 */
     float *dz;            /* (bt x k) dz of the used slots, compacted per row (0 after), or NULL */
     int32_t *pcol;        /* (bt x k) their ids (-1 after) */
     void *dxs;            /* (bt x hs, ld_dxs) DS or NULL */
@@ -313,16 +341,17 @@ __device__ void tk_sparse_math(const tk_sparse_args &a, int64_t r, tk_slots s, i
     const float cb = a.grad_soft
                          ? (float)(a.w_soft * a.grad_scale * a.soft_fac / (nvd * a.temperature))
                          : 0.0f;
-    for (int64_t k = 0; k < n; k++) s.g[k] *= cb;
+    const float cw = a.w ? cb * a.w[r] : cb; /* the row weight, once in fp32 (MATH.md 12.1) */
+    for (int64_t k = 0; k < n; k++) s.g[k] *= cw;
     a.row_soft[r] = d;
     if (a.out_soft) a.out_soft[r] = (float)d;
     /* the NaN policy: a poisoned row (kd_topk_row's NaN c_rest) with a gradient is NaN outside S
      * too, as the full-vocabulary path's dz row, so dws and dbs are NaN everywhere
      * (tk_dw_kernel fills them; the CPU's run_sparse likewise) */
-    if (cb != 0.0f && isnan(crest)) atomicOr(&a.hdr->poisoned, 1u);
+    if (cw != 0.0f && isnan(crest)) atomicOr(&a.hdr->poisoned, 1u);
     /* a factor of 0 writes zeros: no slot reaches dxs, dws or dbs (0 x a NaN weight or hidden
      * state would be NaN; the CPU's sparse rows skip their axpys and scatter) */
-    *n_out = cb != 0.0f ? n : 0;
+    *n_out = cw != 0.0f ? n : 0;
 }
 
 /* dxs[r] = sum over the used slots, in order, of dz_k ws[id_k] (threads over hidden columns);
@@ -643,7 +672,9 @@ static int tk_sparse_params(const kdloss_fused_linear_topk_distill_params *p, in
 }
 static int tk_sparse_call(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                           int64_t k, const kdloss_fused_linear_distill_out *out) {
-    return tk_sparse_params(p, bt, k) && !out->hard_loss && !out->row_hard && !out->row_lse;
+    /* the entropy spans every column, as row_lse: the full-vocabulary path (MATH.md 12) */
+    return tk_sparse_params(p, bt, k) && !out->hard_loss && !out->row_hard && !out->row_lse &&
+           !out->row_entropy;
 }
 
 /* ---- host side: launchers ------------------------------------------------------------------- */
@@ -696,6 +727,7 @@ tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
     c.bt = bt;
     c.v = v;
     c.k = t.k;
+    c.w = NULL;
     c.flags = P.flags;
     c.hdr = P.hdr;
     return c;
@@ -759,9 +791,12 @@ kdloss_status kdloss_cuda_topk_distill_logits(
         return s;
     tk_logits_plan(bt, v, teacher.k, workspace, &P);
 
-    const tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    c.w = params->row_weights;
     tk_row_args a;
     tk_row_common(&a, teacher, g, c, P);
+    a.w = params->row_weights;
+    a.out_ent = params->row_entropy;
     const kdloss_dtype ds = student_logits.dtype;
     const size_t es = kdloss_dtype_size(ds);
     a.z = student_logits.data;
@@ -774,7 +809,8 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     a.same_t = params->temperature == 1.0;
     a.coef = kd_div_coef_make(&params->div);
     a.tail = (int)params->tail;
-    a.need_r = params->tail != KDLOSS_TAIL_RENORM_BOTH;
+    /* the entropy spans every column: renorm_both (which ignores R) forms R for it */
+    a.need_r = params->tail != KDLOSS_TAIL_RENORM_BOTH || params->row_entropy != NULL;
     a.grad_soft = grad.data != NULL;
     a.w_soft = 1.0;
     a.grad_scale = params->grad_scale;
@@ -797,7 +833,8 @@ kdloss_status kdloss_cuda_topk_distill_logits(
         kdloss_fused_linear_distill_out o;
         memset(&o, 0, sizeof o);
         o.loss = loss;
-        s = tk_final_launch(st, P.row_soft, NULL, bt, P.hdr, &o, 0.0, 1.0, 1.0, 0);
+        s = tk_final_launch(st, P.row_soft, NULL, bt, P.hdr, &o, 0.0, 1.0, 1.0, 0,
+                            params->row_weights);
     }
     kd_dev_leave(&dg);
     return s;
@@ -823,14 +860,18 @@ void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params 
     /* "0 skips all cross-entropy work": the CE only when weighted or asked for */
     a->do_ce = has_labels && (p->weight_hard_loss > 0.0 || out->hard_loss || out->row_hard);
     a->do_hard = a->do_ce || out->row_lse != NULL;
-    a->need_r = p->tail != KDLOSS_TAIL_RENORM_BOTH || (a->do_hard && a->same_t);
+    /* R for the untempered lse at T = 1, and for the entropy (over every column) */
+    a->need_r = p->tail != KDLOSS_TAIL_RENORM_BOTH || (a->do_hard && a->same_t) ||
+                out->row_entropy != NULL;
     fld_grad_fields(a, p, out, want_grad);
+    a->w = p->row_weights;
+    a->out_ent = out->row_entropy;
 }
 
 /* The zero-gradient rows of a top-k chunk (fld_mask): rows that do not count, and without the
  * cross-entropy's gradient (gh0) rows without a used slot. */
 fld_mask tk_mask_of(const tk_row_args &a, int gh0) {
-    const fld_mask m = {NULL, 0, 0, 0, a.flags, gh0 ? a.ids : NULL, a.ids64, a.ld_ids, a.k};
+    const fld_mask m = {NULL, 0, 0, 0, a.flags, gh0 ? a.ids : NULL, a.ids64, a.ld_ids, a.k, NULL};
     return m;
 }
 
@@ -925,6 +966,7 @@ static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_to
     a.soft_fac = p->t2_scale ? p->temperature * p->temperature : 1.0;
     a.row_soft = P.row_soft;
     a.out_soft = out->row_soft;
+    a.w = p->row_weights;
     a.dz = wgrad ? P.dz : NULL;
     a.pcol = wgrad ? P.pcol : NULL;
     a.dxs = out->dxs.data;
@@ -992,7 +1034,8 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     if (sparse) tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, workspace, &P);
     else tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
 
-    const tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    c.w = params->row_weights;
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
     cudaStream_t st = (cudaStream_t)stream;
@@ -1011,7 +1054,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     if (s == KDLOSS_OK) {
         const double soft_fac = params->t2_scale ? params->temperature * params->temperature : 1.0;
         s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, out, params->weight_hard_loss,
-                            params->weight_soft_loss, soft_fac, 1);
+                            params->weight_soft_loss, soft_fac, 1, params->row_weights);
     }
     kd_dev_leave(&dg);
     return s;

@@ -10,9 +10,11 @@
  *   zs = xs[chunk] ws_r^T                                     (fld_chunk_logits)
  *   1. max   over this rank's columns outside S and over all of them -> MAX 2 a row   (stat_max)
  *   2. sums  sum e^((zs-mr)/T) and sum e^(zs-mr) (T != 1) outside S, the label's logit, the
- *            |S| <= K selected logits, each from the rank that holds it -> SUM 4 + K  (stat_sum)
+ *            |S| <= K selected logits, each from the rank that holds it, and with the entropy
+ *            E_r = sum -e^u u outside S, u = (zs-mr)/T           -> SUM 4 + K (5 + K) (stat_sum)
  *   3+4. thread 0: the rest's log-sum-exp R, the untempered lse, kd_topk_row on all of S (the
- *        same numbers on every rank, no third all-reduce); then tk_pass_grad and tk_fixup, the
+ *        same numbers on every rank, no third all-reduce), the entropy from E_r and the slots
+ *        (docs/MATH.md 12.1, top-k); then tk_pass_grad and tk_fixup, the
  *        single-process gradient passes, on this rank's columns and the slots it holds
  *   dws, dbs of the block (fld_chunk_wgrad; the rows whose gradient is 0 zeroed in its xs,
  *   fld_mask_rows); dxs: the partial in fp32 (renorm_both without the cross-entropy's gradient:
@@ -23,13 +25,14 @@
  * or TK_SLICES slices of the workspace, the grid then at most TK_SLICES blocks). Nothing in this
  * file has run on a GPU yet.
  *
- * Workspace: topk.cu's dense plan (for this rank's v), then st: 6 + K doubles a chunk row
- * (stat_max, stat_sum), and with gradients part: (C x Hs) fp32, the chunk's dxs partial. */
+ * Workspace: topk.cu's dense plan (for this rank's v), then st: 7 + K doubles a chunk row
+ * (stat_max, stat_sum; the entropy's counted whether or not it is asked for), and with gradients
+ * part: (C x Hs) fp32, the chunk's dxs partial. */
 
 typedef struct tkvp_args {
     tk_row_args r;   /* v: this rank's columns; row0, flags, ids and labels global */
     int64_t v_lo;    /* global id of local column 0 */
-    int64_t n_sum;   /* 4 + K */
+    int64_t n_sum;   /* 4 + K, or 5 + K with the entropy's E_r (the last) */
     double *stat_max, *stat_sum; /* [2 rows], [n_sum rows] of the chunk */
 } tkvp_args;
 
@@ -103,6 +106,19 @@ __device__ double tkvp_sum_rest(const tkvp_args &a, int64_t r, const uint32_t *b
     return kd_block_sum(acc, red);
 }
 
+/* Sum over local row r's columns outside S of -e^u u, u = (z - mr) s (thread 0): the entropy's
+ * E_r, each term in fp32 as tkvp_sum_rest's (0 where e^u is), summed in double. */
+template <int DG>
+__device__ double tkvp_ent_rest(const tkvp_args &a, int64_t r, const uint32_t *bits, float mr,
+                                float s, double *red) {
+    double acc = 0.0;
+    tkvp_each<DG>(a, r, bits, [&](float z, bool in_s) {
+        const float u = (z - mr) * s, e = expf(u);
+        if (!in_s && e > 0.0f) acc -= (double)(e * u);
+    });
+    return kd_block_sum(acc, red);
+}
+
 /* Phase 1: stat_max = {max zs outside S, max zs} over this rank's columns (-inf for rows that do
  * not count). One block per row, grid-stride (tk_row_grid). */
 template <int DG>
@@ -130,7 +146,8 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_max_kernel(tkvp_args a) {
 /* Thread 0 of phase 2: the label's logit and the used slots' logits in slot order (0 where
  * another rank holds the id), after the two sums; 0 up to n_sum. */
 template <int DG>
-__device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double s0, double s1) {
+__device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double s0, double s1,
+                               double e) {
     double *sm = a.stat_sum + a.n_sum * r;
     const tk_row_args &b = a.r;
     /* the label's logit wherever the cross-entropy is formed (row_lse alone too: the CPU's) */
@@ -147,6 +164,7 @@ __device__ void tkvp_slot_sums(const tkvp_args &a, int64_t r, int64_t gr, double
         sm[4 + n++] = c >= 0 && c < b.v ? (double)tk_z<KDLOSS_F32, DG>(b, r, c) : 0.0;
     }
     for (; n < b.k; n++) sm[4 + n] = 0.0;
+    if (b.out_ent) sm[4 + b.k] = e;
 }
 
 /* Phase 2: stat_sum = {sum e^((zs-mr)/T) outside S, sum e^(zs-mr) outside S (untempered lse at
@@ -165,16 +183,37 @@ __global__ void __launch_bounds__(TK_ROW_THREADS) tkvp_sums_kernel(tkvp_args a) 
         tkvp_mark(a, gr, bits, true);
         __syncthreads();
         const float mr = (float)a.stat_max[2 * r];
-        double s0 = 0.0, s1 = 0.0;
-        if (mr > -INFINITY) { /* else no column outside S anywhere: both sums are empty */
+        double s0 = 0.0, s1 = 0.0, e = 0.0;
+        if (mr > -INFINITY) { /* else no column outside S anywhere: the sums are empty */
             s0 = tkvp_sum_rest<DG>(a, r, bits, mr, a.r.inv_t, red);
             if (a.r.do_hard && !a.r.same_t) s1 = tkvp_sum_rest<DG>(a, r, bits, mr, 1.0f, red);
+            if (a.r.out_ent) e = tkvp_ent_rest<DG>(a, r, bits, mr, a.r.inv_t, red);
         }
-        if (threadIdx.x == 0) tkvp_slot_sums<DG>(a, r, gr, s0, s1);
+        if (threadIdx.x == 0) tkvp_slot_sums<DG>(a, r, gr, s0, s1, e);
         __syncthreads(); /* every thread is done with the bits */
         tkvp_mark(a, gr, bits, false);
         __syncthreads();
     }
+}
+
+/* The row's entropy over every column (docs/MATH.md 12.1, top-k, full path) from the reduced
+ * sums: with L = logaddexp(rest, lse(u_S)) the tempered log-normalizer, rest = mr / T + log S_r,
+ * and c = mr / T - L, H = e^c (E_r - c S_r) + sum over S of -Q_j log Q_j (both parts >= 0; the
+ * first 0 when no column is outside S); NaN with a NaN sum (the NaN policy). zk: the slots'
+ * logits (n of them), u = z inv_t. */
+__device__ double tkvp_entropy(double mr, double inv_t, double s_r, double e_r, double rest,
+                               const float *zk, int64_t n) {
+    const double L = kd_topk_logaddexp(rest, kd_topk_lse(zk, n, inv_t));
+    double h = 0.0;
+    if (mr > -INFINITY) {
+        const double c = mr * inv_t - L;
+        h = exp(c) * (e_r - c * s_r);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const double x = (double)zk[j] * inv_t - L, q = exp(x);
+        if (q > 0.0) h -= q * x;
+    }
+    return isnan(L) ? L : h;
 }
 
 /* Thread 0 of phase 3+4: the slots of every rank (this rank's local columns, -1 for the others'),
@@ -202,6 +241,9 @@ __device__ void tkvp_row_math(const tkvp_args &a, int64_t r, int64_t gr, tk_slot
         lse1 = kd_topk_logaddexp(rest1, kd_topk_lse(s.z, n, 1.0));
     }
     double crest = 0.0;
+    if (b.out_ent)
+        b.out_ent[gr] =
+            (float)tkvp_entropy((double)mr, b.inv_t64, sm[0], sm[4 + b.k], rest, s.z, n);
     const double d = kd_topk_row(&b.coef, b.tail, n, s.z, s.lp, b.inv_t64, rest, s.g, &crest);
     const int64_t y = b.do_ce ? kd_label(b.labels, b.lab64, gr) - a.v_lo : -1;
     rs->y = y >= 0 && y < b.v ? y : -1;
@@ -259,7 +301,7 @@ static kdloss_status tkvp_launch(int phase, kdloss_dtype ds, const tkvp_args &a,
 /* The plan: topk.cu's dense regions for this rank's v, the statistics, the dxs partial. */
 typedef struct tkvp_plan {
     tk_plan tk;
-    double *st;  /* (6 + K) doubles a chunk row */
+    double *st;  /* (7 + K) doubles a chunk row */
     float *part; /* (chunk x hs) fp32, with gradients */
 } tkvp_plan;
 
@@ -269,7 +311,7 @@ static kdloss_status tkvp_plan_make(const kdloss_fused_linear_topk_distill_param
     kd_carver cv = kd_carver_for(ws);
     kdloss_status s = tk_dense_carve(p, bt, hs, v, k, sdt, want_grad, &cv, &P->tk);
     if (s == KDLOSS_OK)
-        s = kd_cuda_vp_carve(&cv, P->tk.chunk, 6 + k, hs, want_grad, &P->st, &P->part);
+        s = kd_cuda_vp_carve(&cv, P->tk.chunk, 7 + k, hs, want_grad, &P->st, &P->part);
     if (s != KDLOSS_OK) return s;
     P->tk.hdr = (tk_header *)ws;
     P->tk.total = kd_ws_total(&cv);
@@ -324,13 +366,14 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     const tk_plan &P = k.P->tk;
     const kd_topk_geom &g = *k.g;
     const cudaStream_t st = k.gm.st;
-    const tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
+    tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
+    c.w = p->row_weights; /* checked on the host (kd_cuda_vp_weights): 0 ignores a row */
     tkvp_args a;
     tk_row_common(&a.r, t, g, c, P);
     tk_row_fused(&a.r, p, k.G.out, labels.data != NULL, bs, P, g.want_grad && !k.G.zero_g);
     a.r.v = k.gm.v; /* tk_row_common gave the ids' range, v_total */
     a.v_lo = sh->v_begin;
-    a.n_sum = 4 + t.k;
+    a.n_sum = 4 + t.k + (a.r.out_ent != NULL); /* the SUM's size: kdloss.h's protocol */
     a.stat_max = k.P->st;
     a.stat_sum = a.stat_max + 2 * P.chunk;
     kdloss_status s = tk_check_launch(st, c);
@@ -341,7 +384,8 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
     if (s == KDLOSS_OK)
         s = tk_final_launch(st, P.row_soft, P.row_hard, bt, P.hdr, k.G.out, p->weight_hard_loss,
                             p->weight_soft_loss,
-                            p->t2_scale ? p->temperature * p->temperature : 1.0, 1);
+                            p->t2_scale ? p->temperature * p->temperature : 1.0, 1,
+                            p->row_weights);
     return s;
 }
 
@@ -400,6 +444,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     const cudaStream_t st = (cudaStream_t)stream;
     /* everything that can fail before the first chunk was decided above: after the agreement
      * every rank makes the chunk loop's collectives */
+    if (s == KDLOSS_OK) s = kd_cuda_vp_weights(st, params->row_weights, bt, &terms.setup);
     s = kd_cuda_vp_agree(ctx, st, shard, v, s, bt, hs, teacher.k, &terms, &chunk);
     if (s == KDLOSS_OK) {
         tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);

@@ -1,5 +1,7 @@
 /* Host steps of the vocabulary-parallel fused losses on the GPU (vp_cuda.h), shared by the
  * dense teacher (fld_vp.cu) and the sparse one (topk_vp.cu). Nothing here has run on a GPU. */
+#include <stdlib.h>
+
 #include "vp_cuda.h"
 
 kdloss_status kd_cuda_vp_enter(const kdloss_cuda_context *ctx, const kdloss_vocab_shard *sh) {
@@ -33,6 +35,19 @@ static kdloss_status vp_reduce_staged(void *rctx, double *buf, int64_t n) {
     e = cudaMemcpyAsync(buf, g->ctx->vp_agree, bytes, cudaMemcpyDeviceToHost, g->st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
     return kd_cuda_status(e);
+}
+
+kdloss_status kd_cuda_vp_weights(cudaStream_t st, const float *w, int64_t bt, uint64_t *setup) {
+    if (!w) return KDLOSS_OK;
+    float *h = (float *)malloc((size_t)bt * sizeof(float));
+    if (!h) return KDLOSS_ERR_OUT_OF_MEMORY;
+    cudaError_t e = cudaMemcpyAsync(h, w, (size_t)bt * sizeof(float), cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    kdloss_status s = kd_cuda_status(e);
+    if (s == KDLOSS_OK) s = kd_check_row_weights(h, bt);
+    if (s == KDLOSS_OK) *setup = kd_vp_weights_hash(*setup, h, bt);
+    free(h);
+    return s;
 }
 
 kdloss_status kd_cuda_vp_agree(kdloss_cuda_context *ctx, cudaStream_t st,

@@ -22,6 +22,15 @@
  * a communicator the context's buffer can serve (UNSUPPORTED above KD_VP_MAX_RANKS). */
 kdloss_status kd_cuda_vp_enter(const kdloss_cuda_context *ctx, const kdloss_vocab_shard *sh);
 
+/* Per-row weights (docs/MATH.md 12.1) of a vocabulary-parallel call, w [bt] device memory (NULL:
+ * none, nothing done): read to the host on stream st (a copy and a stream synchronization: the
+ * agreement is a host decision anyway), checked as the CPU checks them (kd_check_row_weights:
+ * INVALID_PARAM naming the row, this rank's fault in the agreement, nothing written) and mixed
+ * into the setup's fingerprint (kd_vp_weights_hash: ranks whose weights differ get
+ * SHAPE_MISMATCH, as on the CPU). OUT_OF_MEMORY when the host copy cannot be allocated, the CUDA
+ * error of the copy. On the context's device (kd_dev_enter done). */
+kdloss_status kd_cuda_vp_weights(cudaStream_t st, const float *w, int64_t bt, uint64_t *setup);
+
 /* kd_vp_agree_terms (vp.h: the agreement and the confirmation, two collectives that every rank
  * makes whatever its status) with each buffer staged through ctx->vp_agree on stream st (copy
  * in, the callback's all-reduce, copy out, synchronize: the verdict is a host decision). terms:

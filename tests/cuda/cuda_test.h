@@ -201,6 +201,7 @@ typedef struct vp_case {
     kdloss_dtype dt; /* every float operand's */
     int bias;
     int labels;      /* top-k: 0 runs without labels */
+    int ent;         /* row_entropy too (the 4th row output) */
     kdloss_fused_linear_distill_params dp;
     kdloss_fused_linear_topk_distill_params tp;
 } vp_case;
@@ -233,6 +234,7 @@ typedef struct vp_job {
     vp_rank *rank;               /* the test's communicator, or NULL */
     int ws_short;                /* pass one byte less than the size query's */
     int no_dxs;                  /* ask for dws / dbs but not dxs */
+    float *row_entropy;          /* asked for when not NULL (device, bt floats) */
     vp_out o;
     kdloss_status status;
     int32_t word;                /* the workspace's status word */

@@ -19,6 +19,8 @@
 #define AR_W1 32768 /* fused-linear weights */
 #define AR_W2 65536
 #define AR_WS (1u << 20) /* workspace: up to the end of the arena */
+#define AR_RW (AR_LAB + 512) /* row_weights (an input: outside the poisoned outputs) */
+#define AR_ENT AR_E          /* row_entropy (an output: inside them) */
 
 static char *g_ar;  /* the CUDA calls' arena */
 static char *g_har; /* the CPU calls' arena */
@@ -145,12 +147,15 @@ typedef struct jsd_call {
     double temperature;   /* distill 2 */
     int ld_s, ws_null, ws_off;
     size_t s_off, lab_off, loss_off; /* the student, labels and loss moved by that many bytes */
+    int rw, ent;          /* distill 2: row_weights at AR_RW, row_entropy at AR_ENT */
 } jsd_call;
 
 static kdloss_status run_distill_logits(const jsd_call *c, int cpu, kdloss_cmat s, kdloss_cmat t,
                                         kdloss_labels L, float *loss, float *row, kdloss_mat g) {
     char *ar = cpu ? g_har : g_ar;
-    kdloss_distill_logits_params pl = {c->d, c->temperature, c->p.ignore_index, c->p.grad_scale, NULL, NULL};
+    kdloss_distill_logits_params pl = {c->d, c->temperature, c->p.ignore_index, c->p.grad_scale,
+                                       c->rw ? (const float *)(ar + AR_RW) : NULL,
+                                       c->ent ? (float *)(ar + AR_ENT) : NULL};
     const kdloss_distill_logits_params *pp = c->null_params ? NULL : &pl;
     if (cpu) return kdloss_distill_logits(pp, c->bt, c->v, s, t, L, loss, row, g);
     return kdloss_cuda_distill_logits(c->null_ctx ? NULL : g_actx, g_st, pp, c->bt, c->v, s, t,
@@ -237,6 +242,7 @@ typedef struct fl_call {
     kdloss_fused_linear_distill_params pd;
     int row_off; /* distill: row_soft at AR_ROW + row_off (with loss) */
     size_t lab_off; /* labels at AR_LAB + lab_off */
+    int rw, ent;    /* distill: row_weights at AR_RW, row_entropy at AR_ENT */
 } fl_call;
 
 /* operands: xs @AR_IN, xt @AR_T, ws @AR_W1, wt @AR_W2, student bias just before AR_WS */
@@ -261,7 +267,10 @@ static kdloss_status run_fl(const void *arg, int cpu) {
         od.dxs = o.dxs;
         od.dbs = o.dbs;
         od.row_soft = c->loss ? (float *)(ar + AR_ROW + c->row_off) : NULL;
-        const kdloss_fused_linear_distill_params *pp = c->null_params ? NULL : &c->pd;
+        od.row_entropy = c->ent ? (float *)(ar + AR_ENT) : NULL;
+        kdloss_fused_linear_distill_params pd = c->pd;
+        pd.row_weights = c->rw ? (const float *)(ar + AR_RW) : NULL;
+        const kdloss_fused_linear_distill_params *pp = c->null_params ? NULL : &pd;
         kdloss_fused_linear_distill_out *odp = c->null_out ? NULL : &od;
         if (cpu)
             return kdloss_fused_linear_distill(pp, c->bt, c->hs, c->ht, c->v, xs, ws, bs, xt, wt,
@@ -462,6 +471,7 @@ typedef struct tk_err {
     size_t g_off, id_off;
     int labels, loss, row, grad, hard;
     size_t ws_bytes;
+    int rw, ent; /* row_weights at AR_RW, row_entropy at AR_ENT */
 } tk_err;
 
 static kdloss_status run_tk_err(const void *arg, int cpu) {
@@ -473,14 +483,20 @@ static kdloss_status run_tk_err(const void *arg, int cpu) {
     float *row = c->row ? (float *)(ar + AR_ROW) : NULL;
     kdloss_mat g = {c->grad ? ar + c->g_off : NULL, c->dg, 0};
     kdloss_cuda_context *ctx = c->null_ctx ? NULL : g_actx;
+    const float *rw = c->rw ? (const float *)(ar + AR_RW) : NULL;
+    float *ent = c->ent ? (float *)(ar + AR_ENT) : NULL;
     if (!c->fused) {
-        const kdloss_topk_distill_params *p = c->null_params ? NULL : &c->p;
+        kdloss_topk_distill_params pl = c->p;
+        pl.row_weights = rw, pl.row_entropy = ent;
+        const kdloss_topk_distill_params *p = c->null_params ? NULL : &pl;
         kdloss_cmat s = {ar + AR_IN, c->ds, 0};
         if (cpu) return kdloss_topk_distill_logits(p, c->bt, c->v, s, t, L, loss, row, g);
         return kdloss_cuda_topk_distill_logits(ctx, g_st, p, c->bt, c->v, s, t, L, loss, row, g,
                                                ar + AR_WS, c->ws_bytes);
     }
-    const kdloss_fused_linear_topk_distill_params *p = c->null_params ? NULL : &c->pf;
+    kdloss_fused_linear_topk_distill_params pf = c->pf;
+    pf.row_weights = rw;
+    const kdloss_fused_linear_topk_distill_params *p = c->null_params ? NULL : &pf;
     kdloss_cmat xs = {ar + AR_IN, c->ds, 0}, ws = {ar + AR_W1, c->ds, 0};
     kdloss_fused_linear_distill_out o;
     memset(&o, 0, sizeof o);
@@ -488,6 +504,7 @@ static kdloss_status run_tk_err(const void *arg, int cpu) {
     o.hard_loss = c->hard ? (float *)(ar + AR_LOSS + 4) : NULL;
     o.row_soft = row;
     o.dxs = g;
+    o.row_entropy = ent;
     kdloss_fused_linear_distill_out *op = c->null_out ? NULL : &o;
     if (cpu)
         return kdloss_fused_linear_topk_distill(p, c->bt, c->hs, c->v, xs, ws, NULL, t, L, op,
@@ -590,6 +607,57 @@ static void test_errors_fltopk(void) {
     c = f; c.ws_bytes -= 256; tk_err_expect("fltopk workspace small", &c, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
 }
 
+/* Per-row weights and the entropy (docs/MATH.md section 12) on the entry points that take them:
+ * with either, an argument error still gets the CPU's code (the weights' values are device
+ * memory on the GPU: test_cuda_distill_logits.c, test_cuda_topk.c, test_cuda_fused_linear.c
+ * check them through the status word; the vocabulary-parallel forms read them to the host:
+ * test_cuda_vp.c's agreement faults). */
+static void test_errors_row_extras(void) {
+    jsd_call j = jsd_base(2), jc;
+    KT_CHECK(kdloss_cuda_distill_logits_workspace_size(4, 8, &j.ws_bytes) == KDLOSS_OK,
+             "extras dlogits ws size");
+    /* kdloss_cuda_distill_logits takes both: their argument checks are the CPU's */
+    jc = j; jc.rw = 1; jc.temperature = 0;
+    jsd_err("dlogits row_weights and T 0", &jc, KDLOSS_ERR_INVALID_PARAM, 1);
+    jc = j; jc.ent = 1; jc.ld_g = 3;
+    jsd_err("dlogits row_entropy and grad ld", &jc, KDLOSS_ERR_INVALID_STRIDE, 1);
+    jc = j; jc.ent = 1; jc.g_off = AR_ENT - 64;
+    jsd_err("dlogits grad overlaps row_entropy", &jc, KDLOSS_ERR_ALIASING, 1);
+
+    fl_call f = fl_base(1), fc;
+    KT_CHECK(kdloss_cuda_fused_linear_distill_workspace_size(&f.pd, 4, 8, 8, 16, KDLOSS_BF16, 1,
+                                                             &f.ws_bytes) == KDLOSS_OK,
+             "extras fldistill ws size");
+    /* kdloss_cuda_fused_linear_distill takes both: their argument checks are the CPU's */
+    fc = f; fc.rw = 1; fc.pd.temperature = NAN;
+    fl_err("fldistill row_weights and T NaN", &fc, KDLOSS_ERR_INVALID_PARAM, 1);
+    fc = f; fc.ent = 1; fc.dx_off = AR_ENT - 16;
+    fl_err("fldistill dxs overlaps row_entropy", &fc, KDLOSS_ERR_ALIASING, 1);
+
+    tk_err t = tk_base(), tc;
+    KT_CHECK(kdloss_cuda_topk_distill_logits_workspace_size(4, 8, 4, &t.ws_bytes) == KDLOSS_OK,
+             "extras topk ws size");
+    /* kdloss_cuda_topk_distill_logits takes both: their argument checks are the CPU's */
+    tc = t; tc.rw = 1; tc.p.temperature = 0;
+    tk_err_expect("topk row_weights and T 0", &tc, KDLOSS_ERR_INVALID_PARAM, 1);
+    tc = t; tc.ent = 1; tc.g_off = AR_ENT - 64;
+    tk_err_expect("topk grad overlaps row_entropy", &tc, KDLOSS_ERR_ALIASING, 1);
+
+    tk_err u = tk_base();
+    u.fused = 1;
+    kdloss_div_params_default(&u.pf.div);
+    u.pf.temperature = 1.0, u.pf.weight_soft_loss = 1.0, u.pf.ignore_index = -100;
+    u.pf.grad_scale = 1.0;
+    u.ds = u.dg = KDLOSS_BF16;
+    KT_CHECK(kdloss_cuda_fused_linear_topk_distill_workspace_size(&u.pf, 4, 8, 8, 4, KDLOSS_BF16,
+                                                                  1, &u.ws_bytes) == KDLOSS_OK,
+             "extras fltopk ws size");
+    tc = u; tc.rw = 1; tc.pf.t2_scale = 3;
+    tk_err_expect("fltopk row_weights and t2_scale 3", &tc, KDLOSS_ERR_INVALID_PARAM, 1);
+    tc = u; tc.ent = 1; tc.g_off = AR_ENT - 16;
+    tk_err_expect("fltopk dxs overlaps row_entropy", &tc, KDLOSS_ERR_ALIASING, 1);
+}
+
 /* A callback the at-once faults must never reach. */
 static int vp_never(void *ctx, void *buf, int64_t n, kdloss_dtype dt, kdloss_comm_op op) {
     ++*(int *)ctx;
@@ -689,6 +757,7 @@ void test_errors(void) {
     test_errors_distill_logits();
     test_errors_topk();
     test_errors_fltopk();
+    test_errors_row_extras();
     test_errors_vp();
     test_errors_vp_sizes();
     if (g_gpu) CK(cudaFree(g_ar));

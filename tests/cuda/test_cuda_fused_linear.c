@@ -3,7 +3,15 @@
  * per-row outputs) against a float64 reference written here (logits in double, the divergence's
  * elements, dz, then dxs / dws / dbs) and against the CPU functions: losses rtol 1e-4 (1e-3 with
  * bf16 operands), gradients normwise 1e-4 fp32 / 1.5e-2 bf16; chunking, biases, a tile
- * boundary, the smallest budget, a bad label, forward only, run-to-run bits. */
+ * boundary, the smallest budget, a bad label, forward only, run-to-run bits. Per-row weights and
+ * the entropy on kdloss_cuda_fused_linear_distill (docs/MATH.md 12.1; the reference: a kept
+ * row's dz and loss terms times its weight, n_valid the kept rows, H = -sum Q log Q of
+ * log_softmax(zs / T) in double): per divergence weights with zeros and non-integers among
+ * ignored labels, the entropy, chunking, biases, a tile boundary; the entropy alone; bad weights
+ * (with and without a bad label); weights of 1 the bits of NULL and weights in {0, 1} the bits of
+ * those rows masked through ignore_index, with and without the entropy. */
+#include <float.h>
+
 #include "cuda_test.h"
 
 typedef struct fl_case {
@@ -22,6 +30,9 @@ typedef struct fl_case {
     kdloss_divergence div;
     double alpha;
     int t2;
+    int wmode; /* distill: row weights 0 none, 1 zeros and non-integers, 2 that and bad ones,
+                  3 all 1 (bitwise against NULL), 4 in {0, 1} (bitwise against masked labels) */
+    int ent;   /* distill: the entropy (2: alone, no other output) */
 } fl_case;
 
 /* One call: the operands in double (rounded to their dtypes), packed on the host and the
@@ -39,9 +50,28 @@ typedef struct fl_run {
     kdloss_fused_linear_distill_out outd;
     void *wk;
     size_t wsb;
+    float *hw, *dw; /* row weights, host and device (NULL: none) */
 } fl_run;
 
-/* The reference: losses, row outputs (3 x bt), dz (bt x v) and the error scales. */
+/* Row r's weight under wmode (fl_case). */
+static float fl_weight(kt_rng *rng, int mode, int64_t r, int64_t bt) {
+    if (mode == 3) return 1.0f;
+    if (mode == 4) return r % 3 == 0 ? 0.0f : 1.0f;
+    if (mode == 2 && r == 2) return NAN;
+    if (mode == 2 && r == bt - 1) return -2.0f;
+    return r % 5 == 3 ? 0.0f : (float)(0.25 + 2.5 * kt_uniform(rng));
+}
+
+/* 0 kept, 1 ignored (label or weight 0), 2 bad (label out of range, weight not finite >= 0). */
+static int fl_kind(const fl_run *r, int64_t row) {
+    const int64_t y = r->L.lab[row];
+    const float w = r->hw ? r->hw[row] : 1.0f;
+    if ((y != -100 && (y < 0 || y >= r->k->v)) || !(w >= 0.0f && w <= FLT_MAX)) return 2;
+    return y == -100 || w == 0.0f;
+}
+
+/* The reference: losses, row outputs (4 x bt: soft, hard, lse, entropy), dz (bt x v) and the
+ * error scales. */
 typedef struct fl_ref {
     double loss, soft, hard, abs_soft, abs_row, nv;
     double *rrow, *dz;
@@ -104,6 +134,11 @@ static void fl_inputs(kt_rng *rng, fl_run *r) {
     kt_round_to(r->wt, v * ht, k->dt);
     kt_round_to(r->btb, v, k->dt);
     r->L = ct_labels_make(rng, KT_LAB_SOME, bt % 2 ? KDLOSS_I32 : KDLOSS_I64, k->bad_label, bt, v);
+    if (k->wmode) {
+        r->hw = xmalloc((size_t)bt * 4);
+        for (int64_t i = 0; i < bt; i++) r->hw[i] = fl_weight(rng, k->wmode, i, bt);
+        r->dw = dupload(r->hw, (size_t)bt * 4);
+    }
     const int64_t lds = hs + k->pad, ldt = ht + k->pad;
     r->mxs = ct_in(r->xs, bt, hs, lds, k->ds, 0), r->mws = ct_in(r->ws, v, hs, lds, k->ds, 0);
     r->mxt = ct_in(r->xt, bt, ht, ldt, k->dt, 0), r->mwt = ct_in(r->wt, v, ht, ldt, k->dt, 0);
@@ -128,6 +163,7 @@ static void fl_params(fl_run *r) {
     pd->weight_hard_loss = k->w_hard, pd->weight_soft_loss = k->w_soft;
     pd->ignore_index = -100, pd->chunk_size = k->chunk, pd->memory_budget = p->memory_budget;
     pd->grad_scale = 0.5;
+    pd->row_weights = r->dw;
     if (k->budget == 1)
         kdloss_fused_linear_distill_min_budget(pd, k->bt, k->hs, k->ht, k->v, k->ds, 1,
                                                &pd->memory_budget);
@@ -139,9 +175,9 @@ static void fl_outputs(const char *tag, fl_run *r) {
     const int64_t bt = k->bt, ldxs = k->hs + k->pad;
     const size_t es = kdloss_dtype_size(k->ds);
     r->gdxs = dalloc((size_t)(bt * ldxs) * es), r->gdws = dalloc((size_t)(k->v * ldxs) * es);
-    r->gdbs = dalloc((size_t)k->v * es), r->gl = dalloc(12), r->grows = dalloc((size_t)bt * 12);
+    r->gdbs = dalloc((size_t)k->v * es), r->gl = dalloc(12), r->grows = dalloc((size_t)bt * 16);
     dpoison(r->gdxs, (size_t)(bt * ldxs) * es), dpoison(r->gdws, (size_t)(k->v * ldxs) * es);
-    dpoison(r->gdbs, (size_t)k->v * es), dpoison(r->gl, 12), dpoison(r->grows, (size_t)bt * 12);
+    dpoison(r->gdbs, (size_t)k->v * es), dpoison(r->gl, 12), dpoison(r->grows, (size_t)bt * 16);
     memset(&r->out, 0, sizeof r->out);
     r->out.loss = r->gl, r->out.soft_loss = r->gl + 1, r->out.hard_loss = r->gl + 2;
     if (!k->forward_only) {
@@ -155,6 +191,13 @@ static void fl_outputs(const char *tag, fl_run *r) {
     r->outd.dxs = r->out.dxs, r->outd.dws = r->out.dws, r->outd.dbs = r->out.dbs;
     r->outd.row_soft = r->grows, r->outd.row_hard = r->grows + bt,
     r->outd.row_lse = r->grows + 2 * bt;
+    r->outd.row_entropy = k->ent ? r->grows + 3 * bt : NULL;
+    if (k->ent == 2) { /* the entropy alone */
+        kdloss_fused_linear_distill_out alone;
+        memset(&alone, 0, sizeof alone);
+        alone.row_entropy = r->outd.row_entropy;
+        r->outd = alone;
+    }
     kdloss_status s = k->distill
                           ? kdloss_cuda_fused_linear_distill_workspace_size(
                                 &r->pd, bt, k->hs, k->ht, k->v, k->ds, !k->forward_only, &r->wsb)
@@ -197,11 +240,14 @@ static double fl_ref_row(const fl_run *r, fl_ref *f, int64_t row, double *zs, do
     const fl_case *k = r->k;
     const int64_t v = k->v, y = r->L.lab[row];
     const double T = k->temperature, t2f = k->distill && k->t2 ? T * T : 1.0;
-    const double ca = k->w_hard * 0.5 / f->nv, cb = k->w_soft * 0.5 * t2f / (f->nv * T);
+    const double w = r->hw ? (double)r->hw[row] : 1.0;
+    const double ca = w * k->w_hard * 0.5 / f->nv, cb = w * k->w_soft * 0.5 * t2f / (f->nv * T);
     fl_logits(r, row, zs, zt);
     const double lh = logsumexp(zs, v, 1.0), la = logsumexp(zs, v, 1.0 / T);
     const double lb = logsumexp(zt, v, 1.0 / T);
-    double S = 0, js = 0;
+    double S = 0, js = 0, h = 0;
+    for (int64_t c = 0; c < v; c++) h -= exp(zs[c] / T - la) * (zs[c] / T - la);
+    f->rrow[3 * k->bt + row] = h;
     for (int64_t c = 0; c < v; c++) {
         double mag = 0, l;
         if (k->distill) l = ref_div_elem(&r->pd.div, zs[c] / T - la, zt[c] / T - lb, &g[c], &mag);
@@ -220,21 +266,27 @@ static double fl_ref_row(const fl_run *r, fl_ref *f, int64_t row, double *zs, do
 static void fl_reference(const fl_run *r, fl_ref *f) {
     const fl_case *k = r->k;
     const double T = k->temperature, t2f = k->distill && k->t2 ? T * T : 1.0;
-    f->nv = r->L.nv > 0 ? (double)r->L.nv : 1.0;
-    f->rrow = calloc((size_t)k->bt * 3, 8), f->dz = calloc((size_t)(k->bt * k->v), 8);
+    int64_t nk = 0, bad = 0;
+    for (int64_t row = 0; row < k->bt; row++) nk += fl_kind(r, row) == 0;
+    f->nv = nk > 0 ? (double)nk : 1.0;
+    f->rrow = calloc((size_t)k->bt * 4, 8), f->dz = calloc((size_t)(k->bt * k->v), 8);
     f->abs_soft = 0;
     double *zs = xmalloc((size_t)k->v * 8), *zt = xmalloc((size_t)k->v * 8);
     double *g = xmalloc((size_t)k->v * 8), soft = 0, hard = 0;
     for (int64_t row = 0; row < k->bt; row++) {
-        const int64_t y = r->L.lab[row];
-        if (y == -100 || y < 0 || y >= k->v) continue;
+        const int kind = fl_kind(r, row);
+        bad |= kind == 2;
+        for (int o = 0; kind == 2 && o < 4; o++) f->rrow[o * k->bt + row] = NAN;
+        if (kind) continue;
+        const double w = r->hw ? (double)r->hw[row] : 1.0, a0 = f->abs_soft;
         f->rrow[row] = fl_ref_row(r, f, row, zs, zt, g);
-        soft += f->rrow[row], hard += f->rrow[k->bt + row];
+        f->abs_soft = a0 + w * (f->abs_soft - a0);
+        soft += w * f->rrow[row], hard += w * f->rrow[k->bt + row];
     }
     f->abs_row = f->abs_soft;
     f->soft = soft * t2f / f->nv, f->hard = hard / f->nv, f->abs_soft *= t2f;
     f->loss = k->w_hard * f->hard + k->w_soft * f->soft;
-    if (k->bad_label) f->loss = f->soft = f->hard = NAN;
+    if (bad) f->loss = f->soft = f->hard = NAN;
     free(zs), free(zt), free(g);
 }
 
@@ -247,17 +299,22 @@ static void fl_check_losses(const char *tag, const fl_run *r, const fl_ref *f, f
     const fl_case *k = r->k;
     const double lt = fl_loss_tol(k), atol = 1e-5 * f->abs_soft / f->nv + 1e-6;
     d2h(hl, r->gl, 12);
-    kt_close(hl[1], f->soft, atol, lt, "%s soft_loss", tag);
-    kt_close(hl[2], f->hard, 1e-6, lt, "%s hard_loss", tag);
-    kt_close(hl[0], f->loss, atol, lt, "%s loss", tag);
+    if (k->ent != 2) {
+        kt_close(hl[1], f->soft, atol, lt, "%s soft_loss", tag);
+        kt_close(hl[2], f->hard, 1e-6, lt, "%s hard_loss", tag);
+        kt_close(hl[0], f->loss, atol, lt, "%s loss", tag);
+    }
     if (!k->distill || k->bad_label) return;
-    float *hr = dfetch(r->grows, (size_t)k->bt * 12);
-    static const char *rn[3] = {"row_soft", "row_hard", "row_lse"};
-    for (int o = 0; o < 3; o++)
+    float *hr = dfetch(r->grows, (size_t)k->bt * 16);
+    static const char *rn[4] = {"row_soft", "row_hard", "row_lse", "row_entropy"};
+    /* the entropy: rtol 1e-5 plus 64 u (1 + log V) absolute, as on logits, and the GEMM's */
+    for (int o = k->ent == 2 ? 3 : 0; o < (k->ent ? 4 : 3); o++)
         for (int64_t row = 0; row < k->bt; row++)
             kt_close(hr[o * k->bt + row], f->rrow[o * k->bt + row],
-                     o ? 1e-6 : 1e-5 * f->abs_row / (double)k->bt + 1e-6, lt, "%s %s[%lld]", tag,
-                     rn[o], (long long)row);
+                     o == 3 ? 64 * U32 * (1.0 + log((double)k->v))
+                     : o    ? 1e-6
+                            : 1e-5 * f->abs_row / (double)k->bt + 1e-6,
+                     lt, "%s %s[%lld]", tag, rn[o], (long long)row);
     free(hr);
 }
 
@@ -268,10 +325,13 @@ static void fl_vs_cpu(const char *tag, const fl_run *r, const fl_ref *f, float h
     const int64_t ldh = k->hs + k->pad;
     const size_t es = kdloss_dtype_size(k->ds);
     void *c1 = xmalloc((size_t)(k->bt * ldh) * es), *c2 = xmalloc((size_t)(k->v * ldh) * es);
-    float cl[3];
+    float cl[3], *cent = xmalloc((size_t)k->bt * 4);
     kdloss_fused_linear_distill_out co;
     memset(&co, 0, sizeof co);
     co.loss = cl, co.soft_loss = cl + 1, co.hard_loss = cl + 2;
+    co.row_entropy = k->ent ? cent : NULL;
+    kdloss_fused_linear_distill_params pc = r->pd;
+    pc.row_weights = r->hw;
     co.dxs = (kdloss_mat){c1, k->ds, ldh}, co.dws = (kdloss_mat){c2, k->ds, ldh};
     kdloss_fljsd_out cj = {co.loss, co.soft_loss, co.hard_loss, co.dxs, co.dws, NULL};
     const kdloss_cmat xs = {r->mxs.h, k->ds, ldh}, ws = {r->mws.h, k->ds, ldh};
@@ -279,7 +339,7 @@ static void fl_vs_cpu(const char *tag, const fl_run *r, const fl_ref *f, float h
                       wt = {r->mwt.h, k->dt, k->ht + k->pad};
     const void *bs = k->bias ? r->mbs.h : NULL, *bt = k->bias ? r->mbt.h : NULL;
     kdloss_status s = k->distill
-                          ? kdloss_fused_linear_distill(&r->pd, k->bt, k->hs, k->ht, k->v, xs, ws,
+                          ? kdloss_fused_linear_distill(&pc, k->bt, k->hs, k->ht, k->v, xs, ws,
                                                         bs, xt, wt, bt, r->L.host, &co, NULL, 0)
                           : kdloss_fused_linear_jsd(&r->p, k->bt, k->hs, k->ht, k->v, xs, ws, bs,
                                                     xt, wt, bt, r->L.host, &cj, NULL, 0);
@@ -296,8 +356,53 @@ static void fl_vs_cpu(const char *tag, const fl_run *r, const fl_ref *f, float h
             cmp_norm(what, a, b, rows * k->hs, 2 * tol);
             free(a), free(b);
         }
+        float *ge = k->ent ? dfetch(r->grows + 3 * k->bt, (size_t)k->bt * 4) : NULL;
+        for (int64_t row = 0; ge && row < k->bt; row++)
+            kt_close(ge[row], cent[row], 64 * U32 * (1.0 + log((double)k->v)), fl_loss_tol(k),
+                     "%s row_entropy[%lld] vs CPU", tag, (long long)row);
+        free(ge);
     }
-    free(c1), free(c2);
+    free(c1), free(c2), free(cent);
+}
+
+/* docs/MATH.md 12.1's exact cases, from a checked call's outputs (h1 dxs, h2 dws, h3 dbs or NULL,
+ * hr the row outputs, hl the losses): weights of 1 (wmode 3) give the bits of NULL weights,
+ * weights in {0, 1} (wmode 4) the bits of those rows masked through ignore_index. */
+static void fl_exact(const char *tag, fl_run *r, const void *h1, const void *h2, const void *h3,
+                     const void *hr, const float *hl) {
+    const fl_case *k = r->k;
+    const int64_t bt = k->bt, ldh = k->hs + k->pad;
+    const size_t es = kdloss_dtype_size(k->ds), ls = kdloss_dtype_size(r->L.dev.dtype);
+    const kdloss_labels keep = r->L.dev;
+    void *masked = NULL;
+    if (k->wmode == 4) {
+        char *h = xmalloc((size_t)bt * ls);
+        for (int64_t i = 0; i < bt; i++) {
+            const int64_t y = r->hw[i] == 0.0f ? -100 : r->L.lab[i];
+            if (ls == 8) ((int64_t *)h)[i] = y;
+            else ((int32_t *)h)[i] = (int32_t)y;
+        }
+        masked = dupload(h, (size_t)bt * ls);
+        free(h);
+        r->L.dev.data = masked;
+    }
+    r->pd.row_weights = NULL;
+    KT_CHECK(fl_call(r) == KDLOSS_OK, "%s: the exact case's call", tag);
+    CK(cudaStreamSynchronize(g_st));
+    r->pd.row_weights = r->dw, r->L.dev = keep;
+    const int one = k->wmode == 3;
+    ct_same_bits(tag, one ? "dxs (weights 1 = NULL)" : "dxs ({0,1} = masked)", r->gdxs, h1,
+                 (size_t)(bt * ldh) * es);
+    ct_same_bits(tag, one ? "dws (weights 1 = NULL)" : "dws ({0,1} = masked)", r->gdws, h2,
+                 (size_t)(k->v * ldh) * es);
+    if (h3)
+        ct_same_bits(tag, one ? "dbs (weights 1 = NULL)" : "dbs ({0,1} = masked)", r->gdbs, h3,
+                     (size_t)k->v * es);
+    ct_same_bits(tag, one ? "rows (weights 1 = NULL)" : "rows ({0,1} = masked)", r->grows, hr,
+                 (size_t)bt * (k->ent ? 16 : 12));
+    ct_same_bits(tag, one ? "losses (weights 1 = NULL)" : "losses ({0,1} = masked)", r->gl, hl,
+                 12);
+    if (masked) CK(cudaFree(masked));
 }
 
 /* dxs, dws (dbs) normwise against the reference, then the same call again: the same bits. */
@@ -312,17 +417,18 @@ static void fl_check_grads(const char *tag, fl_run *r, const fl_ref *f, const fl
     void *h1 = ct_cmp_grad(tag, "dxs", r->gdxs, k->ds, bt, hs, ldh, rdx, tol);
     void *h2 = ct_cmp_grad(tag, "dws", r->gdws, k->ds, v, hs, ldh, rdw, tol);
     void *h3 = k->bias ? ct_cmp_grad(tag, "dbs", r->gdbs, k->ds, 1, v, v, rdb, tol) : NULL;
-    void *hr = dfetch(r->grows, (size_t)bt * 12);
+    void *hr = dfetch(r->grows, (size_t)bt * 16);
     KT_CHECK(fl_call(r) == KDLOSS_OK, "%s: second call", tag);
     CK(cudaStreamSynchronize(g_st));
     ct_same_bits(tag, "dxs", r->gdxs, h1, (size_t)(bt * ldh) * es);
     ct_same_bits(tag, "dws", r->gdws, h2, (size_t)(v * ldh) * es);
     if (h3) ct_same_bits(tag, "dbs", r->gdbs, h3, (size_t)v * es);
-    if (k->distill) ct_same_bits(tag, "row outputs", r->grows, hr, (size_t)bt * 12);
+    if (k->distill) ct_same_bits(tag, "row outputs", r->grows, hr, (size_t)bt * (k->ent ? 16 : 12));
     ct_same_bits(tag, "losses", r->gl, hl, 12);
+    if (k->wmode == 3 || k->wmode == 4) fl_exact(tag, r, h1, h2, h3, hr, hl);
     free(h3), free(hr);
     if ((k->distill ? kdloss_fused_linear_distill != NULL : kdloss_fused_linear_jsd != NULL) &&
-        !k->bad_label)
+        !k->bad_label && k->wmode != 2)
         fl_vs_cpu(tag, r, f, hl[0], h1, h2, tol);
     free(h1), free(h2), free(rdx), free(rdw), free(rdb);
 }
@@ -345,6 +451,8 @@ static void fl_free(fl_run *r) {
     void *d[] = {r->gdxs, r->gdws, r->gdbs, r->gl, r->grows, r->wk};
     for (int i = 0; i < 6; i++) CK(cudaFree(d[i]));
     ct_labels_free(&r->L);
+    if (r->dw) CK(cudaFree(r->dw));
+    free(r->hw);
     free(r->xs), free(r->ws), free(r->xt), free(r->wt), free(r->bs), free(r->btb);
 }
 
@@ -352,13 +460,13 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
     char tag[240];
     snprintf(tag, sizeof tag,
              "%s %s alpha=%g t2=%d bt=%lld hs=%lld ht=%lld v=%lld s=%s t=%s beta=%g T=%g wh=%g "
-             "ws=%g bias=%d chunk=%lld budget=%zu pad=%lld bad=%d fwd=%d",
+             "ws=%g bias=%d chunk=%lld budget=%zu pad=%lld bad=%d fwd=%d w=%d ent=%d",
              k->distill ? "fldistill" : "fld_jsd",
              kdloss_divergence_name(k->distill ? k->div : KDLOSS_DIV_JSD), k->alpha, k->t2,
              (long long)k->bt, (long long)k->hs, (long long)k->ht, (long long)k->v,
              kt_dtype_name(k->ds), kt_dtype_name(k->dt), k->beta, k->temperature, k->w_hard,
              k->w_soft, k->bias, (long long)k->chunk, k->budget, (long long)k->pad, k->bad_label,
-             k->forward_only);
+             k->forward_only, k->wmode, k->ent);
     fl_run r;
     memset(&r, 0, sizeof r);
     r.k = k;
@@ -368,14 +476,17 @@ static void test_fl_case(kt_rng *rng, const fl_case *k) {
     kdloss_status s = fl_call(&r);
     CK(cudaStreamSynchronize(g_st));
     if (KT_CHECK(s == KDLOSS_OK, "%s: status %d", tag, (int)s)) {
-        KT_CHECK(read_status(r.wk) == (k->bad_label ? KDLOSS_ERR_LABEL_OUT_OF_RANGE : KDLOSS_OK),
-                 "%s: device status word", tag);
+        const int32_t want = k->bad_label    ? KDLOSS_ERR_LABEL_OUT_OF_RANGE
+                             : k->wmode == 2 ? KDLOSS_ERR_INVALID_PARAM
+                                             : KDLOSS_OK;
+        KT_CHECK(read_status(r.wk) == want, "%s: device status word %d, want %d", tag,
+                 (int)read_status(r.wk), (int)want);
         fl_ref f;
         float hl[3];
         fl_reference(&r, &f);
         fl_check_losses(tag, &r, &f, hl);
         fl_inputs_untouched(tag, &r);
-        if (!k->forward_only) fl_check_grads(tag, &r, &f, hl);
+        if (!k->forward_only && k->ent != 2) fl_check_grads(tag, &r, &f, hl);
         free(f.rrow), free(f.dz);
     }
     fl_free(&r);
@@ -396,17 +507,49 @@ void test_fl(kt_rng *rng) {
             for (int t = 0; t < 2; t++, k++) {
                 fl_case c = {37, 24, 40, 300, FL_PAIRS[d][0], FL_PAIRS[d][1], betas[b], temps[t],
                              FL_WTS[k % 3][0], FL_WTS[k % 3][1], k % 2, FL_CHUNKS[k % 4], 0, 0, 0,
-                             0, 0, KDLOSS_DIV_JSD, 0.1, 0};
+                             0, 0, KDLOSS_DIV_JSD, 0.1, 0, 0, 0};
                 if (!kt_quick() || k % 5 == 0) test_fl_case(rng, &c);
             }
     static const fl_case sp[] = {
-        {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 1, 4, 0, 3, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0},
-        {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0},
-        {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0, 0, KDLOSS_DIV_JSD, 0.1, 0},
-        {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1, 0, KDLOSS_DIV_JSD, 0.1, 0},
-        {130, 64, 32, 1000, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 64, 0, 0, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0},
+        {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 1, 4, 0, 3, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0, 0, 0},
+        {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0, 0, 0},
+        {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0, 0, KDLOSS_DIV_JSD, 0.1, 0, 0, 0},
+        {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1, 0, KDLOSS_DIV_JSD, 0.1, 0, 0, 0},
+        {130, 64, 32, 1000, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 64, 0, 0, 0, 0, 0, KDLOSS_DIV_JSD, 0.1, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) test_fl_case(rng, &sp[i]);
+}
+
+/* Per-row weights and the entropy (docs/MATH.md 12.1), per divergence: weights with zeros and
+ * non-integers plus the entropy (dtype pairs, T, t2_scale, biases, chunking cycled); a tile
+ * boundary; the entropy alone; bad weights with and without a bad label; weights of 1 against
+ * NULL and {0, 1} against masked labels, with and without the entropy (the slab kernel on sm_90
+ * serves calls without it). */
+static void fld_weight_cases(kt_rng *rng) {
+    for (int i = 0; i < KT_NDIV_CASES; i++) {
+        if (kt_quick() && i % 4) continue;
+        const kdloss_div_params dv = KT_DIV_CASES[i];
+        const int d = i % 3;
+        const double T = i % 2 ? 2.0 : 1.0;
+        const fl_case c[] = {
+            {29, 24, 40, 300, FL_PAIRS[d][0], FL_PAIRS[d][1], dv.beta, T, 0.5, 0.5, i % 2,
+             FL_CHUNKS[i % 4], 0, 0, 0, 0, 1, dv.divergence, dv.alpha, i % 2, 1, 1},
+            {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, dv.beta, 1.5, 0.3, 0.7, 1, 4, 0, 3, 0, 0,
+             1, dv.divergence, dv.alpha, 1, 1, i % 2},
+            {13, 16, 16, 200, KDLOSS_F32, KDLOSS_F32, dv.beta, T, 0.5, 0.5, 1, 5, 0, 0, i % 2, 0,
+             1, dv.divergence, dv.alpha, 0, 2, 1},
+            {17, 16, 16, 300, FL_PAIRS[d][0], FL_PAIRS[d][1], dv.beta, T, 0.5, 0.5, 1, 0, 0, 0, 0,
+             0, 1, dv.divergence, dv.alpha, 1, 3, i % 2},
+            {17, 16, 16, 300, FL_PAIRS[d][0], FL_PAIRS[d][1], dv.beta, T, 0.5, 0.5, 1, 6, 0, 0, 0,
+             0, 1, dv.divergence, dv.alpha, 0, 4, (i + 1) % 2},
+        };
+        for (size_t j = 0; j < sizeof c / sizeof c[0]; j++)
+            if (j == 0 || !kt_quick()) test_fl_case(rng, &c[j]);
+    }
+    /* the entropy alone */
+    const fl_case e = {11, 16, 16, 500, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.5, 0.5, 0.5, 1, 0, 0, 0,
+                       0, 1, 1, KDLOSS_DIV_FORWARD_KL, 0.1, 0, 1, 2};
+    test_fl_case(rng, &e);
 }
 
 /* kdloss_cuda_fused_linear_distill: every divergence case x dtype pair, T, t2_scale, weights,
@@ -437,19 +580,22 @@ void test_fld(kt_rng *rng) {
                          1,
                          dv.divergence,
                          dv.alpha,
-                         (k / 2) % 2};
+                         (k / 2) % 2,
+                         0,
+                         0};
             test_fl_case(rng, &c);
         }
     for (int i = 0; i < KT_NDIV_CASES; i += kt_quick() ? 4 : 1) {
         const kdloss_div_params dv = KT_DIV_CASES[i];
         fl_case c1 = {9, 16, 24, 4100, KDLOSS_BF16, KDLOSS_BF16, dv.beta, 1.5, 0.5, 0.5, 1,
-                      4, 0, 3, 0, 0, 1, dv.divergence, dv.alpha, 1};
+                      4, 0, 3, 0, 0, 1, dv.divergence, dv.alpha, 1, 0, 0};
         test_fl_case(rng, &c1);
     }
     static const fl_case sp[] = {
-        {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0, 1, KDLOSS_DIV_SKEW_REVERSE_KL, 0.3, 1},
-        {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0, 1, KDLOSS_DIV_TVD, 0.1, 0},
-        {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1, 1, KDLOSS_DIV_REVERSE_KL, 0.1, 1},
+        {9, 16, 24, 9001, KDLOSS_F32, KDLOSS_BF16, 0.3, 1.5, 0.5, 0.5, 1, 0, 1, 0, 0, 0, 1, KDLOSS_DIV_SKEW_REVERSE_KL, 0.3, 1, 0, 0},
+        {12, 16, 16, 100, KDLOSS_BF16, KDLOSS_BF16, 0.5, 1.0, 0.5, 0.5, 0, 5, 0, 0, 1, 0, 1, KDLOSS_DIV_TVD, 0.1, 0, 0, 0},
+        {12, 16, 16, 100, KDLOSS_F32, KDLOSS_F32, 0.5, 2.0, 0.5, 0.5, 1, 0, 0, 0, 0, 1, 1, KDLOSS_DIV_REVERSE_KL, 0.1, 1, 0, 0},
     };
     for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) test_fl_case(rng, &sp[i]);
+    fld_weight_cases(rng);
 }

@@ -74,16 +74,16 @@ static int vp_hard(const vp_case *c) { return c->topk ? c->tp.weight_hard_loss >
 void vp_out_alloc(vp_out *o, const vp_case *c, int64_t rows) {
     const size_t es = kdloss_dtype_size(c->dt);
     o->d_sc = dalloc(3 * sizeof(float));
-    o->d_rows = dalloc((size_t)(3 * c->bt) * sizeof(float));
+    o->d_rows = dalloc((size_t)(4 * c->bt) * sizeof(float));
     o->d_dxs = dalloc((size_t)(c->bt * c->hs) * es);
     o->d_dws = dalloc((size_t)(rows * c->hs) * es);
     o->d_dbs = c->bias ? dalloc((size_t)rows * es) : NULL;
     dpoison(o->d_sc, 3 * sizeof(float));
-    dpoison(o->d_rows, (size_t)(3 * c->bt) * sizeof(float));
+    dpoison(o->d_rows, (size_t)(4 * c->bt) * sizeof(float));
     dpoison(o->d_dxs, (size_t)(c->bt * c->hs) * es);
     dpoison(o->d_dws, (size_t)(rows * c->hs) * es);
     if (o->d_dbs) dpoison(o->d_dbs, (size_t)rows * es);
-    o->rows = xmalloc((size_t)(3 * c->bt) * sizeof(float));
+    o->rows = xmalloc((size_t)(4 * c->bt) * sizeof(float));
     o->dxs = xmalloc((size_t)(c->bt * c->hs) * es);
     o->dws = xmalloc((size_t)(rows * c->hs) * es);
     o->dbs = xmalloc((size_t)rows * es);
@@ -102,13 +102,14 @@ static kdloss_fused_linear_distill_out vp_view(const vp_out *o, const vp_case *c
     d.row_soft = o->d_rows;
     d.row_hard = hard ? o->d_rows + c->bt : NULL;
     d.row_lse = hard ? o->d_rows + 2 * c->bt : NULL;
+    d.row_entropy = c->ent ? o->d_rows + 3 * c->bt : NULL;
     return d;
 }
 
 void vp_out_fetch(vp_out *o, const vp_case *c, int64_t rows) {
     const size_t es = kdloss_dtype_size(c->dt);
     d2h(o->sc, o->d_sc, 3 * sizeof(float));
-    d2h(o->rows, o->d_rows, (size_t)(3 * c->bt) * sizeof(float));
+    d2h(o->rows, o->d_rows, (size_t)(4 * c->bt) * sizeof(float));
     d2h(o->dxs, o->d_dxs, (size_t)(c->bt * c->hs) * es);
     d2h(o->dws, o->d_dws, (size_t)(rows * c->hs) * es);
     if (o->d_dbs) d2h(o->dbs, o->d_dbs, (size_t)rows * es);
@@ -227,6 +228,7 @@ static kdloss_status vp_job_call(vp_job *j, void *wk, size_t wsb) {
     const size_t es = kdloss_dtype_size(c->dt);
     kdloss_fused_linear_distill_out out = vp_view(&j->o, c);
     if (j->no_dxs) out.dxs.data = NULL;
+    if (j->row_entropy) out.row_entropy = j->row_entropy;
     kdloss_cmat xs = {d->xs, c->dt, 0},
                 ws = {(char *)d->ws + (size_t)(j->lo * c->hs) * es, c->dt, 0};
     const void *bs = c->bias ? (const char *)d->bs + (size_t)j->lo * es : NULL;
@@ -360,6 +362,11 @@ static void vp_compare(const char *tag, const vp_case *c, vp_job *j, const vp_ou
         kt_close(q->rows[c->bt + r], w->rows[c->bt + r], 1e-6, 1e-6, "%s row_hard", tag);
         kt_close(q->rows[2 * c->bt + r], w->rows[2 * c->bt + r], 1e-6, 1e-6, "%s row_lse", tag);
     }
+    /* the entropy: E / S + log S from the reduced double sums against the single-process
+     * kernel's fp32 -Q x sums (docs/MATH.md 12.1: the same quantity, roundings apart) */
+    for (int64_t r = 0; c->ent && r < c->bt; r++)
+        kt_close(q->rows[3 * c->bt + r], w->rows[3 * c->bt + r], 64 * U32 * (1.0 + log(c->v)),
+                 1e-5, "%s row_entropy[%lld]", tag, (long long)r);
     vp_close(tag, "dxs", q->dxs, w->dxs, c->bt * c->hs, c->dt);
     vp_close(tag, "dws", q->dws, (const char *)w->dws + (size_t)(j->lo * c->hs) * es,
              j->n * c->hs, c->dt);
@@ -370,7 +377,7 @@ static void vp_compare(const char *tag, const vp_case *c, vp_job *j, const vp_ou
 
 /* Rank 0's all-reduces: the agreement (MAX of 2 size + 12 doubles, then the confirmation's MAX
  * of 3), then per chunk (the case's chunk_size, which every rank shares) MAX 2 rows, SUM (4 or
- * 4 + K) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
+ * 4 + K, one more with the entropy) rows, SUM 2 rows (dense), SUM rows x Hs fp32 (dxs). */
 static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world *w) {
     vp_call_rec want[VP_MAX_CALLS];
     int n = 0;
@@ -380,7 +387,8 @@ static void vp_check_protocol(const char *tag, const vp_case *c, const vp_world 
     for (int64_t r0 = 0; chunk > 0 && r0 < c->bt && n + 4 <= VP_MAX_CALLS; r0 += chunk) {
         const int64_t m = c->bt - r0 < chunk ? c->bt - r0 : chunk;
         want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_MAX};
-        want[n++] = (vp_call_rec){(4 + (c->topk ? c->k : 0)) * m, KDLOSS_F64, KDLOSS_COMM_SUM};
+        want[n++] = (vp_call_rec){(4 + (c->topk ? c->k : 0) + c->ent) * m, KDLOSS_F64,
+                                  KDLOSS_COMM_SUM};
         if (!c->topk) want[n++] = (vp_call_rec){2 * m, KDLOSS_F64, KDLOSS_COMM_SUM};
         want[n++] = (vp_call_rec){m * c->hs, KDLOSS_F32, KDLOSS_COMM_SUM};
     }
@@ -411,11 +419,13 @@ static void test_vp_case(kt_rng *rng, const vp_case *c, int size) {
 
 /* ---- the agreement's faults ---- */
 
-enum { K_BAD_T, K_GAP, K_SHORT_WS, K_OTHER_T, K_NO_DXS, K_S_CAP, K_S_SCALE, K_T_CAP, K_CHUNK_1E6,
-       K_CHUNK_0, K_CHUNK_NAN, K_N };
+enum { K_BAD_T, K_GAP, K_SHORT_WS, K_OTHER_T, K_NO_DXS, K_S_CAP, K_S_SCALE, K_T_CAP, K_WEIGHTS,
+       K_BAD_W, K_OTHER_W, K_ENTROPY, K_CHUNK_1E6, K_CHUNK_0, K_CHUNK_NAN, K_N };
 static const char *const VP_FAULTS[K_N] = {
     "bad temperature", "gap", "short workspace", "another temperature", "no dxs",
     "another student softcap", "another student scale", "another teacher softcap",
+    "NaN row_weights on every rank", "a NaN row weight on the last rank",
+    "other row_weights on the last rank", "row_entropy on the last rank",
     "chunk tampered to 1e6", "chunk tampered to 0", "chunk tampered to NaN"};
 
 /* Rank r's status under fault `kind`. */
@@ -428,12 +438,21 @@ static kdloss_status vp_fault_want(int kind, int r, int size) {
     case K_OTHER_T: case K_S_CAP: case K_S_SCALE: case K_T_CAP:
         return size > 1 ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_OK;
     case K_NO_DXS: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
+    /* the weights are read to the host and checked there (each rank its own), and their values
+     * join the setup's fingerprint */
+    case K_WEIGHTS: return KDLOSS_ERR_INVALID_PARAM;
+    case K_BAD_W: return last ? KDLOSS_ERR_INVALID_PARAM : KDLOSS_ERR_PEER;
+    case K_OTHER_W: return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
+    case K_ENTROPY: /* the last rank alone asks for it: it sizes the SUM */
+        return size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK;
     default: return KDLOSS_ERR_COMM;
     }
 }
 
-/* The fault on the ranks' arguments (the tampering is the communicator's). */
-static void vp_fault_apply(int kind, vp_job *jobs, int size) {
+/* The fault on the ranks' arguments (the tampering is the communicator's); extra: bt poisoned
+ * device floats (NaN row weights), bt more for row_entropy, then bt weights of 1 and bt of 1
+ * but for a 0.5 in row 0. */
+static void vp_fault_apply(int kind, vp_job *jobs, int size, float *extra) {
     for (int r = 0; r < size; r++) {
         vp_job *j = &jobs[r];
         const int last = r == size - 1;
@@ -445,6 +464,12 @@ static void vp_fault_apply(int kind, vp_job *jobs, int size) {
         if (kind == K_S_CAP && last) j->dp.student_map.softcap = j->tp.student_map.softcap = 30.0;
         if (kind == K_S_SCALE && last) j->dp.student_map.scale = j->tp.student_map.scale = 0.5;
         if (kind == K_T_CAP && last) j->dp.teacher_map.softcap = 30.0;
+        if (kind == K_WEIGHTS || (kind == K_BAD_W && last))
+            j->dp.row_weights = j->tp.row_weights = extra;
+        if (kind == K_BAD_W && !last) j->dp.row_weights = j->tp.row_weights = extra + 2 * j->c->bt;
+        if (kind == K_OTHER_W)
+            j->dp.row_weights = j->tp.row_weights = extra + (last ? 3 : 2) * j->c->bt;
+        if (kind == K_ENTROPY && last) j->row_entropy = extra + j->c->bt;
     }
 }
 
@@ -461,8 +486,18 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
         tp = (vp_tamper){1, 0, -1, 2 * (int64_t)size + KD_VP_AG_NEG_CHUNK, -val};
     }
     vp_jobs_init(jobs, size, c, d);
-    vp_fault_apply(kind, jobs, size);
+    float *extra = dalloc((size_t)(4 * c->bt) * sizeof(float));
+    float *ones = xmalloc((size_t)(2 * c->bt) * sizeof(float));
+    for (int64_t i = 0; i < 2 * c->bt; i++) ones[i] = i == c->bt ? 0.5f : 1.0f;
+    dpoison(extra, (size_t)(2 * c->bt) * sizeof(float));
+    h2d(extra + 2 * c->bt, ones, (size_t)(2 * c->bt) * sizeof(float));
+    free(ones);
+    vp_fault_apply(kind, jobs, size, extra);
     vp_run_ranks(jobs, size, &w, ranks, &tp);
+    KT_CHECK(dpoisoned(extra, (size_t)(2 * c->bt) * sizeof(float)),
+             "vp agreement %s %s ranks=%d: row_entropy not written", teacher, VP_FAULTS[kind],
+             size);
+    CK(cudaFree(extra));
     for (int r = 0; r < size; r++) {
         const vp_job *j = &jobs[r];
         const kdloss_status want = vp_fault_want(kind, r, size);
@@ -470,7 +505,7 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
                  VP_FAULTS[kind], size, r, (int)j->status, (int)want);
         if (want != KDLOSS_OK)
             KT_CHECK(dpoisoned(j->o.d_sc, 3 * sizeof(float)) &&
-                         dpoisoned(j->o.d_rows, (size_t)(3 * c->bt) * sizeof(float)) &&
+                         dpoisoned(j->o.d_rows, (size_t)(4 * c->bt) * sizeof(float)) &&
                          dpoisoned(j->o.d_dxs, (size_t)(c->bt * c->hs) * 4) &&
                          dpoisoned(j->o.d_dws, (size_t)(j->n * c->hs) * 4) &&
                          dpoisoned(j->o.d_dbs, (size_t)j->n * 4),
@@ -489,7 +524,12 @@ static void vp_fault_run(const vp_case *c, const vp_data *d, int size, int kind,
  * SHAPE_MISMATCH; a workspace one byte short on the last rank gives it WORKSPACE_TOO_SMALL and
  * the others PEER; the last rank with another (valid) temperature: INVALID_PARAM on every rank;
  * the last rank without dxs: SHAPE_MISMATCH on every rank; the last rank with another student
- * softcap or scale, or (dense) teacher softcap: INVALID_PARAM on every rank; the agreed chunk tampered by the
+ * softcap or scale, or (dense) teacher softcap: INVALID_PARAM on every rank; NaN row_weights on
+ * every rank: INVALID_PARAM on every rank (each rank checks its own, on the host); a NaN weight
+ * on the last rank only: INVALID_PARAM there, PEER on the others; valid weights that differ on
+ * the last rank: SHAPE_MISMATCH on every rank (their values are in the fingerprint); row_entropy
+ * on the last rank only: SHAPE_MISMATCH on every rank (it sizes the SUM);
+ * the agreed chunk tampered by the
  * communicator on every rank to 1e6, 0 or NaN: KDLOSS_ERR_COMM on every rank. Every rank makes
  * both of the agreement's collectives and no other, and nothing is written anywhere. Dense
  * teacher, or (topk) the sparse one (bucket, CE, K 6). */
@@ -515,8 +555,8 @@ static void test_vp_agreement(kt_rng *rng, int size, int topk) {
 /* The cases: dense JSD with bias in 5 chunks and logit maps on both heads; forward KL at T 2
  * with t2_scale in bf16, automatic chunk; the top-k teacher with each tail (bucket CE T 1.5 with
  * a student logit map, renorm_both without labels, renorm_teacher CE); K = V with TVD. */
-static void vp_cases(vp_case c[6]) {
-    memset(c, 0, 6 * sizeof *c);
+static void vp_cases(vp_case c[9], const float *w) {
+    memset(c, 0, 9 * sizeof *c);
     c[0].tag = "dense jsd bias chunk 8";
     c[0].bt = 37, c[0].hs = 24, c[0].ht = 20, c[0].v = 301, c[0].dt = KDLOSS_F32, c[0].bias = 1;
     kdloss_fused_linear_distill_params_default(&c[0].dp); /* JSD 0.5, w 0.5 / 0.5 */
@@ -550,11 +590,26 @@ static void vp_cases(vp_case c[6]) {
     c[5].tag = "topk bucket K=V tvd";
     c[5].bt = 16, c[5].hs = 32, c[5].v = 64, c[5].k = 64, c[5].tp.chunk_size = 0;
     c[5].tp.div.divergence = KDLOSS_DIV_TVD;
+    /* per-row weights (docs/MATH.md 12.1; w: zeros, non-integers, replicated on every rank) */
+    c[6] = c[0];
+    c[6].tag = "dense jsd bias chunk 8 weights entropy";
+    c[6].dp.row_weights = w;
+    c[6].ent = 1;
+    c[7] = c[2];
+    c[7].tag = "topk bucket CE T1.5 chunk 7 weights entropy";
+    c[7].tp.row_weights = w;
+    c[7].ent = 1;
+    c[8] = c[3]; /* renorm_both, no labels: R is the rest's, the entropy over every column */
+    c[8].tag = "topk renorm_both no labels chunk 7 entropy";
+    c[8].ent = 1;
 }
 
 void test_vp(kt_rng *rng) {
-    vp_case c[6];
-    vp_cases(c);
+    vp_case c[9];
+    float hw[64];
+    for (int i = 0; i < 64; i++) hw[i] = i % 5 == 2 ? 0.0f : (float)(0.25 + 2.5 * kt_uniform(rng));
+    float *w = dupload(hw, sizeof hw); /* bt <= 64 in every case */
+    vp_cases(c, w);
     const int fails = kt_failures;
     for (int size = 2; size <= VP_MAX_RANKS; size++) {
         for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) test_vp_case(rng, &c[i], size);
@@ -563,6 +618,7 @@ void test_vp(kt_rng *rng) {
     }
     printf("vp: %d cases x 2..%d ranks as threads, and the agreement: %d failures\n",
            (int)(sizeof c / sizeof c[0]), VP_MAX_RANKS, kt_failures - fails);
+    CK(cudaFree(w));
 }
 
 #ifdef KDLOSS_TEST_NCCL
@@ -577,8 +633,8 @@ void test_vp_nccl(kt_rng *rng) {
     kdloss_nccl_comm nccl;
     kdloss_status s = kdloss_comm_from_nccl(nc, g_st, &nccl);
     KT_CHECK(s == KDLOSS_OK && nccl.comm.rank == 0 && nccl.comm.size == 1, "vp nccl: comm");
-    vp_case all[6];
-    vp_cases(all);
+    vp_case all[9];
+    vp_cases(all, NULL);
     vp_case c = all[0]; /* dense JSD with bias, chunk 8 */
     c.tag = "nccl one rank dense jsd chunk 8";
     vp_data d;

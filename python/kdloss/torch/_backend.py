@@ -189,6 +189,14 @@ def reports(labels):
     return labels.data is not None and not getattr(labels, "filled", False)
 
 
+def weighted(params):
+    """Whether a call's params (a ctypes struct, or ctypes.byref of one) carry per-row weights:
+    on CUDA their values are checked on the device, so a bad weight (not finite, or < 0) comes
+    back through the status word, as a bad label does (include/kdloss.h, CUDA section)."""
+    p = getattr(params, "_obj", params)
+    return bool(getattr(p, "row_weights", None))
+
+
 def topk_teacher(ids, logprobs, lead):
     """(kept tensors, kdloss_topk_teacher) for a sparse teacher: ids (..., K) int32/int64 (-1 =
     unused slot) and logprobs (..., K) float on one device (the caller checks it), whose leading
@@ -341,10 +349,13 @@ def raise_status_word(word, fname):
 class CudaBackend:
     """kdloss_cuda_* on device memory: one context per device, torch's current stream, workspace
     allocated through torch's caching allocator. Only used when the library reports CUDA.
-    After a call with labels or teacher ids the workspace's status word (kdloss.h, CUDA section:
-    an out-of-range label or teacher id found on the device) is read and raised as KdlossError,
-    which synchronizes the stream once; a call without either (kl_div, jsd or distill without
-    labels, a fused loss without labels) is not read: its word is always OK.
+    After a call with labels, teacher ids or per-row weights the workspace's status word
+    (kdloss.h, CUDA section: an out-of-range label, a bad teacher id or a weight that is not
+    finite and >= 0, found on the device) is read and raised as KdlossError, which synchronizes
+    the stream once; a call without any (kl_div, jsd or distill without labels, a fused loss
+    without labels or weights) is not read: its word is always OK. token_weights and
+    return_entropy reach the C calls through their params (row_weights, row_entropy), as on the
+    CPU (the vocabulary-parallel CUDA calls read the weights to the host themselves).
     set_cuda_status_check(False) skips the read (the losses are NaN then, as the header says),
     and it is skipped while a CUDA graph is being captured."""
 
@@ -396,8 +407,9 @@ class CudaBackend:
 
     def fused(self, device, c_name, v, size_args, args, may_report):
         """Any fused entry point's kdloss_cuda_ twin (a spec-declared fused loss), its status
-        word read when `may_report`."""
-        self._run(device, c_name[len("kdloss_"):], size_args, args, may_report)
+        word read when `may_report` or when the params (args[0]) carry row weights."""
+        self._run(device, c_name[len("kdloss_"):], size_args, args,
+                  may_report or weighted(args[0]))
 
     def kl_div(self, device, params, bt, v, inp, tgt, loss, row_loss, elem, grad):
         self._run(device, "kl_div", (bt, v),
@@ -418,14 +430,14 @@ class CudaBackend:
         """params: DistillLogitsParams (kdloss_cuda_distill_logits: the loss on logits)."""
         self._run(device, "distill_logits", (bt, v),
                   (ctypes.byref(params), bt, v, student, teacher, labels, loss, row_loss, grad),
-                  reports(labels))
+                  reports(labels) or weighted(params))
 
     def fused_linear_distill(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
                              labels, out, student_dtype, want_grad):
         p = ctypes.byref(params)
         self._run(device, "fused_linear_distill", (p, bt, hs, ht, v, student_dtype, int(want_grad)),
                   (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)),
-                  reports(labels))
+                  reports(labels) or weighted(params))
 
     def topk_distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
                             grad):
