@@ -37,7 +37,7 @@ Providers:
   distill_jsd_loss: torch = full fp32 logits + CE + JSD written from docs/MATH.md section 4,
                     liger = chunked LigerFusedLinearJSDLoss (plain torch, compiled=True by default),
                     kdloss = kdloss.torch.FusedLinearJSDLoss (module defaults)
-  topk_distill:     the LM head against a sparse top-k teacher (issue 10, docs/MATH.md section 8),
+  topk_distill:     the LM head against a sparse top-k teacher (docs/MATH.md section 8),
                     forward KL, bucket tail, T 1, no labels: torch = eager (fp32 logits,
                     log_softmax, gather at the ids, tails via logsumexp/expm1, autograd),
                     kdloss = kdloss.torch.FusedLinearTopKDistillLoss when this build has it
@@ -529,7 +529,7 @@ def run_topk_rss(args, notes):
     return dict(json.loads(lines[-1]), point=point)
 
 
-TOPK_RSS_TARGET_MIB = 1536  # issue 10: one BT 8192 call, the whole process below 1.5 GiB
+TOPK_RSS_TARGET_MIB = 1536  # the top-k memory target: one BT 8192 call, the whole process below 1.5 GiB
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1159,7 +1159,7 @@ def targets(results, topk_rss=None):
         flo = _full_ms(results, "distill_jsd_loss", "torch_gemms", ps)
         # Judged on the median of the per-round ratios (the providers run back to back in each
         # round, so a shared machine's load swings the pairs far less than the medians); the
-        # ratio of the medians is printed beside it. bf16: issue 23's 1.15x of torch's bf16 GEMMs.
+        # ratio of the medians is printed beside it. bf16: the target is 1.15x of torch's bf16 GEMMs.
         bf16 = results_point_slug(results, ps).get("dtype") == "bf16"
         if lig:
             pr = paired_ratio(results, "distill_jsd_loss", "liger", "kdloss", ps) or lig / k
@@ -1195,7 +1195,7 @@ def paired_ratio(results, wl, a, b, ps, mode="full"):
 
 
 def topk_targets(results, topk_rss):
-    """Issue 10's targets, in this process: the fused top-k loss (forward KL, bucket) within
+    """The top-k targets, in this process: the fused top-k loss (forward KL, bucket) within
     1.10x of torch's three bare GEMMs and faster than eager torch; one kdloss call at BT 8192 in
     a fresh process below 1.5 GiB peak RSS. Without kdloss's module only what ran is said."""
     lines = []

@@ -135,7 +135,7 @@ main_steps() {
 
     if has distill_jsd; then
         run distill_jsd 420 "$kd" bench distill_jsd --mode full --json "$out/distill_jsd-full-$stamp.json"
-        # The other divergences fused with the LM heads (issue 9: <= 1.10x the floor, the row pass
+        # The other divergences fused with the LM heads (target: <= 1.10x the floor, the row pass
         # hidden in GEMM time), fp32, 3 calls each against the oneDNN floor: about 25 s a
         # divergence on the Xeon, about a minute on a Zen 3.
         for d in $("$kd" divergences | grep -vx jsd); do
@@ -147,7 +147,7 @@ main_steps() {
         echo "== distill_jsd: not in 'kdloss bench --list', skipped"
     fi
 
-    # The sparse top-k teacher (issue 10): bucket, renorm_both and renorm_teacher side by side
+    # The sparse top-k teacher (docs/MATH.md section 8): bucket, renorm_both and renorm_teacher side by side
     # (forward KL, BT 2048, H 1024, V 32768, K 64, fp32) with the three-GEMM floor, TARGETs bucket
     # <= 1.10x the floor and renorm_both <= 0.10x bucket; then one bucket call at BT 8192 in a
     # fresh process (no floor), TARGET its peak RSS below 1.5 GiB. Under two minutes together (1
@@ -164,7 +164,7 @@ main_steps() {
 
     if [ -x "$here/peers.sh" ]; then
         # fp32 until the last third of the peers' time, then the fused loss in bf16 (the seed's
-        # dtype; issue 23): kdloss, Liger, torch's four bf16 GEMMs and eager torch at BT 2048
+        # dtype): kdloss, Liger, torch's four bf16 GEMMs and eager torch at BT 2048
         # (smaller where torch's bf16 is slow here: peers.py's probe), own records and plots in
         # out/bf16. Each gets a soft deadline (peers.py stops starting points) and a hard limit
         # 60 s later.

@@ -173,7 +173,9 @@ typedef enum kdloss_cpu_isa {
     KDLOSS_ISA_AUTO = 0,
     KDLOSS_ISA_SCALAR = 1, /* portable C, libm */
     KDLOSS_ISA_AVX2 = 2,   /* AVX2 + FMA + F16C, 8-lane exp/log (src/cpu/vmath.h) */
-    KDLOSS_ISA_AVX512 = 3  /* AVX-512 F/BW/VL/DQ, 16-lane exp/log (src/cpu/vmath.h) */
+    KDLOSS_ISA_AVX512 = 3, /* AVX-512 F/BW/VL/DQ, 16-lane exp/log (src/cpu/vmath.h) */
+    KDLOSS_ISA_COUNT       /* one past the last: the paths are [KDLOSS_ISA_SCALAR, COUNT), each
+                              with a kdloss_cpu_isa_name, so a caller can list them */
 } kdloss_cpu_isa;
 
 /* 1 if this CPU (and this build) can run `isa`, else 0. KDLOSS_ISA_AUTO and SCALAR: always 1. */

@@ -4,7 +4,10 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
+#include <sys/wait.h>
 
 #include "testutil.h"
 
@@ -131,7 +134,7 @@ static void jsd_errors(void) {
     jsd_expect("grad dtype differs", KDLOSS_ERR_INVALID_DTYPE, &p, BT, V, s, te, lab, &loss, rows, (kdloss_mat){g, KDLOSS_F16, 0});
 }
 
-/* Issue 12: parameters that do not survive the fp32 cast the kernels make (eps 1e39 became inf
+/* Parameters that do not survive the fp32 cast the kernels make (eps 1e39 became inf
  * on the scalar path and a wrong finite value on AVX; grad_scale 1e39 gave inf * 0 = NaN
  * gradients where the true value is 0), and misaligned element pointers (undefined behaviour
  * in the row kernels): errors now, nothing written. */
@@ -193,7 +196,7 @@ static void misc(void) {
     }
     KT_CHECK(!strcmp(kdloss_status_string((kdloss_status)-99), "unknown status code"), "unknown code");
     KT_CHECK(kdloss_cpu_set_isa((kdloss_cpu_isa)9) == KDLOSS_ERR_INVALID_PARAM, "set_isa(9)");
-    for (int i = KDLOSS_ISA_SCALAR; i <= KDLOSS_ISA_AVX512; i++) {
+    for (int i = KDLOSS_ISA_SCALAR; i < KDLOSS_ISA_COUNT; i++) {
         kdloss_status st = kdloss_cpu_set_isa((kdloss_cpu_isa)i);
         KT_CHECK(st == (kdloss_cpu_isa_supported((kdloss_cpu_isa)i) ? KDLOSS_OK : KDLOSS_ERR_UNSUPPORTED),
                  "set_isa(%d) gave %d", i, st);
@@ -223,7 +226,7 @@ static void misc(void) {
     }
 }
 
-/* kdloss_error_detail names the failing argument, row and value (issue 24): `want` must appear
+/* kdloss_error_detail names the failing argument, row and value: `want` must appear
  * in it after a call that failed with `st_want`. */
 static void detail_is(const char *what, kdloss_status st, kdloss_status st_want, const char *want) {
     const char *d = kdloss_error_detail();
@@ -311,12 +314,64 @@ static void details(void) {
     KT_CHECK(!strcmp(kdloss_error_detail(), copy), "another thread's failure changed this one's detail");
 }
 
-int main(void) {
+/* The path a fresh process takes with KDLOSS_CPU_ISA=env (NULL: unset): this program run again
+ * as "--isa-child", which exits with kdloss_cpu_get_isa(); -1 if it could not run. posix_spawn,
+ * not fork: LLVM's libomp can hang in its own fork handler in a process that ran OpenMP. */
+extern char **environ;
+static int isa_in_child(const char *env) {
+    char *envp[256], var[128];
+    int n = 0;
+    for (char **e = environ; *e && n < 254; e++)
+        if (strncmp(*e, "KDLOSS_CPU_ISA=", 15)) envp[n++] = *e;
+    if (env) {
+        snprintf(var, sizeof var, "KDLOSS_CPU_ISA=%s", env);
+        envp[n++] = var;
+    }
+    envp[n] = NULL;
+    char *argv[] = {"test_errors", "--isa-child", NULL};
+    pid_t pid;
+    int ws = 0;
+    fflush(stdout);
+    if (posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, envp) != 0) return -1;
+    if (waitpid(pid, &ws, 0) != pid || !WIFEXITED(ws)) return -1;
+    return WEXITSTATUS(ws);
+}
+
+/* The ISA registry as the API shows it: every path in [SCALAR, KDLOSS_ISA_COUNT) has its own
+ * name, and KDLOSS_CPU_ISA=<that name> makes a fresh process take it where the CPU has it (and
+ * the automatic choice where not); COUNT and beyond, or a name of no path, are refused. */
+static void isa_registry(void) {
+    int best = isa_in_child(NULL);
+    KT_CHECK(best >= KDLOSS_ISA_SCALAR && best < KDLOSS_ISA_COUNT, "automatic choice %d", best);
+    KT_CHECK(isa_in_child("avx3") == best && isa_in_child("") == best, "unknown KDLOSS_CPU_ISA");
+    KT_CHECK(isa_in_child("auto") == best, "KDLOSS_CPU_ISA=auto");
+    for (int i = KDLOSS_ISA_SCALAR; i < KDLOSS_ISA_COUNT; i++) {
+        const char *nm = kdloss_cpu_isa_name((kdloss_cpu_isa)i);
+        KT_CHECK(strcmp(nm, "unknown") && strcmp(nm, "auto"), "path %d has no name", i);
+        for (int j = KDLOSS_ISA_SCALAR; j < i; j++)
+            KT_CHECK(strcmp(nm, kdloss_cpu_isa_name((kdloss_cpu_isa)j)), "paths %d, %d: one name",
+                     j, i);
+        int sup = kdloss_cpu_isa_supported((kdloss_cpu_isa)i), got = isa_in_child(nm);
+        KT_CHECK(got == (sup ? i : best), "KDLOSS_CPU_ISA=%s gave path %d", nm, got);
+    }
+    KT_CHECK(kdloss_cpu_isa_supported(KDLOSS_ISA_SCALAR), "scalar is always supported");
+    KT_CHECK(!kdloss_cpu_isa_supported(KDLOSS_ISA_COUNT), "supported(COUNT)");
+    KT_CHECK(!strcmp(kdloss_cpu_isa_name(KDLOSS_ISA_COUNT), "unknown"), "name(COUNT)");
+    KT_CHECK(!strcmp(kdloss_cpu_isa_name(KDLOSS_ISA_AUTO), "auto"), "name(AUTO)");
+    KT_CHECK(kdloss_cpu_set_isa(KDLOSS_ISA_COUNT) == KDLOSS_ERR_INVALID_PARAM, "set_isa(COUNT)");
+    KT_CHECK(kdloss_cpu_set_isa((kdloss_cpu_isa)-1) == KDLOSS_ERR_INVALID_PARAM, "set_isa(-1)");
+    KT_CHECK(kdloss_cpu_set_isa(KDLOSS_ISA_AUTO) == KDLOSS_OK && (int)kdloss_cpu_get_isa() == best,
+             "set_isa(AUTO) is the automatic choice");
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--isa-child")) return (int)kdloss_cpu_get_isa();
     for (int i = 0; i < BT * V; i++) x[i] = -2.3f, t[i] = 0.1f;
     details();
     kl_errors();
     jsd_errors();
     issue12_errors();
     misc();
+    isa_registry();
     return kt_finish("test_errors");
 }

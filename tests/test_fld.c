@@ -277,7 +277,7 @@ static double rel_norm(const void *a, const void *b, kdloss_dtype dt, int64_t ld
 }
 
 /* The bf16 products multiplied natively (oneDNN matmul, fp32 accumulation) instead of widened,
- * forward and backward (issue 23). The logits are exact products summed in fp32: the same loss
+ * forward and backward. The logits are exact products summed in fp32: the same loss
  * bounds. The gradient GEMMs multiply dZ rounded to bf16: tol_dz = 2^-8 more on dxs and dws
  * (elementwise, against the float64 reference), and within 2e-2 relative norm of the exact
  * variant (KDLOSS_BF16_GRAD_EXACT: fp32 dZ, widened operands; the fp32 bounds). 1, 2 and 3
@@ -353,8 +353,8 @@ static void bf16_native(kt_rng *rng) {
     if (emulated) unsetenv("KDLOSS_GEMM_BF16_EMULATE");
 }
 
-/* Forced WIDEN is the computation of before issue 23 (bf16 widened, fp32 dZ): the same bits
- * with either backward mode, and the same bits as AUTO wherever AUTO measured widen. */
+/* Forced WIDEN is the computation without native bf16 GEMMs (bf16 widened, fp32 dZ): the same
+ * bits with either backward mode, and the same bits as AUTO wherever AUTO measured widen. */
 static void bf16_widen(kt_rng *rng) {
     kt_fld_problem p;
     kt_fld_problem_make(&p, rng, 96, 40, 56, 517, KDLOSS_BF16, KDLOSS_BF16, 1, 3.0, 6, -100, 1);

@@ -257,7 +257,7 @@ static void workspace_size_args(void) {
              "budget honoured: %zu bytes at 1 MiB, %zu at 64 MiB", small, big);
 }
 
-/* Issue 12 (fused-linear part): scale factors that overflow fp32, a budget that cannot hold one
+/* The fused-linear losses: scale factors that overflow fp32, a budget that cannot hold one
  * row, misaligned pointers, and the size query's chunk arithmetic at BT near INT64_MAX. */
 static void issue12(void) {
     /* T = 3e-39 is subnormal in fp32 (logit gaps / T overflow); w_soft / T = 1e40 and

@@ -234,21 +234,20 @@ static void argument_errors(void) {
  * n = 4200 give tiles wider than a block on machines with up to 2 processors, and several
  * blocks of k always); bitwise the same with 1, 2 and 3 threads. */
 static void fallback(kt_rng *rng) {
-    static const kdloss_cpu_isa isas[] = {KDLOSS_ISA_SCALAR, KDLOSS_ISA_AVX2, KDLOSS_ISA_AVX512};
-    static const char *const names[] = {"scalar", "avx2", "avx512"};
     static const int64_t dims[][3] = {{1, 1, 1},     {3, 70, 5},     {17, 64, 33},  {130, 257, 96},
                                       {4200, 40, 600}, {20, 4200, 300}, {37, 45, 1000}};
     kdloss_gemm_info info;
     if (kdloss_gemm_query(KDLOSS_GEMM_ONEDNN, &info) != KDLOSS_OK) return;
     kdloss_cpu_isa save = kdloss_cpu_get_isa();
     setenv("KDLOSS_GEMM_FALLBACK", "always", 1);
-    for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
-        if (kdloss_cpu_set_isa(isas[ii]) != KDLOSS_OK) {
-            printf("fallback %s: not on this CPU, skipped\n", names[ii]);
+    for (int ii = KDLOSS_ISA_SCALAR; ii < KDLOSS_ISA_COUNT; ii++) {
+        const char *name = kdloss_cpu_isa_name((kdloss_cpu_isa)ii);
+        if (kdloss_cpu_set_isa((kdloss_cpu_isa)ii) != KDLOSS_OK) {
+            printf("fallback %s: not on this CPU, skipped\n", name);
             continue;
         }
         char pname[40];
-        snprintf(pname, sizeof pname, "fallback-%s", names[ii]);
+        snprintf(pname, sizeof pname, "fallback-%s", name);
         int cnt = 0;
         for (size_t id = 0; id < sizeof dims / sizeof dims[0]; id++)
             for (int t = 0; t < 4; t++, cnt++) {
@@ -263,7 +262,7 @@ static void fallback(kt_rng *rng) {
     kdloss_cpu_set_isa(save);
 }
 
-/* The bf16 GEMM choice (issue 23): measured once per process, the first time from several
+/* The bf16 GEMM choice: measured once per process, the first time from several
  * threads at once, cached (the same rates and choice on every later query), and the choice the
  * measured rates imply; forced modes change what runs, not the measurement. Runs first, so that
  * nothing has measured yet. */

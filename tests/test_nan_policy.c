@@ -1,4 +1,4 @@
-/* Issue 25, D6 and D4, on every CPU path (KT_FOR_EACH_ISA).
+/* The NaN policy and wide rows (docs/MATH.md section 10), on every CPU path (KT_FOR_EACH_ISA).
  *
  * D6, the NaN policy (kdloss.h, "Non-finite inputs"): in a call of 3 rows whose middle row holds
  * one NaN (or a +inf logit, or a +inf log-prob) the middle row's loss, the total loss and every
@@ -458,7 +458,7 @@ static void wide(void) {
 }
 
 
-/* ---- Issue 25, D7 (tests/fuzz/fuzz_api.c's findings), each on every CPU path ---- */
+/* ---- the fuzzer's findings (tests/fuzz/fuzz_api.c), each on every CPU path ---- */
 
 /* grad_scale 0 writes zeros, also where the unscaled element is infinite: reverse KL with a
  * teacher's -inf log-prob against a finite student one (Q (X - Y + 1) = +inf; inf x 0 was
@@ -694,7 +694,7 @@ static void d7_topk_fused(void) {
      * state (their logits -inf, so no column outside S is above -inf), and row 1 a NaN used
      * log-prob: the poisoned row's gradient is NaN outside S too, so dws / dbs are NaN in every
      * element on every path (the full-vocabulary phases skipped those columns and left dws 0
-     * there; fuzz artifact tri-crash-93f302a6, issue 25) */
+     * there; fuzz artifact tri-crash-93f302a6) */
     {
         float x2[D7_BT * D7_HS] = {-1.0f, 0.5f, -0.5f, 0.25f, -0.75f, -1.0f}, w2[D7_V * D7_HS];
         int32_t id1[D7_BT * D7_K] = {5, 2, 5, 2, 2, 5};

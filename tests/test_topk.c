@@ -1,4 +1,4 @@
-/* The sparse top-k teacher (issue 10; docs/MATH.md section 8): kdloss_topk_distill_logits and
+/* The sparse top-k teacher (docs/MATH.md section 8): kdloss_topk_distill_logits and
  * kdloss_fused_linear_topk_distill against the float64 reference of tests/support/ref_topk.c
  * (written from the definitions, not from src/common/topk_row.h).
  *
@@ -880,11 +880,10 @@ static int fz_same_losses(const fz_out *a, const fz_out *b, int64_t bt, int flag
 }
 
 static void grid_fused(kt_rng *rng) {
-    static const kdloss_cpu_isa isas_all[] = {KDLOSS_ISA_SCALAR, KDLOSS_ISA_AVX2, KDLOSS_ISA_AVX512};
-    kdloss_cpu_isa isas[3];
+    kdloss_cpu_isa isas[KDLOSS_ISA_COUNT];
     int nisa = 0;
-    for (int i = 0; i < 3; i++)
-        if (kdloss_cpu_isa_supported(isas_all[i])) isas[nisa++] = isas_all[i];
+    for (int i = KDLOSS_ISA_SCALAR; i < KDLOSS_ISA_COUNT; i++)
+        if (kdloss_cpu_isa_supported((kdloss_cpu_isa)i)) isas[nisa++] = (kdloss_cpu_isa)i;
     static const int64_t chunks[] = {3, 16, 0, 0};
     static const double TS[] = {1.0, 2.0, 0.7}, GS[] = {1.0, 0.75, -2.5}, WH[] = {0.5, 0.0, 1.0};
     const kdloss_dtype ldts[] = {KDLOSS_F32, KDLOSS_BF16, KDLOSS_F16};

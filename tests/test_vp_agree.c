@@ -1,4 +1,4 @@
-/* The vocabulary-parallel agreement under faults (issue 25, D1-D3), with the ranks as threads of
+/* The vocabulary-parallel agreement under faults, with the ranks as threads of
  * this process and the test's own communicator: a rendezvous all-reduce that reduces every
  * rank's buffer in rank order, refuses calls whose count, dtype or op differ between ranks (as
  * MPI would fail them), logs each rank's calls, and gives up after a timeout (so that a hang is a

@@ -1,5 +1,5 @@
 /* Generic accuracy test of the vector exp / log / log1p / tanh (src/cpu/vmath.h), included by
- * test_vmath_avx2.c and test_vmath_avx512.c after they define the ISA. Dense sweeps of each
+ * test_vmath_vec.c (compiled once per vector ISA, its layer defined). Dense sweeps of each
  * domain (every k-th float bit pattern plus edge values) against double-precision libm; the
  * error is measured in ULPs of the correctly rounded result (or in subnormal steps below
  * FLT_MIN) and must stay within the bounds stated in vmath.h. */

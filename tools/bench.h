@@ -40,7 +40,7 @@
  *     in_id = 1 puts them in the external id, e.g. hidden4096) or res->extra (extra
  *     measurements such as a GEMM-floor time, via kb_result_add_measure). A fused-linear
  *     kernel times its GEMM floor beside its calls with kb_floor_bench_* (bench_gemm_floor.h;
- *     bench_distill_jsd.c and bench_topk.c use it).
+ *     bench_fused_linear_distill.c and bench_fused_linear_topk_distill.c use it).
  *
  *  2. Register it in tools/bench_registry.c, the ONE list of kernels: add
  *       extern const kb_kernel kb_kernel_distill_jsd;

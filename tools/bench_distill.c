@@ -151,7 +151,7 @@ static int distill_run(const kb_options *o, const void *kopts, kb_result *res) {
     return 0;
 }
 
-/* Issue 9's target for the KL class on log-probs: >= 0.6 of the streaming bandwidth (one
+/* The target for the KL class on log-probs: >= 0.6 of the streaming bandwidth (one
  * target for every divergence: the JSD and skew ones do more transcendentals per element). */
 const kb_kernel kb_kernel_distill = {
     .name = "distill",
@@ -183,7 +183,7 @@ const kb_kernel kb_kernel_jsd = {
 };
 
 /* The same divergences on logits (kdloss_distill_logits: both log-softmaxes, the divergence and
- * dz in one call); issue 9's KL-class target of 0.6 of the streaming bandwidth applies here too. */
+ * dz in one call); the KL-class target of 0.6 of the streaming bandwidth applies here too. */
 const kb_kernel kb_kernel_distill_logits = {
     .name = "distill_logits",
     .summary = "divergence family on logits (kdloss_distill_logits), no labels",

@@ -38,7 +38,11 @@ void kb_bench_usage(FILE *f) {
             "  --json PATH     also write a KernelIndex-style JSON record\n"
             "  --deadline S    epoch seconds (default $KDLOSS_BENCH_DEADLINE): the fused kernels\n"
             "                  time fewer rounds rather than end after it (a SMALLER line says so)\n"
-            "environment: OMP_NUM_THREADS (threads), KDLOSS_CPU_ISA=scalar|avx2|avx512 (code path)\n");
+            "environment: OMP_NUM_THREADS (threads), KDLOSS_CPU_ISA=");
+    for (int i = KDLOSS_ISA_SCALAR; i < KDLOSS_ISA_COUNT; i++) /* the registry's names */
+        fprintf(f, "%s%s", i > KDLOSS_ISA_SCALAR ? "|" : "",
+                kdloss_cpu_isa_name((kdloss_cpu_isa)i));
+    fprintf(f, " (code path)\n");
     for (int k = 0; kb_kernels[k]; k++)
         if (kb_kernels[k]->flags_help)
             fprintf(f, "%s flags:\n%s", kb_kernels[k]->name, kb_kernels[k]->flags_help);

@@ -107,9 +107,9 @@ static int info(void) {
     printf("isa path    %s", s.isa);
     if (forced) printf(" (KDLOSS_CPU_ISA=%s)", forced);
     printf("; supported:");
-    static const kdloss_cpu_isa all[] = {KDLOSS_ISA_SCALAR, KDLOSS_ISA_AVX2, KDLOSS_ISA_AVX512};
-    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
-        if (kdloss_cpu_isa_supported(all[k])) printf(" %s", kdloss_cpu_isa_name(all[k]));
+    for (int k = KDLOSS_ISA_SCALAR; k < KDLOSS_ISA_COUNT; k++) /* the registry, in enum order */
+        if (kdloss_cpu_isa_supported((kdloss_cpu_isa)k))
+            printf(" %s", kdloss_cpu_isa_name((kdloss_cpu_isa)k));
     printf("\n");
     gemm_info();
     bf16_info();

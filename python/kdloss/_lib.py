@@ -802,23 +802,48 @@ def cuda_info():
 
 # ---- CPU path selection (kdloss_cpu_*) -------------------------------------------------------------
 
-_ISA_BY_NAME = {"auto": ISA_AUTO, "scalar": ISA_SCALAR, "avx2": ISA_AVX2, "avx512": ISA_AVX512}
+def cpu_isas():
+    """The CPU code paths' names, in kdloss_cpu_isa order (kdloss_cpu_isa_name from
+    KDLOSS_ISA_SCALAR up to the first "unknown": the C library's ISA registry, so a path added
+    there is known here without an edit). Cached."""
+    global _isas
+    if _isas is None:
+        names = []
+        while True:
+            n = lib().kdloss_cpu_isa_name(ISA_SCALAR + len(names)).decode()
+            if n == "unknown":
+                break
+            names.append(n)
+        _isas = tuple(names)
+    return _isas
+
+
+_isas = None
+
+
+def _isa_code(name):
+    """The kdloss_cpu_isa value of a path name ("auto" or one of cpu_isas())."""
+    if name == "auto":
+        return ISA_AUTO
+    if name not in cpu_isas():
+        raise KdlossError(ERR_INVALID_PARAM, f"unknown ISA {name!r} (auto or one of "
+                          f"{', '.join(cpu_isas())})")
+    return ISA_SCALAR + cpu_isas().index(name)
 
 
 def cpu_isa():
-    """Name of the CPU code path the next call uses ("scalar", "avx2", "avx512")."""
+    """Name of the CPU code path the next call uses (one of cpu_isas())."""
     return lib().kdloss_cpu_isa_name(lib().kdloss_cpu_get_isa()).decode()
 
 
 def set_cpu_isa(name):
-    """Force a CPU code path for the whole process ("auto", "scalar", "avx2", "avx512")."""
-    if name not in _ISA_BY_NAME:
-        raise KdlossError(ERR_INVALID_PARAM, f"unknown ISA {name!r}")
-    check(lib().kdloss_cpu_set_isa(_ISA_BY_NAME[name]), f"kdloss_cpu_set_isa({name!r})")
+    """Force a CPU code path for the whole process ("auto" or one of cpu_isas())."""
+    code = _isa_code(name)
+    check(lib().kdloss_cpu_set_isa(code), f"kdloss_cpu_set_isa({name!r})")
 
 
 def cpu_isa_supported(name):
-    return bool(lib().kdloss_cpu_isa_supported(_ISA_BY_NAME[name]))
+    return bool(lib().kdloss_cpu_isa_supported(_isa_code(name)))
 
 
 # ---- bf16 GEMMs (kdloss_gemm_set_bf16, kdloss_gemm_set_bf16_grad, kdloss_gemm_bf16_query) --------

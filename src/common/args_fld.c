@@ -71,7 +71,7 @@ static kdloss_status sparse_teacher(const kd_rules *r, int64_t bt, int64_t v_ids
 
 /* Labels: required with a dense teacher; without them (sparse) every row is kept and nothing
  * may need them. Counted into *n_valid where the host can read them (else BT). */
-static kdloss_status fl_labels(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
+static kdloss_status fld_labels(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
                                int sparse, kdloss_labels labels,
                                const kdloss_fused_linear_distill_out *o, int64_t bt,
                                int64_t v_ids, int64_t *n_valid) {
@@ -90,7 +90,7 @@ static kdloss_status fl_labels(const kd_rules *r, const kdloss_fused_linear_dist
  * (kd_check_row_weights), and a row of weight 0 taken out of *n_valid as an ignored row is
  * (labels checked first: their kept rows are counted there). On a device the backend checks
  * and counts them itself. */
-static kdloss_status fl_weights(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
+static kdloss_status fld_weights(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
                                 kdloss_labels labels, int64_t bt, int64_t *n_valid) {
     const float *w = p->row_weights;
     if (!w || !r->host_memory) return KDLOSS_OK;
@@ -118,7 +118,7 @@ static kdloss_status grad_out(const char *name, const char *of, kdloss_dtype dt,
 
 /* The outputs (after the inputs in spans): at least one, dxs (BT x Hs) and dws (V x Hs) in
  * their operands' dtypes, dbs only with a bias, every pointer aligned. */
-static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *o, int64_t bt,
+static kdloss_status fld_outputs(const kdloss_fused_linear_distill_out *o, int64_t bt,
                                 int64_t hs, int64_t v, kdloss_dtype xdt, kdloss_dtype wdt,
                                 int has_bias, kd_fld_checked *c, kd_spanset *spans) {
     const int grad = o->dxs.data || o->dws.data || o->dbs;
@@ -154,7 +154,7 @@ static kdloss_status fl_outputs(const kdloss_fused_linear_distill_out *o, int64_
 }
 
 /* Steps 1 (sizes) to 4 of either fused loss once its parameters have passed. */
-static kdloss_status fl_operands(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
+static kdloss_status fld_operands(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
                                  int64_t bt, int64_t hs, int64_t v, int64_t v_ids,
                                  kdloss_cmat xs, kdloss_cmat ws, const void *bs,
                                  const kd_fld_teacher *t, kdloss_labels labels,
@@ -179,16 +179,16 @@ static kdloss_status fl_operands(const kd_rules *r, const kdloss_fused_linear_di
                 : dense_teacher(r, bt, v, t, c, spans);
     const size_t es = kdloss_dtype_size(xs.dtype);
     if (st == KDLOSS_OK) st = kd_check_aligned("student_bias", bs, es);
-    if (st == KDLOSS_OK) st = fl_labels(r, p, sparse, labels, out, bt, v_ids, &c->n_valid);
+    if (st == KDLOSS_OK) st = fld_labels(r, p, sparse, labels, out, bt, v_ids, &c->n_valid);
     if (st == KDLOSS_OK)
         st = kd_check_aligned("row_weights", p->row_weights, sizeof(float));
-    if (st == KDLOSS_OK) st = fl_weights(r, p, labels, bt, &c->n_valid);
+    if (st == KDLOSS_OK) st = fld_weights(r, p, labels, bt, &c->n_valid);
     if (st != KDLOSS_OK) return st;
     kd_spans_add(spans, "student_bias", kd_vec_span(bs, v, es));
     kd_spans_add(spans, "labels", kd_vec_span(labels.data, bt, kdloss_dtype_size(labels.dtype)));
     kd_spans_add(spans, "row_weights", kd_vec_span(p->row_weights, bt, sizeof(float)));
     spans->n_in = spans->n;
-    return fl_outputs(out, bt, hs, v, xs.dtype, ws.dtype, bs != NULL, c, spans);
+    return fld_outputs(out, bt, hs, v, xs.dtype, ws.dtype, bs != NULL, c, spans);
 }
 
 kdloss_status kd_check_fld(const kd_rules *r, const kdloss_fused_linear_distill_params *p,
@@ -200,7 +200,7 @@ kdloss_status kd_check_fld(const kd_rules *r, const kdloss_fused_linear_distill_
     if (!p || !out) return kd_named(!p ? "params" : "out", KDLOSS_ERR_NULL_POINTER);
     kdloss_status st = kd_check_fld_params(r, p);
     if (st != KDLOSS_OK) return st;
-    return fl_operands(r, p, bt, hs, v, v_ids, xs, ws, bs, t, labels, out, c, spans);
+    return fld_operands(r, p, bt, hs, v, v_ids, xs, ws, bs, t, labels, out, c, spans);
 }
 
 kdloss_status kd_check_fltk(const kd_rules *r, const kdloss_fused_linear_topk_distill_params *p,
@@ -215,7 +215,7 @@ kdloss_status kd_check_fltk(const kd_rules *r, const kdloss_fused_linear_topk_di
     const kdloss_fused_linear_distill_params d = kd_topk_fld_params(p);
     const kd_fld_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
                              (int)p->tail};
-    return fl_operands(r, &d, bt, hs, v, v, xs, ws, bs, &t, labels, out, c, spans);
+    return fld_operands(r, &d, bt, hs, v, v, xs, ws, bs, &t, labels, out, c, spans);
 }
 
 /* ---- the workspace ----------------------------------------------------------------------- */

@@ -1,12 +1,14 @@
-/* Run-time choice of the CPU code path: each op family compiles one generic source per
- * instruction set; dispatch.c fills one table of their entry points per ISA (BLIS's
- * bli_cntx_init_<arch> idea) and the drivers call through kd_cpu_kernels(). */
+/* Run-time choice of the CPU code path among the registry's ISAs (isa.h): each op family
+ * compiles one generic source per instruction set; dispatch.c fills one table of their entry
+ * points per ISA, each starting from the scalar one (BLIS's bli_cntx_init_<arch> idea), and the
+ * drivers call through kd_cpu_kernels(). */
 #ifndef KDLOSS_CPU_DISPATCH_H
 #define KDLOSS_CPU_DISPATCH_H
 
 #include "elementwise.h"
 #include "fld_rows.h"
 #include "gemm_fb.h"
+#include "isa.h"
 #include "kdloss.h"
 #include "logits_rows.h"
 #include "topk.h"
@@ -15,7 +17,7 @@
  * environment variable KDLOSS_CPU_ISA, else the best the CPU supports. */
 kdloss_cpu_isa kd_cpu_isa(void);
 
-/* Every per-ISA entry point, one table per instruction set. */
+/* Every per-ISA entry point, one table per instruction set (dispatch.c, KD_TABLES). */
 typedef struct kd_kernel_table {
     kd_row_fn kl_row, div_row;                          /* elementwise.h (KL, divergence family) */
     void (*fld_rows)(const kd_fld_rows *);              /* fld_rows.h: a chunk's rows */

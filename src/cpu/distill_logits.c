@@ -1,6 +1,6 @@
 /* kdloss_distill_logits on the CPU: the divergence family on logits in one pass per row.
  *
- * Each row goes through the fused-linear loss's row kernel (fld_rows_impl.h / _scalar.c: row
+ * Each row goes through the fused-linear loss's row kernel (fld_rows_vec.c / _scalar.c: row
  * maxima, tempered log-sum-exps, the divergence of div_elem.h, dzs = gs (g - q sum g)) with the
  * cross-entropy off, so every formula has one definition. The kernel works on fp32 rows that it
  * may overwrite (dzs over zs, g over zt); per row:

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "div_coef.h"
+#include "isa.h"
 #include "kdloss.h"
 
 /* Columns per tile: inputs in bf16/fp16 are converted tile by tile into fp32 stack buffers
@@ -37,12 +38,12 @@ typedef struct kd_ew_job {
 
 typedef double (*kd_row_fn)(const kd_ew_job *job, int64_t row);
 
-double kd_kl_row_scalar(const kd_ew_job *job, int64_t row);
-double kd_kl_row_avx2(const kd_ew_job *job, int64_t row);
-double kd_kl_row_avx512(const kd_ew_job *job, int64_t row);
-double kd_div_row_scalar(const kd_ew_job *job, int64_t row);
-double kd_div_row_avx2(const kd_ew_job *job, int64_t row);
-double kd_div_row_avx512(const kd_ew_job *job, int64_t row);
+/* One of each per ISA of the registry (isa.h): elementwise_scalar.c's, elementwise_vec.c's. */
+#define KD_EW_DECL(ID, name, layer, has, flags)                                                 \
+    double kd_kl_row_##name(const kd_ew_job *job, int64_t row);                                \
+    double kd_div_row_##name(const kd_ew_job *job, int64_t row);
+KD_ISAS(KD_EW_DECL)
+#undef KD_EW_DECL
 
 /* Gradients above this many bytes are streamed (non-temporal stores): larger than a typical
  * last-level cache, they would be evicted before anyone reads them anyway. */

@@ -21,8 +21,6 @@
 #include "topk.h"
 #include "check.h"
 
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 /* A weight matrix W (rows x cols) as the GEMMs read it: the caller's fp32 in place, a whole
  * fp32 copy, or bf16 widened panel by panel into `panel` (panel_rows x cols; panel_floats in
  * all). */
@@ -72,7 +70,7 @@ static kdloss_status gemm_logits(int64_t n, const float *a, int64_t lda, const w
         st = KDLOSS_OK;
     }
     for (int64_t p0 = 0; p0 < w->rows && st == KDLOSS_OK; p0 += step) {
-        int64_t np = min64(step, w->rows - p0);
+        int64_t np = kd_min64(step, w->rows - p0);
         const float *wp = w_rows(w, p0, np, &ldw);
         kd_gemm g = {0, 1, n, np, w->cols, 1.0f, a, lda, wp, ldw, 0.0f, z + p0, w->rows};
         kd_ph_enter(ph);
@@ -98,7 +96,7 @@ static kdloss_status gemm_dx(int64_t n, const float *dz, const wsrc *w, float *d
     int64_t step = w_step(w), ldw;
     kdloss_status st = KDLOSS_OK;
     for (int64_t p0 = 0; p0 < w->rows && st == KDLOSS_OK; p0 += step) {
-        int64_t np = min64(step, w->rows - p0);
+        int64_t np = kd_min64(step, w->rows - p0);
         const float *wp = w_rows(w, p0, np, &ldw);
         kd_gemm g = {0,  0,   n,  w->cols, np, 1.0f, dz + p0, w->rows, wp, ldw, p0 ? 1.0f : 0.0f,
                      dx, ldd};
@@ -126,7 +124,7 @@ static const float *x_rows(kdloss_cmat x, int64_t r0, int64_t n, int64_t cols, f
 /* acc[c] (= or +=) sum over rows i of dz[i][c], dz (n x v): each column summed in row order
  * (OpenMP over column blocks), so the result does not depend on the thread count. */
 static void col_block(const float *dz, int64_t n, int64_t v, float *acc, int first, int64_t c0) {
-    int64_t c1 = min64(c0 + 512, v);
+    int64_t c1 = kd_min64(c0 + 512, v);
     if (first) memset(acc + c0, 0, (size_t)(c1 - c0) * sizeof(float));
     for (int64_t i = 0; i < n; i++)
         for (int64_t c = c0; c < c1; c++) acc[c] += dz[i * v + c];
@@ -143,38 +141,39 @@ static void col_sums(const float *dz, int64_t n, int64_t v, float *acc, int firs
 }
 
 /* fp32 vector -> n elements of dt (F32 or BF16) at dst. */
-static void store_vec(const float *src, int64_t n, kdloss_dtype dt, void *dst) {
+void kd_fld_store_vec(const float *src, int64_t n, kdloss_dtype dt, void *dst) {
     if (dt == KDLOSS_F32) memcpy(dst, src, (size_t)n * sizeof(float));
     else kd_f32_rows_to_bf16(src, n, 1, n, (uint16_t *)dst, n, 0);
 }
 
 /* Fills a (rows x cols, ld) matrix of dt with zeros (+0 is all-zero bits in fp32 and bf16). */
-static void zero_mat(kdloss_mat m, int64_t rows, int64_t cols) {
+void kd_fld_zero_mat(kdloss_mat m, int64_t rows, int64_t cols) {
     size_t es = kdloss_dtype_size(m.dtype);
     for (int64_t r = 0; r < rows; r++)
         memset((char *)m.data + (size_t)(r * m.ld) * es, 0, (size_t)cols * es);
 }
 
-static void write_losses(const kdloss_fused_linear_distill_out *o, float loss, float soft, float hard) {
+void kd_fld_write_losses(const kdloss_fused_linear_distill_out *o, float loss, float soft,
+                         float hard) {
     if (o->loss) *o->loss = loss;
     if (o->soft_loss) *o->soft_loss = soft;
     if (o->hard_loss) *o->hard_loss = hard;
 }
 
 /* Every row ignored, or nothing weighted or asked for: loss 0 and zero gradients. */
-static void write_zero(const kd_fld_call *k) {
+void kd_fld_write_zero(const kd_fld_call *k) {
     const kdloss_fused_linear_distill_out *o = &k->out;
-    write_losses(o, 0.0f, 0.0f, 0.0f);
+    kd_fld_write_losses(o, 0.0f, 0.0f, 0.0f);
     float *rows[4] = {o->row_soft, o->row_hard, o->row_lse, o->row_entropy};
     for (int i = 0; i < 4; i++)
         if (rows[i]) memset(rows[i], 0, (size_t)k->bt * sizeof(float));
-    if (o->dxs.data) zero_mat(o->dxs, k->bt, k->hs);
-    if (o->dws.data) zero_mat(o->dws, k->v, k->hs);
+    if (o->dxs.data) kd_fld_zero_mat(o->dxs, k->bt, k->hs);
+    if (o->dws.data) kd_fld_zero_mat(o->dws, k->v, k->hs);
     if (o->dbs) memset(o->dbs, 0, (size_t)k->v * kdloss_dtype_size(k->ws.dtype));
 }
 
 /* [v] bias of dtype dt as fp32 (into buf when it is bf16); NULL stays NULL. */
-static const float *bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *buf) {
+const float *kd_fld_bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *buf) {
     if (!b || dt == KDLOSS_F32) return (const float *)b;
     kd_ph_enter(KD_PH_WIDEN);
     kd_bf16_rows_to_f32((const uint16_t *)b, v, 1, v, buf, 0);
@@ -418,10 +417,10 @@ static void rows_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, 
     r->v = k->v;
     r->zs = (float *)(base + pl->off_zs);
     r->zt = k->topk.k ? NULL : (float *)(base + pl->off_zt);
-    r->bias_s = bias_f32(k->bs, k->ws.dtype, k->v, bias);
+    r->bias_s = kd_fld_bias_f32(k->bs, k->ws.dtype, k->v, bias);
     /* several teachers add their biases to their runs' logits (heads_logits) */
     r->bias_t = soft && !k->topk.k && !k->heads
-                    ? bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v)
+                    ? kd_fld_bias_f32(k->bt_bias, k->wt.dtype, k->v, bias + k->v)
                     : NULL;
     r->topk = k->topk.k ? &k->topk : NULL;
     r->tail = k->tail;
@@ -480,37 +479,13 @@ kdloss_status kd_fld_prepare(const kd_fld_call *k, const kd_fld_plan *pl) {
 typedef struct fld_run {
     int soft, hard;       /* the loss parts computed (weighted or asked for) */
     int native_s, native_t, native_g; /* bf16 GEMMs natively: student / teacher logits, grads */
-    int dense_t;          /* the teacher's logits are computed */
+    int dense_t;          /* the teacher's logits are computed (form->logits, soft part on) */
+    const struct fld_form *form; /* the call's teacher form (FLD_FORMS) */
     int zero_g;           /* both gradient factors 0: zeros written at the end, no GEMM */
     wsrc w_s, w_t;
     kd_fld_rows r;
     double soft_sum, hard_sum;
 } fld_run;
-
-/* The GEMM kinds, the weights (widened whole where the plan has room) and the row arguments. */
-static void run_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, fld_run *u) {
-    const kdloss_fused_linear_distill_out *o = &k->out;
-    u->native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
-    u->native_t = k->xt.dtype == KDLOSS_BF16 && u->native_s;
-    u->native_g = k->grad && u->native_s && kd_gemm_bf16_grad_native(); /* gradient GEMMs */
-    u->dense_t = u->soft && !k->topk.k;
-    float *panel = (float *)(base + pl->off_panel);
-    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, k->v, k->hs, NULL, panel, pl->panel_rows,
-                pl->panel_floats};
-    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, k->v, k->ht, NULL, panel, pl->panel_rows,
-                pl->panel_floats};
-    u->w_s = w_s;
-    u->w_t = w_t;
-    /* the student's weights in fp32: for the widened logits, or for dxs from an fp32 dz */
-    int need_ws32 = !u->native_s || (o->dxs.data && !u->native_g);
-    widen_whole(pl, base, u->dense_t && !k->heads, u->native_t, need_ws32, &u->w_s, &u->w_t);
-    rows_setup(k, pl, base, u->soft, u->hard, &u->r);
-    /* both gradient factors 0: the gradients are zeros (kdloss.h), written once at the end; no
-     * gradient GEMM (0 x a NaN weight or input would be NaN) */
-    u->zero_g = k->grad && u->r.gs == 0.0f && u->r.gh == 0.0f;
-    if (u->zero_g) u->r.grad = 0;
-    u->soft_sum = u->hard_sum = 0.0;
-}
 
 /* zt (n x V, the chunk's teacher logits) for rows [r0, r0 + n) with several teachers
  * (kdloss_teacher_heads, docs/MATH.md section 13): one GEMM per run of rows that share a head,
@@ -539,11 +514,71 @@ static kdloss_status heads_logits(const kd_fld_call *k, const kd_fld_plan *pl, c
         float *z = u->r.zt + i0 * k->v;
         st = chunk_logits(k->xt, r0 + i0, i1 - i0, &w, u->native_t, xbuf, z, &a, &lda,
                           KD_PH_GEMM_ZT);
-        const float *b = h->bias ? bias_f32(h->bias[j], k->wt.dtype, k->v, bbuf) : NULL;
+        const float *b = h->bias ? kd_fld_bias_f32(h->bias[j], k->wt.dtype, k->v, bbuf) : NULL;
         for (int64_t i = 0; b && st == KDLOSS_OK && i < i1 - i0; i++)
             for (int64_t c = 0; c < k->v; c++) z[i * k->v + c] += b[c];
     }
     return st;
+}
+
+/* zt (n x V) for rows [r0, r0 + n) with the one teacher head wt. */
+static kdloss_status dense_logits(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
+                                  const fld_run *u, int64_t r0, int64_t n) {
+    const float *a;
+    int64_t lda;
+    return chunk_logits(k->xt, r0, n, &u->w_t, u->native_t, (float *)(base + pl->off_xconv),
+                        u->r.zt, &a, &lda, KD_PH_GEMM_ZT);
+}
+
+static int form_heads(const kd_fld_call *k) { return k->heads != NULL; }
+static int form_topk(const kd_fld_call *k) { return k->topk.k > 0; }
+static int form_dense(const kd_fld_call *k) { return !k->heads && !k->topk.k; }
+
+/* The teacher forms of the chunked loop, first match wins: how a chunk's teacher logits zt are
+ * formed (docs/MATH.md sections 4, 8 and 13), or NULL for a teacher without logits (the top-k
+ * teacher's log-probs go to the row pass as they are). A new teacher form is a row here. */
+typedef struct fld_form {
+    int (*takes)(const kd_fld_call *k);
+    kdloss_status (*logits)(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
+                            const fld_run *u, int64_t r0, int64_t n);
+} fld_form;
+
+static const fld_form FLD_FORMS[] = {
+    {form_heads, heads_logits},
+    {form_topk, NULL},
+    {form_dense, dense_logits},
+};
+
+static const fld_form *form_of(const kd_fld_call *k) {
+    const fld_form *f = FLD_FORMS;
+    while (!f->takes(k)) f++; /* the forms cover every checked call */
+    return f;
+}
+
+/* The GEMM kinds, the weights (widened whole where the plan has room) and the row arguments. */
+static void run_setup(const kd_fld_call *k, const kd_fld_plan *pl, char *base, fld_run *u) {
+    const kdloss_fused_linear_distill_out *o = &k->out;
+    u->native_s = k->xs.dtype == KDLOSS_BF16 && kd_gemm_bf16_native();
+    u->native_t = k->xt.dtype == KDLOSS_BF16 && u->native_s;
+    u->native_g = k->grad && u->native_s && kd_gemm_bf16_grad_native(); /* gradient GEMMs */
+    u->form = form_of(k);
+    u->dense_t = u->soft && u->form->logits;
+    float *panel = (float *)(base + pl->off_panel);
+    wsrc w_s = {k->ws.data, k->ws.dtype, k->ws.ld, k->v, k->hs, NULL, panel, pl->panel_rows,
+                pl->panel_floats};
+    wsrc w_t = {k->wt.data, k->wt.dtype, k->wt.ld, k->v, k->ht, NULL, panel, pl->panel_rows,
+                pl->panel_floats};
+    u->w_s = w_s;
+    u->w_t = w_t;
+    /* the student's weights in fp32: for the widened logits, or for dxs from an fp32 dz */
+    int need_ws32 = !u->native_s || (o->dxs.data && !u->native_g);
+    widen_whole(pl, base, u->dense_t && !k->heads, u->native_t, need_ws32, &u->w_s, &u->w_t);
+    rows_setup(k, pl, base, u->soft, u->hard, &u->r);
+    /* both gradient factors 0: the gradients are zeros (kdloss.h), written once at the end; no
+     * gradient GEMM (0 x a NaN weight or input would be NaN) */
+    u->zero_g = k->grad && u->r.gs == 0.0f && u->r.gh == 0.0f;
+    if (u->zero_g) u->r.grad = 0;
+    u->soft_sum = u->hard_sum = 0.0;
 }
 
 /* Rows [r0, r0 + n): the logits GEMMs, the row pass (or its vocabulary-parallel phases), the
@@ -553,13 +588,9 @@ static kdloss_status run_chunk(const kd_fld_call *k, const kd_fld_plan *pl, char
     const kdloss_fused_linear_distill_out *o = &k->out;
     kd_fld_rows *r = &u->r;
     int64_t lda;
-    const float *at, *as;
+    const float *as;
     kdloss_status st = KDLOSS_OK;
-    if (u->dense_t && k->heads)
-        st = heads_logits(k, pl, base, u, r0, n);
-    else if (u->dense_t)
-        st = chunk_logits(k->xt, r0, n, &u->w_t, u->native_t, (float *)(base + pl->off_xconv),
-                          r->zt, &at, &lda, KD_PH_GEMM_ZT);
+    if (u->dense_t) st = u->form->logits(k, pl, base, u, r0, n);
     if (st == KDLOSS_OK)
         st = chunk_logits(k->xs, r0, n, &u->w_s, u->native_s, (float *)(base + pl->off_xs32),
                           r->zs, &as, &lda, KD_PH_GEMM_ZS);
@@ -598,21 +629,21 @@ static void run_finish(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
     const kdloss_fused_linear_distill_out *o = &k->out;
     int64_t hs = k->hs, v = k->v;
     if (u->zero_g) {
-        if (o->dxs.data) zero_mat(o->dxs, k->bt, hs);
-        if (o->dws.data) zero_mat(o->dws, v, hs);
+        if (o->dxs.data) kd_fld_zero_mat(o->dxs, k->bt, hs);
+        if (o->dws.data) kd_fld_zero_mat(o->dws, v, hs);
         if (o->dbs) memset(o->dbs, 0, (size_t)v * kdloss_dtype_size(k->ws.dtype));
     } else if ((o->dws.data && k->xs.dtype == KDLOSS_BF16) || o->dbs) {
         kd_ph_enter(KD_PH_ROUND); /* a copy for fp32 dbs */
         if (o->dws.data && k->xs.dtype == KDLOSS_BF16)
             kd_f32_rows_to_bf16((const float *)(base + pl->off_dws), hs, v, hs,
                                 (uint16_t *)o->dws.data, o->dws.ld, 1);
-        if (o->dbs) store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
+        if (o->dbs) kd_fld_store_vec((const float *)(base + pl->off_dbs), v, k->ws.dtype, o->dbs);
         kd_ph_leave();
     }
     double nv = (double)k->n_valid, t2 = p->t2_scale ? p->temperature * p->temperature : 1.0;
     double soft_mean = u->soft ? u->soft_sum * t2 / nv : 0.0;
     double hard_mean = u->hard ? u->hard_sum / nv : 0.0;
-    write_losses(o,
+    kd_fld_write_losses(o,
                  (float)(p->weight_hard_loss * hard_mean + p->weight_soft_loss * soft_mean),
                  (float)soft_mean, (float)hard_mean);
 }
@@ -628,153 +659,52 @@ static kdloss_status run(const kd_fld_call *k, const kd_fld_plan *pl, char *base
     u.hard = p->weight_hard_loss > 0.0 || o->hard_loss || o->row_hard || o->row_lse;
     /* the entropy alone still runs the student's logits and its tempered pass (fld_rows.h) */
     if (k->n_valid == 0 || (!u.soft && !u.hard && !o->row_entropy)) {
-        write_zero(k);
+        kd_fld_write_zero(k);
         return KDLOSS_OK;
     }
     if (kd_fld_prepare(k, pl) != KDLOSS_OK) return KDLOSS_ERR_OUT_OF_MEMORY;
     run_setup(k, pl, base, &u);
     for (int64_t r0 = 0; r0 < k->bt; r0 += pl->chunk) {
-        kdloss_status st = run_chunk(k, pl, base, &u, r0, min64(pl->chunk, k->bt - r0));
+        kdloss_status st = run_chunk(k, pl, base, &u, r0, kd_min64(pl->chunk, k->bt - r0));
         if (st != KDLOSS_OK) return st;
     }
     run_finish(k, pl, base, &u);
     return KDLOSS_OK;
 }
 
-/* ---- The sparse renorm_both path (topk.h): no GEMM, no V-wide row ---- */
-
-int kd_topk_sparse_eligible(const kd_fld_call *k) {
-    const kdloss_fused_linear_distill_out *o = &k->out;
-    return k->topk.k > 0 && k->tail == KDLOSS_TAIL_RENORM_BOTH && !(k->p.weight_hard_loss > 0.0) &&
-           !o->hard_loss && !o->row_hard && !o->row_lse && !o->row_entropy &&
-           !kd_logit_map_make(k->p.student_map).on;
+static size_t run_bytes(const kd_fld_call *k, const kd_fld_plan *pl) {
+    (void)k;
+    return pl->bytes;
 }
 
-/* The sparse path's workspace, carved from `base` with the chunk of the full plan: every region
- * is at most its counterpart in the full plan (tk, xs32, xconv, rows, dbs, dws, bias), so the
- * full plan's bytes bound it. Returns the bytes used. */
-static size_t sparse_layout(const kd_fld_call *k, const kd_fld_plan *pl, char *base,
-                            kd_topk_sparse *a) {
-    int sb = k->xs.dtype == KDLOSS_BF16;
-    size_t c = (size_t)pl->chunk, hs = (size_t)k->hs, v = (size_t)k->v, end = 0;
-    size_t sz[7] = {c * kd_topk_row_scratch(k->topk.k), sb ? c * hs * 4 : 0,
-                    sb && k->out.dxs.data ? c * hs * 4 : 0, c * sizeof(double),
-                    k->out.dbs ? v * 4 : 0, sb && k->out.dws.data ? v * hs * 4 : 0,
-                    k->bs && sb ? v * 4 : 0};
-    char *r[7];
-    for (int i = 0; i < 7; i++) {
-        r[i] = base ? base + end : NULL;
-        end += (sz[i] + KD_FLD_ALIGN - 1) / KD_FLD_ALIGN * KD_FLD_ALIGN;
-    }
-    if (!base) return end + KD_FLD_ALIGN - 1;
-    a->tk = r[0];
-    a->x32 = sb ? (float *)r[1] : NULL;
-    a->d32 = (float *)r[2];
-    a->row_soft = (double *)r[3];
-    a->dbs = k->out.dbs ? (float *)r[4] : NULL;
-    a->dws = !k->out.dws.data ? NULL : sb ? (float *)r[5] : (float *)k->out.dws.data;
-    a->ldd = sb ? k->hs : k->out.dws.ld;
-    a->bs = bias_f32(k->bs, k->ws.dtype, k->v, (float *)r[6]);
-    return end;
+/* The ways a checked fused call runs, first match wins (docs/MATH.md sections 4 and 8): the
+ * sparse renorm_both path of a top-k teacher (fld_topk.c), else the chunked full-vocabulary
+ * loop above, which serves every teacher form (fld_form). A new way to run a fused loss is a
+ * row here and a file. */
+typedef struct fld_path {
+    int (*takes)(const kd_fld_call *k);
+    size_t (*bytes)(const kd_fld_call *k, const kd_fld_plan *pl); /* when allocated here */
+    kdloss_status (*run)(const kd_fld_call *k, const kd_fld_plan *pl, char *base);
+} fld_path;
+
+static int run_takes(const kd_fld_call *k) {
+    (void)k;
+    return 1;
 }
 
-/* The sparse path's dws and dbs after the last chunk: NaN everywhere when a row was poisoned
- * (the NaN policy, kdloss.h: a poisoned row's gradient is NaN in every element, outside S too,
- * as the full-vocabulary path's dz row; one fill a call, only then), then cast or stored. */
-static void sparse_store_grads(const kd_fld_call *k, const kd_topk_sparse *a, int nan_row) {
-    const kdloss_fused_linear_distill_out *o = &k->out;
-    if (nan_row) {
-        if (a->dws)
-            for (int64_t c = 0; c < k->v; c++)
-                for (int64_t h = 0; h < k->hs; h++) a->dws[c * a->ldd + h] = NAN;
-        if (a->dbs)
-            for (int64_t c = 0; c < k->v; c++) a->dbs[c] = NAN;
-    }
-    if (a->dws && k->xs.dtype == KDLOSS_BF16)
-        kd_f32_rows_to_bf16(a->dws, k->hs, k->v, k->hs, (uint16_t *)o->dws.data, o->dws.ld, 1);
-    if (a->dbs) store_vec(a->dbs, k->v, k->ws.dtype, o->dbs);
-}
-
-/* dws and dbs accumulate over rows: they start from zero (the caller's fp32, or ours), timed
- * with the scatter that accumulates them. */
-static void sparse_zero_grads(const kd_fld_call *k, const kd_topk_sparse *a) {
-    kd_ph_enter(KD_PH_GEMM_DW);
-    if (a->dws) {
-        kdloss_mat m = {a->dws, KDLOSS_F32, a->ldd};
-        zero_mat(m, k->v, k->hs);
-    }
-    if (a->dbs) memset(a->dbs, 0, (size_t)k->v * sizeof(float));
-    kd_ph_leave();
-}
-
-static kdloss_status run_sparse(const kd_fld_call *k, const kd_fld_plan *pl, char *base) {
-    const kdloss_fused_linear_distill_params *p = &k->p;
-    const kdloss_fused_linear_distill_out *o = &k->out;
-    int sb = k->xs.dtype == KDLOSS_BF16;
-    /* as run(): the soft part only when weighted or asked for (no cross-entropy here) */
-    int want_soft = p->weight_soft_loss > 0.0 || o->soft_loss || o->row_soft;
-    if (k->n_valid == 0 || !want_soft) {
-        write_zero(k);
-        return KDLOSS_OK;
-    }
-    double nv = (double)k->n_valid, t_fac = p->t2_scale ? p->temperature : 1.0 / p->temperature;
-    kd_topk_sparse a = {0, 0, k->hs, k->xs.data, k->xs.dtype, k->xs.ld, k->ws.data, k->ws.ld,
-                        NULL, &k->topk, k->labels, p->ignore_index, kd_div_coef_make(&p->div),
-                        (double)(float)(1.0 / p->temperature), /* fp32-exact: topk_row.h */
-                        k->grad ? (float)(p->grad_scale * p->weight_soft_loss * t_fac / nv) : 0.0f,
-                        NULL, NULL, NULL, NULL, o->dxs, NULL, 0, NULL, p->row_weights};
-    sparse_layout(k, pl, base, &a);
-    sparse_zero_grads(k, &a);
-    void (*scatter)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_scatter;
-    void (*rows)(const kd_topk_sparse *) = kd_cpu_kernels()->sparse_rows;
-    double soft_sum = 0.0;
-    int nan_row = 0; /* a poisoned row (the rows kernel's flag in col[K]) */
-    size_t scr = kd_topk_row_scratch(k->topk.k);
-    for (int64_t r0 = 0; r0 < k->bt; r0 += pl->chunk) {
-        a.n = min64(pl->chunk, k->bt - r0);
-        a.row0 = r0;
-        if (sb) {
-            kd_ph_enter(KD_PH_WIDEN);
-            kd_bf16_rows_to_f32((const uint16_t *)k->xs.data + r0 * k->xs.ld, k->xs.ld, a.n,
-                                k->hs, a.x32, 1);
-            kd_ph_leave();
-        }
-        kd_ph_enter(KD_PH_ROWS);
-        rows(&a);
-        kd_ph_leave();
-        for (int64_t i = 0; i < a.n; i++) {
-            soft_sum += a.w ? (double)a.w[r0 + i] * a.row_soft[i] : a.row_soft[i]; /* w times */
-            if (o->row_soft) o->row_soft[r0 + i] = (float)a.row_soft[i];
-            nan_row |= ((const int64_t *)(a.tk + (size_t)i * scr))[k->topk.k] != 0;
-        }
-        if (sb && o->dxs.data) {
-            kd_ph_enter(KD_PH_ROUND);
-            kd_f32_rows_to_bf16(a.d32, k->hs, a.n, k->hs,
-                                (uint16_t *)o->dxs.data + r0 * o->dxs.ld, o->dxs.ld, 1);
-            kd_ph_leave();
-        }
-        if (k->grad && a.gs != 0.0f) { /* a factor of 0: the zeros written above */
-            kd_ph_enter(KD_PH_GEMM_DW);
-            scatter(&a);
-            kd_ph_leave();
-        }
-    }
-    int store = nan_row || a.dbs || (a.dws && sb);
-    if (store) kd_ph_enter(KD_PH_ROUND); /* the NaN fill too, when a row was poisoned */
-    sparse_store_grads(k, &a, nan_row);
-    if (store) kd_ph_leave();
-    double t2 = p->t2_scale ? p->temperature * p->temperature : 1.0, soft = soft_sum * t2 / nv;
-    write_losses(o, (float)(p->weight_soft_loss * soft), (float)soft, 0.0f);
-    return KDLOSS_OK;
-}
+static const fld_path FLD_PATHS[] = {
+    {kd_topk_sparse_takes, kd_topk_sparse_bytes, kd_topk_sparse_run},
+    {run_takes, run_bytes, run},
+};
 
 kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
                              void *workspace) {
-    int sparse = !call->comm && kd_topk_sparse_eligible(call);
+    const fld_path *path = FLD_PATHS;
+    while (!path->takes(call)) path++; /* the last row takes every call */
     void *mem = NULL;
     kd_ph_call_begin(); /* the per-phase counters, when this thread attached (fld_phase.h) */
     if (!workspace) {
-        mem = malloc(sparse ? sparse_layout(call, plan, NULL, NULL) : plan->bytes);
+        mem = malloc(path->bytes(call, plan));
         if (!mem) {
             kd_ph_call_end();
             return KDLOSS_ERR_OUT_OF_MEMORY;
@@ -782,18 +712,17 @@ kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
         workspace = mem;
     }
     uintptr_t a = ((uintptr_t)workspace + KD_FLD_ALIGN - 1) & ~(uintptr_t)(KD_FLD_ALIGN - 1);
-    kdloss_status st = sparse ? run_sparse(call, plan, (char *)a) : run(call, plan, (char *)a);
+    kdloss_status st = path->run(call, plan, (char *)a);
     free(mem);
     kd_ph_call_end();
     return st;
 }
 
-/* A call with either teacher: check, workspace, run. */
-static kdloss_status fused(const kdloss_fused_linear_distill_params *params, int64_t bt,
-                           int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
-                           const kd_fld_teacher *t, kdloss_labels labels,
-                           kdloss_fused_linear_distill_out *out, void *workspace,
-                           size_t workspace_bytes) {
+kdloss_status kd_fld_run_checked(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                                 int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
+                                 const void *bs, const kd_fld_teacher *t, kdloss_labels labels,
+                                 kdloss_fused_linear_distill_out *out, void *workspace,
+                                 size_t workspace_bytes) {
     kd_fld_call call;
     kd_fld_plan plan;
     kdloss_status st = kd_fld_check(params, bt, hs, v, v, xs, ws, bs, t, labels, out, workspace,
@@ -811,80 +740,8 @@ kdloss_status kdloss_fused_linear_distill(const kdloss_fused_linear_distill_para
                                           size_t workspace_bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
-    return fused(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
-}
-
-/* The heads' own checks (kdloss_teacher_heads): present, n >= 1, every index in [0, n), the
- * index vector apart from every output. The heads' views are checked by kd_fld_check. */
-static kd_span out_mat_span(kdloss_mat m, int64_t rows, int64_t cols) {
-    int64_t ld = m.ld ? m.ld : cols;
-    return kd_vec_span(m.data, (rows - 1) * ld + cols, kdloss_dtype_size(m.dtype));
-}
-
-static kdloss_status heads_check(const kdloss_teacher_heads *h, int64_t bt, int64_t hs,
-                                 int64_t v, const kdloss_fused_linear_distill_out *o) {
-    if (!h) return kd_named("teachers", KDLOSS_ERR_NULL_POINTER);
-    if (!h->wt || !h->index) return kd_named(!h->wt ? "teachers->wt" : "teachers->index",
-                                             KDLOSS_ERR_NULL_POINTER);
-    if (h->n < 1 || h->n > INT32_MAX) {
-        kd_detail("teachers->n = %lld: at least one head, at most 2^31 - 1", (long long)h->n);
-        return KDLOSS_ERR_INVALID_PARAM;
-    }
-    for (int64_t r = 0; r < bt; r++)
-        if (h->index[r] < 0 || h->index[r] >= h->n) {
-            kd_detail("teachers->index[%lld] = %d is not in [0, %lld)", (long long)r,
-                      (int)h->index[r], (long long)h->n);
-            return KDLOSS_ERR_INVALID_ID;
-        }
-    kd_span in = kd_vec_span(h->index, bt, sizeof(int32_t));
-    const float *rows[6] = {o->loss, o->soft_loss, o->hard_loss, o->row_soft, o->row_hard,
-                            o->row_lse};
-    int64_t lens[6] = {1, 1, 1, bt, bt, bt};
-    int bad = 0;
-    for (int i = 0; i < 6; i++) bad |= kd_spans_overlap(in, kd_vec_span(rows[i], lens[i], 4));
-    bad |= kd_spans_overlap(in, out_mat_span(o->dxs, bt, hs));
-    bad |= kd_spans_overlap(in, out_mat_span(o->dws, v, hs));
-    bad |= kd_spans_overlap(in, kd_vec_span(o->dbs, v, kdloss_dtype_size(o->dws.dtype)));
-    if (!bad) return KDLOSS_OK;
-    kd_detail("teachers->index overlaps an output");
-    return KDLOSS_ERR_ALIASING;
-}
-
-kdloss_status kdloss_fused_linear_distill_multi(
-    const kdloss_fused_linear_distill_params *params, int64_t bt, int64_t hs, int64_t ht,
-    int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_cmat xt,
-    const kdloss_teacher_heads *teachers, kdloss_labels labels,
-    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
-    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
-    kd_fld_call call;
-    kd_fld_plan plan;
-    kdloss_status st = KDLOSS_OK;
-    /* every head through the single-teacher checks (its view, dtype, aliasing), then their own */
-    for (int64_t j = 0; st == KDLOSS_OK && teachers && teachers->wt && j < teachers->n; j++) {
-        const void *b = teachers->bias ? teachers->bias[j] : NULL;
-        kd_fld_teacher t = {ht, xt, teachers->wt[j], b, NULL, 0};
-        st = kd_fld_check(params, bt, hs, v, v, xs, ws, bs, &t, labels, out, workspace,
-                          workspace_bytes, &call, &plan);
-    }
-    if (st == KDLOSS_OK) st = heads_check(teachers, bt, hs, v, out);
-    if (st != KDLOSS_OK) return st;
-    call.heads = teachers;
-    return kd_fld_execute(&call, &plan, workspace);
-}
-
-kdloss_status kdloss_fused_linear_topk_distill(
-    const kdloss_fused_linear_topk_distill_params *params, int64_t bt, int64_t hs, int64_t v,
-    kdloss_cmat xs, kdloss_cmat ws, const void *bs, kdloss_topk_teacher teacher,
-    kdloss_labels labels, kdloss_fused_linear_distill_out *out, void *workspace,
-    size_t workspace_bytes) {
-    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
-    if (!params || !out) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status st = kd_topk_check_fused_params(params);
-    if (st != KDLOSS_OK) return st;
-    kdloss_fused_linear_distill_params p = kd_topk_fld_params(params);
-    kd_fld_teacher t = {0, {NULL, KDLOSS_F32, 0}, {NULL, KDLOSS_F32, 0}, NULL, &teacher,
-                       (int)params->tail};
-    return fused(&p, bt, hs, v, xs, ws, bs, &t, labels, out, workspace, workspace_bytes);
+    return kd_fld_run_checked(params, bt, hs, v, xs, ws, bs, &t, labels, out, workspace,
+                              workspace_bytes);
 }
 
 /* The JSD-only name: a wrapper (divergence JSD(beta), no T^2, no row outputs). */

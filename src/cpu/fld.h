@@ -100,4 +100,26 @@ kdloss_status kd_fld_execute(const kd_fld_call *call, const kd_fld_plan *plan,
  * there (every rank returns) rather than after it (the others would wait). */
 kdloss_status kd_fld_prepare(const kd_fld_call *call, const kd_fld_plan *plan);
 
+/* ---- Shared by the fused drivers (fld.c, fld_topk.c, fld_multi.c) ---- */
+
+static inline int64_t kd_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* Checks a call with either teacher form, then runs it (kd_fld_check, kd_fld_execute). */
+kdloss_status kd_fld_run_checked(const kdloss_fused_linear_distill_params *params, int64_t bt,
+                                 int64_t hs, int64_t v, kdloss_cmat xs, kdloss_cmat ws,
+                                 const void *bs, const kd_fld_teacher *t, kdloss_labels labels,
+                                 kdloss_fused_linear_distill_out *out, void *workspace,
+                                 size_t workspace_bytes);
+/* [n] fp32 src stored as dt (fp32 copy, or rounded to bf16). */
+void kd_fld_store_vec(const float *src, int64_t n, kdloss_dtype dt, void *dst);
+/* Fills a (rows x cols, ld) matrix of its dtype with zeros. */
+void kd_fld_zero_mat(kdloss_mat m, int64_t rows, int64_t cols);
+/* The three scalar losses, where asked for. */
+void kd_fld_write_losses(const kdloss_fused_linear_distill_out *o, float loss, float soft,
+                         float hard);
+/* Every row ignored, or nothing weighted or asked for: loss 0, zero row outputs and gradients. */
+void kd_fld_write_zero(const kd_fld_call *k);
+/* [v] bias of dtype dt as fp32 (widened into buf when bf16); NULL stays NULL. */
+const float *kd_fld_bias_f32(const void *b, kdloss_dtype dt, int64_t v, float *buf);
+
 #endif /* KDLOSS_FLD_H */

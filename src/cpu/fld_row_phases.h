@@ -1,5 +1,5 @@
 /* The fused loss's row work in four phases (max, sums, divergence, gradient), written once for
- * the scalar kernel (fld_rows_scalar.c) and the vector ones (fld_rows_impl.h), for the dense
+ * the scalar kernel (fld_rows_scalar.c) and the vector ones (fld_rows_vec.c), for the dense
  * teacher and the sparse top-k one (docs/MATH.md sections 4, 8 and 9). One process runs the four
  * back to back on each row while it is in cache (kd_fld_rows_*); the vocabulary-parallel driver
  * runs each over a chunk's rows and all-reduces the statistics in between
@@ -52,7 +52,7 @@
 #include "topk_row.h"
 
 /* PH_SUM_EXP, or its careful form for a row whose maximum m needs it (row_special.h: a row
- * spanning more than FLT_MAX, issue 25 D4): one compare a row. */
+ * spanning more than FLT_MAX, docs/MATH.md section 10): one compare a row. */
 #define PH_SUM_EXP_ROW(z, v, m, s)                                                             \
     (kd_row_wide(m) ? kd_wide_sum_exp(z, v, (double)(m), (double)(s)) : PH_SUM_EXP(z, v, m, s))
 
@@ -162,7 +162,7 @@ static void PH(dense_div)(const kd_fld_rows *a, const PH_CTX *k, int64_t i) {
         /* Y = (zt - mt') it - lss with mt' = mt + (lst - lss) T: X and Y subtract the same fp32
          * constant, whose rounding then scales P and Q alike (a relative error of the
          * divergence) instead of shifting one against the other (an absolute error of ~1e-7,
-         * which at a large T outweighs a divergence of ~1/T^2: issue 25, D5) */
+         * which at a large T outweighs a divergence of ~1/T^2: docs/MATH.md section 5) */
         double sh = (lst - lss) / (double)a->inv_t, it = (double)a->inv_t;
         float mt2 = (float)((double)mt + sh);
         /* the constant each way leaves between Y and X: mt2's rounding times 1/T, or the two

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "div_coef.h"
+#include "isa.h"
 #include "kdloss.h"
 #include "logit_map.h"
 
@@ -81,15 +82,14 @@ static inline int64_t kd_fld_ent_at(int64_t topk_k) { return 4 + topk_k; }
 static inline int64_t kd_fld_n_sum(int64_t topk_k) { return 4 + topk_k; }
 static inline int64_t kd_fld_n_stats(int64_t topk_k) { return 5 + kd_fld_n_sum(topk_k); }
 
-/* One phase (1..4, fld_row_phases.h) over every row of the chunk, OpenMP over rows: the
- * vocabulary-parallel driver reduces the statistics between phases. */
-void kd_fld_rows_phase_scalar(const kd_fld_rows *a, int phase);
-void kd_fld_rows_phase_avx2(const kd_fld_rows *a, int phase);
-void kd_fld_rows_phase_avx512(const kd_fld_rows *a, int phase);
-
-/* Run the row work of one chunk, OpenMP over rows. Never calls BLAS. */
-void kd_fld_rows_scalar(const kd_fld_rows *a);
-void kd_fld_rows_avx2(const kd_fld_rows *a);
-void kd_fld_rows_avx512(const kd_fld_rows *a);
+/* Per ISA of the registry (isa.h; fld_rows_scalar.c, fld_rows_vec.c):
+ * kd_fld_rows_phase_<isa>: one phase (1..4, fld_row_phases.h) over every row of the chunk,
+ * OpenMP over rows (the vocabulary-parallel driver reduces the statistics between phases);
+ * kd_fld_rows_<isa>: the row work of one chunk, OpenMP over rows. Never calls BLAS. */
+#define KD_FLD_ROWS_DECL(ID, name, layer, has, flags)                                           \
+    void kd_fld_rows_phase_##name(const kd_fld_rows *a, int phase);                            \
+    void kd_fld_rows_##name(const kd_fld_rows *a);
+KD_ISAS(KD_FLD_ROWS_DECL)
+#undef KD_FLD_ROWS_DECL
 
 #endif /* KDLOSS_FLD_ROWS_H */

@@ -1,5 +1,5 @@
 /* Portable scalar row kernel of the fused-linear distillation loss: the same four passes as
- * fld_rows_impl.h in the same order of operations, one element at a time, with libm and the
+ * fld_rows_vec.c in the same order of operations, one element at a time, with libm and the
  * per-element JSD of div_math.h. It is the path every machine has, and the one the vector
  * paths are compared against in the tests. */
 #include <math.h>

@@ -6,7 +6,7 @@
 #ifndef KD_GEMM_FB_H
 #define KD_GEMM_FB_H
 
-/* One source per instruction set (gemm_fb_impl.h, and gemm_fb_scalar.c), like the row kernels.
+/* One source per instruction set (gemm_fb_vec.c, and gemm_fb_scalar.c), like the row kernels.
  * Blocking (Goto / BLIS): for each block of KD_FB_MC rows of op(A) and each block of KD_FB_KC of
  * the inner dimension, the A block is packed into MR-row panels; for each block of KD_FB_NC
  * columns of op(B) the B block is packed into NR-column panels; an MR x NR register tile of C is
@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "gemm.h"
+#include "isa.h"
 
 /* rows of op(A) per packed block: a multiple of every MR (12, 6 and 4) */
 #define KD_FB_MC 1020
@@ -40,9 +41,10 @@ static inline size_t kd_gemm_fb_floats(int64_t m, int64_t n, int64_t k) {
 }
 
 /* C = alpha op(A) op(B) + beta C for g (m, n, k > 0) with the scratch above; beta = 0 never
- * reads C. One per instruction set; dispatch.c tables them (kd_cpu_kernels). */
-void kd_gemm_fb_avx512(const kd_gemm *g, float *scratch);
-void kd_gemm_fb_avx2(const kd_gemm *g, float *scratch);
-void kd_gemm_fb_scalar(const kd_gemm *g, float *scratch);
+ * reads C. One per ISA of the registry (isa.h); dispatch.c tables them (kd_cpu_kernels). */
+#define KD_GEMM_FB_DECL(ID, name, layer, has, flags)                                            \
+    void kd_gemm_fb_##name(const kd_gemm *g, float *scratch);
+KD_ISAS(KD_GEMM_FB_DECL)
+#undef KD_GEMM_FB_DECL
 
 #endif

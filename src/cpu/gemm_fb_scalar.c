@@ -1,5 +1,5 @@
 /* Portable build of the GEMM layer's allocation-free fallback (gemm_fb.h): the same blocking,
- * packing and order of operations as gemm_fb_impl.h with a 4 x 8 tile of scalars. */
+ * packing and order of operations as gemm_fb_vec.c with a 4 x 8 tile of scalars. */
 #include <math.h>
 
 #include "gemm_fb.h"

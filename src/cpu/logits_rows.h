@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "div_coef.h"
+#include "isa.h"
 
 typedef struct kd_lrow {
     const char *xs, *xt;  /* [v] the row's student and teacher logits as given */
@@ -55,8 +56,11 @@ typedef struct kd_lrow {
 /* One step of a thread's run of rows: the last passes of row d (returns its divergence; writes
  * d->dz when set) interleaved with pass 1 of row nx (fills its tiles and norms); either may be
  * NULL. One row alone is step(NULL, a) then step(a, NULL); a run of rows r0, r1, ... is
- * step(NULL, r0), step(r0, r1), ..., step(rn, NULL). d and nx use separate scratch. */
-double kd_logits_step_avx2(kd_lrow *d, kd_lrow *nx);
-double kd_logits_step_avx512(kd_lrow *d, kd_lrow *nx);
+ * step(NULL, r0), step(r0, r1), ..., step(rn, NULL). d and nx use separate scratch.
+ * One per ISA with a vector layer (isa.h; logits_rows_vec.c): the scalar path has none. */
+#define KD_LOGITS_DECL(ID, name, layer, has, flags)                                             \
+    KD_IF_VEC(layer, double kd_logits_step_##name(kd_lrow *d, kd_lrow *nx);)
+KD_ISAS(KD_LOGITS_DECL)
+#undef KD_LOGITS_DECL
 
 #endif

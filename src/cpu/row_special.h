@@ -1,6 +1,6 @@
 /* The careful scalar form of a dense row's V-wide passes, for the rows the fast kernels cannot
  * serve (docs/MATH.md section 10). Included by fld_row_phases.h (scalar and vector
- * fused rows) and logits_rows_impl.h (the vector logits kernel); each TU gets its own static copy. */
+ * fused rows) and logits_rows_vec.c (the vector logits kernel); each TU gets its own static copy. */
 #ifndef KDLOSS_ROW_SPECIAL_H
 #define KDLOSS_ROW_SPECIAL_H
 

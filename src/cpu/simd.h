@@ -1,6 +1,6 @@
 /* A thin vector layer so one generic kernel source compiles for AVX2 (8 lanes) and AVX-512
- * (16 lanes). Include it after defining KD_ISA_AVX2 or KD_ISA_AVX512; each kernel file
- * `foo_avx2.c` / `foo_avx512.c` does just that and then includes `foo_impl.h`.
+ * (16 lanes): the layer is KD_LAYER_AVX2 or KD_LAYER_AVX512, which the build defines for each
+ * ISA's copy of a `*_vec.c` source (the registry's layer, isa.h; cmake/isas.cmake).
  * vf_exp / vf_log / vf_log1p_unit are kdloss's own inlined functions (vmath.h, error bounds
  * stated there and checked by tests/test_vmath_*.c), which replaced SLEEF's out-of-line calls
  * (slower, by BENCHMARKS.md's measurements).
@@ -14,12 +14,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "isa.h" /* KD_SFX */
+
 #define KD_INLINE static inline __attribute__((always_inline))
 
-#if defined(KD_ISA_AVX512)
+#if defined(KD_LAYER_AVX512)
 
 #define VL 16
-#define KD_SFX(name) name##_avx512
 typedef __m512 vf;
 typedef __mmask16 vm;
 KD_INLINE vf vf_set1(float x) { return _mm512_set1_ps(x); }
@@ -91,10 +92,9 @@ KD_INLINE vm vm_or(vm a, vm b) { return (vm)(a | b); }
 KD_INLINE void vf_stream(float *p, vf v) { _mm512_stream_ps(p, v); }
 #define KD_VBYTES 64
 
-#elif defined(KD_ISA_AVX2)
+#elif defined(KD_LAYER_AVX2)
 
 #define VL 8
-#define KD_SFX(name) name##_avx2
 typedef __m256 vf;
 typedef __m256 vm;
 KD_INLINE vf vf_set1(float x) { return _mm256_set1_ps(x); }
@@ -173,7 +173,7 @@ KD_INLINE void vf_stream(float *p, vf v) { _mm256_stream_ps(p, v); }
 #define KD_VBYTES 32
 
 #else
-#error "define KD_ISA_AVX2 or KD_ISA_AVX512 before including simd.h"
+#error "simd.h needs KD_LAYER_AVX2 or KD_LAYER_AVX512 (a *_vec.c source, compiled per ISA)"
 #endif
 
 /* n < VL elements through a zero-filled buffer (row tails). */

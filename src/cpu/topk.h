@@ -8,6 +8,7 @@
 
 #include "div_coef.h"
 #include "half.h"
+#include "isa.h"
 #include "fld.h"
 
 /* kd_topk_check_ids (the ids' values): src/common/check.h. */
@@ -63,21 +64,19 @@ typedef struct kd_topk_sparse {
 
 /* The chunk's rows: selected logits by dot products, kd_topk_row, slot gradients, dxs rows
  * (OpenMP over rows). Then the scatter: dws[id] += dz_k xs_row and dbs[id] += dz_k in row order
- * (OpenMP over blocks of hidden columns), so results do not depend on the thread count. */
-void kd_topk_sparse_rows_scalar(const kd_topk_sparse *a);
-void kd_topk_sparse_rows_avx2(const kd_topk_sparse *a);
-void kd_topk_sparse_rows_avx512(const kd_topk_sparse *a);
-void kd_topk_sparse_scatter_scalar(const kd_topk_sparse *a);
-void kd_topk_sparse_scatter_avx2(const kd_topk_sparse *a);
-void kd_topk_sparse_scatter_avx512(const kd_topk_sparse *a);
+ * (OpenMP over blocks of hidden columns), so results do not depend on the thread count.
+ * One pair per ISA of the registry (isa.h; topk_sparse_isa.c). */
+#define KD_TOPK_SPARSE_DECL(ID, name, layer, has, flags)                                        \
+    void kd_topk_sparse_rows_##name(const kd_topk_sparse *a);                                   \
+    void kd_topk_sparse_scatter_##name(const kd_topk_sparse *a);
+KD_ISAS(KD_TOPK_SPARSE_DECL)
+#undef KD_TOPK_SPARSE_DECL
 
-/* Whether a checked fused call takes the sparse path: renorm_both, and nothing that needs the
- * full logits (no cross-entropy weight or output, no row_lse, no row_entropy: the entropy is
- * over all V) and no student logit map (the
- * sparse rows take the gathered logits as they are). */
-int kd_topk_sparse_eligible(const kd_fld_call *k);
-/* Runs such a call; workspace: NULL (allocated here, at most the call's plan bytes) or the
- * caller's (at least plan->bytes, which bounds what the sparse path uses). */
-kdloss_status kd_topk_sparse_run(const kd_fld_call *k, const kd_fld_plan *pl, void *workspace);
+/* The sparse path's row of fld.c's path table (fld_topk.c): whether a checked call takes it (no
+ * communicator, and nothing that needs the full logits), the workspace it uses when allocated
+ * for it (at most plan->bytes), and the run on an aligned workspace `base`. */
+int kd_topk_sparse_takes(const kd_fld_call *k);
+size_t kd_topk_sparse_bytes(const kd_fld_call *k, const kd_fld_plan *pl);
+kdloss_status kd_topk_sparse_run(const kd_fld_call *k, const kd_fld_plan *pl, char *base);
 
 #endif /* KDLOSS_CPU_TOPK_H */

@@ -19,7 +19,7 @@
 #define KD_LN2_HI 0.693145751953125f        /* 0x3f317200: 15 significant bits */
 #define KD_LN2_LO 1.428606820309417232e-06f /* ln2 - KD_LN2_HI */
 
-#if defined(KD_ISA_AVX512)
+#if defined(KD_LAYER_AVX512)
 /* AVX-512: vscalefps applies 2^n to p with one correctly rounded result (also when it is
  * subnormal, and inf / 0 beyond the range), replacing the integer exponent arithmetic and the
  * two scaling multiplies; n = round(x / ln2) by adding and subtracting 1.5 * 2^23 (an FMA and a

@@ -158,7 +158,7 @@ __device__ __forceinline__ void fld_load(const float *z, const void *bias, int64
 
 /* The teacher's constants of a row in the phased form X = (zs - ms) it - lss,
  * Y = (zt - mt) it - lst (the vocabulary-parallel phases, fld_vp.cu), from the row maximum mt and
- * the float64 normalizers lss, lst: the CPU's dense_div (src/cpu/fld_row_phases.h, issue 25 D5)
+ * the float64 normalizers lss, lst: the CPU's dense_div (src/cpu/fld_row_phases.h; docs/MATH.md section 5)
  * term for term. Y = (zt - mt') it - lss with mt' = mt + (lst - lss) T makes X and Y subtract the
  * same fp32 constant, whose rounding then scales P and Q alike (a relative error of the
  * divergence) instead of shifting one against the other (an absolute error of ~1e-7, which at a

@@ -107,7 +107,7 @@ __device__ __forceinline__ fldvp_norms fldvp_norms_of(const fldvp_args &a, int64
     n.mt0 = n.mt;
     n.wide = kd_row_wide(n.ms) || (a.r.do_soft && kd_row_wide(n.mt));
     n.poisoned = a.r.do_soft && (isnan(lss) || isnan(lst));
-    /* Y = (zt - mt) it - lst with the CPU's choice of constants (fld_teacher_shift, issue 25 D5),
+    /* Y = (zt - mt) it - lst with the CPU's choice of constants (fld_teacher_shift, docs/MATH.md section 5),
      * in the divergence (phase 3) and in its gradient (phase 4) alike */
     if (a.r.do_soft) fld_teacher_shift(n.mt, lss, lst, a.r.inv_t, &n.mt, &n.lst);
     n.lh = (float)((double)n.ms + n.lsh);

@@ -1,7 +1,7 @@
-/* The careful form of a dense row on the GPU, for the rows the fast passes cannot serve (issue
- * 25, D4 and D6; docs/MATH.md 10): src/common/row_wide.h's formulas, which the CPU's
- * src/cpu/row_special.h uses too, run by a whole block in double. Used by distill_logits.cu,
- * fld.cu and fld_vp.cu; everything here is inline device code. */
+/* The careful form of a dense row on the GPU, for the rows the fast passes cannot serve
+ * (non-finite entries and wide rows, docs/MATH.md section 10): src/common/row_wide.h's
+ * formulas, which the CPU's src/cpu/row_special.h uses too, run by a whole block in double.
+ * Used by distill_logits.cu, fld.cu and fld_vp.cu; everything here is inline device code. */
 #ifndef KDLOSS_ROW_SPECIAL_CUH
 #define KDLOSS_ROW_SPECIAL_CUH
 

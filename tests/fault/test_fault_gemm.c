@@ -1,4 +1,4 @@
-/* Fault injection into the GEMM layer itself (issue 12, defect 7): the product sequence of a
+/* Fault injection into the GEMM layer itself: the product sequence of a
  * fused-linear call, run through kd_gemm_prepare and kd_sgemm as src/cpu/fld.c runs it, with
  * every allocation of a warm call failed in turn (LD_PRELOAD shim malloc_shim.c, a forked child
  * per request, 30 s timeout, as test_fault_inject.c).

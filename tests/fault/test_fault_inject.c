@@ -1,4 +1,4 @@
-/* Fault injection (issue 12, defect 7): every allocation a warm kdloss_fused_linear_jsd call
+/* Fault injection: every allocation a warm kdloss_fused_linear_jsd call
  * makes is failed in turn, each in a forked child with a timeout, through the LD_PRELOAD shim
  * malloc_shim.c (malloc, calloc, realloc, posix_memalign, aligned_alloc, memalign, valloc,
  * pvalloc). Each injection must end in KDLOSS_ERR_OUT_OF_MEMORY with every output untouched, or

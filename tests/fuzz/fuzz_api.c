@@ -1,6 +1,6 @@
-/* libFuzzer target over the whole C API (issue 12): kdloss_kl_div, kdloss_jsd,
+/* libFuzzer target over the whole C API: kdloss_kl_div, kdloss_jsd,
  * kdloss_fused_linear_jsd, kdloss_fljsd_workspace_size and kdloss_fljsd_min_budget, and the
- * sparse top-k teacher (issue 10): kdloss_topk_distill_logits, kdloss_fused_linear_topk_distill
+ * sparse top-k teacher: kdloss_topk_distill_logits, kdloss_fused_linear_topk_distill
  * and its workspace size (ids written per call into the input arena's last 1 KiB: mostly valid,
  * sometimes out of range, -2 or repeated; padding -2), with the
  * argument space drawn from the fuzz input: shapes (small, zero, negative, huge), leading
@@ -13,11 +13,11 @@
  *    form, loss, row_soft and row_lse of the fused form, tests/support/ref_topk.c) when its inputs
  *    are finite (teacher log-probs finite or -inf). A valid top-k logits call whose outputs all
  *    lie in the output arena must leave the input arena unchanged.
- * Issue 25, D7: kdloss_distill and kdloss_distill_logits (fuzz_distill: the NaN policy per row,
+ * kdloss_distill and kdloss_distill_logits (fuzz_distill: the NaN policy per row,
  * the double references), and both _vp entry points on 2-3 ranks as threads with an adversarial
  * in-process communicator (fuzz_vp; its section says what it varies and checks).
  * Built with clang -fsanitize=fuzzer,address,undefined (make fuzz; a bounded run in make test).
- * Issue 33: the public GEMMs (fuzz_gemm) and the queries, names and settings (fuzz_misc), so
+ * the public GEMMs (fuzz_gemm) and the queries, names and settings (fuzz_misc), so
  * every public entry point is reached (the kdloss_cuda_* ones too in a CUDA build: not here).
  * Counters are printed at exit: calls, rejected calls with untouched arenas, reference checks. */
 #include <dlfcn.h>
@@ -602,7 +602,7 @@ static void fuzz_topk_logits(rd *r) {
     double den = nv ? (double)nv : 1.0, sc = p.grad_scale / den, sum = 0.0, tol = 0.0;
     /* the library folds grad_scale / (T n_valid) into one fp32 factor (kdloss.h): a finite
      * grad_scale such as 1e-45 can make it round to 0 (zeros written) or to a subnormal, so the
-     * reference uses that rounded factor (issue 25, D7: a false positive with 1e-45) */
+     * reference uses that rounded factor (a false positive with 1e-45) */
     double sce = (double)(float)(p.grad_scale / (p.temperature * den)) * p.temperature;
     double sca = fmax(fabs(sc), fabs(sce));
     for (int64_t i = 0; i < bt && ok; i++) {
@@ -763,7 +763,7 @@ static void fuzz_topk_fused(rd *r, int query) {
     free(x1); free(w1); free(b1); free(zs); free(lp); free(err); free(l64); free(ids); free(rr);
 }
 
-/* ---- kdloss_distill and kdloss_distill_logits (issue 25, D7) ---- */
+/* ---- kdloss_distill and kdloss_distill_logits ---- */
 
 /* Writes a special value (0 NaN, 1 +inf, 2 -inf, 3 the dtype's largest, 4 its negative, 5 zero)
  * at element (i, c) of a float matrix in the input arena. */
@@ -1002,7 +1002,7 @@ static void fuzz_distill(rd *r, int logits) {
     free(zs);
 }
 
-/* ---- the vocabulary-parallel entry points with 2 or 3 ranks (issue 25, D7) ----
+/* ---- the vocabulary-parallel entry points with 2 or 3 ranks ----
  *
  * The ranks are threads of this process (a pool created once, one thread a rank, each with one
  * OpenMP thread, as the MPI tests run their ranks), the collectives go through an in-process

@@ -10,7 +10,7 @@
  * rows, bf16 operands; the sparse teacher in every tail mode, ids on every rank, unused slots,
  * no labels; and the agreement: a rank with a bad argument (its status, KDLOSS_ERR_PEER on the
  * others, nothing written), blocks that do not tile the vocabulary (SHAPE_MISMATCH), and ranks
- * that disagree (issue 25): one rank with v_total + 1 or without dxs (SHAPE_MISMATCH everywhere),
+ * that disagree: one rank with v_total + 1 or without dxs (SHAPE_MISMATCH everywhere),
  * or with another temperature (INVALID_PARAM everywhere), nothing written. With per-row weights
  * (exact zeros included) and the entropy (docs/MATH.md section 12): dense reverse KL and JSD
  * (fp32, bf16), the sparse teacher in every tail; the entropy at rtol 1e-6 like the losses. */
@@ -250,7 +250,7 @@ static void agreement_cases(kt_rng *g, const kdloss_mpi_comm *c) {
     KT_CHECK(st == (c->comm.size > 1 ? KDLOSS_ERR_SHAPE_MISMATCH : KDLOSS_OK),
              "blocks that leave a gap: got %d", st);
     KT_CHECK(c->comm.size == 1 || loss == 12345.0f, "nothing written after a mismatch");
-    /* issue 25: ranks that disagree return, every one of them, with nothing written. The last
+    /* ranks that disagree return, every one of them, with nothing written. The last
      * rank's v_total one more (its block reaching it), or no dxs, or another temperature. */
     if (c->comm.size > 1) {
         float *dxs = malloc((size_t)(s.bt * s.hs) * sizeof(float));

@@ -10,6 +10,7 @@ from kdloss.torch import DistillLoss, FusedLinearDistillLoss, FusedLinearJSDLoss
 from kdloss.torch.functional import distill_loss
 
 import reference as ref
+from conftest import covers_registry
 
 DIVS = [("forward_kl", 0.5, 0.1), ("reverse_kl", 0.5, 0.1), ("jsd", 0.5, 0.1), ("jsd", 0.0, 0.1),
         ("jsd", 1.0, 0.1), ("jsd", 0.2, 0.1), ("skew_forward_kl", 0.5, 0.1),
@@ -128,3 +129,7 @@ def test_fused_linear_distill_bad_params_and_all_ignored():
     loss = FusedLinearDistillLoss(divergence="skew_reverse_kl")(xs, ws, xs.detach(), ws, labels)
     loss.backward()
     assert loss.item() == 0.0 and torch.count_nonzero(xs.grad) == 0
+
+
+def test_cases_cover_the_divergence_registry():
+    assert covers_registry({d for d, _, _ in DIVS}) == []

@@ -18,7 +18,7 @@ from kdloss.torch import (FusedLinearDistillLoss, FusedLinearJSDLoss, FusedLinea
 from kdloss.torch.adapters import logit_map_kwargs
 
 import reference as ref
-from conftest import assert_close
+from conftest import assert_close, covers_registry
 from test_fused_linear_jsd import make
 from test_topk import fused_case
 
@@ -157,3 +157,7 @@ def test_logit_map_kwargs_reads_hf_configs():
     with pytest.raises(TypeError):
         logit_map_kwargs(types.SimpleNamespace(logit_scale="x"))
     FusedLinearDistillLoss(**logit_map_kwargs(gemma, cohere))  # the keywords fit
+
+
+def test_cases_cover_the_divergence_registry():
+    assert covers_registry(DIVS) == []

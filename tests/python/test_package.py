@@ -13,7 +13,24 @@ from conftest import require
 def test_version_and_library():
     assert kdloss.version() == kdloss.__version__ == "0.1.0"
     assert kdloss.library_path().endswith("libkdloss.so")
-    assert kdloss.cpu_isa() in ("scalar", "avx2", "avx512")
+    assert kdloss.cpu_isa() in kdloss.cpu_isas()
+    assert kdloss.cpu_isas()[:3] == ("scalar", "avx2", "avx512")  # the registry's first rows
+
+
+def test_every_isa_path_can_be_forced():
+    """Each path of the C registry (cpu_isas) can be set where the CPU has it and names itself;
+    an unknown name is refused with KdlossError."""
+    before = kdloss.cpu_isa()
+    try:
+        for name in kdloss.cpu_isas():
+            if kdloss.cpu_isa_supported(name):
+                kdloss.set_cpu_isa(name)
+                assert kdloss.cpu_isa() == name
+    finally:
+        kdloss.set_cpu_isa("auto")
+    assert kdloss.cpu_isa() == before
+    with pytest.raises(kdloss.KdlossError, match="unknown ISA"):
+        kdloss.set_cpu_isa("avx9000")
 
 
 def test_error_carries_the_c_message():

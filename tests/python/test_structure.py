@@ -3,7 +3,8 @@ copy: one floor per layer, imports only downward and no import circle; no functi
 lines; no `# noqa: E402`; no issue-tracker numbers in comments; no file named that does not exist.
 
 Floors, bottom up (docs/ARCHITECTURE.md, "The Python binding"):
-    _lib -> kdloss (package) -> _backend -> _calls -> _ops -> functional -> modules, adapters
+    _lib -> kdloss (package) -> _backend -> _calls -> _ops -> _args -> functional -> modules,
+    adapters
     -> liger -> kdloss.torch (package)
 Every import, at module level or inside a function, must point to a lower floor.
 """
@@ -23,11 +24,12 @@ FLOORS = {
     "kdloss.torch._backend": 2,
     "kdloss.torch._calls": 3,
     "kdloss.torch._ops": 4,
-    "kdloss.torch.functional": 5,
-    "kdloss.torch.modules": 6,
-    "kdloss.torch.adapters": 6,
-    "kdloss.torch.liger": 7,
-    "kdloss.torch": 8,
+    "kdloss.torch._args": 5,
+    "kdloss.torch.functional": 6,
+    "kdloss.torch.modules": 7,
+    "kdloss.torch.adapters": 7,
+    "kdloss.torch.liger": 8,
+    "kdloss.torch": 9,
 }
 
 

@@ -25,7 +25,7 @@ from kdloss.torch import FusedLinearTopKDistillLoss, TopKDistillLoss, distill_lo
 from kdloss.torch.functional import fused_linear_topk_distill_loss, topk_distill_loss
 
 import reference as ref
-from conftest import UNIT, assert_close, require
+from conftest import UNIT, assert_close, covers_registry, require
 
 pytestmark = require("kdloss_topk_distill_logits")
 fused_only = require("kdloss_fused_linear_topk_distill")
@@ -557,3 +557,7 @@ def test_module_repr_and_attributes():
     assert m.weight_hard_loss == 0.0 and m.weight_soft_loss == 1.0
     m2 = TopKDistillLoss(divergence="jsd", beta=0.2)
     assert m2.beta == 0.2 and m2.reduction == "batchmean" and m2.tail == "bucket"
+
+
+def test_cases_cover_the_divergence_registry():
+    assert covers_registry({d for d, _, _ in DIVS}) == []

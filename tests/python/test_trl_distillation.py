@@ -15,10 +15,14 @@ target of the issue; both are fp32 computations of one formula), and on the grad
 close to float64 as TRL's (the largest error of each, or 1e-4 of the largest entry: TRL's fp32
 gradient is the looser one, elements off by up to 4.8e-3 of the largest entry were seen). bf16
 (both write bf16 gradients; trl 1.16.0 on the CPU forms fp32 logits from the bf16 operands, as
-kdloss does): over the grid kdloss's summed relative gradient error against
-float64 (on the same bf16-rounded inputs) was 0.120-0.124 against TRL's 0.159-0.170 on five
-seeds, kdloss closer in 35-36 of the 36 cases, but 0.173 against 0.170 on one seed (one case's
-outlier); the check: kdloss closer in at least 3/4 of the cases, its sum within 10% of TRL's."""
+kdloss does): with an fp32 dZ (set_bf16_grad("exact"), the default where bf16 is widened) over the
+grid kdloss's summed relative gradient error against float64 (on the same bf16-rounded inputs)
+was 0.120-0.124 against TRL's 0.159-0.170 on five seeds on an Intel Xeon, kdloss closer in 35-36
+of the 36 cases, but 0.173 against 0.170 on one seed (one case's outlier), and 0.122 against
+0.172 (36 of 36) on an AMD Zen 5; the check: kdloss closer in at least 3/4 of the cases, its sum
+within 10% of TRL's. With the default on a CPU that multiplies bf16 natively (dZ rounded to bf16,
+as torch's autograd does) the sums were 0.172 and 0.172 on the Zen 5: the check is the sum within
+10% of TRL's."""
 
 import itertools
 import os
@@ -27,6 +31,7 @@ import random
 import pytest
 import torch
 
+import kdloss
 from kdloss.torch.adapters import chunked_divergence_loss
 
 from conftest import assert_close, require_row_extras
@@ -168,10 +173,9 @@ def test_adapter_matches_trl_fp32(beta, t, masked, caps):
         assert e_kd <= max(e_trl, 1e-4 * float(exact[i].abs().max())), (what, e_kd, e_trl)
 
 
-def test_adapter_bf16_closer_to_float64_than_trl():
-    """bf16 hidden states and heads: per case the relative gradient error (dxs, dws against
-    float64 on the same bf16 values); kdloss's is the smaller in at least 3/4 of the cases and
-    its sum over the grid within 10% of TRL's (the module docstring: the seeds seen)."""
+def _bf16_grid_errors():
+    """Per-case relative gradient errors (dxs, dws against float64 on the same bf16 values) of
+    kdloss and TRL over the grid with bf16 hidden states and heads: (summed, kdloss closer)."""
     err, closer = {"kdloss": 0.0, "trl": 0.0}, 0
     for n, (beta, t, masked, caps) in enumerate(GRID):
         case = _case(SEED + 100 + n, dtype=torch.bfloat16)
@@ -184,5 +188,26 @@ def test_adapter_bf16_closer_to_float64_than_trl():
             err[name] += case_err[name]
         closer += case_err["kdloss"] <= case_err["trl"]
     print(f"bf16 summed relative gradient error over {len(GRID)} cases: {err}; kdloss closer "
-          f"in {closer}")
+          f"in {closer} ({kdloss.bf16_gemm_info()})")
+    return err, closer
+
+
+def test_adapter_bf16_closer_to_float64_than_trl():
+    """With an fp32 dZ (set_bf16_grad("exact"); the default wherever the bf16 logits GEMMs are
+    widened, where both modes give the same bits): kdloss's error is the smaller in at least 3/4
+    of the cases and its sum within 10% of TRL's (the module docstring: the seeds seen)."""
+    kdloss.set_bf16_grad("exact")
+    try:
+        err, closer = _bf16_grid_errors()
+    finally:
+        kdloss.set_bf16_grad("auto")
     assert closer * 4 >= 3 * len(GRID) and err["kdloss"] <= 1.1 * err["trl"], (err, closer)
+
+
+def test_adapter_bf16_default_not_worse_than_trl():
+    """The default mode: where this CPU multiplies bf16 natively (a measured choice, e.g. AMD Zen
+    5: kdloss.bf16_gemm_info()), dZ is rounded to bf16 before the backward GEMMs, as torch's bf16
+    autograd (and so TRL's) does, and the gradients are then about as close to float64 as TRL's:
+    0.167 against 0.165 summed was seen on a Zen 5. The check: the sum within 10% of TRL's."""
+    err, closer = _bf16_grid_errors()
+    assert err["kdloss"] <= 1.1 * err["trl"], (err, closer)

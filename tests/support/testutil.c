@@ -230,7 +230,7 @@ int kt_isa_next(kt_isa_iter *it) {
     if (it->name && it->report)
         printf("%spath %s: %d checks\n", it->report, it->name, kt_checks - it->before);
     it->name = NULL;
-    while (it->next <= KDLOSS_ISA_AVX512) {
+    while (it->next < KDLOSS_ISA_COUNT) {
         kdloss_cpu_isa isa = (kdloss_cpu_isa)it->next++;
         if (!kdloss_cpu_isa_supported(isa)) {
             if (it->report)

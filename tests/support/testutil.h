@@ -68,7 +68,8 @@ int kt_check_(int cond, const char *file, int line, const char *fmt, ...);
 int kt_finish(const char *suite);
 
 /* ---- CPU paths ---- */
-/* KT_FOR_EACH_ISA(it, report) { body } runs body once per CPU path (scalar, avx2, avx512), that
+/* KT_FOR_EACH_ISA(it, report) { body } runs body once per CPU path (the registry's, in enum
+ * order: [KDLOSS_ISA_SCALAR, KDLOSS_ISA_COUNT)), that
  * path forced with kdloss_cpu_set_isa and named by it.name, then sets KDLOSS_ISA_AUTO again, so
  * each test states only what it checks on one path. Paths this CPU lacks are skipped. report
  * NULL prints nothing; otherwise each skip prints "path NAME: not supported by this CPU, skipped"

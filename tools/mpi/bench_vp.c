@@ -1,4 +1,4 @@
-/* kdloss_bench_vp: the vocabulary-parallel fused losses under MPI (issue 11), for BENCHMARKS.md.
+/* kdloss_bench_vp: the vocabulary-parallel fused losses under MPI, for BENCHMARKS.md.
  * Run with mpirun -np R; every rank holds V/R rows of the LM heads. Per call it reports the
  * median wall time (p20, p80) over --reps calls, the share of it spent inside the communicator
  * (every all-reduce timed by a wrapper around include/kdloss_mpi.h's), and the bytes each rank

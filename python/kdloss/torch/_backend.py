@@ -291,6 +291,19 @@ class CpuBackend:
                     (p, bt, hs, ht, v, student_dtype, int(want_grad)),
                     (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)))
 
+    def fused_linear_distill_multi(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, heads,
+                                   labels, out, student_dtype, want_grad):
+        """params: FldParams, heads: TeacherHeads (its index in host memory), out: FldOut
+        (kdloss_fused_linear_distill_multi, docs/MATH.md section 13). Its workspace is the
+        single-teacher call's for the same params and shapes (include/kdloss.h), so it is sized
+        by that call's query."""
+        p = ctypes.byref(params)
+        name = "kdloss_fused_linear_distill_multi"
+        ws_args = self._workspace("kdloss_fused_linear_distill_workspace_size",
+                                  (p, bt, hs, ht, v, student_dtype, int(want_grad)))
+        _lib.check(_lib.fn(name)(p, bt, hs, ht, v, xs, ws, bs, xt, ctypes.byref(heads), labels,
+                                 ctypes.byref(out), *ws_args), name)
+
     def topk_distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
                             grad):
         """params: TopkDistillParams, teacher: TopkTeacher (kdloss_topk_distill_logits)."""

@@ -71,11 +71,20 @@ def lm_dtype(x, w, who):
     """The dtype one model's GEMMs run in: x's when x and w are both float32 or both bfloat16,
     else torch.promote_types(x, w) with float16 widened to float32 (module docstring: the
     narrower operand is then cast once per call)."""
-    float_code(x, f"{who}_input")  # float64 or an integer dtype: refused, naming the operand
-    float_code(w, f"{who}_weight")
-    if x.dtype == w.dtype and x.dtype in NATIVE_LM_DTYPES:
-        return x.dtype
-    dt = torch.promote_types(x.dtype, w.dtype)
+    return operands_dtype([(f"{who}_input", x), (f"{who}_weight", w)])
+
+
+def operands_dtype(named):
+    """lm_dtype over (name, tensor) pairs: one hidden-state tensor and the head(s) it meets (the
+    several teachers' heads share their hidden states, so all take one dtype)."""
+    for name, t in named:
+        float_code(t, name)  # float64 or an integer dtype: refused, naming the operand
+    dts = {t.dtype for _, t in named}
+    if len(dts) == 1 and named[0][1].dtype in NATIVE_LM_DTYPES:
+        return named[0][1].dtype
+    dt = named[0][1].dtype
+    for _, t in named[1:]:
+        dt = torch.promote_types(dt, t.dtype)
     return torch.float32 if dt == torch.float16 else dt
 
 
@@ -91,14 +100,22 @@ def lm_head(x, w, b, who):
                            "hidden sizes differ")
     dt = lm_dtype(x, w, who)
     x2, rows, _, ldx = as_rows(x.to(dt), f"{who}_input")
-    w2, _, _, ldw = as_rows(w.to(dt), f"{who}_weight")
     xv = cmat(x2, ldx, float_code(x2, f"{who}_input"))
-    wv = cmat(w2, ldw, float_code(w2, f"{who}_weight"))
+    w2, wv, b = head_view(w, b, dt, f"{who}_weight", f"{who}_bias")
+    return (x2, w2, b), xv, wv, b, rows, h, v
+
+
+def head_view(w, b, dt, wname, bname):
+    """(w as (V x H) in dtype dt, its C view, b as [V] in dt or None): one LM head (V, H) and
+    its bias for lm_head, or one of several teachers' heads."""
+    v = w.shape[0]
+    w2, _, _, ldw = as_rows(w.to(dt), wname)
+    wv = cmat(w2, ldw, float_code(w2, wname))
     if b is not None:
         if b.numel() != v:
-            raise shape_error(f"{who}_bias has {b.numel()} elements, expected V={v}")
+            raise shape_error(f"{bname} has {b.numel()} elements, expected V={v}")
         b = b.reshape(v).to(dt).contiguous()
-    return (x2, w2, b), xv, wv, b, rows, h, v
+    return w2, wv, b
 
 
 def teacher_head(ws, wt, bt, vp=None):
@@ -377,23 +394,42 @@ def fused_linear_distill(xs, ws, xt, wt, labels, bs, bt_bias, div, temperature, 
     keep_t, xt_v, wt_v, bt2, _, ht, vt = lm_head(xt, wt, bt_bias, "teacher")
     if vt != v:
         raise shape_error(f"student_weight has V={v} rows, teacher_weight {vt}")
+    token_counts(xs, xt)
+    kept, lview, params, out = fld_frame(
+        labels, rows, v, device, vp, (div, temperature, w_hard, w_soft, ignore_index, chunk_size,
+                                      t2_scale, maps, memory_budget), want, keep_s, bs, weights,
+        want_entropy)
+    backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
+                                 wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
+    return fused_results(kept[2], xs, ws, bs)
+
+
+def token_counts(xs, xt):
     if xs.shape[:-1] != xt.shape[:-1]:
         raise shape_error(f"student_input {tuple(xs.shape)} and teacher_input {tuple(xt.shape)} "
                           "have different token counts")
+
+
+def fld_frame(labels, rows, v, device, vp, loss_args, want, keep_s, bs, weights, want_entropy):
+    """What every dense fused call (one teacher or several) builds around its operands: the
+    labels view (without labels every row counts: filled ids, the CE weight 0), the params
+    (loss_args: div, temperature, w_hard, w_soft, ignore_index, chunk_size, t2_scale, maps,
+    memory_budget) with the per-row weights, and the fresh outputs. Returns (kept tensors:
+    (labels, weights, outputs), labels view, params, FldOut); the kept ones must outlive the
+    C call."""
+    div, temperature, w_hard, w_soft, ignore_index, chunk_size, t2_scale, maps, budget = loss_args
     given = labels is not None
     if not given:  # every row counts (the C call needs labels; the CE weight is 0)
         labels, lview = filled_labels(rows, ignore_index, vp is None and v == 1, device)
     else:
         labels, lview = labels_view(labels, rows, device, "labels")
     params = _lib.fld_params(div, float(temperature), float(w_hard), float(w_soft),
-                             int(ignore_index), int(chunk_size or 0), t2_scale,
-                             int(memory_budget), maps=maps)
+                             int(ignore_index), int(chunk_size or 0), t2_scale, int(budget),
+                             maps=maps)
     weights, params.row_weights = weights_view(weights, rows, device)
     # without labels the hard loss is 0, not the cross-entropy against the filled ids
     outputs, out = fused_outputs(want, keep_s[0], keep_s[1], bs, rows, given, want_entropy)
-    backend.fused_linear_distill(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2), xt_v,
-                                 wt_v, ptr(bt2), lview, out, xs_v.dtype, any(want))
-    return fused_results(outputs, xs, ws, bs)
+    return (labels, weights, outputs), lview, params, out
 
 
 def fused_linear_topk_distill(xs, ws, ids, lps, labels, bs, div, tail, temperature, w_hard,
@@ -443,6 +479,136 @@ def topk_shapes(ids, lps, lead):
                           f"{tuple(lps.shape)}: expected both (..., K) with the "
                           f"student's leading dims {tuple(lead)}")
     float_code(lps, "teacher_logprobs")
+
+
+# ---- several teachers in one call (docs/MATH.md section 13) -------------------------------------
+
+MULTI = "kdloss_fused_linear_distill_multi"
+
+
+def multi_backend(device):
+    """The backend of a several-teacher call on `device` (the fake implementation's check too):
+    one with fused_linear_distill_multi (the CPU's, or a registered one). CUDA tensors are
+    refused, never moved: the C library has MULTI on host memory only, no kdloss_cuda_ twin."""
+    try:
+        backend = backend_for(device)
+    except KdlossError:
+        if device.type != "cuda":
+            raise
+        backend = None  # a library without CUDA: the same answer as one with it
+    if hasattr(backend, "fused_linear_distill_multi"):
+        return backend
+    where = (f"the C library has no CUDA entry for several teachers (no kdloss_cuda_"
+             f"{MULTI[len('kdloss_'):]}): {MULTI} runs on CPU tensors only"
+             if device.type == "cuda" else f"the {device.type} backend has no "
+             "fused_linear_distill_multi")
+    raise KdlossError(_lib.ERR_UNSUPPORTED, f"several teacher heads (teacher_index=) on "
+                      f"{device} tensors: {where}; move the tensors to the CPU, or call the "
+                      "loss once per teacher on its own rows")
+
+
+def index_shape(index, rows):
+    """teacher_index's checks that need no data: an integer tensor, one entry per row."""
+    if not isinstance(index, torch.Tensor) or index.is_floating_point() or index.is_complex() \
+            or index.dtype == torch.bool:
+        raise KdlossError(_lib.ERR_INVALID_DTYPE, "teacher_index: an integer tensor of one "
+                          "teacher per row, not "
+                          f"{getattr(index, 'dtype', type(index).__name__)}")
+    if index.numel() != rows:
+        raise shape_error(f"teacher_index has {index.numel()} elements {tuple(index.shape)}, "
+                          f"expected one per row ({rows}; a teacher per sequence of (B, T) "
+                          "rows: index[:, None].expand(B, T))")
+
+
+def host_index(index, rows, n, device):
+    """teacher_index as the C call takes it: [rows] int32 in host memory, copied there once
+    (for a device tensor a stream synchronization: the index decides which rows share a teacher
+    GEMM before anything runs, include/kdloss.h). It may be on the host or on the inputs'
+    device. A value int32 cannot hold is refused here (the cast would wrap it into range); the
+    others are checked by the C call (KDLOSS_ERR_INVALID_ID, its row and value)."""
+    index_shape(index, rows)
+    if index.device.type != "cpu" and index.device != device:
+        raise KdlossError(_lib.ERR_UNSUPPORTED, f"teacher_index is on {index.device}, the "
+                          f"inputs on {device} (it may be on either, or on the host)")
+    idx = index.detach().reshape(rows).to("cpu")
+    if idx.dtype != torch.int32:
+        idx = idx.to(torch.int64)  # compared in int64: a narrower dtype would wrap the bounds
+        wide = (idx < -2**31) | (idx >= 2**31)
+        if rows and _backend.host_read(wide.any()):
+            r = _backend.host_read(wide.nonzero()[0, 0])
+            raise KdlossError(_lib.ERR_INVALID_ID, f"teacher_index[{r}] = "
+                              f"{_backend.host_read(idx[r])} is not in [0, {n}) (nor in int32)")
+        idx = idx.to(torch.int32)
+    return idx.contiguous()
+
+
+def heads_shapes(xs, ws, xt, wts, bts):
+    """The several heads' checks that need no data (the fake implementation's too): at least
+    one, each 2-D with at least the student's V rows (more: a padded vocabulary, its first V
+    used, as teacher_head) and teacher_input's hidden size, each bias one value per row of its
+    head, and one token count for both inputs."""
+    if len(wts) == 0 or len(bts) != len(wts):
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"{len(wts)} teacher heads and {len(bts)} "
+                          "teacher biases: at least one head, one bias entry (or None) each")
+    check_weight(ws, "student")
+    for j, (w, b) in enumerate(zip(wts, bts)):
+        if w.dim() != 2:
+            raise shape_error(f"teacher_weight[{j}] must be 2-D (V, Ht), got {tuple(w.shape)}")
+        if w.shape[0] < ws.shape[0] or w.shape[1] != xt.shape[-1]:
+            raise shape_error(f"teacher_weight[{j}] {tuple(w.shape)}: expected (>= V, Ht) with "
+                              f"the student's V = {ws.shape[0]} and teacher_input "
+                              f"{tuple(xt.shape)}'s Ht")
+        if b is not None and b.numel() != w.shape[0]:
+            raise shape_error(f"teacher_bias[{j}] has {b.numel()} elements, expected one per "
+                              f"row of teacher_weight[{j}] {tuple(w.shape)}")
+    token_counts(xs, xt)
+
+
+def teacher_heads(ws, xt, wts, bts):
+    """(kept tensors, xt's view, TeacherHeads without its index, Ht): the several heads cut to
+    the student's V rows (teacher_head) and, with teacher_input, in one dtype (operands_dtype:
+    the C call takes every head in xt's)."""
+    cut = [teacher_head(ws, w, b) for w, b in zip(wts, bts)]
+    dt = operands_dtype([("teacher_input", xt)] + [(f"teacher_weight[{j}]", w)
+                                                   for j, (w, _) in enumerate(cut)])
+    x2, _, ht, ldx = as_rows(xt.to(dt), "teacher_input")
+    views = [head_view(w, b, dt, f"teacher_weight[{j}]", f"teacher_bias[{j}]")
+             for j, (w, b) in enumerate(cut)]
+    n = len(views)
+    mats = (_lib.CMat * n)(*(wv for _, wv, _ in views))
+    biases = None
+    if any(b is not None for _, _, b in views):
+        biases = (ctypes.c_void_p * n)(*(ptr(b) for _, _, b in views))
+    heads = _lib.TeacherHeads(n, mats, ctypes.cast(biases, ctypes.c_void_p) if biases else None,
+                              None)
+    return (x2, views, mats, biases), cmat(x2, ldx, float_code(x2, "teacher_input")), heads, ht
+
+
+def fused_linear_distill_multi(xs, ws, xt, wts, labels, bs, bts, index, div, temperature,
+                               w_hard, w_soft, ignore_index, chunk_size, t2_scale, want,
+                               maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0, weights=None,
+                               want_entropy=False):
+    """One kdloss_fused_linear_distill_multi call: fused_linear_distill's (no vocabulary
+    parallelism) with several teachers. Shapes: wts [n] heads, each (>= V, Ht); bts [n] biases
+    ([V] or None each); index (...) integer, one teacher per row, in [0, n) (host_index).
+    Returns what fused_linear_distill does."""
+    named = [("student_input", xs), ("student_weight", ws), ("teacher_input", xt)]
+    named += [(f"teacher_weight[{j}]", w) for j, w in enumerate(wts)]
+    named += [(f"teacher_bias[{j}]", b) for j, b in enumerate(bts)]
+    device = same_device(named + [("student_bias", bs), ("token_weights", weights)])
+    backend = multi_backend(device)
+    heads_shapes(xs, ws, xt, wts, bts)
+    keep_s, xs_v, ws_v, bs2, rows, hs, v = lm_head(xs, ws, bs, "student")
+    keep_t, xt_v, heads, ht = teacher_heads(ws, xt, wts, bts)
+    idx = host_index(index, rows, len(wts), device)
+    heads.index = idx.data_ptr()
+    kept, lview, params, out = fld_frame(
+        labels, rows, v, device, None, (div, temperature, w_hard, w_soft, ignore_index,
+                                        chunk_size, t2_scale, maps, memory_budget), want,
+        keep_s, bs, weights, want_entropy)
+    backend.fused_linear_distill_multi(device, params, rows, hs, ht, v, xs_v, ws_v, ptr(bs2),
+                                       xt_v, heads, lview, out, xs_v.dtype, any(want))
+    return fused_results(kept[2], xs, ws, bs)
 
 
 # ---- fused losses declared by a spec ------------------------------------------------------------

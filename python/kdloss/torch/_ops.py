@@ -5,6 +5,7 @@ only inside each op's implementation (_calls.py), on real tensors.
 
     torch.ops.kdloss.kl_div, jsd, distill_loss, topk_distill_loss          (losses on logits)
     torch.ops.kdloss.fused_linear_distill, fused_linear_topk_distill        (fused LM head)
+    torch.ops.kdloss.fused_linear_distill_multi              (fused, several teachers, CPU)
 
 Each op takes tensors and plain scalars (float / int / bool / str; Optional tensors for labels
 and biases), mutates nothing, and returns the loss together with the gradient(s) of the student
@@ -28,7 +29,7 @@ import contextlib
 import functools
 import inspect
 import itertools
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -443,17 +444,98 @@ def _fused_setup_at(bias_at, n_inputs):
     return setup
 
 
-@first_order_only
-def _fused_backward(ctx, grad_loss, *_others):
+def _fused_grads(ctx, grad_loss):
+    """One gradient (or None) per input of a fused op: the saved student gradients scaled."""
     dxs, dws, dbs = (saved(g) for g in ctx.saved_tensors[:3])
     grads = [None] * ctx.n_inputs
     grads[0], grads[1] = _scaled(dxs, grad_loss), _scaled(dws, grad_loss)
     grads[ctx.bias_at] = _scaled(dbs, grad_loss)
-    return tuple(grads)
+    return grads
+
+
+@first_order_only
+def _fused_backward(ctx, grad_loss, *_others):
+    return tuple(_fused_grads(ctx, grad_loss))
 
 
 fused_linear_distill.register_autograd(_fused_backward,
                                       setup_context=_fused_setup(fused_linear_distill))
+
+
+# Several teachers (docs/MATH.md section 13): fused_linear_distill's arguments with a list of
+# heads and one of biases (an entry None: that head has none) and teacher_index, the row's head
+# (an integer tensor: the implementation copies it to the host once). No vocabulary-parallel
+# handle: the C library has no vocabulary-parallel entry for several teachers.
+
+@torch.library.custom_op(f"{_LIB}::fused_linear_distill_multi", mutates_args=())
+def fused_linear_distill_multi(student_input: torch.Tensor, student_weight: torch.Tensor,
+                               teacher_input: torch.Tensor, teacher_weight: List[torch.Tensor],
+                               labels: Optional[torch.Tensor],
+                               student_bias: Optional[torch.Tensor],
+                               teacher_bias: List[Optional[torch.Tensor]],
+                               teacher_index: torch.Tensor, divergence: str, beta: float,
+                               alpha: float, temperature: float, weight_hard_loss: float,
+                               weight_soft_loss: float, ignore_index: int, chunk_size: int,
+                               t2_scale: bool, want_dx: bool, want_dw: bool, want_db: bool,
+                               student_scale: float = 1.0, student_softcap: float = 0.0,
+                               teacher_scale: float = 1.0, teacher_softcap: float = 0.0,
+                               memory_budget: int = 0,
+                               token_weights: Optional[torch.Tensor] = None,
+                               want_entropy: bool = False) -> _FusedOut:
+    div = _lib.div_params(divergence, beta, alpha)
+    want = (want_dx, want_dw, want_db and student_bias is not None)
+    maps = (student_scale, student_softcap, teacher_scale, teacher_softcap)
+    results = _calls.fused_linear_distill_multi(
+        student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+        teacher_bias, teacher_index, div, temperature, weight_hard_loss, weight_soft_loss,
+        ignore_index, chunk_size, t2_scale, want, maps, memory_budget, token_weights,
+        want_entropy)
+    return _fused_out(results, want, student_input, student_weight, student_bias)
+
+
+@fused_linear_distill_multi.register_fake
+def _(student_input, student_weight, teacher_input, teacher_weight, labels, student_bias,
+      teacher_bias, teacher_index, divergence, beta, alpha, temperature, weight_hard_loss,
+      weight_soft_loss, ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db,
+      student_scale=1.0, student_softcap=0.0, teacher_scale=1.0, teacher_softcap=0.0,
+      memory_budget=0, token_weights=None, want_entropy=False):
+    _calls.multi_backend(student_input.device)  # CUDA refused when traced too
+    _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
+    _calls.heads_shapes(student_input, student_weight, teacher_input, teacher_weight,
+                        teacher_bias)
+    _calls.operands_dtype([("teacher_input", teacher_input)] + [
+        (f"teacher_weight[{j}]", w) for j, w in enumerate(teacher_weight)])
+    _calls.index_shape(teacher_index, student_input.numel() // max(1, student_input.shape[-1]))
+    return _fused_fake(student_input, student_weight, student_bias,
+                       (want_dx, want_dw, want_db and student_bias is not None), want_entropy,
+                       token_weights)
+
+
+def _multi_setup():
+    """_fused_setup's, plus where the list inputs (the heads, the biases) are and how long: the
+    backward returns a list of Nones for each list of tensors only (the teachers get no
+    gradient); torch's autograd sees a list holding a None as one leaf, whose gradient is
+    one None."""
+    params = _params(fused_linear_distill_multi)
+    fused = _fused_setup(fused_linear_distill_multi)
+    lists = (params.index("teacher_weight"), params.index("teacher_bias"))
+
+    def setup(ctx, inputs, output):
+        fused(ctx, inputs, output)
+        ctx.lists = [(at, len(inputs[at])) for at in lists
+                     if all(isinstance(t, torch.Tensor) for t in inputs[at])]
+    return setup
+
+
+@first_order_only
+def _multi_backward(ctx, grad_loss, *_others):
+    grads = _fused_grads(ctx, grad_loss)
+    for at, n in ctx.lists:
+        grads[at] = [None] * n
+    return tuple(grads)
+
+
+fused_linear_distill_multi.register_autograd(_multi_backward, setup_context=_multi_setup())
 
 
 @torch.library.custom_op(f"{_LIB}::fused_linear_topk_distill", mutates_args=())
@@ -592,5 +674,5 @@ def _meta_as_before(op, names=None):
 
 
 for _op in (kl_div, jsd, distill_loss, topk_distill_loss, fused_linear_distill,
-            fused_linear_topk_distill):
+            fused_linear_distill_multi, fused_linear_topk_distill):
     _meta_as_before(_op)

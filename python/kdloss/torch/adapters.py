@@ -41,6 +41,7 @@ import math
 
 import torch
 
+from . import _args
 from . import functional as F
 
 __all__ = ["retemper", "from_axolotl", "from_sparse", "logit_map_kwargs",
@@ -95,7 +96,7 @@ def _trl_head(weight, bias, hidden, what):
     functional forms' gather, differentiable), then the weight in the hidden states' dtype (TRL
     casts each weight tile to it; under autocast both go to the autocast dtype later, in the
     fused loss). The bias is kept as it is (TRL adds it in float32)."""
-    weight, bias = F._gathered(weight, what + "_weight"), F._gathered(bias, what + "_bias")
+    weight, bias = _args.gathered(weight, what + "_weight"), _args.gathered(bias, what + "_bias")
     if weight.dtype != hidden.dtype and hidden.dtype.is_floating_point:
         weight = weight.to(hidden.dtype)
     return weight, bias

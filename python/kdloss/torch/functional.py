@@ -53,6 +53,35 @@ parameters it unsharded for its own forward: calling the loss inside the wrapped
 gets that and needs no gather. A 1-D or empty LM head weight (an FSDP1 FlatParameter view or a
 DeepSpeed ZeRO-3 placeholder seen outside the forward) raises KdlossError with that hint.
 
+Several teachers in one call (docs/MATH.md section 13; kdloss_fused_linear_distill_multi), in
+fused_linear_distill_loss and FusedLinearDistillLoss: teacher_weight a list or tuple of heads
+[W_0, ..., W_{n-1}] (one vocabulary; each (>= V, Ht), a padded one used through its first V
+rows as one head is), teacher_bias None or a list or tuple of one entry per head (a [V] bias,
+or None: that head has none), and teacher_index= an integer tensor of one head per row ((B, T)
+or (B*T,), values in [0, n)). Row r is distilled from head j = teacher_index[r] applied to
+teacher_input's row r (each row's hidden state comes from its own teacher, so the teachers share
+the hidden size Ht): zt_r = teacher_input_r @ W_j.T + b_j. Everything else is as with one head:
+labels and ignore_index, token_weights, the mean over the kept rows of the whole batch,
+num_items_in_batch, the logit maps (the teacher's shared by the heads), temperature, t2_scale,
+every divergence, return_soft_hard_loss, return_entropy. So the result equals one single-head
+call per teacher on its own rows (the others ignored), each loss and gradient weighted by its
+teacher's share of the kept rows, summed. teacher_input and the heads are cast to one dtype as
+one head and its input are (above); the gradients are the student's only (the teachers get
+none, as one head gets none). teacher_index is copied once to host memory as int32 (the C call
+decides on the host which rows share a teacher GEMM; for a device tensor the copy is a stream
+synchronization); a value outside [0, n), in an ignored row too, raises
+KdlossError(ERR_INVALID_ID) naming the row before anything is computed. Rows grouped by teacher
+(a teacher per sequence) cost one teacher's GEMMs; rows alternating teachers cost a small GEMM
+each. CPU tensors only: CUDA tensors raise KdlossError(ERR_UNSUPPORTED) (the C library has no
+CUDA entry for several teachers), as does process_group (its entry,
+kdloss_fused_linear_distill_vp, takes one head). teacher_index with a single teacher_weight
+tensor, or a list without teacher_index, raises KdlossError; a single tensor without it is the
+one-head call, unchanged. Names: the heads keep the one-head names (teacher_weight,
+teacher_bias: a list where one tensor was, so a call is written the same way for one teacher or
+several), and the row's head is teacher_index, not teacher_ids (the top-k losses' name for token
+ids) nor teacher_weights (token_weights= weighs rows): an index into the list, as the C API's
+kdloss_teacher_heads.index.
+
 Vocabulary parallelism (docs/MATH.md section 9): the fused-linear losses take process_group, a
 torch.distributed group whose ranks split the LM heads by vocabulary rows (CPU tensors with a
 CPU-capable group such as gloo; CUDA tensors go to the kdloss_cuda_*_vp entry points, whose
@@ -74,8 +103,8 @@ import torch
 
 from .. import _lib
 from .._lib import KdlossError
-from . import _backend, _ops
-from ._backend import as_rows, is_dtensor, label_matches, vocab_parallel
+from . import _args as A, _ops
+from ._backend import is_dtensor, vocab_parallel
 from ._calls import check_distill_reduction, reduction_code
 
 __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_jsd_loss",
@@ -83,203 +112,6 @@ __all__ = ["kl_div", "jsd", "distill_loss", "fused_linear_jsd", "fused_linear_js
            "KLDivFunction", "JSDFunction", "FusedLinearJSDFunction", "FusedLinearJSDLossFunction"]
 
 LOSS_DTYPE = torch.float32  # the dtype of every loss kdloss returns (module docstring)
-
-
-def _free_bytes(device):
-    """Free memory of `device` in bytes (None when unknown): MemAvailable for the CPU,
-    cudaMemGetInfo for CUDA."""
-    try:
-        if device.type == "cuda":
-            return torch.cuda.mem_get_info(device)[0]
-        if device.type == "cpu":
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-    except (OSError, RuntimeError, ValueError):
-        pass
-    return None
-
-
-def _gathered(t, what):
-    """`t`, or for a DTensor its full tensor (full_tensor(): differentiable) when that takes at
-    most half the free memory of its device; KdlossError(UNSUPPORTED) naming DTensor and
-    process_group= otherwise."""
-    if t is None or not is_dtensor(t):
-        return t
-    nbytes = t.numel() * t.element_size()
-    local = t.to_local()
-    free = _free_bytes(local.device)
-    if free is not None and nbytes > free // 2:
-        raise KdlossError(
-            _lib.ERR_UNSUPPORTED,
-            f"{what} is a DTensor {tuple(t.shape)} {t.dtype} with placements "
-            f"{tuple(t.placements)} on {t.device_mesh}: gathering it with full_tensor() takes "
-            f"{nbytes / 2**20:.0f} MiB, more than half of the {free / 2**20:.0f} MiB free on "
-            f"{local.device}. For an LM head sharded by vocabulary rows (Shard(0)) pass each "
-            f"rank's block ({what}.to_local()) with process_group=<the mesh's group> and the "
-            "hidden states replicated over it; with FSDP2, call the loss inside the wrapped "
-            "module's forward, where the weight is already unsharded")
-    # The gradient back to the shards is the AVERAGE over the mesh of the ranks' gradients:
-    # under FSDP2 / HSDP each rank's loss is its own batch's, and FSDP2 averages (its default
-    # gradient divide factor; a custom factor set with set_gradient_divide_factor is not seen
-    # here); under tensor parallelism every rank's gradient is the same, so the average changes
-    # nothing. full_tensor()'s default (Replicate) would keep each rank's own, never reduced:
-    # FSDP2 did not unshard this weight, so it reduces nothing either (tests/python/test_fsdp2.py).
-    try:
-        from torch.distributed.tensor import Partial
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor import Partial
-    return t.full_tensor(grad_placements=[Partial("avg")] * t.device_mesh.ndim)
-
-
-def _refuse_dtensors(*named):
-    """KdlossError naming the DTensor among (name, tensor) pairs (as_rows's message), before an
-    op would see it: the autograd Functions do not gather (the functional forms do)."""
-    for name, t in named:
-        if t is not None and is_dtensor(t):
-            as_rows(t, name)
-
-
-def _index(ignore_index):
-    """ignore_index as the int64 the C API takes; KdlossError (not torch's schema error) for a
-    value outside int64."""
-    i = int(ignore_index)
-    if not -2**63 <= i < 2**63:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, f"ignore_index={ignore_index!r}: outside "
-                          "int64 (labels are int32 or int64 token ids)")
-    return i
-
-
-def _check_temperature(temperature):
-    """temperature 0 refused here, before any tensor work (other bad values by the C call)."""
-    if temperature == 0:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, "temperature=0")
-
-
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _detached(t):
-    """A tensor that receives no gradient (teachers, targets) as the ops get it: detached, so
-    that one requiring grad neither records a graph nor gets a gradient (None stays None)."""
-    return None if t is None else t.detach()
-
-
-_NO_TAIL = object()
-
-
-def _check_names(divergence, beta, alpha, tail=_NO_TAIL):
-    """An unknown divergence (or tail) name raises KdlossError here, through the C lookup, as
-    before the ops were there. Skipped while torch.compile / torch.export trace (no ctypes call
-    in a graph): the op's implementation makes the same lookup and raises at run time."""
-    if torch.compiler.is_compiling():
-        return
-    _lib.div_params(divergence, beta, alpha)
-    if tail is not _NO_TAIL:
-        _lib.topk_tail(tail)
-
-
-def _check_items(num_items_in_batch):
-    """KdlossError unless num_items_in_batch is None or a number > 0: a Python int or float, or
-    a one-element real tensor holding one. A tensor's value is read once (_backend.host_read:
-    free in host memory, one stream synchronization for a device tensor, which only this check
-    costs; traced tensors are not read)."""
-    n = num_items_in_batch
-    if n is None:
-        return
-    if isinstance(n, torch.Tensor):
-        value = f"a {n.dtype} tensor of shape {tuple(n.shape)}"
-        ok = n.numel() == 1 and not (n.is_complex() or n.dtype == torch.bool)
-        if ok and not _ops.traced(n):
-            read = _backend.host_read(n.detach())
-            ok, value = read > 0, f"tensor({read!r})"
-    else:
-        ok = not isinstance(n, bool) and isinstance(n, (int, float)) and n > 0
-        value = repr(n)
-    if not ok:
-        raise KdlossError(_lib.ERR_INVALID_PARAM, f"num_items_in_batch={value}: a number > 0 "
-                          "(or a one-element tensor holding one), the non-ignored tokens of "
-                          "every accumulation micro-batch together")
-
-
-def _over_items(loss, num_items_in_batch, times=1.0):
-    """loss / (num_items_in_batch * times), computed in double and returned in float32;
-    differentiable (backward scales the saved gradient once)."""
-    n = num_items_in_batch
-    if isinstance(n, torch.Tensor):
-        d = n.detach().reshape(()).to(device=loss.device, dtype=torch.float64) * times
-    else:
-        d = float(n) * times
-    return (loss.double() / d).float()
-
-
-def _kept_rows(labels, ignore_index, rows, weights=None):
-    """max(1, rows whose label != ignore_index and whose weight is > 0) (all rows without labels
-    and weights): the divisor the fused losses' per-call mean used; a tensor (no sync) when
-    labels or weights are given."""
-    if labels is None and weights is None:
-        return float(max(1, rows))
-    kept = torch.ones(rows, dtype=torch.bool, device=(labels if labels is not None
-                                                      else weights).device)
-    if labels is not None:
-        kept = kept & ~label_matches(labels.detach(), ignore_index).reshape(-1)
-    if weights is not None:
-        kept = kept & (weights.detach().reshape(-1) > 0)
-    return kept.sum().clamp(min=1).double()
-
-
-def _fused_over_items(results, labels, ignore_index, xs, num_items_in_batch, weights=None):
-    """The fused losses' (loss, soft, hard), each a per-call mean over the kept rows, turned
-    into sums / num_items_in_batch (gradient accumulation, TRL #6006)."""
-    if num_items_in_batch is None:
-        return results
-    kept = _kept_rows(labels, ignore_index, xs.numel() // max(1, xs.shape[-1]), weights)
-    return tuple(_over_items(r.double() * kept, num_items_in_batch) for r in results)
-
-
-def _with_entropy(result, entropy, lead, return_entropy):
-    """What a loss returns: `result`, or with return_entropy (result, entropy) flattened, the
-    entropy ([rows] from the op) viewed as the student's leading dims `lead` and detached."""
-    if not return_entropy:
-        return result
-    entropy = entropy.detach().view(lead)
-    return (*result, entropy) if isinstance(result, tuple) else (result, entropy)
-
-
-def _autocast_dtype(t):
-    """The dtype torch.autocast computes matmuls in on `t`'s device, None when autocast is off
-    there (or `t` is None)."""
-    if not isinstance(t, torch.Tensor):
-        return None
-    try:
-        if not torch.is_autocast_enabled(t.device.type):
-            return None
-        return torch.get_autocast_dtype(t.device.type)
-    except RuntimeError:  # a device type autocast does not know (meta, a registered one)
-        return None
-
-
-def _as_autocast(t, dtype):
-    """`t` as an autocast matmul sees it (module docstring): in `dtype` (bfloat16), or float16
-    rounded and widened to float32 (no float16 GEMM); differentiable (the gradient returns to
-    `t` in its dtype). None and dtype None leave it as it is."""
-    if t is None or dtype is None or t.dtype == dtype:
-        return t
-    if dtype == torch.float16:
-        return t.to(torch.float16).to(torch.float32)
-    return t.to(dtype)
-
-
-def _autocast_heads(named):
-    """(name, tensor) pairs with the hidden states and LM heads (not biases nor teacher data
-    that are not matmul operands) cast as autocast would (_as_autocast)."""
-    dtype = _autocast_dtype(named[0][1])
-    if dtype is None:
-        return named
-    heads = ("student_input", "student_weight", "teacher_input", "teacher_weight")
-    return [(n, _as_autocast(t, dtype) if n in heads else t) for n, t in named]
 
 
 # ---- KL divergence and JSD ------------------------------------------------------------------------
@@ -294,9 +126,9 @@ class KLDivFunction:
     @staticmethod
     def apply(y_pred, y_true, reduction="batchmean", log_target=False, eps=1e-10):
         reduction_code(reduction)
-        _refuse_dtensors(("input", y_pred), ("target", y_true))
-        return _ops.kl_div(y_pred, _detached(y_true), reduction, bool(log_target), float(eps),
-                           _needs_grad(y_pred))[0]
+        A.refuse_dtensors(("input", y_pred), ("target", y_true))
+        return _ops.kl_div(y_pred, A.detached(y_true), reduction, bool(log_target), float(eps),
+                           A.needs_grad(y_pred))[0]
 
 
 _KLDivFunction = KLDivFunction  # the name before it was public
@@ -349,10 +181,10 @@ def kl_div(input=None, target=None, size_average=None, reduce=None, reduction="m
         reduction = old_reduction
     elif size_average is False or reduce is False:
         reduction = torch.nn._reduction.legacy_get_string(size_average, reduce)
-    input, target = _gathered(input, "input"), _gathered(target, "target")
+    input, target = A.gathered(input, "input"), A.gathered(target, "target")
     reduction_code(reduction)  # an unknown reduction: KdlossError, before the op's str check
-    return _ops.kl_div(input, _detached(target), reduction, bool(log_target), float(eps),
-                       _needs_grad(input))[0]
+    return _ops.kl_div(input, A.detached(target), reduction, bool(log_target), float(eps),
+                       A.needs_grad(input))[0]
 
 
 class JSDFunction:
@@ -364,9 +196,9 @@ class JSDFunction:
     @staticmethod
     def apply(input, target, shift_labels=None, beta=0.5, ignore_index=-100, jsd_impl=None,
               jsd_mode=None):
-        _refuse_dtensors(("input (log_q)", input), ("target (log_p)", target))
-        return _ops.jsd(input, _detached(target), shift_labels, float(beta), _index(ignore_index),
-                        _needs_grad(input))[0]
+        A.refuse_dtensors(("input (log_q)", input), ("target (log_p)", target))
+        return _ops.jsd(input, A.detached(target), shift_labels, float(beta), A.index(ignore_index),
+                        A.needs_grad(input))[0]
 
 
 _JSDFunction = JSDFunction  # the name before it was public
@@ -383,9 +215,9 @@ def jsd(input=None, target=None, shift_labels=None, beta=0.5, ignore_index=-100,
     (Liger's returns the input's dtype); the gradient, to input only, in input's dtype.
     """
     input, target = _operands("jsd", input, target, ("log_q", log_q), ("log_p", log_p))
-    input, target = _gathered(input, "input"), _gathered(target, "target")
-    return _ops.jsd(input, _detached(target), shift_labels, float(beta), _index(ignore_index),
-                    _needs_grad(input))[0]
+    input, target = A.gathered(input, "input"), A.gathered(target, "target")
+    return _ops.jsd(input, A.detached(target), shift_labels, float(beta), A.index(ignore_index),
+                    A.needs_grad(input))[0]
 
 
 # ---- fused linear losses --------------------------------------------------------------------------
@@ -440,17 +272,28 @@ def _budget(memory_budget):
 
 def _fld(xs, ws, xt, wt, labels, bs, bt_bias, beta, temperature, w_hard, w_soft, ignore_index,
          chunk_size, divergence="jsd", alpha=0.1, t2_scale=False, vp=None,
-         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0, weights=None, want_entropy=False):
+         maps=(1.0, 0.0, 1.0, 0.0), memory_budget=0, weights=None, want_entropy=False,
+         index=None):
     """(loss, soft, hard, entropy) of one dense fused call through the
     kdloss::fused_linear_distill op (its autograd is the only one), with `vp` lent to it for a
-    vocabulary-parallel call; entropy [rows] (the (0,) placeholder unless want_entropy)."""
-    _check_names(divergence, beta, alpha)
+    vocabulary-parallel call; entropy [rows] (the (0,) placeholder unless want_entropy). With
+    `index` (several teachers: wt and bt_bias lists, _heads) the kdloss::fused_linear_distill_multi
+    op instead, the same arguments but the vocabulary-parallel handle."""
+    A.check_names(divergence, beta, alpha)
+    if index is not None:
+        out = _ops.fused_linear_distill_multi(
+            xs, ws, A.detached(xt), [A.detached(w) for w in wt], labels, bs,
+            [A.detached(b) for b in bt_bias], A.detached(index), divergence, float(beta),
+            float(alpha), float(temperature), float(w_hard), float(w_soft), A.index(ignore_index),
+            int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs), *maps,
+            _budget(memory_budget), A.detached(weights), bool(want_entropy))
+        return out[:3] + (out[6],)
     with _ops.vocab_call(vp) as handle:
         out = _ops.fused_linear_distill(
-            xs, ws, _detached(xt), _detached(wt), labels, bs, _detached(bt_bias), divergence,
+            xs, ws, A.detached(xt), A.detached(wt), labels, bs, A.detached(bt_bias), divergence,
             float(beta), float(alpha), float(temperature), float(w_hard), float(w_soft),
-            _index(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
-            *maps, _budget(memory_budget), handle, _detached(weights), bool(want_entropy))
+            A.index(ignore_index), int(chunk_size or 0), bool(t2_scale), *_wanted(xs, ws, bs),
+            *maps, _budget(memory_budget), handle, A.detached(weights), bool(want_entropy))
     return out[:3] + (out[6],)
 
 
@@ -465,15 +308,18 @@ def _check_accum_dtype(accum_dtype):
 
 
 def _gather_all(process_group, named):
-    """The tensors of `named` ((name, tensor) pairs) with every DTensor gathered (_gathered);
+    """The tensors of `named` ((name, tensor) pairs) with every DTensor gathered (A.gathered);
     with a process_group a DTensor is refused (the group's ranks pass their own blocks)."""
     out = []
     for name, t in named:
+        if isinstance(t, list):  # several teachers' heads or biases: each gathered
+            out.append([A.gathered(x, f"{name}[{j}]") for j, x in enumerate(t)])
+            continue
         if process_group is not None and is_dtensor(t):
             raise KdlossError(_lib.ERR_UNSUPPORTED,
                               f"{name} is a DTensor and process_group is given: pass this "
                               f"rank's block of rows ({name}.to_local()), not the DTensor")
-        out.append(_gathered(t, name))
+        out.append(A.gathered(t, name))
     return out
 
 
@@ -517,7 +363,7 @@ class FusedLinearJSDFunction:
               jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None, jsd_impl=None,
               jsd_mode=None):
         _check_accum_dtype(accum_dtype)
-        _refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
+        A.refuse_dtensors(("student_input", student_input), ("student_weight", student_weight),
                          ("teacher_input", teacher_input), ("teacher_weight", teacher_weight))
         return _dense_call(_dense_named(student_input, student_weight, teacher_input,
                                         teacher_weight), shift_labels, None, None, False,
@@ -540,26 +386,66 @@ def _dense_named(xs, ws, xt, wt, bs=None, bt_bias=None):
             ("teacher_weight", wt), ("student_bias", bs), ("teacher_bias", bt_bias)]
 
 
+def _heads(named, index, process_group):
+    """_dense_named's pairs with several teachers' heads made lists (docs/MATH.md section 13):
+    teacher_weight a list or tuple of heads needs `index` (teacher_index=), and teacher_bias is
+    then None (no biases) or a list or tuple of one entry per head, each a bias or None; a
+    single teacher_weight tensor refuses `index`. Several heads with process_group raise: the
+    C library's vocabulary-parallel entry takes one teacher head. No value is read (traced)."""
+    t = dict(named)
+    wt, bt = t["teacher_weight"], t["teacher_bias"]
+    if not isinstance(wt, (list, tuple)):
+        if index is not None:
+            raise KdlossError(_lib.ERR_INVALID_PARAM, "teacher_index is given but teacher_weight "
+                              "is one head: pass the heads as a list, teacher_weight=[w0, w1, "
+                              "...], with teacher_index choosing one per row")
+        return named
+    if index is None:
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"teacher_weight is a list of {len(wt)} heads "
+                          "but teacher_index is not given (one head per row, in [0, "
+                          f"{len(wt)}); fused_linear_distill_loss and FusedLinearDistillLoss "
+                          "take it)")
+    if not isinstance(index, torch.Tensor):
+        raise KdlossError(_lib.ERR_INVALID_DTYPE, "teacher_index: an integer tensor of one head "
+                          f"per row, not {type(index).__name__}")
+    for j, w in enumerate(wt):
+        if not isinstance(w, torch.Tensor):
+            raise KdlossError(_lib.ERR_NULL_POINTER, f"teacher_weight[{j}] is "
+                              f"{type(w).__name__}, not a tensor (a (V, Ht) head)")
+    if isinstance(bt, torch.Tensor) or bt is not None and len(bt) != len(wt):
+        raise KdlossError(_lib.ERR_INVALID_PARAM, f"teacher_bias with {len(wt)} teacher heads: "
+                          "None, or a list of one bias (or None) per head")
+    if process_group is not None:
+        raise KdlossError(_lib.ERR_UNSUPPORTED, f"several teacher heads with process_group: "
+                          f"the vocabulary-parallel entry ({_VP_DENSE}) takes one teacher head, "
+                          "and kdloss has none for several (kdloss_fused_linear_distill_multi "
+                          "is single-process)")
+    t["teacher_weight"] = list(wt)
+    t["teacher_bias"] = [None] * len(wt) if bt is None else list(bt)
+    return list(t.items())
+
+
 def _dense_call(named, labels, process_group, num_items_in_batch, soft_hard, refuse_t0=False,
                 **fld):
     """The body of every dense fused loss: its checks inside the vocabulary-parallel context
     (a rank that fails lets its peers know), DTensors gathered, the operands cast as autocast
     would (module docstring), one _fld call (fld: its keywords, weights and want_entropy among
     them), then num_items_in_batch. Returns the loss, or (loss, soft, hard) when soft_hard,
-    with the entropy after it when fld["want_entropy"] (_with_entropy)."""
+    with the entropy after it when fld["want_entropy"] (A.with_entropy)."""
     with vocab_parallel(process_group, _VP_DENSE) as vp:
+        named = _heads(named, fld.get("index"), process_group)
         if refuse_t0:
-            _check_temperature(fld["temperature"])
+            A.check_temperature(fld["temperature"])
         _require_labels(labels, fld["w_hard"])
-        _check_items(num_items_in_batch)
+        A.check_items(num_items_in_batch)
         names = [n for n, _ in named]
         gathered = _gather_all(process_group, named)
-        xs, ws, xt, wt, bs, bt_bias = (t for _, t in _autocast_heads(list(zip(names,
+        xs, ws, xt, wt, bs, bt_bias = (t for _, t in A.autocast_heads(list(zip(names,
                                                                               gathered))))
         *results, entropy = _fld(xs, ws, xt, wt, labels, bs, bt_bias, vp=vp, **fld)
-    results = _fused_over_items(tuple(results), labels, fld["ignore_index"], xs,
+    results = A.fused_over_items(tuple(results), labels, fld["ignore_index"], xs,
                                 num_items_in_batch, fld.get("weights"))
-    return _with_entropy(results if soft_hard else results[0], entropy, xs.shape[:-1],
+    return A.with_entropy(results if soft_hard else results[0], entropy, xs.shape[:-1],
                          fld.get("want_entropy", False))
 
 
@@ -624,8 +510,8 @@ class FusedLinearJSDLossFunction:
               return_soft_hard_loss=False):
         named = _dense_named(student_input, student_weight, teacher_input, teacher_weight,
                              student_bias, teacher_bias)
-        _check_temperature(temperature)
-        _refuse_dtensors(*named)
+        A.check_temperature(temperature)
+        A.refuse_dtensors(*named)
         return _dense_call(named, true_labels, None, None, return_soft_hard_loss, beta=beta,
                            temperature=temperature, w_hard=weight_hard_loss,
                            w_soft=weight_soft_loss, ignore_index=ignore_index,
@@ -640,7 +526,7 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
                               process_group=None, num_items_in_batch=None,
                               student_logit_scale=1.0, student_softcap=None,
                               teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0,
-                              token_weights=None, return_entropy=False):
+                              token_weights=None, return_entropy=False, teacher_index=None):
     """The fused-linear distillation loss with any divergence of the family (docs/MATH.md
     sections 4 and 7): (w_hard * CE_sum + w_soft * soft_sum * (T^2 if t2_scale else 1)) /
     max(1, n_kept); CE on the untempered student logits, the divergence on the tempered ones, both
@@ -659,7 +545,10 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
     memory_budget: bytes the call may use for its chunked workspace; 0 (the default) lets the
     library choose (the C API's memory_budget 0, include/kdloss.h); a chunk_size given wins.
     token_weights, return_entropy: per-row weights and the student's entropy (module
-    docstring, "Per-row weights and the student's entropy")."""
+    docstring, "Per-row weights and the student's entropy").
+
+    teacher_index, and teacher_weight / teacher_bias as lists: several teachers in one call
+    (module docstring, "Several teachers in one call")."""
     return _dense_call(
         _dense_named(student_input, student_weight, teacher_input, teacher_weight, student_bias,
                      teacher_bias), true_labels, process_group, num_items_in_batch,
@@ -667,11 +556,14 @@ def fused_linear_distill_loss(student_input, student_weight, teacher_input, teac
         w_soft=weight_soft_loss, ignore_index=ignore_index, chunk_size=chunk_size,
         divergence=divergence, alpha=alpha, t2_scale=t2_scale,
         maps=_maps(student_logit_scale, student_softcap, teacher_logit_scale, teacher_softcap),
-        memory_budget=memory_budget, weights=token_weights, want_entropy=bool(return_entropy))
+        memory_budget=memory_budget, weights=token_weights, want_entropy=bool(return_entropy),
+        index=teacher_index)
+
+
 def _op_tensors(names, t, labels):
     """A spec op's tensor arguments in order: the teacher's detached (it gets no gradient)."""
     student = ("student_input", "student_weight", "student_bias")
-    return [labels if n == "labels" else t[n] if n in student else _detached(t[n])
+    return [labels if n == "labels" else t[n] if n in student else A.detached(t[n])
             for n in names]
 
 
@@ -702,20 +594,20 @@ def fused_form(spec, op):
         a = a.arguments
         group = a["process_group"]
         with vocab_parallel(group, spec.c_name + "_vp") as vp:
-            _check_items(a["num_items_in_batch"])
+            A.check_items(a["num_items_in_batch"])
             named = [(n, a[n]) for n in tensors if n != "labels"]
             names = [n for n, _ in named]
-            t = dict(_autocast_heads(list(zip(names, _gather_all(group, named)))))
+            t = dict(A.autocast_heads(list(zip(names, _gather_all(group, named)))))
             xs, ws, bs = t["student_input"], t["student_weight"], t["student_bias"]
             values = [type(kinds[n])(a[n]) for n, _ in spec.scalars]
             with _ops.vocab_call(vp) as handle:
                 out = op(*_op_tensors(tensors, t, a["labels"]), *values,
-                         _index(a["ignore_index"]), int(a["chunk_size"] or 0),
+                         A.index(a["ignore_index"]), int(a["chunk_size"] or 0),
                          _budget(a["memory_budget"]), *_wanted(xs, ws, bs), handle,
-                         _detached(a["token_weights"]), bool(a["return_entropy"]))
-        results = _fused_over_items(out[:3], a["labels"], a["ignore_index"], xs,
+                         A.detached(a["token_weights"]), bool(a["return_entropy"]))
+        results = A.fused_over_items(out[:3], a["labels"], a["ignore_index"], xs,
                                     a["num_items_in_batch"], a["token_weights"])
-        return _with_entropy(results if a["return_soft_hard_loss"] else results[0], out[6],
+        return A.with_entropy(results if a["return_soft_hard_loss"] else results[0], out[6],
                              xs.shape[:-1], a["return_entropy"])
     loss.__name__ = loss.__qualname__ = spec.name + "_loss"
     loss.__signature__, loss.__doc__ = sig, spec.doc
@@ -729,7 +621,7 @@ def _items_reduction(reduction, num_items_in_batch, zs, fname):
     when no num_items_in_batch): with one, the op sums and the caller divides."""
     if num_items_in_batch is None:
         return reduction, None
-    _check_items(num_items_in_batch)
+    A.check_items(num_items_in_batch)
     if reduction == "none":
         raise KdlossError(_lib.ERR_INVALID_REDUCTION, f"{fname}: num_items_in_batch with "
                           "reduction='none' (per-row losses have no divisor)")
@@ -763,18 +655,18 @@ def distill_loss(student_logits, teacher_logits, labels=None, *, divergence="for
     "Per-row weights and the student's entropy"); with weights, "batchmean" and "mean" keep
     their divisors (the kept rows: label not ignored, weight > 0) and "none" returns each row's
     loss times its weight."""
-    _check_names(divergence, beta, alpha)
-    student_logits = _gathered(student_logits, "student_logits")
-    teacher_logits = _gathered(teacher_logits, "teacher_logits")
+    A.check_names(divergence, beta, alpha)
+    student_logits = A.gathered(student_logits, "student_logits")
+    teacher_logits = A.gathered(teacher_logits, "teacher_logits")
     check_distill_reduction(reduction, "distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "distill_loss")
     loss, _, entropy = _ops.distill_loss(
-        student_logits, _detached(teacher_logits), labels, divergence, float(beta), float(alpha),
-        float(temperature), _index(ignore_index), reduction, _needs_grad(student_logits),
-        _detached(token_weights), bool(return_entropy))
-    loss = loss if times is None else _over_items(loss, num_items_in_batch, times)
-    return _with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
+        student_logits, A.detached(teacher_logits), labels, divergence, float(beta), float(alpha),
+        float(temperature), A.index(ignore_index), reduction, A.needs_grad(student_logits),
+        A.detached(token_weights), bool(return_entropy))
+    loss = loss if times is None else A.over_items(loss, num_items_in_batch, times)
+    return A.with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
 
 
 def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None, *,
@@ -795,17 +687,17 @@ def topk_distill_loss(student_logits, teacher_ids, teacher_logprobs, labels=None
     Invalid ids or shapes raise KdlossError before anything is computed (on CUDA the ids are
     checked on the device instead: the loss is NaN, include/kdloss.h). num_items_in_batch,
     token_weights, return_entropy: as distill_loss's (the entropy over the full vocabulary)."""
-    _check_names(divergence, beta, alpha, tail)
-    student_logits = _gathered(student_logits, "student_logits")
+    A.check_names(divergence, beta, alpha, tail)
+    student_logits = A.gathered(student_logits, "student_logits")
     check_distill_reduction(reduction, "topk_distill_loss")
     reduction, times = _items_reduction(reduction, num_items_in_batch, student_logits,
                                         "topk_distill_loss")
     loss, _, entropy = _ops.topk_distill_loss(
-        student_logits, teacher_ids, _detached(teacher_logprobs), labels, divergence, tail,
-        float(beta), float(alpha), float(temperature), _index(ignore_index), reduction,
-        _needs_grad(student_logits), _detached(token_weights), bool(return_entropy))
-    loss = loss if times is None else _over_items(loss, num_items_in_batch, times)
-    return _with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
+        student_logits, teacher_ids, A.detached(teacher_logprobs), labels, divergence, tail,
+        float(beta), float(alpha), float(temperature), A.index(ignore_index), reduction,
+        A.needs_grad(student_logits), A.detached(token_weights), bool(return_entropy))
+    loss = loss if times is None else A.over_items(loss, num_items_in_batch, times)
+    return A.with_entropy(loss, entropy, student_logits.shape[:-1], return_entropy)
 
 
 def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, teacher_logprobs,
@@ -842,21 +734,21 @@ def fused_linear_topk_distill_loss(student_input, student_weight, teacher_ids, t
     docstring; the entropy runs the full-vocabulary path)."""
     smap = _maps(student_logit_scale, student_softcap)[:2]
     with vocab_parallel(process_group, _VP_TOPK) as vp:
-        _check_names(divergence, beta, alpha, tail)
-        _check_items(num_items_in_batch)
+        A.check_names(divergence, beta, alpha, tail)
+        A.check_items(num_items_in_batch)
         names = ("student_input", "student_weight", "student_bias", "teacher_ids",
                  "teacher_logprobs")
         gathered = _gather_all(process_group, list(zip(names, (
             student_input, student_weight, student_bias, teacher_ids, teacher_logprobs))))
-        xs, ws, bs, ids, lps = (t for _, t in _autocast_heads(list(zip(names, gathered))))
+        xs, ws, bs, ids, lps = (t for _, t in A.autocast_heads(list(zip(names, gathered))))
         with _ops.vocab_call(vp) as handle:  # the op: its autograd is the only one
             out = _ops.fused_linear_topk_distill(
-                xs, ws, ids, _detached(lps), true_labels, bs, divergence, tail, float(beta),
+                xs, ws, ids, A.detached(lps), true_labels, bs, divergence, tail, float(beta),
                 float(alpha), float(temperature), float(weight_hard_loss),
-                float(weight_soft_loss), _index(ignore_index), int(chunk_size or 0),
+                float(weight_soft_loss), A.index(ignore_index), int(chunk_size or 0),
                 bool(t2_scale), bool(return_soft_hard_loss), *_wanted(xs, ws, bs), *smap,
-                _budget(memory_budget), handle, _detached(token_weights), bool(return_entropy))
-    loss, soft, hard = _fused_over_items(out[:3], true_labels, ignore_index, xs,
+                _budget(memory_budget), handle, A.detached(token_weights), bool(return_entropy))
+    loss, soft, hard = A.fused_over_items(out[:3], true_labels, ignore_index, xs,
                                          num_items_in_batch, token_weights)
-    return _with_entropy((loss, soft, hard) if return_soft_hard_loss else loss, out[6],
+    return A.with_entropy((loss, soft, hard) if return_soft_hard_loss else loss, out[6],
                          xs.shape[:-1], return_entropy)

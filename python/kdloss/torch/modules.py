@@ -19,7 +19,7 @@ their constructors `return_entropy=False` (keyword, an attribute): True makes fo
 
 import torch
 
-from . import _ops
+from . import _args, _ops
 from . import functional as F
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "DistillLoss",
@@ -76,7 +76,7 @@ class FusedLinearJSD(torch.nn.Module):
     def __init__(self, jsd_beta=0.5, ignore_index=-100, temperature=1.0, accum_dtype=None, *,
                  memory_budget=0):
         super().__init__()
-        F._check_temperature(temperature)
+        _args.check_temperature(temperature)
         F._check_accum_dtype(accum_dtype)
         self.jsd_beta = jsd_beta
         self.ignore_index = ignore_index
@@ -113,7 +113,7 @@ class FusedLinearJSDLoss(torch.nn.Module):
                  teacher_logit_scale=1.0, teacher_softcap=None, memory_budget=0,
                  return_entropy=False):
         super().__init__()
-        F._check_temperature(temperature)
+        _args.check_temperature(temperature)
         self.return_entropy = return_entropy
         self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
@@ -153,7 +153,7 @@ class DistillLoss(torch.nn.Module):
     def __init__(self, divergence="forward_kl", beta=0.5, alpha=0.1, temperature=1.0,
                  ignore_index=-100, reduction="batchmean", *, return_entropy=False):
         super().__init__()
-        F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
+        _args.check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.return_entropy = return_entropy
         self.divergence = divergence
         self.beta = beta
@@ -185,7 +185,12 @@ class FusedLinearDistillLoss(torch.nn.Module):
     final_logit_softcapping; functional.fused_linear_jsd_loss; a scale of 0.0 acts as 1).
     memory_budget: the chunked workspace's bytes, 0 (the default) = the library's choice.
     forward(student_input, student_weight, teacher_input, teacher_weight, true_labels,
-            student_bias=None, teacher_bias=None)."""
+            student_bias=None, teacher_bias=None, *, num_items_in_batch=None,
+            token_weights=None, teacher_index=None).
+    Several teachers: teacher_weight a list of heads, teacher_bias None or a list of one
+    entry (or None) per head, and teacher_index one head per row (functional.
+    fused_linear_distill_loss, "Several teachers in one call"; CPU tensors, no
+    process_group)."""
 
     def __init__(self, divergence="jsd", beta=0.5, alpha=0.1, weight_hard_loss=0.5,
                  weight_soft_loss=0.5, ignore_index=-100, temperature=1.0, t2_scale=False,
@@ -197,7 +202,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
         self.memory_budget = F._budget(memory_budget)
         self.logit_maps = F._logit_map_keywords(student_logit_scale, student_softcap,
                                                 teacher_logit_scale, teacher_softcap)
-        F._check_names(divergence, beta, alpha)  # an unknown divergence fails here
+        _args.check_names(divergence, beta, alpha)  # an unknown divergence fails here
         self.divergence = divergence
         self.beta = beta
         self.alpha = alpha
@@ -212,7 +217,7 @@ class FusedLinearDistillLoss(torch.nn.Module):
 
     def forward(self, student_input, student_weight, teacher_input, teacher_weight, true_labels,
                 student_bias=None, teacher_bias=None, *, num_items_in_batch=None,
-                token_weights=None):
+                token_weights=None, teacher_index=None):
         return F.fused_linear_distill_loss(
             student_input, student_weight, teacher_input, teacher_weight, true_labels,
             student_bias, teacher_bias, divergence=self.divergence, beta=self.beta,
@@ -221,7 +226,8 @@ class FusedLinearDistillLoss(torch.nn.Module):
             temperature=self.temperature, t2_scale=self.t2_scale, chunk_size=self.chunk_size,
             return_soft_hard_loss=self.return_soft_hard_loss, process_group=self.process_group,
             num_items_in_batch=num_items_in_batch, memory_budget=self.memory_budget,
-            token_weights=token_weights, return_entropy=self.return_entropy, **self.logit_maps)
+            token_weights=token_weights, return_entropy=self.return_entropy,
+            teacher_index=teacher_index, **self.logit_maps)
 
     def extra_repr(self):
         return (f"divergence={self.divergence!r}, beta={self.beta}, alpha={self.alpha}, "
@@ -238,7 +244,7 @@ class _TopKModule(torch.nn.Module):
 
     def __init__(self, **args):
         super().__init__()
-        F._check_names(args["divergence"], args["beta"], args["alpha"], args["tail"])
+        _args.check_names(args["divergence"], args["beta"], args["alpha"], args["tail"])
         self._arg_names = tuple(args)
         for name, value in args.items():
             setattr(self, name, value)

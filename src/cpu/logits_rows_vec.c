@@ -1,10 +1,11 @@
-/* Generic vector source of the dense logits row kernel (logits_rows.h), compiled per
- * instruction set by logits_rows_avx2.c and logits_rows_avx512.c after simd.h and div_simd.h.
+/* Generic vector source of the dense logits row kernel (logits_rows.h), compiled once per ISA
+ * with a vector layer (isa.h).
  * Every pass runs a row's last partial vector through the same arithmetic as its body
  * (vf_load_n / vf_store_n) and masks the lanes past the end out of every sum. */
 #include <math.h>
 #include <string.h>
 
+#include "div_simd.h"
 #include "fld_rows.h" /* KD_FLD_TILE */
 #include "half.h"
 #include "logits_rows.h"
@@ -15,7 +16,7 @@
  * finest, best with AVX-512's 32 registers); 0: per tile, pass 1 stream by stream, then the last
  * pass. AVX2 interleaves only at T = 1 (lr_tile): with its 16 registers the interleaved loop
  * spills once 1/T takes one, and T = 1 frees it (BENCHMARKS.md has both). */
-#ifdef KD_ISA_AVX512
+#ifdef KD_LAYER_AVX512
 #define KD_LR_INTERLEAVE 1
 #else
 #define KD_LR_INTERLEAVE 0

@@ -1,5 +1,5 @@
 /* `kdloss bench topk_distill`: kdloss_fused_linear_topk_distill, the fused LM head against a
- * sparse top-k teacher (issue 10; docs/MATH.md section 8), no labels (soft loss alone, weight 1).
+ * sparse top-k teacher (docs/MATH.md section 8), no labels (soft loss alone, weight 1).
  *
  * Inputs: torch.rand hidden states xs (BT x Hs), nn.Linear default weights ws (uniform in
  * +-1/sqrt(Hs), no bias), and a realistic sparse teacher: per row the K most likely ids of

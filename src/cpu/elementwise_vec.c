@@ -1,5 +1,5 @@
-/* Generic vector source of the KL and divergence-family row kernels, compiled once per instruction set by
- * elementwise_avx2.c and elementwise_avx512.c (which define KD_ISA_* first). The arithmetic is
+/* Generic vector source of the KL and divergence-family row kernels, compiled once per ISA with
+ * a vector layer (isa.h; the build defines KD_ISA_NAME and the layer). The arithmetic is
  * div_simd.h's; this file only walks a row in tiles:
  *   load tile (fp32 in place, or bf16/fp16 converted into a stack buffer)
  *   -> elementwise loss + gradient, lane sums in fp32 -> tile sum into a double

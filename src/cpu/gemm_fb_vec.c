@@ -1,12 +1,13 @@
-/* Generic vector source of the GEMM layer's allocation-free fallback (gemm_fb.h). Included by
- * gemm_fb_avx2.c and gemm_fb_avx512.c after they define KD_ISA_* and include simd.h. The
+/* Generic vector source of the GEMM layer's allocation-free fallback (gemm_fb.h), compiled once
+ * per ISA with a vector layer (isa.h). The
  * register tile is FB_MR rows x FB_NV vectors of C: 12 x 32 with AVX-512 (24 accumulators of
  * the 32 registers), 6 x 16 with AVX2 (12 of 16). */
 #include <string.h>
 
 #include "gemm_fb.h"
+#include "simd.h"
 
-#if defined(KD_ISA_AVX512)
+#if defined(KD_LAYER_AVX512)
 #define FB_MR 12
 #else
 #define FB_MR 6
@@ -23,7 +24,7 @@ static int64_t KD_SFX(fb_block)(int64_t n, int64_t cap, int64_t q) {
     return (b + q - 1) / q * q;
 }
 
-#if defined(KD_ISA_AVX512)
+#if defined(KD_LAYER_AVX512)
 /* 16 x 16 transpose of r[0..15] in place. */
 KD_INLINE void fb_tr16(__m512 r[16]) {
     __m512 t[16];
@@ -81,7 +82,7 @@ static void KD_SFX(fb_pack_a)(int ta, const float *a, int64_t lda, int64_t mc, i
             for (int64_t p = 0; p < mc; p += FB_MR) {
                 int64_t mr = KD_SFX(fb_min)(FB_MR, mc - p);
                 float *dst = ap + p * kc + k * FB_MR;
-#if defined(KD_ISA_AVX512)
+#if defined(KD_LAYER_AVX512)
                 _mm512_mask_storeu_ps(dst, fb_mask(FB_MR),
                                       _mm512_maskz_loadu_ps(fb_mask(mr), src + p));
 #else
@@ -94,7 +95,7 @@ static void KD_SFX(fb_pack_a)(int ta, const float *a, int64_t lda, int64_t mc, i
     for (int64_t p = 0; p < mc; p += FB_MR) {
         int64_t mr = KD_SFX(fb_min)(FB_MR, mc - p);
         float *dst = ap + p * kc;
-#if defined(KD_ISA_AVX512)
+#if defined(KD_LAYER_AVX512)
         fb_transpose_rows(a + p * lda, lda, (int)mr, kc, dst, FB_MR);
 #else
         for (int64_t i = 0; i < FB_MR; i++) {
@@ -127,7 +128,7 @@ static void KD_SFX(fb_pack_b)(int tb, const float *b, int64_t ldb, int64_t kc, i
             continue;
         }
         /* B stored n x k: column j of op(B) is row q + j */
-#if defined(KD_ISA_AVX512)
+#if defined(KD_LAYER_AVX512)
         for (int h = 0; h < FB_NV; h++)
             fb_transpose_rows(b + (q + 16 * h) * ldb, ldb, (int)(nr - 16 * h), kc, dst + 16 * h,
                               FB_NR);

@@ -24,8 +24,8 @@
 #include "bench_gemm_floor.h"
 
 /* The full-mode targets: kdloss within 8% of the fastest provider's four bare GEMMs for JSD in
- * fp32 (issue 8), within 10% for the other divergences (issue 9: the row pass hides in GEMM
- * time) and for bf16 against the bf16 floor (issue 23: the best of native bf16, fp32 and
+ * fp32, within 10% for the other divergences (the row pass hides in GEMM
+ * time) and for bf16 against the bf16 floor (the best of native bf16, fp32 and
  * oneDNN's own matmul). Judged on the median of the back-to-back (call, floor) pairs, which a
  * shared machine's load swings far less than either median alone. */
 #define DJ_FLOOR_TARGET 1.08

@@ -1,6 +1,6 @@
 /* Generic vector row kernel of the fused-linear distillation loss (see fld_rows.h for the
- * four passes). Included by fld_rows_avx2.c and fld_rows_avx512.c after they define
- * KD_ISA_* and include simd.h and div_simd.h; KD_SFX names the entry point per ISA.
+ * four passes), compiled once per ISA with a vector layer (isa.h); KD_SFX names the entry
+ * points per ISA.
  *
  * A row of V fp32 logits (128 KiB at V = 32768) stays in L2 between passes, so each pass is
  * bound by its exp/log count, not by memory: pass 2 costs 2 exps an element (3 with a separate
@@ -13,7 +13,9 @@
 #include <string.h>
 
 #include "check.h"
+#include "div_simd.h"
 #include "fld_rows.h"
+#include "simd.h"
 
 /* Adds the bias (when given) to z[0..v) in place and returns the row max. */
 static float KD_SFX(fold_max)(float *z, const float *b, int64_t v) {

@@ -1,5 +1,5 @@
-/* Generic source of the sparse renorm_both path (topk.h, docs/MATH.md section 8), compiled per
- * instruction set by topk_sparse_{scalar,avx2,avx512}.c, which define TS(name). The work is dot
+/* Generic source of the sparse renorm_both path (topk.h, docs/MATH.md section 8), compiled once
+ * per ISA of the registry, scalar included (isa.h; KD_SFX names the entry points). The work is dot
  * products and axpys over the hidden size: plain loops that the compiler vectorizes for the
  * file's instruction set (omp simd), in a fixed order, so each path is deterministic. */
 #include <math.h>
@@ -15,7 +15,7 @@
 /* Below this many multiply-adds a chunk runs on the calling thread (as KD_FLD_PAR_MIN). */
 #define TS_PAR_MIN (1 << 16)
 
-static inline float TS(dot)(const float *x, const char *w, int bf16, int64_t n) {
+static inline float KD_SFX(dot)(const float *x, const char *w, int bf16, int64_t n) {
     float s = 0.0f;
     if (bf16) {
         const uint16_t *b = (const uint16_t *)w;
@@ -30,7 +30,7 @@ static inline float TS(dot)(const float *x, const char *w, int bf16, int64_t n) 
 }
 
 /* y[0..n) += c w[0..n), w fp32 or bf16. */
-static inline void TS(axpy)(float *y, float c, const char *w, int bf16, int64_t n) {
+static inline void KD_SFX(axpy)(float *y, float c, const char *w, int bf16, int64_t n) {
     if (bf16) {
         const uint16_t *b = (const uint16_t *)w;
 #pragma omp simd
@@ -43,19 +43,19 @@ static inline void TS(axpy)(float *y, float c, const char *w, int bf16, int64_t 
 }
 
 /* The student's row i of the chunk as fp32. */
-static inline const float *TS(x_row)(const kd_topk_sparse *a, int64_t i) {
+static inline const float *KD_SFX(x_row)(const kd_topk_sparse *a, int64_t i) {
     return a->x32 ? a->x32 + i * a->hs : (const float *)a->xs + (a->row0 + i) * a->ldx;
 }
 
 /* Row i: the selected logits, the row loss, gk = d loss / d zs_k, col[] ended by -1 (col[K] is
  * the row kernels' count slot, unused here), dxs row. */
-static void TS(row)(const kd_topk_sparse *a, int64_t i) {
+static void KD_SFX(row)(const kd_topk_sparse *a, int64_t i) {
     int64_t r = a->row0 + i, kk = a->topk->k, hs = a->hs, n = 0;
     int bf16 = a->xdt == KDLOSS_BF16;
     size_t es = bf16 ? 2 : 4;
     int64_t *col = (int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(kk));
     float *zk = (float *)(col + kk + 1), *lp = zk + kk, *gk = lp + kk;
-    const float *x = TS(x_row)(a, i);
+    const float *x = KD_SFX(x_row)(a, i);
     int kept = (!a->labels.data || kd_label_at(a->labels, r) != a->ignore_index) &&
                kd_row_weight_keeps(a->w, r);
     float gs = a->w ? a->gs * a->w[r] : a->gs; /* the row's weight scales its gradient */
@@ -65,7 +65,7 @@ static void TS(row)(const kd_topk_sparse *a, int64_t i) {
         if (id < 0) continue;
         col[n] = id;
         lp[n] = kd_topk_logprob(a->topk, r, j);
-        zk[n] = TS(dot)(x, a->ws + (size_t)(id * a->ldw) * es, bf16, hs) + (a->bs ? a->bs[id] : 0.0f);
+        zk[n] = KD_SFX(dot)(x, a->ws + (size_t)(id * a->ldw) * es, bf16, hs) + (a->bs ? a->bs[id] : 0.0f);
         n++;
     }
     for (int64_t k = n; k < kk; k++) col[k] = -1;
@@ -81,37 +81,37 @@ static void TS(row)(const kd_topk_sparse *a, int64_t i) {
     memset(d, 0, (size_t)hs * sizeof(float));
     /* a factor of 0 writes zeros: no axpy (0 x a NaN weight would be NaN) */
     for (int64_t k = 0; gs != 0.0f && k < n; k++)
-        TS(axpy)(d, gk[k], a->ws + (size_t)(col[k] * a->ldw) * es, bf16, hs);
+        KD_SFX(axpy)(d, gk[k], a->ws + (size_t)(col[k] * a->ldw) * es, bf16, hs);
 }
 
-void TS(kd_topk_sparse_rows)(const kd_topk_sparse *a) {
+void KD_SFX(kd_topk_sparse_rows)(const kd_topk_sparse *a) {
     if (a->n > 1 && a->n * a->topk->k * a->hs >= TS_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < a->n; i++) TS(row)(a, i);
+        for (int64_t i = 0; i < a->n; i++) KD_SFX(row)(a, i);
     } else {
-        for (int64_t i = 0; i < a->n; i++) TS(row)(a, i);
+        for (int64_t i = 0; i < a->n; i++) KD_SFX(row)(a, i);
     }
 }
 
 /* dws[id][h0, h1) += gk xs_row[h0, h1) over the chunk's rows and slots in order. */
-static void TS(scatter_block)(const kd_topk_sparse *a, int64_t h0) {
+static void KD_SFX(scatter_block)(const kd_topk_sparse *a, int64_t h0) {
     int64_t kk = a->topk->k, h1 = h0 + TS_HBLOCK < a->hs ? h0 + TS_HBLOCK : a->hs;
     for (int64_t i = 0; i < a->n; i++) {
         const int64_t *col = (const int64_t *)(a->tk + (size_t)i * kd_topk_row_scratch(kk));
-        const float *gk = (const float *)(col + kk + 1) + 2 * kk, *x = TS(x_row)(a, i) + h0;
+        const float *gk = (const float *)(col + kk + 1) + 2 * kk, *x = KD_SFX(x_row)(a, i) + h0;
         for (int64_t k = 0; k < kk && col[k] >= 0; k++)
-            TS(axpy)(a->dws + col[k] * a->ldd + h0, gk[k], (const char *)x, 0, h1 - h0);
+            KD_SFX(axpy)(a->dws + col[k] * a->ldd + h0, gk[k], (const char *)x, 0, h1 - h0);
     }
 }
 
-void TS(kd_topk_sparse_scatter)(const kd_topk_sparse *a) {
+void KD_SFX(kd_topk_sparse_scatter)(const kd_topk_sparse *a) {
     int64_t kk = a->topk->k;
     if (a->dws) {
         if (a->n * kk * a->hs >= TS_PAR_MIN && kd_omp_team()) {
 #pragma omp parallel for schedule(static)
-            for (int64_t h0 = 0; h0 < a->hs; h0 += TS_HBLOCK) TS(scatter_block)(a, h0);
+            for (int64_t h0 = 0; h0 < a->hs; h0 += TS_HBLOCK) KD_SFX(scatter_block)(a, h0);
         } else {
-            for (int64_t h0 = 0; h0 < a->hs; h0 += TS_HBLOCK) TS(scatter_block)(a, h0);
+            for (int64_t h0 = 0; h0 < a->hs; h0 += TS_HBLOCK) KD_SFX(scatter_block)(a, h0);
         }
     }
     if (!a->dbs) return;

@@ -1,2 +1,0 @@
-#define KD_ISA_AVX2 1
-#include "elementwise_impl.h"

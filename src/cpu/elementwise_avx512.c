@@ -1,2 +1,0 @@
-#define KD_ISA_AVX512 1
-#include "elementwise_impl.h"
