@@ -1048,6 +1048,18 @@ KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill(
     int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
     kdloss_cmat xt, kdloss_cmat wt, const void *bt_bias, kdloss_labels labels,
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes);
+/* kdloss_fused_linear_distill_multi on the GPU: the same semantics and checks (every head as wt
+ * is checked, then the heads' own), kdloss_cuda_fused_linear_distill's conventions. The heads
+ * (teachers->wt[j].data) and their biases are device memory; teachers->index is HOST memory, as
+ * on the CPU (it decides which rows share a teacher GEMM, so it is read before the first launch:
+ * an index outside [0, n) is KDLOSS_ERR_INVALID_ID with nothing written). Per chunk, one teacher
+ * GEMM per run of rows with the same index, then that run's bias and the teacher's logit map in
+ * one pass over its logits. The workspace: kdloss_cuda_fused_linear_distill_workspace_size()'s. */
+KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill_multi(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
+    int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_cmat xt, const kdloss_teacher_heads *teachers, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes);
 
 /* The sparse top-k teacher on the GPU: the same semantics as kdloss_topk_distill_logits and
  * kdloss_fused_linear_topk_distill, from the same row definitions (src/common/topk_row.h). The

@@ -1,7 +1,7 @@
 """bench/gpu_check.sh's Python check: every kdloss loss through kdloss.torch on tensors of
 --device (cuda on the GPU machine) against the CPU backend on the same inputs: forward and
-backward, fp32 and bf16, labels with ignored rows, the top-k teacher, a logit map, and
-torch.compile of one loss. Fresh random inputs each run (the seed is printed).
+backward, fp32 and bf16, labels with ignored rows, the top-k teacher, a logit map, per-token
+weights, several teachers, and torch.compile of one loss. Fresh random inputs each run (the seed is printed).
 
 Usage: python3 cuda_vs_cpu.py [--device cuda|cpu] [--no-compile]
 --device cpu (the dry run, no GPU): the same calls, both sides on the CPU, which checks that
@@ -46,8 +46,12 @@ def inputs(case, dtype, gen):
     xs, xt = randn(BT, HS), randn(BT, HT)
     ws, wt = randn(V, HS, scale=HS ** -0.5), randn(V, HT, scale=HT ** -0.5)
     tlp, ids = torch.log_softmax((xt.float() @ wt.float().T), -1).topk(K, -1)
+    tw = torch.rand(BT, generator=gen) * 2.0
+    tw[::7] = 0.0  # rows of weight 0 are ignored
+    tidx = (torch.arange(BT) // 8) % 2  # two teachers, a run of 8 rows each
     return {"xs": xs, "ws": ws, "xt": xt, "wt": wt, "lab": labels(gen, BT, V, "cpu"),
-            "ids": ids, "tlp": tlp}
+            "ids": ids, "tlp": tlp, "wt2": randn(V, HT, scale=2.0 * HT ** -0.5), "tw": tw,
+            "tidx": tidx}
 
 
 def loss_of(case, t):
@@ -72,12 +76,20 @@ def loss_of(case, t):
     if case == "fused_topk":
         return KF.fused_linear_topk_distill_loss(t["xs"], t["ws"], t["ids"], t["tlp"], t["lab"],
                                                  weight_hard_loss=0.5, weight_soft_loss=0.5)
+    if case == "fused_weights":  # per-token weights and the entropy (docs/MATH.md section 12)
+        loss, ent = KF.fused_linear_distill_loss(t["xs"], t["ws"], t["xt"], t["wt"], t["lab"],
+                                                 divergence="reverse_kl", token_weights=t["tw"],
+                                                 return_entropy=True)
+        return loss + ent.mean()  # the entropy (no gradient) compared through the loss's value
+    if case == "fused_multi":  # several teachers (docs/MATH.md section 13)
+        return KF.fused_linear_distill_loss(t["xs"], t["ws"], t["xt"], [t["wt"], t["wt2"]],
+                                            t["lab"], teacher_index=t["tidx"])
     raise ValueError(case)
 
 
 GRADS = {"kl_div": ("s",), "jsd": ("s",), "distill_fkl": ("s",), "distill_jsd": ("s",),
          "topk": ("s",), "fused_jsd": ("xs", "ws"), "fused_softcap": ("xs", "ws"),
-         "fused_topk": ("xs", "ws")}
+         "fused_topk": ("xs", "ws"), "fused_weights": ("xs", "ws"), "fused_multi": ("xs", "ws")}
 
 
 def run_on(case, base, device, compiled=False):

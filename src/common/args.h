@@ -135,6 +135,11 @@ kdloss_status kd_check_fltk(const kd_rules *r, const kdloss_fused_linear_topk_di
                             const void *bs, kdloss_topk_teacher teacher, kdloss_labels labels,
                             const kdloss_fused_linear_distill_out *out, kd_fld_checked *c,
                             kd_spanset *spans);
+/* Several teachers (kdloss_teacher_heads), on every backend: present, n >= 1, every index (host
+ * memory on every backend) in [0, n), the index vector apart from every output. Each head's view
+ * is checked as the single-teacher call checks wt (kd_check_fld, once per head). */
+kdloss_status kd_check_teacher_heads(const kdloss_teacher_heads *h, int64_t bt, int64_t hs,
+                                     int64_t v, const kdloss_fused_linear_distill_out *o);
 /* Steps 5 and 6 of a fused call: `need` bytes of workspace (its plan's). */
 kdloss_status kd_check_fld_workspace(const kd_rules *r, const void *ws, size_t bytes, size_t need,
                                     const kd_spanset *spans);

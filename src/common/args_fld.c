@@ -268,3 +268,39 @@ kdloss_status kd_check_fld_workspace(const kd_rules *r, const void *ws, size_t b
     if (st == KDLOSS_OK) st = kd_spans_disjoint(spans, -1);
     return st != KDLOSS_OK ? st : ws_disjoint(ws, need, spans);
 }
+
+/* ---- several teachers (kdloss_teacher_heads, docs/MATH.md section 13) ---- */
+
+static kd_span out_mat_span(kdloss_mat m, int64_t rows, int64_t cols) {
+    int64_t ld = m.ld ? m.ld : cols;
+    return kd_vec_span(m.data, (rows - 1) * ld + cols, kdloss_dtype_size(m.dtype));
+}
+
+kdloss_status kd_check_teacher_heads(const kdloss_teacher_heads *h, int64_t bt, int64_t hs,
+                                     int64_t v, const kdloss_fused_linear_distill_out *o) {
+    if (!h) return kd_named("teachers", KDLOSS_ERR_NULL_POINTER);
+    if (!h->wt || !h->index) return kd_named(!h->wt ? "teachers->wt" : "teachers->index",
+                                             KDLOSS_ERR_NULL_POINTER);
+    if (h->n < 1 || h->n > INT32_MAX) {
+        kd_detail("teachers->n = %lld: at least one head, at most 2^31 - 1", (long long)h->n);
+        return KDLOSS_ERR_INVALID_PARAM;
+    }
+    for (int64_t r = 0; r < bt; r++)
+        if (h->index[r] < 0 || h->index[r] >= h->n) {
+            kd_detail("teachers->index[%lld] = %d is not in [0, %lld)", (long long)r,
+                      (int)h->index[r], (long long)h->n);
+            return KDLOSS_ERR_INVALID_ID;
+        }
+    kd_span in = kd_vec_span(h->index, bt, sizeof(int32_t));
+    const float *rows[6] = {o->loss, o->soft_loss, o->hard_loss, o->row_soft, o->row_hard,
+                            o->row_lse};
+    int64_t lens[6] = {1, 1, 1, bt, bt, bt};
+    int bad = 0;
+    for (int i = 0; i < 6; i++) bad |= kd_spans_overlap(in, kd_vec_span(rows[i], lens[i], 4));
+    bad |= kd_spans_overlap(in, out_mat_span(o->dxs, bt, hs));
+    bad |= kd_spans_overlap(in, out_mat_span(o->dws, v, hs));
+    bad |= kd_spans_overlap(in, kd_vec_span(o->dbs, v, kdloss_dtype_size(o->dws.dtype)));
+    if (!bad) return KDLOSS_OK;
+    kd_detail("teachers->index overlaps an output");
+    return KDLOSS_ERR_ALIASING;
+}

@@ -265,6 +265,12 @@ fld_map_kernel(float *z, int64_t ldz, int64_t v, const void *bias, kd_logit_map 
 kdloss_status fld_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
                           const void *bias, kdloss_dtype bdt, const kd_logit_map &m) {
     if (!m.on || !z || rows <= 0) return KDLOSS_OK;
+    return fld_bias_map_rows(st, z, ldz, rows, v, bias, bdt, m);
+}
+
+kdloss_status fld_bias_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
+                               const void *bias, kdloss_dtype bdt, const kd_logit_map &m) {
+    if ((!m.on && !bias) || !z || rows <= 0) return KDLOSS_OK; /* the identity: kd_map_z exact */
     const unsigned grid = kd_grid(rows);
     if (bdt == KDLOSS_BF16)
         KD_LAUNCH(grid, 256, 0, st, fld_map_kernel<KDLOSS_BF16>)(z, ldz, v, bias, m);
@@ -284,6 +290,12 @@ kdloss_status fld_chunk_logits(const fld_gemms *g, int64_t r0, int64_t rows, flo
                               g->v, rows, g->hs, g->ws, fld_cuda_type(g->sdt), g->ld_ws, xs_c,
                               fld_cuda_type(g->sdt), g->ld_xs, 0.0f, zs, CUDA_R_32F, g->ldz);
     if (s != KDLOSS_OK || !wt.data) return s;
+    return fld_teacher_gemm(g, r0, rows, xt, wt, ht, zt);
+}
+
+kdloss_status fld_teacher_gemm(const fld_gemms *g, int64_t r0, int64_t rows, kdloss_cmat xt,
+                              kdloss_cmat wt, int64_t ht, float *zt) {
+    /* zt^T (v x rows, ldz) = wt (ht x v col-major)^T  xt_c (ht x rows col-major) */
     const char *xt_c = (const char *)xt.data + (size_t)(r0 * xt.ld) * kdloss_dtype_size(xt.dtype);
     return kd_gemm(g->ctx, g->st, g->lt_ws, FLD_LT_WS_BYTES, CUBLAS_OP_T, CUBLAS_OP_N, g->v, rows,
                    ht, wt.data, fld_cuda_type(wt.dtype), wt.ld, xt_c, fld_cuda_type(xt.dtype),
@@ -488,16 +500,38 @@ void fld_row_setup(fld_row_args *a, const kdloss_fused_linear_distill_params *p,
     a->out_ent = out->row_entropy;
 }
 
-/* One chunk: its logits, the row kernels (the slab kernel where the device has clusters, then
- * fld_row_kernel on the rows it left; else fld_row_kernel alone), its backward
- * (fld_chunk_backward). */
+/* zt (rows x v, ldz) for the chunk's rows [r0, r0 + rows) with several teachers (docs/MATH.md
+ * section 13): one GEMM per run of rows that share a head (the index is host memory), then that
+ * run's bias and the teacher's logit map in one pass (fld_bias_map_rows): the row kernels then
+ * see mapped logits and no teacher bias, as with one mapped head. */
+static kdloss_status fld_heads_logits(const fld_gemms &gm, const fld_heads &H, int64_t r0,
+                                     int64_t rows, kdloss_cmat xt, int64_t ht, float *zt,
+                                     const kd_logit_map &m) {
+    kdloss_status s = KDLOSS_OK;
+    for (int64_t i0 = 0, i1; i0 < rows && s == KDLOSS_OK; i0 = i1) {
+        const int32_t j = H.index[r0 + i0];
+        for (i1 = i0 + 1; i1 < rows && H.index[r0 + i1] == j;) i1++;
+        float *z = zt + i0 * gm.ldz;
+        s = fld_teacher_gemm(&gm, r0 + i0, i1 - i0, xt, H.wt[j], ht, z);
+        if (s == KDLOSS_OK)
+            s = fld_bias_map_rows(gm.st, z, gm.ldz, i1 - i0, gm.v, H.bias ? H.bias[j] : NULL,
+                                  H.wt[j].dtype, m);
+    }
+    return s;
+}
+
+/* One chunk: its logits (one teacher head, or several: H), the row kernels (the slab kernel
+ * where the device has clusters, then fld_row_kernel on the rows it left; else fld_row_kernel
+ * alone), its backward (fld_chunk_backward). */
 static kdloss_status fld_chunk(const fld_gemms &gm, const fld_grad_out &G, kdloss_cmat xt,
-                              kdloss_cmat wt, int64_t ht, const fld_plan &P, const fld_slab &sl,
-                              fld_row_args &a, int64_t r0, int64_t rows) {
+                              kdloss_cmat wt, const fld_heads *H, int64_t ht, const fld_plan &P,
+                              const fld_slab &sl, fld_row_args &a, int64_t r0, int64_t rows) {
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
-    kdloss_status s = fld_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt ? wt : none, ht, P.zt);
+    kdloss_status s = fld_chunk_logits(&gm, r0, rows, P.zs, xt, a.zt && !H ? wt : none, ht, P.zt);
     if (s == KDLOSS_OK) s = fld_map_rows(gm.st, P.zs, P.ldz, rows, a.v, a.map_bs, gm.sdt, a.map_s);
-    if (s == KDLOSS_OK && a.zt)
+    if (s == KDLOSS_OK && a.zt && H)
+        s = fld_heads_logits(gm, *H, r0, rows, xt, ht, P.zt, a.map_t);
+    else if (s == KDLOSS_OK && a.zt)
         s = fld_map_rows(gm.st, P.zt, P.ldz, rows, a.v, a.map_bt, xt.dtype, a.map_t);
     if (s != KDLOSS_OK) return s;
     a.row0 = r0;
@@ -510,6 +544,43 @@ static kdloss_status fld_chunk(const fld_gemms &gm, const fld_grad_out &G, kdlos
     return fld_chunk_backward(gm, G, m, r0, rows, [&] {
         return fld_chunk_dx(&gm, rows, fld_dxs_at(G, r0, gm.sdt), fld_cuda_type(gm.sdt), G.ld_dxs);
     });
+}
+
+kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_geom &g,
+                           const kd_spanset *spans, int64_t n_spans) {
+    const kdloss_fused_linear_distill_params *params = c.params;
+    const kdloss_cmat xs = c.xs, ws = c.ws, xt = c.xt, wt = c.wt;
+    fld_plan P;
+    const int dev = c.ctx->device;
+    kdloss_status s = fld_plan_make(params, c.bt, c.hs, c.v, xs.dtype, g.want_grad, dev, NULL, &P);
+    for (int64_t i = 0; s == KDLOSS_OK && i < n_spans; i++)
+        s = kd_args_fld_workspace(c.workspace, c.workspace_bytes, P.total, &spans[i]);
+    if (s != KDLOSS_OK) return s;
+    fld_plan_make(params, c.bt, c.hs, c.v, xs.dtype, g.want_grad, dev, c.workspace, &P);
+
+    const fld_grad_out G = fld_grad_out_of(params, g, c.out, P);
+    fld_row_args a;
+    fld_row_setup(&a, params, c.out, P, c.bs, c.heads ? NULL : c.bt_bias, c.labels, c.v,
+                  g.want_grad && !G.zero_g);
+    kd_dev_guard dg;
+    if ((s = kd_dev_enter(c.ctx, &dg)) != KDLOSS_OK) return s;
+    cudaStream_t st = (cudaStream_t)c.stream;
+    const fld_gemms gm = {c.ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, c.hs,
+                         c.v, P.zs, P.ldz};
+    const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
+    s = kd_cuda_count_rows(st, c.labels.data, a.lab64, c.bt, c.v, params->ignore_index, a.w,
+                           P.hdr);
+    /* the entropy: fld_row_kernel alone (the slab kernel does not form it) */
+    const fld_slab sl = a.out_ent ? fld_slab{0, 0, 0} : fld_slab_shape(c.ctx, c.v, a.do_soft);
+    if (s == KDLOSS_OK && sl.blocks)
+        s = kd_cuda_status(cudaMemsetAsync(P.only, 0, (size_t)P.chunk, st));
+    s = fld_for_chunks(s, c.bt, P.chunk, [&](int64_t r0, int64_t rows) {
+        return fld_chunk(gm, G, xt_e, wt_e, c.heads, c.ht, P, sl, a, r0, rows);
+    });
+    if (s == KDLOSS_OK) s = fld_end_grads(gm, G, c.bt);
+    if (s == KDLOSS_OK) s = fld_final(st, P, c.bt, c.out, params);
+    kd_dev_leave(&dg);
+    return s;
 }
 
 /* Shapes: xs (bt x hs), ws (v x hs), bs [v], xt (bt x ht), wt (v x ht), bt_bias [v], labels [bt];
@@ -526,35 +597,9 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     kdloss_status s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out,
                                  &g, &spans);
     if (s != KDLOSS_OK) return s;
-    fld_plan P;
-    const int dev = ctx->device;
-    if ((s = fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, dev, NULL, &P)) != KDLOSS_OK)
-        return s;
-    if ((s = kd_args_fld_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
-        return s;
-    fld_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, dev, workspace, &P);
-
-    const fld_grad_out G = fld_grad_out_of(params, g, out, P);
-    fld_row_args a;
-    fld_row_setup(&a, params, out, P, bs, bt_bias, labels, v, g.want_grad && !G.zero_g);
-    kd_dev_guard dg;
-    if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
-    cudaStream_t st = (cudaStream_t)stream;
-    const fld_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs, v,
-                         P.zs, P.ldz};
-    const kdloss_cmat xt_e = {xt.data, xt.dtype, g.ld_xt}, wt_e = {wt.data, wt.dtype, g.ld_wt};
-    s = kd_cuda_count_rows(st, labels.data, a.lab64, bt, v, params->ignore_index, a.w, P.hdr);
-    /* the entropy: fld_row_kernel alone (the slab kernel does not form it) */
-    const fld_slab sl = a.out_ent ? fld_slab{0, 0, 0} : fld_slab_shape(ctx, v, a.do_soft);
-    if (s == KDLOSS_OK && sl.blocks)
-        s = kd_cuda_status(cudaMemsetAsync(P.only, 0, (size_t)P.chunk, st));
-    s = fld_for_chunks(s, bt, P.chunk, [&](int64_t r0, int64_t rows) {
-        return fld_chunk(gm, G, xt_e, wt_e, ht, P, sl, a, r0, rows);
-    });
-    if (s == KDLOSS_OK) s = fld_end_grads(gm, G, bt);
-    if (s == KDLOSS_OK) s = fld_final(st, P, bt, out, params);
-    kd_dev_leave(&dg);
-    return s;
+    const fld_dense_call c = {ctx, stream, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
+                              NULL, labels, out, workspace, workspace_bytes};
+    return fld_dense_run(c, g, &spans, 1);
 }
 
 /* The JSD-only names: wrappers (divergence JSD(beta), no T^2, no row outputs). */

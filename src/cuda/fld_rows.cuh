@@ -131,6 +131,9 @@ static inline void fld_grad_fields(A *a, const P *p, const kdloss_fused_linear_d
  * bdt or NULL), when the map is not the identity (logit_map.h). */
 kdloss_status fld_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
                           const void *bias, kdloss_dtype bdt, const kd_logit_map &m);
+/* The same for a bias alone too (no map): z = map(z + bias) whenever either is there. */
+kdloss_status fld_bias_map_rows(cudaStream_t st, float *z, int64_t ldz, int64_t rows, int64_t v,
+                               const void *bias, kdloss_dtype bdt, const kd_logit_map &m);
 
 /* The row-kernel fields of a call (everything but row0). */
 void fld_row_setup(fld_row_args *a, const kdloss_fused_linear_distill_params *p,
@@ -463,6 +466,10 @@ typedef struct fld_gemms {
 kdloss_status fld_chunk_logits(const fld_gemms *g, int64_t r0, int64_t rows, float *zs,
                               kdloss_cmat xt, kdloss_cmat wt, int64_t ht, float *zt);
 
+/* zt (rows x v, ldz) = xt[r0 .. r0 + rows) wt^T, fp32 from the accumulator. */
+kdloss_status fld_teacher_gemm(const fld_gemms *g, int64_t r0, int64_t rows, kdloss_cmat xt,
+                              kdloss_cmat wt, int64_t ht, float *zt);
+
 /* dx (rows x hs, ld_dx, dtype dxt) = dzs ws: the chunk's dxs rows, complete in one GEMM. */
 kdloss_status fld_chunk_dx(const fld_gemms *g, int64_t rows, void *dx, cudaDataType_t dxt,
                           int64_t ld_dx);
@@ -577,6 +584,42 @@ static inline kdloss_status fld_end_grads(const fld_gemms &gm, const fld_grad_ou
         return fld_cast_wgrad(gm.st, G.dw_acc, G.db_acc, G.out, G.ld_dws, gm.hs, gm.v);
     return KDLOSS_OK;
 }
+
+/* ---- the dense fused loss's run (fld.cu), for its entry points ---- */
+
+/* Several teachers (kdloss_teacher_heads, docs/MATH.md section 13) as the chunk loop reads them:
+ * n heads (each V x Ht, ld effective) in device memory, their biases (device, or NULL), the
+ * per-row index in host memory. */
+typedef struct fld_heads {
+    int64_t n;
+    const kdloss_cmat *wt;
+    const void *const *bias;
+    const int32_t *index;
+} fld_heads;
+
+/* A checked dense fused call: kdloss_cuda_fused_linear_distill's arguments, and for several
+ * teachers (kdloss_cuda_fused_linear_distill_multi) heads (wt then unused), else NULL. */
+typedef struct fld_dense_call {
+    kdloss_cuda_context *ctx;
+    void *stream;
+    const kdloss_fused_linear_distill_params *params;
+    int64_t bt, hs, ht, v;
+    kdloss_cmat xs, ws;
+    const void *bs;
+    kdloss_cmat xt, wt;
+    const void *bt_bias;
+    const fld_heads *heads;
+    kdloss_labels labels;
+    kdloss_fused_linear_distill_out *out;
+    void *workspace;
+    size_t workspace_bytes;
+} fld_dense_call;
+
+/* Runs a call whose arguments passed (g and spans[0, n_spans): kd_args_fld's, one spanset per
+ * teacher head): the plan, the workspace's checks against every spanset, the chunk loop, the
+ * losses. */
+kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_geom &g,
+                           const kd_spanset *spans, int64_t n_spans);
 
 /* The size queries' checks after the params' (st, in the calls' order): the sizes, K (the sparse
  * teacher's slots; 1 for the dense one), the student's dtype. */

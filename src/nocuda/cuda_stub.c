@@ -106,6 +106,15 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     return KDLOSS_ERR_UNSUPPORTED;
 }
 
+kdloss_status kdloss_cuda_fused_linear_distill_multi(
+    kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
+    int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,
+    kdloss_cmat xt, const kdloss_teacher_heads *teachers, kdloss_labels labels,
+    kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
+    kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
+    return KDLOSS_ERR_UNSUPPORTED;
+}
+
 kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t v, int64_t k,
                                                             size_t *bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */

@@ -60,6 +60,7 @@ static const struct {
     {"distill", test_distill},
     {"dlogits", test_distill_logits},
     {"fldistill", test_fld},
+    {"multi", test_multi},
     {"topk", test_topk_logits},
     {"fltopk", test_topk_fused},
     {"logit_map", test_logit_maps},

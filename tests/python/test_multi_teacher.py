@@ -490,14 +490,23 @@ def test_argument_errors():
         assert status is None or e.value.status == status, (what, e.value)
 
 
-def test_cuda_refused_with_its_reason():
-    """CUDA tensors: KdlossError(UNSUPPORTED) naming the missing CUDA entry, whether or not the
-    loaded library has a CUDA backend (the backend choice, shared by the op and its fake)."""
-    with pytest.raises(KdlossError, match="no CUDA entry for several teachers") as e:
-        _calls.multi_backend(torch.device("cuda", 0))
-    assert e.value.status == _lib.ERR_UNSUPPORTED
-    assert "kdloss_cuda_fused_linear_distill_multi" in str(e.value)
+def test_backends_with_and_without_multi():
+    """The CPU and the CUDA backend both have the several-teacher call (the CUDA one calls
+    kdloss_cuda_fused_linear_distill_multi, tests/cuda/test_cuda_multi.c on the simulator); a
+    registered backend without it is refused with KdlossError(UNSUPPORTED) naming the call."""
+    assert hasattr(_backend.CudaBackend, "fused_linear_distill_multi")
     assert _calls.multi_backend(torch.device("cpu")) is not None
+
+    class NoMulti:
+        name = "privateuseone"
+
+    _backend.register_backend("privateuseone", NoMulti())
+    try:
+        with pytest.raises(KdlossError, match="has no fused_linear_distill_multi") as e:
+            _calls.multi_backend(torch.device("privateuseone"))
+        assert e.value.status == _lib.ERR_UNSUPPORTED
+    finally:
+        _backend._BACKENDS.pop("privateuseone", None)
 
 
 def test_process_group_refused(tmp_path):

@@ -387,7 +387,7 @@ class CudaBackend:
         ws = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return ws, nbytes
 
-    def _run(self, device, name, size_args, args, may_report=True):
+    def _run(self, device, name, size_args, args, may_report=True, size_name=None):
         """kdloss_cuda_`name` on this device's context and torch's current stream, with a fresh
         workspace of kdloss_cuda_`name`_workspace_size(size_args) bytes. Invalid labels or
         teacher ids are not reported by the C call: it returns OK and writes the status word
@@ -397,8 +397,8 @@ class CudaBackend:
         ctx, index = self._ctx(device)
         fname = "kdloss_cuda_" + name
         size = ctypes.c_size_t()
-        _lib.check(_lib.fn(fname + "_workspace_size")(*size_args, ctypes.byref(size)),
-                   fname + "_workspace_size")
+        sname = "kdloss_cuda_" + (size_name or name) + "_workspace_size"
+        _lib.check(_lib.fn(sname)(*size_args, ctypes.byref(size)), sname)
         ws, n = self._workspace(size.value, device)
         _lib.check(_lib.fn(fname)(ctx, self._stream(index), *args, ptr(ws), n), fname)
         capturing = ws is not None and ws.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -438,6 +438,16 @@ class CudaBackend:
         self._run(device, "fused_linear_distill", (p, bt, hs, ht, v, student_dtype, int(want_grad)),
                   (p, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, ctypes.byref(out)),
                   reports(labels) or weighted(params))
+
+    def fused_linear_distill_multi(self, device, params, bt, hs, ht, v, xs, ws, bs, xt, heads,
+                                   labels, out, student_dtype, want_grad):
+        """kdloss_cuda_fused_linear_distill_multi: heads' weights and biases device memory, its
+        index host memory; the single-teacher call's workspace (include/kdloss.h)."""
+        p = ctypes.byref(params)
+        self._run(device, "fused_linear_distill_multi",
+                  (p, bt, hs, ht, v, student_dtype, int(want_grad)),
+                  (p, bt, hs, ht, v, xs, ws, bs, xt, ctypes.byref(heads), labels,
+                   ctypes.byref(out)), reports(labels), size_name="fused_linear_distill")
 
     def topk_distill_logits(self, device, params, bt, v, student, teacher, labels, loss, row_loss,
                             grad):
@@ -650,7 +660,8 @@ def register_backend(device_type, backend):
     """Route tensors on `device_type` (e.g. "cuda", "xpu") to `backend`, an object with the
     kl_div / jsd / distill / fused_linear_distill methods of CpuBackend (and distill_logits for
     one call on logits, topk_distill_logits / fused_linear_topk_distill for the sparse-teacher
-    losses, fused for a loss declared by a spec, modules.declare_fused). Overrides the built-in
+    losses, fused_linear_distill_multi for several teachers, fused for a loss declared by a spec,
+    modules.declare_fused). Overrides the built-in
     choice."""
     _BACKENDS[device_type] = backend
 

@@ -487,24 +487,16 @@ MULTI = "kdloss_fused_linear_distill_multi"
 
 
 def multi_backend(device):
-    """The backend of a several-teacher call on `device` (the fake implementation's check too):
-    one with fused_linear_distill_multi (the CPU's, or a registered one). CUDA tensors are
-    refused, never moved: the C library has MULTI on host memory only, no kdloss_cuda_ twin."""
-    try:
-        backend = backend_for(device)
-    except KdlossError:
-        if device.type != "cuda":
-            raise
-        backend = None  # a library without CUDA: the same answer as one with it
+    """The backend of a several-teacher call on `device`: one with fused_linear_distill_multi
+    (the CPU's, the CUDA one's: kdloss_cuda_fused_linear_distill_multi, or a registered one);
+    KdlossError(UNSUPPORTED) for a backend without it."""
+    backend = backend_for(device)
     if hasattr(backend, "fused_linear_distill_multi"):
         return backend
-    where = (f"the C library has no CUDA entry for several teachers (no kdloss_cuda_"
-             f"{MULTI[len('kdloss_'):]}): {MULTI} runs on CPU tensors only"
-             if device.type == "cuda" else f"the {device.type} backend has no "
-             "fused_linear_distill_multi")
     raise KdlossError(_lib.ERR_UNSUPPORTED, f"several teacher heads (teacher_index=) on "
-                      f"{device} tensors: {where}; move the tensors to the CPU, or call the "
-                      "loss once per teacher on its own rows")
+                      f"{device} tensors: the {device.type} backend has no "
+                      f"fused_linear_distill_multi ({MULTI} and its kdloss_cuda_ twin are the "
+                      "C library's); call the loss once per teacher on its own rows")
 
 
 def index_shape(index, rows):

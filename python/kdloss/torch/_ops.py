@@ -499,7 +499,6 @@ def _(student_input, student_weight, teacher_input, teacher_weight, labels, stud
       weight_soft_loss, ignore_index, chunk_size, t2_scale, want_dx, want_dw, want_db,
       student_scale=1.0, student_softcap=0.0, teacher_scale=1.0, teacher_softcap=0.0,
       memory_budget=0, token_weights=None, want_entropy=False):
-    _calls.multi_backend(student_input.device)  # CUDA refused when traced too
     _calls.lm_head_shapes(student_input, student_weight, student_bias, "student")
     _calls.heads_shapes(student_input, student_weight, teacher_input, teacher_weight,
                         teacher_bias)

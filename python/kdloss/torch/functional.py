@@ -72,9 +72,9 @@ decides on the host which rows share a teacher GEMM; for a device tensor the cop
 synchronization); a value outside [0, n), in an ignored row too, raises
 KdlossError(ERR_INVALID_ID) naming the row before anything is computed. Rows grouped by teacher
 (a teacher per sequence) cost one teacher's GEMMs; rows alternating teachers cost a small GEMM
-each. CPU tensors only: CUDA tensors raise KdlossError(ERR_UNSUPPORTED) (the C library has no
-CUDA entry for several teachers), as does process_group (its entry,
-kdloss_fused_linear_distill_vp, takes one head). teacher_index with a single teacher_weight
+each. CPU tensors (kdloss_fused_linear_distill_multi) and CUDA tensors
+(kdloss_cuda_fused_linear_distill_multi; simulator-tested, not yet run on a GPU); process_group
+raises KdlossError(ERR_UNSUPPORTED) (its entry, kdloss_fused_linear_distill_vp, takes one head). teacher_index with a single teacher_weight
 tensor, or a list without teacher_index, raises KdlossError; a single tensor without it is the
 one-head call, unchanged. Names: the heads keep the one-head names (teacher_weight,
 teacher_bias: a list where one tensor was, so a call is written the same way for one teacher or
