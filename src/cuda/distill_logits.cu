@@ -187,7 +187,7 @@ __device__ void dl_pass_grad(const dl_args &a, int64_t r, dl_norm ns, dl_norm nt
 /* A row the fast passes cannot serve, after its pass 1 (row_special.cuh): a maximum >= 2^102
  * (logits spanning more than FLT_MAX), or a NaN normalizer (a NaN or +inf logit: the NaN
  * policy). Its passes 2 and 3 in the careful form, the CPU's lr_special_row
- * (src/cpu/logits_rows_impl.h): normalizers, divergence and S = sum g in double-formed
+ * (src/cpu/logits_rows_vec.c): normalizers, divergence and S = sum g in double-formed
  * log-probs, dz in double; the divergence and S NaN (so every dz NaN, 0 at gs = 0) when a
  * normalizer is NaN; the entropy (a.ent) over the same log-probs, NaN with the student's
  * normalizer (the CPU's lr_special_entropy). ms, mt: the row maxima of pass 1. In place is safe

@@ -771,6 +771,37 @@ kdloss_status kdloss_cuda_topk_distill_logits_workspace_size(int64_t bt, int64_t
     return s;
 }
 
+/* The row kernel's arguments of a checked kdloss_cuda_topk_distill_logits call (the loss on
+ * logits: soft part only, weight 1, the caller's grad_scale and temperature). */
+static void tk_logits_row_args(tk_row_args *a, const kdloss_topk_distill_params *params,
+                               kdloss_topk_teacher teacher, const kd_topk_geom &g,
+                               const tk_check_args &c, const tk_plan &P,
+                               kdloss_cmat student_logits, kdloss_mat grad, float *row_loss,
+                               int64_t bt) {
+    tk_row_common(a, teacher, g, c, P);
+    a->w = params->row_weights;
+    a->out_ent = params->row_entropy;
+    const size_t es = kdloss_dtype_size(student_logits.dtype);
+    a->z = student_logits.data;
+    a->ldz = g.ld_s;
+    a->g = grad.data;
+    a->g_pitch = g.ld_g * (int64_t)es;
+    a->rows = bt;
+    a->inv_t = (float)(1.0 / params->temperature);
+    a->inv_t64 = (double)(float)(1.0 / params->temperature); /* fp32-exact: topk_row.h */
+    a->same_t = params->temperature == 1.0;
+    a->coef = kd_div_coef_make(&params->div);
+    a->tail = (int)params->tail;
+    /* the entropy spans every column: renorm_both (which ignores R) forms R for it */
+    a->need_r = params->tail != KDLOSS_TAIL_RENORM_BOTH || params->row_entropy != NULL;
+    a->grad_soft = grad.data != NULL;
+    a->w_soft = 1.0;
+    a->grad_scale = params->grad_scale;
+    a->temperature = params->temperature;
+    a->soft_fac = 1.0;
+    a->out_soft = row_loss;
+}
+
 /* Shapes: student_logits, grad (bt x v) with their own ld; teacher (bt rows of k); labels [bt]
  * optional; row_loss [bt]; loss [1]; all device pointers. Launches: the row checks, the row
  * kernel, the final reduction. */
@@ -794,29 +825,9 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
     c.w = params->row_weights;
     tk_row_args a;
-    tk_row_common(&a, teacher, g, c, P);
-    a.w = params->row_weights;
-    a.out_ent = params->row_entropy;
+    tk_logits_row_args(&a, params, teacher, g, c, P, student_logits, grad, row_loss, bt);
     const kdloss_dtype ds = student_logits.dtype;
     const size_t es = kdloss_dtype_size(ds);
-    a.z = student_logits.data;
-    a.ldz = g.ld_s;
-    a.g = grad.data;
-    a.g_pitch = g.ld_g * (int64_t)es;
-    a.rows = bt;
-    a.inv_t = (float)(1.0 / params->temperature);
-    a.inv_t64 = (double)(float)(1.0 / params->temperature); /* fp32-exact: topk_row.h */
-    a.same_t = params->temperature == 1.0;
-    a.coef = kd_div_coef_make(&params->div);
-    a.tail = (int)params->tail;
-    /* the entropy spans every column: renorm_both (which ignores R) forms R for it */
-    a.need_r = params->tail != KDLOSS_TAIL_RENORM_BOTH || params->row_entropy != NULL;
-    a.grad_soft = grad.data != NULL;
-    a.w_soft = 1.0;
-    a.grad_scale = params->grad_scale;
-    a.temperature = params->temperature;
-    a.soft_fac = 1.0;
-    a.out_soft = row_loss;
     const bool vec = kd_aligned16(student_logits.data, g.ld_s, es) &&
                      kd_aligned16(grad.data, g.ld_g, es);
 

@@ -40,7 +40,8 @@
  * j as Q_j dS: 64 u of its terms' magnitudes (the bound test_distill_logits holds the CPU to),
  * and for TVD Q_k of each element k where P and Q agree to fp32 rounding.
  *
- * The NaN policy and wide rows (issue 25 D6, D4; test_cuda_nan.c, test_cuda_nan_fused.c). */
+ * The NaN policy and wide rows (docs/MATH.md section 10; test_cuda_nan.c,
+ * test_cuda_nan_fused.c). */
 #include <time.h>
 
 #include "cuda_test.h"

@@ -1,4 +1,4 @@
-/* The NaN policy and wide rows (issue 25, D6 and D4; tag "nan", KDLOSS_TEST_ONLY=nan runs this
+/* The NaN policy and wide rows (docs/MATH.md section 10; tag "nan", KDLOSS_TEST_ONLY=nan runs this
  * section alone): tests/test_nan_policy.c's cases on the CUDA entry points. D6: calls of 3 rows
  * whose middle row holds one NaN (or a +inf logit, or a +inf log-prob): the middle row's loss,
  * the total loss and every element of the middle row's gradient NaN, rows 0 and 2 (row loss and

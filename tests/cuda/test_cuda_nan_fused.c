@@ -1,5 +1,5 @@
-/* The NaN policy of the fused losses and D4's wide rows (issue 25; part of the "nan" section,
- * test_cuda_nan.c has the row losses): kdloss_cuda_fused_linear_distill (a NaN in one row of xs
+/* The NaN policy of the fused losses and their wide rows (docs/MATH.md section 10; part of the
+ * "nan" section, test_cuda_nan.c has the row losses): kdloss_cuda_fused_linear_distill (a NaN in one row of xs
  * or xt: row_soft, loss and that dxs row NaN, the others as the clean call's; grad_scale 0: dxs
  * zeros), kdloss_cuda_fused_linear_topk_distill (a NaN used log-prob, bucket and renorm_both),
  * kdloss_cuda_fused_linear_distill_vp and _topk_distill_vp (2 ranks: a NaN or +inf in one row;
@@ -419,7 +419,7 @@ void nan_wide(void) {
 
 /* ---- the fused losses where a gradient is 0, against the CPU ---- */
 
-/* Issue 25's last CUDA items, the fused losses against the CPU functions where a gradient is 0
+/* The last CUDA items of the NaN policy, the fused losses against the CPU functions where a gradient is 0
  * (docs/MATH.md 10; src/cpu/fld.c):
  *  (1) renorm_both without the cross-entropy's gradient on the full-vocabulary path
  * (weight_hard_loss 0 with labels and a hard_loss output, or without labels and a row_lse output;
