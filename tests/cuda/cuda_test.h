@@ -288,6 +288,7 @@ void test_logit_maps(kt_rng *rng); /* test_cuda_logit_map.c */
 void test_vp(kt_rng *rng);
 void test_nan(kt_rng *rng);
 void test_multi(kt_rng *rng); /* test_cuda_multi.c */
+void test_bigv(kt_rng *rng); /* test_cuda_bigv.c */
 #ifdef KDLOSS_TEST_NCCL
 void test_vp_nccl(kt_rng *rng);
 #endif

@@ -62,6 +62,7 @@ static const struct {
     {"dlogits", test_distill_logits},
     {"fldistill", test_fld},
     {"multi", test_multi},
+    {"bigv", test_bigv},
     {"topk", test_topk_logits},
     {"fltopk", test_topk_fused},
     {"logit_map", test_logit_maps},

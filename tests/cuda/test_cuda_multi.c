@@ -6,7 +6,7 @@
  * tolerances: a bf16 dz rounded on the GPU). Grouped, interleaved and random heads, biases with
  * a missing one, a teacher softcap, row weights, ignored labels, chunking; a one-head call has
  * the bits of kdloss_cuda_fused_linear_distill; a bad index or NULL heads are refused with
- * nothing written. */
+ * nothing written. Also at V 262144 and 248320 (the fused losses' 256k-vocabulary cases). */
 #include "cuda_test.h"
 
 enum { MH_N = 3 };
@@ -250,4 +250,8 @@ void test_multi(kt_rng *rng) {
                                pat != 0};
             mh_case_run(rng, &k);
         }
+    /* 256k vocabularies (Gemma 4's, Qwen3.5's): the three-pass row kernel, past the slab's V */
+    const mh_case big[2] = {{6, 16, 16, 262144, KDLOSS_F32, 2, 0, 1, 1},
+                            {5, 16, 16, 248320, KDLOSS_BF16, 0, 2, 0, 1}};
+    for (int i = 0; i < 2 && !kt_quick(); i++) mh_case_run(rng, &big[i]); /* 20 s simulated */
 }
