@@ -175,7 +175,7 @@ static kdloss_status dense_rows(const kd_rules *r, int align, int64_t bt, int64_
                                 kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                                 int64_t ignore_index, const kd_row_extras *x,
                                 const float *loss, const float *row_loss,
-                                kdloss_mat grad, kd_jsd_geom *g, int64_t *n_valid,
+                                kdloss_mat grad, kd_distill_geom *g, int64_t *n_valid,
                                 kd_spanset *spans) {
     kd_spanset ins = {.n = 0};
     kd_span s_s, s_t;
@@ -193,7 +193,7 @@ static kdloss_status dense_rows(const kd_rules *r, int align, int64_t bt, int64_
 kdloss_status kd_check_distill(const kd_rules *r, const kdloss_distill_params *p, int64_t bt,
                                int64_t v, kdloss_cmat student, kdloss_cmat teacher,
                                kdloss_labels labels, const float *loss, const float *row_loss,
-                               kdloss_mat grad, kd_jsd_geom *g, int64_t *n_valid,
+                               kdloss_mat grad, kd_distill_geom *g, int64_t *n_valid,
                                kd_spanset *spans) {
     kdloss_status st = rows_head(p, bt, v);
     if (st == KDLOSS_OK) st = kd_distill_check_params(p);
@@ -207,7 +207,7 @@ kdloss_status kd_check_distill_logits(const kd_rules *r, const kdloss_distill_lo
                                       int64_t bt, int64_t v, kdloss_cmat student,
                                       kdloss_cmat teacher, kdloss_labels labels,
                                       const float *loss, const float *row_loss, kdloss_mat grad,
-                                      kd_jsd_geom *g, int64_t *n_valid, kd_spanset *spans) {
+                                      kd_distill_geom *g, int64_t *n_valid, kd_spanset *spans) {
     kdloss_status st = rows_head(p, bt, v);
     if (st == KDLOSS_OK) st = kd_distill_logits_check_params(p);
     if (st != KDLOSS_OK) return st;

@@ -59,9 +59,9 @@ typedef struct kd_kl_geom {
 } kd_kl_geom;
 
 /* Effective leading dimensions of a divergence call (kdloss_distill, _distill_logits). */
-typedef struct kd_jsd_geom {
+typedef struct kd_distill_geom {
     int64_t ld_s, ld_t, ld_g;
-} kd_jsd_geom;
+} kd_distill_geom;
 
 /* Effective leading dimensions of a fused-linear call, and what it must compute. */
 typedef struct kd_fld_geom {
@@ -104,13 +104,13 @@ kdloss_status kd_check_kl(const kd_rules *r, const kdloss_kl_params *p, int64_t 
 kdloss_status kd_check_distill(const kd_rules *r, const kdloss_distill_params *p, int64_t bt,
                                int64_t v, kdloss_cmat student, kdloss_cmat teacher,
                                kdloss_labels labels, const float *loss, const float *row_loss,
-                               kdloss_mat grad, kd_jsd_geom *g, int64_t *n_valid,
+                               kdloss_mat grad, kd_distill_geom *g, int64_t *n_valid,
                                kd_spanset *spans);
 kdloss_status kd_check_distill_logits(const kd_rules *r, const kdloss_distill_logits_params *p,
                                       int64_t bt, int64_t v, kdloss_cmat student,
                                       kdloss_cmat teacher, kdloss_labels labels,
                                       const float *loss, const float *row_loss, kdloss_mat grad,
-                                      kd_jsd_geom *g, int64_t *n_valid, kd_spanset *spans);
+                                      kd_distill_geom *g, int64_t *n_valid, kd_spanset *spans);
 /* Writes ld_ids, ld_lp, ld_s, ld_g and want_grad of *g. */
 kdloss_status kd_check_topk_logits(const kd_rules *r, const kdloss_topk_distill_params *p,
                                    int64_t bt, int64_t v, kdloss_cmat student,

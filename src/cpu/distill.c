@@ -18,7 +18,7 @@ kdloss_status kdloss_distill(const kdloss_distill_params *p, int64_t bt, int64_t
                              kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                              float *loss, float *row_loss, kdloss_mat grad) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
-    kd_jsd_geom g;
+    kd_distill_geom g;
     kd_spanset spans;
     int64_t n_valid;
     kdloss_status st = kd_check_distill(&kd_cpu_rules, p, bt, v, student, teacher, labels, loss,

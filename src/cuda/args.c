@@ -18,7 +18,7 @@ kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdlos
 kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_t v,
                               kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                               const float *loss, const float *row_loss, kdloss_mat grad,
-                              kd_jsd_geom *g, kd_spanset *spans) {
+                              kd_distill_geom *g, kd_spanset *spans) {
     int64_t n_valid; /* the labels are not read here */
     return kd_check_distill(&CUDA_RULES, p, bt, v, student, teacher, labels, loss, row_loss, grad,
                             g, &n_valid, spans);
@@ -27,7 +27,7 @@ kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_
 kdloss_status kd_args_distill_logits(const kdloss_distill_logits_params *p, int64_t bt,
                                      int64_t v, kdloss_cmat student, kdloss_cmat teacher,
                                      kdloss_labels labels, const float *loss,
-                                     const float *row_loss, kdloss_mat grad, kd_jsd_geom *g,
+                                     const float *row_loss, kdloss_mat grad, kd_distill_geom *g,
                                      kd_spanset *spans) {
     int64_t n_valid;
     return kd_check_distill_logits(&CUDA_RULES, p, bt, v, student, teacher, labels, loss,

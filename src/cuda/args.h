@@ -18,14 +18,14 @@ kdloss_status kd_args_kl(const kdloss_kl_params *p, int64_t bt, int64_t v, kdlos
 kdloss_status kd_args_distill(const kdloss_distill_params *p, int64_t bt, int64_t v,
                               kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                               const float *loss, const float *row_loss, kdloss_mat grad,
-                              kd_jsd_geom *g, kd_spanset *spans);
+                              kd_distill_geom *g, kd_spanset *spans);
 
 /* Everything of kdloss_cuda_distill_logits but the workspace, overlaps included (as the
  * elementwise calls: the CPU function has no workspace). */
 kdloss_status kd_args_distill_logits(const kdloss_distill_logits_params *p, int64_t bt,
                                      int64_t v, kdloss_cmat student, kdloss_cmat teacher,
                                      kdloss_labels labels, const float *loss,
-                                     const float *row_loss, kdloss_mat grad, kd_jsd_geom *g,
+                                     const float *row_loss, kdloss_mat grad, kd_distill_geom *g,
                                      kd_spanset *spans);
 
 /* Parameter and size checks of the fused-linear loss alone (the workspace-size query uses them

@@ -9,7 +9,7 @@
 #include "div_math.h"
 #include "ew_tile.cuh"
 
-typedef struct jsd_args {
+typedef struct distill_args {
     const void *s;        /* (bt x v, ld_s) student log-probs X */
     int64_t ld_s;
     const void *t;        /* (bt x v, ld_t) teacher log-probs Y */
@@ -26,18 +26,18 @@ typedef struct jsd_args {
     kd_div_coef coef;     /* the divergence's element operation (div_coef.h) */
     float gscale;         /* grad_scale / bt, used without labels */
     double grad_scale;
-} jsd_args;
+} distill_args;
 
 /* The gradient's factor: grad_scale / bt, or with labels grad_scale / max(1, n_valid), n_valid
  * counted by the previous kernel in the stream (the host never waits for it). */
-__device__ __forceinline__ float jsd_gscale(const jsd_args &a) {
+__device__ __forceinline__ float distill_gscale(const distill_args &a) {
     if (!a.labels) return a.gscale;
     const unsigned long long nv = a.hdr->n_valid;
     return (float)(a.grad_scale / (nv > 0 ? (double)nv : 1.0));
 }
 
 /* 0: a counted row, 1: ignored, 2: a label out of range. The same for the whole block. */
-__device__ __forceinline__ int jsd_row_kind(const jsd_args &a, int64_t row) {
+__device__ __forceinline__ int distill_row_kind(const distill_args &a, int64_t row) {
     if (!a.labels) return 0;
     const int64_t y = kd_label(a.labels, a.lab64, row);
     return y == a.ignore ? 1 : (y >= 0 && y < a.v) ? 0 : 2;
@@ -46,7 +46,7 @@ __device__ __forceinline__ int jsd_row_kind(const jsd_args &a, int64_t row) {
 /* Block b's tile of a row that does not count: zero gradient; the tile adds 0 (ignored) or NaN
  * (a bad label: the loss must not look valid). */
 template <int DS, bool VEC>
-__device__ __forceinline__ void jsd_skip_tile(const jsd_args &a, int64_t b, int64_t row,
+__device__ __forceinline__ void distill_skip_tile(const distill_args &a, int64_t b, int64_t row,
                                               int64_t cbase, int kind) {
     if (a.grad) {
         const float z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -63,13 +63,13 @@ __device__ __forceinline__ void jsd_skip_tile(const jsd_args &a, int64_t b, int6
 /* One block per (row, tile), grid-stride over bt * ntiles (ew_tile.cuh). DS/DT: student/teacher
  * dtypes; VEC: 16-byte aligned rows (kd_ew_tile). */
 template <int DS, int DT, bool VEC>
-__global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
+__global__ void __launch_bounds__(KD_EW_THREADS) distill_kernel(distill_args a) {
     __shared__ double red[32];
-    const float gscale = jsd_gscale(a);
+    const float gscale = distill_gscale(a);
     kd_ew_for_tiles(a.bt, a.ntiles, [&](int64_t b, int64_t row, int64_t cbase) {
-        const int kind = jsd_row_kind(a, row);
+        const int kind = distill_row_kind(a, row);
         if (kind != 0) {
-            jsd_skip_tile<DS, VEC>(a, b, row, cbase, kind);
+            distill_skip_tile<DS, VEC>(a, b, row, cbase, kind);
             return;
         }
         const kd_ew_row r = {a.s, row * a.ld_s, a.t, row * a.ld_t, a.grad, row * a.ld_g, NULL, 0};
@@ -81,14 +81,14 @@ __global__ void __launch_bounds__(KD_EW_THREADS) jsd_kernel(jsd_args a) {
     });
 }
 
-/* jsd_kernel for the dtypes and the alignment kd_launch_dtypes picks. */
-struct jsd_launcher {
-    const jsd_args &a;
+/* distill_kernel for the dtypes and the alignment kd_launch_dtypes picks. */
+struct distill_launcher {
+    const distill_args &a;
     unsigned grid;
     cudaStream_t st;
     template <int DS, int DT, bool VEC>
     void launch() const {
-        KD_LAUNCH(grid, KD_EW_THREADS, 0, st, jsd_kernel<DS, DT, VEC>)(a);
+        KD_LAUNCH(grid, KD_EW_THREADS, 0, st, distill_kernel<DS, DT, VEC>)(a);
     }
 };
 
@@ -98,11 +98,11 @@ kdloss_status kdloss_cuda_jsd_workspace_size(int64_t bt, int64_t v, size_t *byte
 }
 
 /* The kernel's arguments of a checked call. */
-static jsd_args jsd_args_of(const kdloss_distill_params *params, int64_t bt, int64_t v,
+static distill_args distill_args_of(const kdloss_distill_params *params, int64_t bt, int64_t v,
                             kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
                             const float *loss, const float *row_loss, kdloss_mat grad,
-                            const kd_jsd_geom &g, const kd_ew_plan &plan) {
-    jsd_args a;
+                            const kd_distill_geom &g, const kd_ew_plan &plan) {
+    distill_args a;
     kd_pair_args_fill(&a, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g, labels,
                       params->ignore_index, plan, bt, v);
     if (!loss && !row_loss) a.part = NULL; /* no partial sums to write */
@@ -125,7 +125,7 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
                                   size_t workspace_bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
-    kd_jsd_geom g;
+    kd_distill_geom g;
     kd_spanset spans;
     kdloss_status s =
         kd_args_distill(params, bt, v, student, teacher, labels, loss, row_loss, grad, &g, &spans);
@@ -133,8 +133,8 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
     kd_ew_plan plan;
     if ((s = kd_ew_plan_place(bt, v, workspace, workspace_bytes, &spans, &plan)) != KDLOSS_OK)
         return s;
-    const jsd_args a =
-        jsd_args_of(params, bt, v, student, teacher, labels, loss, row_loss, grad, g, plan);
+    const distill_args a =
+        distill_args_of(params, bt, v, student, teacher, labels, loss, row_loss, grad, g, plan);
     size_t es = kdloss_dtype_size(student.dtype), et = kdloss_dtype_size(teacher.dtype);
     bool vec = kd_aligned16(student.data, g.ld_s, es) && kd_aligned16(teacher.data, g.ld_t, et) &&
                kd_aligned16(grad.data, g.ld_g, es);
@@ -147,7 +147,7 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
     if (s == KDLOSS_OK) s = kd_cuda_clear_flags(st, plan.flags, bt);
     if (s == KDLOSS_OK) {
         kd_launch_dtypes(student.dtype, teacher.dtype, vec,
-                         jsd_launcher{a, kd_grid(bt * plan.ntiles), st});
+                         distill_launcher{a, kd_grid(bt * plan.ntiles), st});
         s = kd_launch_status();
     }
     if (s == KDLOSS_OK) /* the NaN policy: rows that read a NaN or +inf */

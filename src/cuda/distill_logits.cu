@@ -5,8 +5,9 @@
 #include "kd_cuda.cuh"
 #include "row_special.cuh"
 
-/* One block per row (grid-stride over the rows), three passes over the row, each reading the logits from global memory (a row of V = 256k fp32 is
- * 1 MB, so the second and third reads mostly hit L2); a row whose maximum is >= 2^102 or whose
+/* One block per row (grid-stride over the rows), three passes over the row, each reading the
+ * logits from global memory (a row of V = 256k fp32 is 1 MB, so the second and third reads mostly
+ * hit L2); a row whose maximum is >= 2^102 or whose
  * normalizer is NaN (a NaN or +inf logit: the NaN policy) leaves after pass 1 for the careful
  * form (dl_special_row, docs/MATH.md 10):
  *   1. online max / sum-exp of zs and zt at T: m_s, ls_s = log sum exp((zs - m_s) / T), m_t,
@@ -292,7 +293,7 @@ kdloss_status kdloss_cuda_distill_logits_workspace_size(int64_t bt, int64_t v, s
 /* The kernel's arguments of a checked call. */
 static dl_args dl_args_of(const kdloss_distill_logits_params *p, int64_t bt, int64_t v,
                           kdloss_cmat student, kdloss_cmat teacher, kdloss_labels labels,
-                          kdloss_mat grad, const kd_jsd_geom &g, const kd_ew_plan &plan) {
+                          kdloss_mat grad, const kd_distill_geom &g, const kd_ew_plan &plan) {
     dl_args a;
     kd_pair_args_fill(&a, student, g.ld_s, teacher, g.ld_t, grad, g.ld_g, labels,
                       p->ignore_index, plan, bt, v);
@@ -315,7 +316,7 @@ kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
                                          size_t workspace_bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
-    kd_jsd_geom g;
+    kd_distill_geom g;
     kd_spanset spans;
     kdloss_status s = kd_args_distill_logits(params, bt, v, student, teacher, labels, loss,
                                              row_loss, grad, &g, &spans);
