@@ -147,7 +147,7 @@ void ct_vs_cpu(const char *tag, const ct_rows *o, const double *gg, const void *
                const double *slack, double mult, double g_rel, double g_abs, float hl, float cl,
                double loss_atol);
 
-/* ---- the fused losses (test_cuda_fused_linear.c) ---- */
+/* ---- the fused losses (test_cuda_fused_linear_distill.c) ---- */
 /* dxs = dz ws, dws = dz^T xs, dbs = column sums of dz, in double (dz: bt x v). */
 void ct_ref_grads(int64_t bt, int64_t hs, int64_t v, const double *dz, const double *xs,
                   const double *ws, double *rdx, double *rdw, double *rdb);

@@ -609,7 +609,7 @@ static void test_errors_fltopk(void) {
 
 /* Per-row weights and the entropy (docs/MATH.md section 12) on the entry points that take them:
  * with either, an argument error still gets the CPU's code (the weights' values are device
- * memory on the GPU: test_cuda_distill_logits.c, test_cuda_topk.c, test_cuda_fused_linear.c
+ * memory on the GPU: test_cuda_distill_logits.c, test_cuda_topk.c, test_cuda_fused_linear_distill.c
  * check them through the status word; the vocabulary-parallel forms read them to the host:
  * test_cuda_vp.c's agreement faults). */
 static void test_errors_row_extras(void) {
