@@ -22,6 +22,7 @@ copy of the process-wide CPU settings). cuda_info() says what happened.
 """
 
 import ctypes
+import functools
 import glob
 import json
 import os
@@ -544,23 +545,21 @@ def fld_jsd_params(beta, temperature, weight_hard_loss, weight_soft_loss, ignore
     return p
 
 
+def _registry(name_fn, first):
+    """The names a C registry's name function gives for the codes first, first + 1, ... up to
+    the first "unknown" (kdloss_divergence_name, kdloss_cpu_isa_name): what C defines is known
+    here without an edit."""
+    names, name_of = [], fn(name_fn)
+    while (n := name_of(first + len(names)).decode()) != "unknown":
+        names.append(n)
+    return tuple(names)
+
+
+@functools.lru_cache(maxsize=None)
 def divergences():
-    """The divergence names, in kdloss_divergence order: the C library's registry
-    (kdloss_divergence_name up to the first "unknown"), so a divergence added there is known
-    here without an edit. Cached."""
-    global _divergences
-    if _divergences is None:
-        names, name_of = [], fn("kdloss_divergence_name")
-        while True:
-            n = name_of(len(names)).decode()
-            if n == "unknown":
-                break
-            names.append(n)
-        _divergences = tuple(names)
-    return _divergences
-
-
-_divergences = None
+    """The divergence names, in kdloss_divergence order: the C library's registry (_registry).
+    Cached."""
+    return _registry("kdloss_divergence_name", 0)
 
 
 def __getattr__(name):  # DIVERGENCES, as before, read from the library on first use
@@ -807,23 +806,11 @@ def cuda_info():
 
 # ---- CPU path selection (kdloss_cpu_*) -------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def cpu_isas():
-    """The CPU code paths' names, in kdloss_cpu_isa order (kdloss_cpu_isa_name from
-    KDLOSS_ISA_SCALAR up to the first "unknown": the C library's ISA registry, so a path added
-    there is known here without an edit). Cached."""
-    global _isas
-    if _isas is None:
-        names = []
-        while True:
-            n = lib().kdloss_cpu_isa_name(ISA_SCALAR + len(names)).decode()
-            if n == "unknown":
-                break
-            names.append(n)
-        _isas = tuple(names)
-    return _isas
-
-
-_isas = None
+    """The CPU code paths' names, in kdloss_cpu_isa order from KDLOSS_ISA_SCALAR: the C library's
+    ISA registry (_registry), so a path added there is known here without an edit. Cached."""
+    return _registry("kdloss_cpu_isa_name", ISA_SCALAR)
 
 
 def _isa_code(name):
