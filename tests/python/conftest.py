@@ -3,6 +3,7 @@ where they come from: the library computes in fp32 (double accumulation for the 
 writes gradients in the input's dtype, so the error budget is fp32 rounding for fp32 tensors and
 one rounding to 8 (bf16) or 11 (fp16) significant bits for half tensors."""
 
+import contextlib
 import os
 
 import pytest
@@ -67,14 +68,29 @@ def covers_registry(names):
     return sorted(set(_lib.divergences()) - set(names))
 
 
-@pytest.fixture
-def spy():
-    s = SpyBackend()
-    _backend.register_backend("cpu", s)
+def spread(shape, g, scale=1.0, dtype=torch.float32):
+    """Non-uniform values from generator g: normal draws times a per-row spread in [0.25, 2.25),
+    times scale, in dtype."""
+    x = torch.randn(shape, generator=g)
+    rows = torch.rand(shape[:-1] + (1,), generator=g) * 2 + 0.25
+    return (x * rows * scale).to(dtype)
+
+
+@contextlib.contextmanager
+def cpu_backend(backend):
+    """CPU tensors routed to `backend` (_backend.register_backend) inside the block, the built-in
+    CPU backend again after it."""
+    _backend.register_backend("cpu", backend)
     try:
-        yield s
+        yield backend
     finally:
         _backend._BACKENDS.pop("cpu", None)
+
+
+@pytest.fixture
+def spy():
+    with cpu_backend(SpyBackend()) as s:
+        yield s
 
 
 @pytest.fixture

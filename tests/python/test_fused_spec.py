@@ -16,6 +16,8 @@ from kdloss.torch import functional as F
 from kdloss.torch import modules
 from kdloss.torch._calls import FusedSpec
 
+from conftest import cpu_backend
+
 
 def _dense_params(temperature, weight_hard_loss, weight_soft_loss, ignore_index, chunk_size,
                   memory_budget):
@@ -124,19 +126,15 @@ def test_spec_op_under_fake_tensors_and_compile(gen):
 def test_spec_calls_are_well_formed_on_cuda(monkeypatch, gen):
     # without a GPU: the CUDA backend under a fake C layer that checks each call against its
     # prototype (test_package's), host tensors routed to it
-    from kdloss.torch import _backend
     from test_package import _fake_cuda_layer
     calls = []
     be = _fake_cuda_layer(monkeypatch, calls)
     monkeypatch.setattr(be, "_ctx", lambda device: (ctypes.c_void_p(0x1234), 0))
-    _backend.register_backend("cpu", be)
-    try:
+    with cpu_backend(be):
         xs, ws, bs, xt, wt, labels = _dense(gen)
         FKL(xs, ws, xt, wt, labels, bs).backward()
         ids = torch.stack([torch.randperm(11, generator=gen)[:4] for _ in range(7)])
         RKL(xs, ws, ids, torch.zeros(7, 4), None, bs)
-    finally:
-        _backend._BACKENDS.pop("cpu", None)
     assert [c for c in calls if c.startswith("kdloss_cuda_")] == [
         "kdloss_cuda_fused_linear_distill_workspace_size", "kdloss_cuda_fused_linear_distill",
         "kdloss_cuda_fused_linear_topk_distill_workspace_size",

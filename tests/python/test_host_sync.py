@@ -18,6 +18,8 @@ from kdloss import _lib
 from kdloss.torch import _backend, set_cuda_status_check
 from kdloss.torch import functional as F
 
+from conftest import cpu_backend
+
 _READS = ("item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__")
 
 
@@ -60,11 +62,8 @@ def reads(monkeypatch):
     monkeypatch.setattr(be, "_workspace",
                         staticmethod(lambda n, device: (torch.zeros(n, dtype=torch.uint8), n)))
     monkeypatch.setattr(_backend, "is_host", lambda t: False)
-    _backend.register_backend("cpu", be)
-    try:
+    with cpu_backend(be):
         yield r
-    finally:
-        _backend._BACKENDS.pop("cpu", None)
 
 
 def _count(reads, loss_fn):

@@ -19,16 +19,11 @@ import torch
 from kdloss.torch import functional as F
 
 import reference as ref
-from conftest import assert_close, require
+from conftest import assert_close, require, spread
 
 SEED = int(os.environ.get("KDLOSS_TEST_SEED") or random.SystemRandom().randrange(2**31))
 print(f"test_large_vocab: KDLOSS_TEST_SEED={SEED}")
 VOCABS = (262144, 248320)
-
-
-def _draw(shape, g, scale=1.0, dtype=torch.float32):
-    spread = torch.rand(shape[:-1] + (1,), generator=g) * 2 + 0.25
-    return (torch.randn(shape, generator=g) * spread * scale).to(dtype)
 
 
 @require("kdloss_fused_linear_distill")
@@ -37,8 +32,8 @@ def _draw(shape, g, scale=1.0, dtype=torch.float32):
 def test_fused_dense_large_vocab(v, dtype):
     g = torch.Generator().manual_seed(SEED + v)
     bt, h, t = 4, 16, 1.5
-    xs0, ws0 = _draw((bt, h), g, dtype=dtype), _draw((v, h), g, 0.5, dtype)
-    xt, wt = _draw((bt, h), g, dtype=dtype), _draw((v, h), g, 0.5, dtype)
+    xs0, ws0 = spread((bt, h), g, dtype=dtype), spread((v, h), g, 0.5, dtype)
+    xt, wt = spread((bt, h), g, dtype=dtype), spread((v, h), g, 0.5, dtype)
     labels = torch.randint(0, v, (bt,), generator=g)
     labels[1] = -100
     xs, ws = xs0.clone().requires_grad_(), ws0.clone().requires_grad_()
@@ -73,8 +68,8 @@ def _topk(zt, k, t, g):
 def test_fused_topk_large_vocab(v):
     g = torch.Generator().manual_seed(SEED + 2 * v)
     bt, h, k, t = 4, 16, 8, 1.0
-    xs0, ws0 = _draw((bt, h), g), _draw((v, h), g, 0.5)
-    ids, lps = _topk(_draw((bt, v), g, 3.0), k, t, g)
+    xs0, ws0 = spread((bt, h), g), spread((v, h), g, 0.5)
+    ids, lps = _topk(spread((bt, v), g, 3.0), k, t, g)
     xs, ws = xs0.clone().requires_grad_(), ws0.clone().requires_grad_()
     loss = F.fused_linear_topk_distill_loss(xs, ws, ids, lps, temperature=t)
     loss.backward()
@@ -91,7 +86,7 @@ def test_fused_topk_large_vocab(v):
 def test_losses_on_logits_large_vocab(v):
     g = torch.Generator().manual_seed(SEED + 3 * v)
     bt, t = 3, 2.0
-    zs0, zt = _draw((bt, v), g, 3.0), _draw((bt, v), g, 3.0)
+    zs0, zt = spread((bt, v), g, 3.0), spread((bt, v), g, 3.0)
     zs = zs0.clone().requires_grad_()
     loss = F.distill_loss(zs, zt, divergence="jsd", beta=0.4, temperature=t, reduction="sum")
     loss.backward()

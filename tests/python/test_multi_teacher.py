@@ -31,7 +31,7 @@ from kdloss.torch import FusedLinearDistillLoss, _backend, _calls
 from kdloss.torch import functional as F
 
 import reference as ref
-from conftest import assert_close, require
+from conftest import assert_close, cpu_backend, require, spread
 
 pytestmark = require("kdloss_fused_linear_distill_multi")
 
@@ -43,13 +43,6 @@ BT, HS, HT, V = 23, 16, 20, 97
 
 def _gen(salt):
     return torch.Generator().manual_seed(SEED * 1000 + salt)
-
-
-def _draw(shape, g, scale=1.0):
-    """Non-uniform values: normal draws times a per-row spread."""
-    x = torch.randn(shape, generator=g)
-    spread = torch.rand(shape[:-1] + (1,), generator=g) * 2 + 0.25
-    return x * spread * scale
 
 
 def _index(pattern, bt, n, g):
@@ -67,9 +60,9 @@ def _index(pattern, bt, n, g):
 def _problem(g, n, dtype=torch.float32, biases=(True, False, True), bt=BT, v=V):
     """A batch with n teachers: student (xs, ws, bs), teacher_input xt, heads, biases (a None
     where `biases` says so), labels with two ignored rows."""
-    d = {"xs": _draw((bt, HS), g).to(dtype), "ws": (_draw((v, HS), g) * 0.3).to(dtype),
-         "bs": (torch.randn(v, generator=g) * 0.2).to(dtype), "xt": _draw((bt, HT), g).to(dtype)}
-    d["wts"] = [(_draw((v, HT), g) * (0.2 + 0.15 * j)).to(dtype) for j in range(n)]
+    d = {"xs": spread((bt, HS), g).to(dtype), "ws": (spread((v, HS), g) * 0.3).to(dtype),
+         "bs": (torch.randn(v, generator=g) * 0.2).to(dtype), "xt": spread((bt, HT), g).to(dtype)}
+    d["wts"] = [(spread((v, HT), g) * (0.2 + 0.15 * j)).to(dtype) for j in range(n)]
     d["bts"] = [(torch.randn(v, generator=g) * 0.3).to(dtype) if biases[j % len(biases)]
                 else None for j in range(n)]
     labels = torch.randint(0, v, (bt,), generator=g)
@@ -407,12 +400,8 @@ class _SentinelBackend:
 
 @pytest.fixture
 def sentinel():
-    be = _SentinelBackend()
-    _backend.register_backend("cpu", be)
-    try:
+    with cpu_backend(_SentinelBackend()) as be:
         yield be
-    finally:
-        _backend._BACKENDS.pop("cpu", None)
 
 
 @pytest.mark.parametrize("row,value", [(3, 2), (0, -1), (2, 7)])  # row 2's label is ignored

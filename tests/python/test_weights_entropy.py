@@ -21,7 +21,7 @@ from kdloss.torch import DistillLoss, FusedLinearDistillLoss, FusedLinearTopKDis
 from kdloss.torch import functional as F
 
 import reference as ref
-from conftest import assert_close, require_row_extras
+from conftest import assert_close, require_row_extras, spread
 
 SEED = int(os.environ.get("KDLOSS_TEST_SEED") or random.SystemRandom().randrange(2**31))
 print(f"test_weights_entropy: KDLOSS_TEST_SEED={SEED}")
@@ -29,13 +29,6 @@ print(f"test_weights_entropy: KDLOSS_TEST_SEED={SEED}")
 
 def _gen(salt):
     return torch.Generator().manual_seed(SEED * 1000 + salt)
-
-
-def _draw(shape, g, scale=1.0):
-    """Non-uniform values: normal draws times a per-row spread."""
-    x = torch.randn(shape, generator=g)
-    spread = torch.rand(shape[:-1] + (1,), generator=g) * 2 + 0.25
-    return x * spread * scale
 
 
 def _weights(bt, g):
@@ -64,7 +57,7 @@ def _softcap(u, scale, cap):
 def test_distill_loss_weights_entropy(div, beta, reduction):
     g = _gen(1)
     bt, v, t = 11, 53, 1.7
-    zs0, zt = _draw((bt, v), g, 3), _draw((bt, v), g, 3)
+    zs0, zt = spread((bt, v), g, 3), spread((bt, v), g, 3)
     labels = torch.randint(0, v, (bt,), generator=g)
     labels[[0, 5]] = -100
     w = _weights(bt, g)
@@ -94,7 +87,7 @@ def test_distill_loss_weights_module_and_shape():
     token_weights reach the same call; the weights get no gradient even when they require it."""
     g = _gen(2)
     b, t_, v = 2, 5, 31
-    zs, zt = _draw((b, t_, v), g), _draw((b, t_, v), g)
+    zs, zt = spread((b, t_, v), g), spread((b, t_, v), g)
     w = _weights(b * t_, g).view(b, t_).requires_grad_()
     loss, ent = DistillLoss(divergence="reverse_kl", temperature=0.8,
                             return_entropy=True)(zs, zt, token_weights=w)
@@ -114,8 +107,8 @@ def test_distill_loss_weights_module_and_shape():
 def test_topk_distill_loss_weights_entropy(tail):
     g = _gen(3)
     bt, v, k, t = 9, 41, 6, 1.3
-    zs0 = _draw((bt, v), g, 2)
-    zt = _draw((bt, v), g, 2)
+    zs0 = spread((bt, v), g, 2)
+    zt = spread((bt, v), g, 2)
     lp_full = torch.log_softmax(zt / t, -1)
     ids = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(bt)])
     ids[2, 4:] = -1
@@ -164,9 +157,9 @@ def _fused_reference(xs, ws, bs, xt, wt, bt_, labels, w, div, beta, t, w_hard, w
 def test_fused_linear_distill_weights_entropy(dtype, div, beta, maps, items):
     g = _gen(4)
     bt, hs, ht, v, t = 13, 24, 20, 97, 1.5
-    xs0, ws0 = _draw((bt, hs), g).to(dtype), (_draw((v, hs), g) * 0.3).to(dtype)
+    xs0, ws0 = spread((bt, hs), g).to(dtype), (spread((v, hs), g) * 0.3).to(dtype)
     bs0 = (torch.randn(v, generator=g) * 0.2).to(dtype)
-    xt, wt = _draw((bt, ht), g).to(dtype), (_draw((v, ht), g) * 0.3).to(dtype)
+    xt, wt = spread((bt, ht), g).to(dtype), (spread((v, ht), g) * 0.3).to(dtype)
     labels = torch.randint(0, v, (bt,), generator=g)
     labels[[4, 7]] = -100
     w = _weights(bt, g)
@@ -199,8 +192,8 @@ def test_fused_module_weights_entropy_and_no_weight_gradient():
     result; weights that require grad get none; all-ones weights give the unweighted loss."""
     g = _gen(5)
     bt, h, v = 8, 16, 45
-    xs, ws = _draw((bt, h), g).requires_grad_(), (_draw((v, h), g) * 0.3).requires_grad_()
-    xt, wt = _draw((bt, h), g), _draw((v, h), g) * 0.3
+    xs, ws = spread((bt, h), g).requires_grad_(), (spread((v, h), g) * 0.3).requires_grad_()
+    xt, wt = spread((bt, h), g), spread((v, h), g) * 0.3
     labels = torch.randint(0, v, (bt,), generator=g)
     w = _weights(bt, g).requires_grad_()
     mod = FusedLinearDistillLoss(divergence="reverse_kl", return_entropy=True)
@@ -223,8 +216,8 @@ def test_fused_module_weights_entropy_and_no_weight_gradient():
 def test_fused_topk_weights_entropy():
     g = _gen(6)
     bt, h, v, k, t = 10, 12, 64, 5, 1.2
-    xs0, ws0 = _draw((bt, h), g), _draw((v, h), g) * 0.4
-    zt = _draw((bt, v), g, 2)
+    xs0, ws0 = spread((bt, h), g), spread((v, h), g) * 0.4
+    zt = spread((bt, v), g, 2)
     ids = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(bt)])
     lps = torch.gather(torch.log_softmax(zt / t, -1), 1, ids)
     w = _weights(bt, g)
@@ -269,8 +262,8 @@ def test_compiled_fused_loss_with_weights_and_entropy():
     entropy and gradients as eager."""
     g = _gen(7)
     bt, h, v = 6, 8, 33
-    xs0, ws = _draw((bt, h), g), _draw((v, h), g) * 0.3
-    xt, wt = _draw((bt, h), g), _draw((v, h), g) * 0.3
+    xs0, ws = spread((bt, h), g), spread((v, h), g) * 0.3
+    xt, wt = spread((bt, h), g), spread((v, h), g) * 0.3
     labels = torch.randint(0, v, (bt,), generator=g)
     w = _weights(bt, g)
 
