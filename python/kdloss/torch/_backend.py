@@ -230,6 +230,38 @@ def same_device(what_tensors):
     return device
 
 
+_HUGE = 2 << 20  # a transparent huge page on x86-64 and arm64 Linux
+_MADV_HUGEPAGE = 14
+_libc = None
+
+
+def _advise_huge(t):
+    """Asks Linux to back a fresh host tensor's whole 2 MiB pages with huge pages before the
+    first write. First-touching a large fresh output page by page costs more than the kernel
+    that fills it (docs/ARCHITECTURE.md, "Output buffers"); with the advice, one fault maps
+    2 MiB. Advice only: a kernel whose huge pages are off ignores it, and the contents and
+    the tensor's ownership (torch's allocator frees it) are unchanged."""
+    global _libc
+    if not sys.platform.startswith("linux"):
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    start = -(-t.data_ptr() // _HUGE) * _HUGE
+    end = (t.data_ptr() + t.numel() * t.element_size()) // _HUGE * _HUGE
+    if end > start:
+        _libc.madvise(start, end - start, _MADV_HUGEPAGE)  # a refusal leaves small pages
+
+
+def out_empty(shape, dtype, device):
+    """A fresh contiguous output tensor of `shape` for a C call to fill; in host memory one of
+    4 MiB or more carries the huge-page advice (_advise_huge)."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if t.device.type == "cpu" and t.numel() * t.element_size() >= 2 * _HUGE:
+        _advise_huge(t)
+    return t
+
+
 def scalar_out(device):
     return torch.empty(1, dtype=torch.float32, device=device)
 

@@ -19,7 +19,7 @@ from .. import _lib
 from .._lib import KdlossError
 from . import _backend
 from ._backend import (as_rows, backend_for, cmat, filled_labels, float_code, label_matches,
-                       labels_view, out_mat, ptr, reports, same_device, scalar_out,
+                       labels_view, out_empty, out_mat, ptr, reports, same_device, scalar_out,
                        topk_teacher, weights_view, entropy_out)
 
 
@@ -178,10 +178,10 @@ def kl_div(y_pred, y_true, reduction, log_target, eps, want_grad):
     params = _lib.kl_params(code, log_target, float(eps), scale)
     loss = elem = None
     if code == _lib.REDUCTIONS["none"]:
-        elem = torch.empty(bt, v, dtype=torch.float32, device=device)
+        elem = out_empty((bt, v), torch.float32, device)
     else:
         loss = scalar_out(device)
-    grad = torch.empty(bt, v, dtype=y_pred.dtype, device=device) if want_grad else None
+    grad = out_empty((bt, v), y_pred.dtype, device) if want_grad else None
     backend_for(device).kl_div(device, params, bt, v, cmat(yp, ldp, pc), cmat(yt, ldt, tc),
                                ptr(loss), None, out_mat(elem), out_mat(grad))
     if elem is None:  # the loss: fp32 whatever the dtypes
@@ -202,7 +202,7 @@ def jsd(log_q, log_p, shift_labels, beta, ignore_index, want_grad):
     labels, lview = labels_view(shift_labels, bt, device, "shift_labels")
     params = _lib.jsd_params(float(beta), int(ignore_index))
     loss = scalar_out(device)
-    grad = torch.empty(bt, v, dtype=log_q.dtype, device=device) if want_grad else None
+    grad = out_empty((bt, v), log_q.dtype, device) if want_grad else None
     backend_for(device).jsd(device, params, bt, v, cmat(q, ldq, qc), cmat(p, ldp, pc), lview,
                             ptr(loss), None, out_mat(grad))
     return loss[0], (grad.view(log_q.shape) if grad is not None else None)  # loss: fp32
@@ -298,7 +298,7 @@ def distill_loss(zs, zt, labels, div, temperature, ignore_index, reduction, want
     if hasattr(backend, "distill_logits"):
         params = _lib.distill_logits_params(div, t, int(ignore_index), gscale)
         entropy = _logits_extras(params, keep, want_entropy, bt, device)
-        g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
+        g = out_empty((bt, v), zs.dtype, device) if want_grad else None
         backend.distill_logits(device, params, bt, v, zs_v, cmat(zt2, ldt, tc), lview, ptr(loss),
                                ptr(rows), out_mat(g))
         dz = g.view(zs.shape) if g is not None else None
@@ -313,7 +313,7 @@ def distill_loss(zs, zt, labels, div, temperature, ignore_index, reduction, want
         x = torch.log_softmax(keep[0].float() / t, dim=-1)
         y = torch.log_softmax(zt2.float() / t, dim=-1)
         params = _lib.distill_params(div, int(ignore_index), gscale)
-        g = torch.empty(bt, v, dtype=torch.float32, device=device) if want_grad else None
+        g = out_empty((bt, v), torch.float32, device) if want_grad else None
         backend.distill(device, params, bt, v, cmat(x, v, _lib.F32), cmat(y, v, _lib.F32), lview,
                         ptr(loss), ptr(rows), out_mat(g))
         dz = None
@@ -336,7 +336,7 @@ def topk_distill_loss(zs, ids, lps, labels, div, tail, temperature, ignore_index
     params = _lib.topk_distill_params(div, tail, float(temperature), int(ignore_index), gscale)
     entropy = _logits_extras(params, keep, want_entropy, bt, device)
     loss, rows = scalar_out(device), torch.empty(bt, dtype=torch.float32, device=device)
-    g = torch.empty(bt, v, dtype=zs.dtype, device=device) if want_grad else None
+    g = out_empty((bt, v), zs.dtype, device) if want_grad else None
     backend_for(device).topk_distill_logits(device, params, bt, v, zs_v, teacher, lview,
                                             ptr(loss), ptr(rows), out_mat(g))
     return (reduced(loss, rows, reduction, divisor, zs, keep[2]),
@@ -352,8 +352,8 @@ def fused_outputs(want, xs, ws, bs, rows, want_hard=True, want_entropy=False):
     v, hs = ws.shape
     loss, soft = scalar_out(device), scalar_out(device)
     hard = scalar_out(device) if want_hard else torch.zeros(1, device=device)
-    dxs = torch.empty(rows, hs, dtype=xs.dtype, device=device) if want[0] else None
-    dws = torch.empty(v, hs, dtype=ws.dtype, device=device) if want[1] else None
+    dxs = out_empty((rows, hs), xs.dtype, device) if want[0] else None
+    dws = out_empty((v, hs), ws.dtype, device) if want[1] else None
     dbs = torch.empty(v, dtype=ws.dtype, device=device) if want[2] and bs is not None else None
     entropy, entropy_ptr = entropy_out(want_entropy, rows, device)
     out = _lib.FldOut(loss.data_ptr(), soft.data_ptr(), hard.data_ptr() if want_hard else None,

@@ -47,13 +47,20 @@ def traced(t):
     return get_proxy_mode() is not None
 
 
+def no_zero_grads(ctx):
+    """Every op's outputs after the loss (its saved gradients, the parts, the entropy) carry no
+    gradient: without this, autograd would fill a zero tensor of each one's shape on every
+    backward (a V x H one for a fused loss's dW) only for the backward to ignore it."""
+    ctx.set_materialize_grads(False)
+
+
 def scale(saved, grad_output):
     """saved * grad_output for a scalar loss. In host memory the pass over `saved` is skipped
     when grad_output == 1 (reading it is free there; eager only: a traced grad_output is always
     multiplied). On a device it is always multiplied there: reading grad_output would
     synchronize the stream, and the multiply costs one pass over the saved gradient
     (docs/ARCHITECTURE.md, "Host synchronizations")."""
-    if saved is None:
+    if saved is None or grad_output is None:
         return None
     if (grad_output.numel() == 1 and not traced(grad_output) and _backend.is_host(grad_output)
             and _backend.host_read(grad_output) == 1.0):
@@ -154,6 +161,7 @@ def _(input, target, reduction, log_target, eps, want_grad):
 
 
 def _kl_setup(ctx, inputs, output):
+    no_zero_grads(ctx)
     ctx.elementwise = inputs[2] == "none"
     ctx.save_for_backward(output[1], inputs[0])  # the student: first_order_only's anchor
     ctx.mark_non_differentiable(output[1])
@@ -161,7 +169,7 @@ def _kl_setup(ctx, inputs, output):
 
 @first_order_only
 def _kl_backward(ctx, grad_output, _grad_grad):
-    grad = saved(ctx.saved_tensors[0])
+    grad = saved(ctx.saved_tensors[0]) if grad_output is not None else None
     if grad is not None:
         if ctx.elementwise:
             grad = grad * grad_output.to(grad.dtype)
@@ -195,6 +203,7 @@ def _student_setup(ctx, inputs, output):
     """One student tensor (inputs[0]) and its gradient (output[1]); ctx.rowwise: the loss is
     one value per row (reduction "none" of distill_loss / topk_distill_loss). Outputs after the
     gradient (the student's entropy) carry no gradient."""
+    no_zero_grads(ctx)
     ctx.save_for_backward(output[1], inputs[0])
     ctx.mark_non_differentiable(*output[1:])
 
@@ -206,7 +215,7 @@ def _jsd_setup(ctx, inputs, output):
 
 @first_order_only
 def _student_backward(ctx, grad_output, *_others):
-    dz = saved(ctx.saved_tensors[0])
+    dz = saved(ctx.saved_tensors[0]) if grad_output is not None else None
     if dz is not None:
         if ctx.rowwise:
             dz = dz * grad_output.to(dz.dtype).unsqueeze(-1)
@@ -438,6 +447,7 @@ def _fused_setup(op):
 
 def _fused_setup_at(bias_at, n_inputs):
     def setup(ctx, inputs, output):
+        no_zero_grads(ctx)
         ctx.bias_at, ctx.n_inputs = bias_at, n_inputs
         ctx.save_for_backward(*output[3:6], inputs[0], inputs[1])
         ctx.mark_non_differentiable(*output[1:])  # soft, hard, entropy: no gradient of their own
