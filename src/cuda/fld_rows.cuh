@@ -1,5 +1,5 @@
 /* The chunked fused-linear loss on the GPU, the parts its drivers share: the single-process one
- * (fld.cu), the sparse teacher's dense path (topk.cu) and the vocabulary-parallel
+ * (fld.cu), the sparse teacher's dense path (fld_topk.cu) and the vocabulary-parallel
  * ones (fld_vp.cu, topk_vp.cu): the workspace plan, the row kernel's arguments and its
  * per-element device functions (one definition of dzs), the per-chunk GEMM steps and the chunk
  * loop with its backward. */
@@ -518,7 +518,7 @@ kdloss_status fld_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *
                             int64_t hs, int64_t v);
 
 /* ---- the chunk loop of the fused drivers --------------------------------------------------
- * fld.cu, topk.cu (dense path), fld_vp.cu and topk_vp.cu run the same loop: per
+ * fld.cu, fld_topk.cu (dense path), fld_vp.cu and topk_vp.cu run the same loop: per
  * chunk of rows the logits GEMM, the driver's own row kernel(s) (vocabulary-parallel: with their
  * all-reduces), then the backward; after the last chunk the gradients are completed. The loop,
  * the backward's common steps and the completion are here; the row phases and the dxs step

@@ -447,7 +447,7 @@ __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
     return kd_lse_value(kd_block_lse_state(s, red, 1.0f));
 }
 
-/* ---- small kernels of the fused losses (fld.cu, topk.cu) ---------------------
+/* ---- small kernels of the fused losses (fld.cu, vp.cu) -----------------------
  * static: each .cu file gets its own copy (no relocatable device code). */
 
 /* acc[c] = (first ? 0 : acc[c]) + sum over r < rows of dz[r * pitch + c], r ascending.

@@ -1,5 +1,5 @@
 /* The vocabulary-parallel fused loss against a sparse top-k teacher on the GPU (kdloss.h,
- * kdloss_cuda_fused_linear_topk_distill_vp; docs/MATH.md sections 8 and 9): topk.cu's dense
+ * kdloss_cuda_fused_linear_topk_distill_vp; docs/MATH.md sections 8 and 9): fld_topk.cu's dense
  * path on this rank's rows of the head, its row kernel split into phases with the statistics
  * all-reduced in between. */
 #include "tk_rows.cuh"
@@ -25,7 +25,7 @@
  * or TK_SLICES slices of the workspace, the grid then at most TK_SLICES blocks). Nothing in this
  * file has run on a GPU yet.
  *
- * Workspace: topk.cu's dense plan (for this rank's v), then st: 7 + K doubles a chunk row
+ * Workspace: fld_topk.cu's dense plan (for this rank's v), then st: 7 + K doubles a chunk row
  * (stat_max, stat_sum; the entropy's counted whether or not it is asked for), and with gradients
  * part: (C x Hs) fp32, the chunk's dxs partial. */
 
@@ -298,7 +298,7 @@ static kdloss_status tkvp_launch(int phase, kdloss_dtype ds, const tkvp_args &a,
     return kd_launch_status();
 }
 
-/* The plan: topk.cu's dense regions for this rank's v, the statistics, the dxs partial. */
+/* The plan: fld_topk.cu's dense regions for this rank's v, the statistics, the dxs partial. */
 typedef struct tkvp_plan {
     tk_plan tk;
     double *st;  /* (7 + K) doubles a chunk row */
