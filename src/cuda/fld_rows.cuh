@@ -6,7 +6,6 @@
 #ifndef KDLOSS_FL_ROWS_CUH
 #define KDLOSS_FL_ROWS_CUH
 
-#include "args.h"
 #include "div_math.h"
 #include "kd_cuda.cuh"
 #include "logit_map.h"
@@ -534,8 +533,8 @@ typedef struct fld_grad_out {
     void *xm;                /* the chunk's masked xs rows (fld_mask_rows; the plan's) */
 } fld_grad_out;
 
-/* From a checked call: p its params (either fused loss's), g its geometry (kd_fld_geom or
- * kd_topk_geom), P its plan (fld_plan or tk_plan). */
+/* From a checked call: p its params (either fused loss's), g its checked geometry
+ * (kd_fld_checked), P its plan (fld_plan or tk_plan). */
 template <class Params, class Geom, class Plan>
 static inline fld_grad_out fld_grad_out_of(const Params *p, const Geom &g,
                                          const kdloss_fused_linear_distill_out *out,
@@ -615,10 +614,10 @@ typedef struct fld_dense_call {
     size_t workspace_bytes;
 } fld_dense_call;
 
-/* Runs a call whose arguments passed (g and spans[0, n_spans): kd_args_fld's, one spanset per
+/* Runs a call whose arguments passed (g and spans[0, n_spans): kd_check_fld's, one spanset per
  * teacher head): the plan, the workspace's checks against every spanset, the chunk loop, the
  * losses. */
-kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_geom &g,
+kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_checked &g,
                            const kd_spanset *spans, int64_t n_spans);
 
 /* The size queries' checks after the params' (st, in the calls' order): the sizes, K (the sparse

@@ -444,7 +444,7 @@ fld_mask tk_mask_of(const tk_row_args &a, int gh0) {
  * (fld_chunk_backward; its dxs rows from the columns in S alone when sdx: renorm_both without the
  * cross-entropy's gradient), then the gradients' completion (fld_end_grads). */
 static kdloss_status tk_run_dense(const fld_gemms &gm, const fld_grad_out &G, int64_t bt,
-                                  const kd_topk_geom &g, const tk_plan &P, tk_row_args a,
+                                  const kd_fld_checked &g, const tk_plan &P, tk_row_args a,
                                   const kdloss_fused_linear_topk_distill_params *p) {
     const int gh0 = tk_gh_zero(p), sdx = gh0 && p->tail == KDLOSS_TAIL_RENORM_BOTH;
     const kdloss_cmat none = {NULL, KDLOSS_F32, 0};
@@ -474,7 +474,7 @@ static kdloss_status tk_run_dense(const fld_gemms &gm, const fld_grad_out &G, in
 /* dws and dbs from the rows' (dz, id) pairs: CSR by id, each segment in row order, one pass per
  * vocabulary row. Every row of dws / dbs is written (0 where no row uses the id). */
 static kdloss_status tk_sparse_wgrad(cudaStream_t st, int64_t bt, int64_t hs, int64_t v,
-                                     int64_t k, kdloss_cmat xs, const kd_topk_geom &g,
+                                     int64_t k, kdloss_cmat xs, const kd_fld_checked &g,
                                      const kdloss_fused_linear_distill_out *out, const tk_plan &P) {
     const int64_t np = bt * k;
     const unsigned gp = kd_grid_1d(np, 256);
@@ -500,7 +500,7 @@ static kdloss_status tk_sparse_wgrad(cudaStream_t st, int64_t bt, int64_t hs, in
 static kdloss_status tk_run_sparse(cudaStream_t st, const kdloss_fused_linear_topk_distill_params *p,
                                    int64_t bt, int64_t hs, int64_t v, kdloss_cmat xs,
                                    kdloss_cmat ws, const void *bs, const kdloss_topk_teacher &t,
-                                   const kd_topk_geom &g,
+                                   const kd_fld_checked &g,
                                    const kdloss_fused_linear_distill_out *out, const tk_plan &P) {
     const int wgrad = out->dws.data || out->dbs;
     tk_sparse_args a;
@@ -583,22 +583,23 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
     void *workspace, size_t workspace_bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
-    kd_topk_geom g;
+    kd_fld_checked g;
     kd_spanset spans;
-    kdloss_status s =
-        kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
+    kdloss_status s = kd_check_fltk(&kd_cuda_rules, params, bt, hs, v, xs, ws, bs, teacher, labels,
+                                    out, &g, &spans);
     if (s != KDLOSS_OK) return s;
     const int sparse = tk_sparse_call(params, bt, teacher.k, out);
     tk_plan P;
     s = sparse ? tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, NULL, &P)
                : tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
     if (s != KDLOSS_OK) return s;
-    if ((s = kd_args_fld_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
+    if ((s = kd_check_fld_workspace(&kd_cuda_rules, workspace, workspace_bytes, P.total,
+                                    &spans)) != KDLOSS_OK)
         return s;
     if (sparse) tk_sparse_plan(bt, hs, v, teacher.k, g.want_grad, workspace, &P);
     else tk_dense_plan(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, workspace, &P);
 
-    tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    tk_check_args c = tk_check_of(teacher, g.ld_ids, labels, params->ignore_index, bt, v, P);
     c.w = params->row_weights;
     kd_dev_guard dg;
     if ((s = kd_dev_enter(ctx, &dg)) != KDLOSS_OK) return s;
@@ -611,7 +612,7 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill(
         const fld_gemms gm = {ctx, st, P.lt_ws, xs.dtype, xs.data, ws.data, g.ld_xs, g.ld_ws, hs,
                              v, P.zs, P.ldz};
         tk_row_args a;
-        tk_row_common(&a, teacher, g, c, P);
+        tk_row_common(&a, teacher, g.ld_lp, c, P);
         tk_row_fused(&a, params, out, labels.data != NULL, bs, P, g.want_grad && !G.zero_g);
         s = tk_run_dense(gm, G, bt, g, P, a, params);
     }

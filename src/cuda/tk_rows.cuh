@@ -8,7 +8,6 @@
 
 #include <string.h>
 
-#include "args.h"
 #include "logit_map.h"
 #include "topk_row.h" /* before kd_cuda.cuh: div_elem.h's locals would shadow cuda_fp16.h's half */
 #include "fld_rows.cuh"
@@ -400,13 +399,14 @@ kdloss_status tk_row_launch_fused(kdloss_dtype ds, const tk_row_args &a, const t
 /* Global bitmap slices start zeroed; the row kernel clears what it sets. */
 kdloss_status tk_zero_slices(const tk_plan &P, cudaStream_t st);
 
-/* The teacher's and the labels' fields of the check kernel (v: the range of labels and ids). */
-tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
-                          kdloss_labels labels, int64_t ignore, int64_t bt, int64_t v,
-                          const tk_plan &P);
+/* The teacher's and the labels' fields of the check kernel (v: the range of labels and ids;
+ * ld_ids: the ids' effective ld, as the argument checks resolved it). */
+tk_check_args tk_check_of(const kdloss_topk_teacher &t, int64_t ld_ids, kdloss_labels labels,
+                          int64_t ignore, int64_t bt, int64_t v, const tk_plan &P);
 
-/* The row kernel's teacher, label and workspace fields (v from c: set it for a block). */
-void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
+/* The row kernel's teacher, label and workspace fields (the ids' ld and v from c: set v for a
+ * block; ld_lp: the log-probs' effective ld). */
+void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, int64_t ld_lp,
                    const tk_check_args &c, const tk_plan &P);
 
 /* dx rows [0, rows) of a chunk (fld_topk.cu; ld_dx, fp32 or bf16: dx_bf) = the sum over each

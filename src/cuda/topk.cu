@@ -309,16 +309,15 @@ kdloss_status tk_zero_slices(const tk_plan &P, cudaStream_t st) {
 }
 
 /* The teacher's and the labels' fields of the check kernel and of a row kernel. */
-tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
-                                 kdloss_labels labels, int64_t ignore, int64_t bt, int64_t v,
-                                 const tk_plan &P) {
+tk_check_args tk_check_of(const kdloss_topk_teacher &t, int64_t ld_ids, kdloss_labels labels,
+                          int64_t ignore, int64_t bt, int64_t v, const tk_plan &P) {
     tk_check_args c;
     c.labels = labels.data;
     c.lab64 = labels.dtype == KDLOSS_I64;
     c.ignore = ignore;
     c.ids = t.ids.data;
     c.ids64 = t.ids.dtype == KDLOSS_I64;
-    c.ld_ids = g.ld_ids;
+    c.ld_ids = ld_ids;
     c.bt = bt;
     c.v = v;
     c.k = t.k;
@@ -328,16 +327,16 @@ tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
     return c;
 }
 
-void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
-                          const tk_check_args &c, const tk_plan &P) {
+void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, int64_t ld_lp,
+                   const tk_check_args &c, const tk_plan &P) {
     memset(a, 0, sizeof *a);
     a->map_s = kd_logit_map_make(kdloss_logit_map{1.0, 0.0}); /* the identity */
     a->ids = t.ids.data;
     a->ids64 = c.ids64;
-    a->ld_ids = g.ld_ids;
+    a->ld_ids = c.ld_ids;
     a->lp = t.logprobs.data;
     a->lpdt = (int)t.logprobs.dtype;
-    a->ld_lp = g.ld_lp;
+    a->ld_lp = ld_lp;
     a->labels = c.labels;
     a->lab64 = c.lab64;
     a->flags = P.flags;
@@ -373,7 +372,7 @@ static void tk_logits_row_args(tk_row_args *a, const kdloss_topk_distill_params 
                                const tk_check_args &c, const tk_plan &P,
                                kdloss_cmat student_logits, kdloss_mat grad, float *row_loss,
                                int64_t bt) {
-    tk_row_common(a, teacher, g, c, P);
+    tk_row_common(a, teacher, g.ld_lp, c, P);
     a->w = params->row_weights;
     a->out_ent = params->row_entropy;
     const size_t es = kdloss_dtype_size(student_logits.dtype);
@@ -408,16 +407,18 @@ kdloss_status kdloss_cuda_topk_distill_logits(
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_topk_geom g;
     kd_spanset spans;
-    kdloss_status s = kd_args_topk_logits(params, bt, v, student_logits, teacher, labels, loss,
-                                          row_loss, grad, &g, &spans);
+    int64_t n_valid; /* the labels are device memory: not read here */
+    kdloss_status s = kd_check_topk_logits(&kd_cuda_rules, params, bt, v, student_logits, teacher,
+                                           labels, loss, row_loss, grad, &g, &n_valid, &spans);
     if (s != KDLOSS_OK) return s;
     tk_plan P;
     if ((s = tk_logits_plan(bt, v, teacher.k, NULL, &P)) != KDLOSS_OK) return s;
-    if ((s = kd_args_workspace(workspace, workspace_bytes, P.total, &spans)) != KDLOSS_OK)
+    if ((s = kd_check_workspace(&kd_cuda_rules, workspace, workspace_bytes, P.total, &spans)) !=
+        KDLOSS_OK)
         return s;
     tk_logits_plan(bt, v, teacher.k, workspace, &P);
 
-    tk_check_args c = tk_check_of(teacher, g, labels, params->ignore_index, bt, v, P);
+    tk_check_args c = tk_check_of(teacher, g.ld_ids, labels, params->ignore_index, bt, v, P);
     c.w = params->row_weights;
     tk_row_args a;
     tk_logits_row_args(&a, params, teacher, g, c, P, student_logits, grad, row_loss, bt);
