@@ -1054,7 +1054,12 @@ KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill(
  * on the CPU (it decides which rows share a teacher GEMM, so it is read before the first launch:
  * an index outside [0, n) is KDLOSS_ERR_INVALID_ID with nothing written). Per chunk, one teacher
  * GEMM per run of rows with the same index, then that run's bias and the teacher's logit map in
- * one pass over its logits. The workspace: kdloss_cuda_fused_linear_distill_workspace_size()'s. */
+ * one pass over its logits. The workspace: kdloss_cuda_fused_linear_distill_workspace_size()'s.
+ * With several faults the status can differ from the CPU function's: the CPU plans the call and
+ * checks the aliasing and the workspace with each head, before the next head and the heads' own
+ * checks (n, index); this function does so once every head and the heads' own checks passed. A
+ * call with a fault of the plan, the aliasing or the workspace and also one in a later head or
+ * the heads' own arguments gets the former's code on the CPU, the latter's here. */
 KDLOSS_API kdloss_status kdloss_cuda_fused_linear_distill_multi(
     kdloss_cuda_context *ctx, void *stream, const kdloss_fused_linear_distill_params *params,
     int64_t bt, int64_t hs, int64_t ht, int64_t v, kdloss_cmat xs, kdloss_cmat ws, const void *bs,

@@ -18,12 +18,14 @@ extern "C" {
  * gets the first one's status); each operation skips the steps it has no argument for:
  *   1. parameters, sizes: NULL params (and out) first; the losses on dense rows then check
  *      their sizes (positive) before the parameters' values (KL: which outputs its reduction
- *      allows), the top-k and fused losses the values (then the logit maps the backend
- *      refuses) before the sizes (and the GEMM dimensions within a 32-bit int);
+ *      allows), the top-k and fused losses the values before the sizes (and the GEMM
+ *      dimensions within a 32-bit int);
  *   2. operand views, in argument order (but: the top-k teacher before the student of the
  *      logits loss, the fused student's bias after the teacher), each by dtype, shape,
- *      alignment, stride, extent; a loss on rows checks its gradient (then KL's elem_loss)
- *      here too, the fused losses theirs with the outputs (4);
+ *      alignment, stride, extent (a fused loss's hidden states and LM head as a pair: the
+ *      pair's dtypes, then each view; the student's pair before the teacher's); a loss on rows
+ *      checks its gradient (then KL's elem_loss) here too, the fused losses theirs with the
+ *      outputs (4);
  *   3. labels: dtype, alignment, then their values (host memory only);
  *   4. outputs: at least one; the fused gradients' views; every pointer aligned;
  *   5. aliasing: no output overlaps an input or another output (a gradient may be its operand
@@ -40,8 +42,6 @@ typedef struct kd_rules {
                             device the kernels check them (kdloss.h) */
     size_t ws_align;     /* > 0: the workspace is required and aligned to this (the CUDA kernels'
                             16-byte loads); 0: optional (the CPU allocates one), any alignment */
-    /* What the CUDA entry points never checked, kept so that no call's status changes: */
-    int fld_dtypes_first; /* dense fused loss: the teacher pair's dtypes before any view */
 } kd_rules;
 
 /* Every byte range a call reads or writes, each with its argument's name: s[0, n_in) inputs,
@@ -63,19 +63,12 @@ typedef struct kd_distill_geom {
     int64_t ld_s, ld_t, ld_g;
 } kd_distill_geom;
 
-/* Effective leading dimensions of a fused-linear call, and what it must compute. */
-typedef struct kd_fld_geom {
-    int64_t ld_xs, ld_ws, ld_xt, ld_wt, ld_dxs, ld_dws;
-    int want_grad; /* dxs, dws or dbs requested */
-} kd_fld_geom;
-
-/* Effective leading dimensions of a top-k call (teacher, and the logits' or the fused loss's
- * operands), and what the fused loss must compute. */
+/* Effective leading dimensions of a top-k call on logits (kdloss_topk_distill_logits; the fused
+ * losses' are in kd_fld_checked), and whether it computes a gradient. */
 typedef struct kd_topk_geom {
-    int64_t ld_ids, ld_lp;                 /* teacher ids and log-probs (rows of k)  */
-    int64_t ld_s, ld_g;                    /* kdloss_cuda_topk_distill_logits      */
-    int64_t ld_xs, ld_ws, ld_dxs, ld_dws;  /* kdloss_cuda_fused_linear_topk_distill */
-    int want_grad;                         /* fused: dxs, dws or dbs requested      */
+    int64_t ld_ids, ld_lp; /* teacher ids and log-probs (rows of k) */
+    int64_t ld_s, ld_g;    /* student logits, gradient */
+    int want_grad;         /* grad requested */
 } kd_topk_geom;
 
 /* The teacher of a fused call: dense (hidden states and LM head) or sparse (top-k ids and

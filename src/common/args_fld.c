@@ -32,12 +32,10 @@ kdloss_status kd_check_fld_params(const kd_rules *r, const kdloss_fused_linear_d
     return kd_fld_check_params(p);
 }
 
-/* The dense teacher's views (its pair's dtypes unless checked first) into spans. */
-static kdloss_status dense_teacher(const kd_rules *r, int64_t bt, int64_t v,
-                                   const kd_fld_teacher *t, kd_fld_checked *c, kd_spanset *spans) {
-    kdloss_status st = KDLOSS_OK;
-    if (!r->fld_dtypes_first)
-        st = pair_dtype("teacher_input", t->xt.dtype, "teacher_weight", t->wt.dtype);
+/* The dense teacher's views, its pair's dtypes first, into spans. */
+static kdloss_status dense_teacher(int64_t bt, int64_t v, const kd_fld_teacher *t,
+                                   kd_fld_checked *c, kd_spanset *spans) {
+    kdloss_status st = pair_dtype("teacher_input", t->xt.dtype, "teacher_weight", t->wt.dtype);
     kd_span s_xt, s_wt;
     if (st == KDLOSS_OK)
         st = gemm_view("teacher_input", bt, t->ht, t->xt.data, t->xt.dtype, t->xt.ld, &c->ld_xt,
@@ -163,8 +161,6 @@ static kdloss_status fld_operands(const kd_rules *r, const kdloss_fused_linear_d
     const int sparse = t->topk != NULL;
     kdloss_status st = kd_fld_check_sizes(bt, hs, sparse ? hs : t->ht, v);
     if (st == KDLOSS_OK) st = pair_dtype("student_input", xs.dtype, "student_weight", ws.dtype);
-    if (st == KDLOSS_OK && !sparse && r->fld_dtypes_first)
-        st = pair_dtype("teacher_input", t->xt.dtype, "teacher_weight", t->wt.dtype);
     kd_span s_xs, s_ws;
     if (st == KDLOSS_OK)
         st = gemm_view("student_input", bt, hs, xs.data, xs.dtype, xs.ld, &c->ld_xs, &s_xs);
@@ -176,7 +172,7 @@ static kdloss_status fld_operands(const kd_rules *r, const kdloss_fused_linear_d
     kd_spans_add(spans, "student_weight", s_ws);
     c->ld_xt = c->ld_wt = c->ld_ids = c->ld_lp = 0;
     st = sparse ? sparse_teacher(r, bt, v_ids, *t->topk, c, spans)
-                : dense_teacher(r, bt, v, t, c, spans);
+                : dense_teacher(bt, v, t, c, spans);
     const size_t es = kdloss_dtype_size(xs.dtype);
     if (st == KDLOSS_OK) st = kd_check_aligned("student_bias", bs, es);
     if (st == KDLOSS_OK) st = fld_labels(r, p, sparse, labels, out, bt, v_ids, &c->n_valid);

@@ -6,7 +6,6 @@
 const kd_rules kd_cpu_rules = {
     .host_memory = 1,
     .ws_align = 0,
-    .fld_dtypes_first = 0,
 };
 
 void kd_ew_job_operands(kd_ew_job *job, int64_t v, kdloss_cmat x, int64_t ldx, kdloss_cmat t,

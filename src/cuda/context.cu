@@ -1,9 +1,15 @@
-/* CUDA availability and the per-device context (cuBLAS and cuBLASLt handles). Handles are
- * created once here and reused by every call, never global. Errors become status codes. */
+/* CUDA availability, the backend's argument-check rules (kd_cuda_rules) and the per-device
+ * context (cuBLAS and cuBLASLt handles). Handles are created once here and reused by every call,
+ * never global. Errors become status codes. */
 #include <stdlib.h>
 
 #include "vp_cuda.h" /* first: it includes kd_cuda.cuh after div_math.h (tk_rows.cuh says why) */
 #include "kd_cuda.cuh"
+
+const kd_rules kd_cuda_rules = {
+    0,  /* host_memory: the values of labels, ids and weights are the kernels' to check */
+    16, /* ws_align: the workspace is required, its regions read with 16-byte loads */
+};
 
 int kdloss_cuda_available(void) {
     int n = 0;

@@ -5,7 +5,6 @@
  * device memory, so the host never waits. Out-of-range labels cannot be rejected before writing
  * (that needs the values on the host): they are reported in the workspace status word, with
  * NaN losses, as kdloss.h documents. */
-#include "args.h"
 #include "div_math.h"
 #include "ew_tile.cuh"
 
@@ -127,8 +126,9 @@ kdloss_status kdloss_cuda_distill(kdloss_cuda_context *ctx, void *stream,
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_distill_geom g;
     kd_spanset spans;
-    kdloss_status s =
-        kd_args_distill(params, bt, v, student, teacher, labels, loss, row_loss, grad, &g, &spans);
+    int64_t n_valid; /* the labels are device memory: not read here */
+    kdloss_status s = kd_check_distill(&kd_cuda_rules, params, bt, v, student, teacher, labels,
+                                       loss, row_loss, grad, &g, &n_valid, &spans);
     if (s != KDLOSS_OK) return s;
     kd_ew_plan plan;
     if ((s = kd_ew_plan_place(bt, v, workspace, workspace_bytes, &spans, &plan)) != KDLOSS_OK)

@@ -1,6 +1,5 @@
 /* The divergence family on LOGITS on the GPU (kdloss.h, kdloss_cuda_distill_logits): the CPU's
  * kdloss_distill_logits (docs/MATH.md 7.4), one block per row. */
-#include "args.h"
 #include "div_math.h"
 #include "kd_cuda.cuh"
 #include "row_special.cuh"
@@ -318,12 +317,14 @@ kdloss_status kdloss_cuda_distill_logits(kdloss_cuda_context *ctx, void *stream,
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_distill_geom g;
     kd_spanset spans;
-    kdloss_status s = kd_args_distill_logits(params, bt, v, student, teacher, labels, loss,
-                                             row_loss, grad, &g, &spans);
+    int64_t n_valid; /* the labels are device memory: not read here */
+    kdloss_status s = kd_check_distill_logits(&kd_cuda_rules, params, bt, v, student, teacher,
+                                              labels, loss, row_loss, grad, &g, &n_valid, &spans);
     if (s != KDLOSS_OK) return s;
     kd_ew_plan plan;
     if ((s = dl_plan(bt, v, NULL, &plan)) != KDLOSS_OK) return s;
-    if ((s = kd_args_workspace(workspace, workspace_bytes, plan.total, &spans)) != KDLOSS_OK)
+    if ((s = kd_check_workspace(&kd_cuda_rules, workspace, workspace_bytes, plan.total,
+                                &spans)) != KDLOSS_OK)
         return s;
     dl_plan(bt, v, workspace, &plan);
 

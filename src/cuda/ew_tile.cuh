@@ -10,7 +10,6 @@
 #ifndef KDLOSS_EW_TILE_CUH
 #define KDLOSS_EW_TILE_CUH
 
-#include "args.h"
 #include "kd_cuda.cuh"
 
 /* The *_workspace_size query of a (bt x v) elementwise loss. */
@@ -24,12 +23,13 @@ static inline kdloss_status kd_ew_workspace_size(int64_t bt, int64_t v, size_t *
 }
 
 /* A checked call's plan: sized, the caller's workspace checked against it and the operands'
- * spans (kd_args_workspace, in the argument checks' order), then placed in that workspace. */
+ * spans (kd_check_workspace, in the argument checks' order), then placed in that workspace. */
 static inline kdloss_status kd_ew_plan_place(int64_t bt, int64_t v, void *workspace,
                                              size_t workspace_bytes, const kd_spanset *spans,
                                              kd_ew_plan *plan) {
     kdloss_status s = kd_ew_plan_make(bt, v, NULL, plan);
-    if (s == KDLOSS_OK) s = kd_args_workspace(workspace, workspace_bytes, plan->total, spans);
+    if (s == KDLOSS_OK)
+        s = kd_check_workspace(&kd_cuda_rules, workspace, workspace_bytes, plan->total, spans);
     if (s == KDLOSS_OK) kd_ew_plan_make(bt, v, workspace, plan);
     return s;
 }

@@ -447,7 +447,8 @@ kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
+    kdloss_status s = fld_size_checks(kd_check_fld_params(&kd_cuda_rules, params), bt, hs, ht, v,
+                                      1, student_dtype);
     fld_plan P;
     if (s == KDLOSS_OK)
         s = fld_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, -1, NULL, &P);
@@ -457,7 +458,7 @@ kdloss_status kdloss_cuda_fused_linear_distill_workspace_size(
 
 kdloss_status fld_size_checks(kdloss_status st, int64_t bt, int64_t hs, int64_t ht, int64_t v,
                              int64_t k, kdloss_dtype sdt) {
-    if (st == KDLOSS_OK) st = kd_args_fld_sizes(bt, hs, ht, v);
+    if (st == KDLOSS_OK) st = kd_fld_check_sizes(bt, hs, ht, v);
     if (st == KDLOSS_OK && k < 1) st = KDLOSS_ERR_INVALID_SIZE;
     if (st != KDLOSS_OK) return st;
     return sdt == KDLOSS_F32 || sdt == KDLOSS_BF16 ? KDLOSS_OK : KDLOSS_ERR_INVALID_DTYPE;
@@ -546,7 +547,7 @@ static kdloss_status fld_chunk(const fld_gemms &gm, const fld_grad_out &G, kdlos
     });
 }
 
-kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_geom &g,
+kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_checked &g,
                            const kd_spanset *spans, int64_t n_spans) {
     const kdloss_fused_linear_distill_params *params = c.params;
     const kdloss_cmat xs = c.xs, ws = c.ws, xt = c.xt, wt = c.wt;
@@ -554,7 +555,8 @@ kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_geom &g,
     const int dev = c.ctx->device;
     kdloss_status s = fld_plan_make(params, c.bt, c.hs, c.v, xs.dtype, g.want_grad, dev, NULL, &P);
     for (int64_t i = 0; s == KDLOSS_OK && i < n_spans; i++)
-        s = kd_args_fld_workspace(c.workspace, c.workspace_bytes, P.total, &spans[i]);
+        s = kd_check_fld_workspace(&kd_cuda_rules, c.workspace, c.workspace_bytes, P.total,
+                                   &spans[i]);
     if (s != KDLOSS_OK) return s;
     fld_plan_make(params, c.bt, c.hs, c.v, xs.dtype, g.want_grad, dev, c.workspace, &P);
 
@@ -592,10 +594,11 @@ kdloss_status kdloss_cuda_fused_linear_distill(
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
-    kd_fld_geom g;
+    kd_fld_checked g;
     kd_spanset spans;
-    kdloss_status s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out,
-                                 &g, &spans);
+    const kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
+    kdloss_status s = kd_check_fld(&kd_cuda_rules, params, bt, hs, v, v, xs, ws, bs, &t, labels,
+                                  out, &g, &spans);
     if (s != KDLOSS_OK) return s;
     const fld_dense_call c = {ctx, stream, params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias,
                               NULL, labels, out, workspace, workspace_bytes};

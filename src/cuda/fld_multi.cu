@@ -13,7 +13,7 @@ kdloss_status kdloss_cuda_fused_linear_distill_multi(
     kdloss_fused_linear_distill_out *out, void *workspace, size_t workspace_bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
-    kd_fld_geom g;
+    kd_fld_checked g;
     const int64_t n = teachers && teachers->wt ? teachers->n : 0;
     /* every head's argument spans, for the workspace's overlap check (fld_dense_run) */
     kd_spanset *spans = (kd_spanset *)malloc((size_t)(n > 0 ? n : 1) * sizeof(kd_spanset));
@@ -21,9 +21,11 @@ kdloss_status kdloss_cuda_fused_linear_distill_multi(
     kdloss_status s = spans && wt ? KDLOSS_OK : KDLOSS_ERR_OUT_OF_MEMORY;
     /* every head through the single-teacher checks (its view, dtype, aliasing), then their own */
     for (int64_t j = 0; s == KDLOSS_OK && j < n; j++) {
-        s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, teachers->wt[j],
-                        teachers->bias ? teachers->bias[j] : NULL, labels, out, &g, &spans[j]);
-        /* the effective ld, as kd_args_fld resolved it (g.ld_wt) */
+        const kd_fld_teacher t = {ht, xt, teachers->wt[j],
+                                  teachers->bias ? teachers->bias[j] : NULL, NULL, 0};
+        s = kd_check_fld(&kd_cuda_rules, params, bt, hs, v, v, xs, ws, bs, &t, labels, out, &g,
+                         &spans[j]);
+        /* the effective ld, as kd_check_fld resolved it (g.ld_wt) */
         wt[j] = {teachers->wt[j].data, teachers->wt[j].dtype, g.ld_wt};
     }
     if (s == KDLOSS_OK) s = kd_check_teacher_heads(teachers, bt, hs, v, out);

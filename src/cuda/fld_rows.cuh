@@ -1,12 +1,11 @@
 /* The chunked fused-linear loss on the GPU, the parts its drivers share: the single-process one
- * (fld.cu), the sparse teacher's dense path (topk.cu) and the vocabulary-parallel
+ * (fld.cu), the sparse teacher's dense path (fld_topk.cu) and the vocabulary-parallel
  * ones (fld_vp.cu, topk_vp.cu): the workspace plan, the row kernel's arguments and its
  * per-element device functions (one definition of dzs), the per-chunk GEMM steps and the chunk
  * loop with its backward. */
 #ifndef KDLOSS_FL_ROWS_CUH
 #define KDLOSS_FL_ROWS_CUH
 
-#include "args.h"
 #include "div_math.h"
 #include "kd_cuda.cuh"
 #include "logit_map.h"
@@ -518,7 +517,7 @@ kdloss_status fld_cast_wgrad(cudaStream_t st, const float *dw_acc, const float *
                             int64_t hs, int64_t v);
 
 /* ---- the chunk loop of the fused drivers --------------------------------------------------
- * fld.cu, topk.cu (dense path), fld_vp.cu and topk_vp.cu run the same loop: per
+ * fld.cu, fld_topk.cu (dense path), fld_vp.cu and topk_vp.cu run the same loop: per
  * chunk of rows the logits GEMM, the driver's own row kernel(s) (vocabulary-parallel: with their
  * all-reduces), then the backward; after the last chunk the gradients are completed. The loop,
  * the backward's common steps and the completion are here; the row phases and the dxs step
@@ -534,8 +533,8 @@ typedef struct fld_grad_out {
     void *xm;                /* the chunk's masked xs rows (fld_mask_rows; the plan's) */
 } fld_grad_out;
 
-/* From a checked call: p its params (either fused loss's), g its geometry (kd_fld_geom or
- * kd_topk_geom), P its plan (fld_plan or tk_plan). */
+/* From a checked call: p its params (either fused loss's), g its checked geometry
+ * (kd_fld_checked), P its plan (fld_plan or tk_plan). */
 template <class Params, class Geom, class Plan>
 static inline fld_grad_out fld_grad_out_of(const Params *p, const Geom &g,
                                          const kdloss_fused_linear_distill_out *out,
@@ -615,10 +614,10 @@ typedef struct fld_dense_call {
     size_t workspace_bytes;
 } fld_dense_call;
 
-/* Runs a call whose arguments passed (g and spans[0, n_spans): kd_args_fld's, one spanset per
+/* Runs a call whose arguments passed (g and spans[0, n_spans): kd_check_fld's, one spanset per
  * teacher head): the plan, the workspace's checks against every spanset, the chunk loop, the
  * losses. */
-kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_geom &g,
+kdloss_status fld_dense_run(const fld_dense_call &c, const kd_fld_checked &g,
                            const kd_spanset *spans, int64_t n_spans);
 
 /* The size queries' checks after the params' (st, in the calls' order): the sizes, K (the sparse

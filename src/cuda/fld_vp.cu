@@ -410,7 +410,8 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp_workspace_size(
     int64_t v, kdloss_dtype student_dtype, int want_grad, size_t *bytes) {
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     if (!params || !bytes) return KDLOSS_ERR_NULL_POINTER;
-    kdloss_status s = fld_size_checks(kd_args_fld_params(params), bt, hs, ht, v, 1, student_dtype);
+    kdloss_status s = fld_size_checks(kd_check_fld_params(&kd_cuda_rules, params), bt, hs, ht, v,
+                                      1, student_dtype);
     fldvp_plan P;
     if (s == KDLOSS_OK)
         s = fldvp_plan_make(params, bt, hs, v, student_dtype, want_grad != 0, -1, NULL, &P);
@@ -430,15 +431,18 @@ kdloss_status kdloss_cuda_fused_linear_distill_vp(
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status s = kd_cuda_vp_enter(ctx, shard);
     if (s != KDLOSS_OK) return s; /* this rank cannot take part */
-    kd_fld_geom g;
+    kd_fld_checked g;
     kd_spanset spans;
     fldvp_plan P;
+    const kd_fld_teacher t = {ht, xt, wt, bt_bias, NULL, 0};
     s = kd_vp_check_shard(shard, v);
     if (s == KDLOSS_OK)
-        s = kd_args_fld(params, bt, hs, ht, v, xs, ws, bs, xt, wt, bt_bias, labels, out, &g, &spans);
+        s = kd_check_fld(&kd_cuda_rules, params, bt, hs, v, v, xs, ws, bs, &t, labels, out, &g,
+                         &spans);
     if (s == KDLOSS_OK)
         s = fldvp_plan_make(params, bt, hs, v, xs.dtype, g.want_grad, ctx->device, NULL, &P);
-    if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.fl.total, &spans);
+    if (s == KDLOSS_OK)
+        s = kd_check_fld_workspace(&kd_cuda_rules, workspace, workspace_bytes, P.fl.total, &spans);
     /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks
      * passed; n_valid -1: the device counts it after the agreement */
     kd_vp_terms terms = {0, 0};

@@ -1,6 +1,6 @@
-/* Internal to the CUDA backend: the context, error mapping, device selection, the workspace
- * header, dtype loads/stores, and deterministic block reductions. Included by every .cu file;
- * everything here is inline (no relocatable device code needed). */
+/* Internal to the CUDA backend: the context, its argument-check rules, error mapping, device
+ * selection, the workspace header, dtype loads/stores, and deterministic block reductions.
+ * Included by every .cu file; everything here is inline (no relocatable device code needed). */
 #ifndef KDLOSS_KD_CUDA_CUH
 #define KDLOSS_KD_CUDA_CUH
 
@@ -13,6 +13,7 @@
 
 #include <utility>
 
+#include "args.h" /* src/common's checks: every entry point calls them with kd_cuda_rules */
 #include "kdloss.h"
 
 /* ---- one launch form for nvcc and the CUDA simulator (cudasim/) ------------------------------
@@ -76,6 +77,10 @@ struct kdloss_cuda_context {
  * A function of the device alone, so a workspace query and the call agree, and results are
  * bitwise the same run to run. device -1: the current device. */
 size_t kd_cuda_default_budget(int device);
+
+/* The CUDA backend's rules for src/common's argument checks (context.cu): operands are device
+ * memory, the workspace is required and 16-byte aligned. */
+extern const kd_rules kd_cuda_rules;
 
 /* ---- error mapping: never exit, never print ------------------------------------------------ */
 
@@ -447,7 +452,7 @@ __device__ __forceinline__ float kd_block_lse(kd_lse s, kd_lse *red) {
     return kd_lse_value(kd_block_lse_state(s, red, 1.0f));
 }
 
-/* ---- small kernels of the fused losses (fld.cu, topk.cu) ---------------------
+/* ---- small kernels of the fused losses (fld.cu, vp.cu) -----------------------
  * static: each .cu file gets its own copy (no relocatable device code). */
 
 /* acc[c] = (first ? 0 : acc[c]) + sum over r < rows of dz[r * pitch + c], r ascending.

@@ -3,7 +3,6 @@
  * for reduction NONE) once. The gradient does not depend on the row sums, so nothing waits for a
  * reduction. Sums: fp32 over the 16 columns of a thread, then double in fixed-order trees; the
  * scalar loss is reduced on the device by rowsum.cu, no float atomics, no host synchronization. */
-#include "args.h"
 #include "div_math.h"
 #include "ew_tile.cuh"
 
@@ -97,8 +96,8 @@ kdloss_status kdloss_cuda_kl_div(kdloss_cuda_context *ctx, void *stream,
     if (!ctx) return KDLOSS_ERR_NULL_POINTER;
     kd_kl_geom g;
     kd_spanset spans;
-    kdloss_status s = kd_args_kl(params, bt, v, input, target, loss, row_loss, elem_loss, grad,
-                                 &g, &spans);
+    kdloss_status s = kd_check_kl(&kd_cuda_rules, params, bt, v, input, target, loss, row_loss,
+                                  elem_loss, grad, &g, &spans);
     if (s != KDLOSS_OK) return s;
     kd_ew_plan plan;
     if ((s = kd_ew_plan_place(bt, v, workspace, workspace_bytes, &spans, &plan)) != KDLOSS_OK)

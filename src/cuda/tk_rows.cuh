@@ -1,13 +1,13 @@
-/* The sparse top-k teacher on the GPU, the parts its drivers share: the single-process ones
- * (topk.cu) and the vocabulary-parallel one (topk_vp.cu): the workspace header and row kinds,
- * the row scratch, the row kernel's arguments and its device functions (the gradient pass and
- * the slots' values, written once), and the host steps (plan, checks, launch arguments). */
+/* The sparse top-k teacher on the GPU, the parts its drivers share: the loss on logits
+ * (topk.cu, which also holds the kernels every call launches), the fused loss (fld_topk.cu) and
+ * its vocabulary-parallel form (topk_vp.cu): the workspace header and row kinds, the row
+ * scratch, the row kernel's arguments and its device functions (the gradient pass and the slots'
+ * values, written once), and the host steps (plan, checks, launch arguments). */
 #ifndef KDLOSS_TK_ROWS_CUH
 #define KDLOSS_TK_ROWS_CUH
 
 #include <string.h>
 
-#include "args.h"
 #include "logit_map.h"
 #include "topk_row.h" /* before kd_cuda.cuh: div_elem.h's locals would shadow cuda_fp16.h's half */
 #include "fld_rows.cuh"
@@ -97,6 +97,19 @@ __device__ __forceinline__ tk_slots tk_slots_at(char *base, int64_t k) {
     s.lp = s.z + k;
     s.g = s.lp + k;
     return s;
+}
+
+/* Moves the used slots (col >= 0) of k to the front, in slot order; returns their count. */
+__device__ __forceinline__ int64_t tk_compact(tk_slots s, int64_t k) {
+    int64_t n = 0;
+    for (int64_t j = 0; j < k; j++)
+        if (s.col[j] >= 0) {
+            s.col[n] = s.col[j];
+            s.z[n] = s.z[j];
+            s.lp[n] = s.lp[j];
+            n++;
+        }
+    return n;
 }
 
 /* ---- 1. row checks ------------------------------------------------------------------------- */
@@ -337,7 +350,7 @@ __device__ void tk_fixup(const tk_row_args &a, int64_t r, tk_slots s, const tk_r
 
 /* ---- host side --------------------------------------------------------------------------------- */
 
-/* The workspace of every top-k call (topk.cu has the layout). */
+/* The workspace of every top-k call (topk.cu and fld_topk.cu have the layouts). */
 typedef struct tk_plan {
     tk_scratch sc;
     tk_header *hdr;
@@ -355,28 +368,50 @@ typedef struct tk_plan {
     size_t total;
 } tk_plan;
 
+/* The parts every call has: flags, per-row losses, the scratch slices. */
+static inline void tk_carve_common(kd_carver *c, int64_t bt, int hard_rows, tk_plan *P) {
+    P->flags = (uint8_t *)kd_carve(c, (size_t)bt);
+    P->row_soft = (double *)kd_carve(c, (size_t)bt * sizeof(double));
+    P->row_hard = hard_rows ? (double *)kd_carve(c, (size_t)bt * sizeof(double)) : NULL;
+    P->gslot = P->sc.slots_smem ? NULL : (char *)kd_carve(c, (size_t)TK_SLICES * P->sc.slot_stride);
+    P->gbits = P->sc.words && !P->sc.bits_smem
+                   ? (uint32_t *)kd_carve(c, (size_t)TK_SLICES * (size_t)P->sc.words * 4u)
+                   : NULL;
+}
 
-/* The dense fused loss's plan (a chunk of rows, fp32 logits; as fld.cu's): carves
+/* Bounds that keep every byte count below 2^62. */
+static inline int tk_sizes_ok(int64_t bt, int64_t v, int64_t k, int64_t hs) {
+    const int64_t m = (int64_t)1 << 40;
+    return bt <= m && v <= m && k <= m && hs <= m && (uint64_t)bt * (uint64_t)k <= ((uint64_t)1 << 56);
+}
+
+/* The dense fused loss's plan (fld_topk.cu; a chunk of rows, fp32 logits; as fld.cu's): carves
  * its regions from c after the header; the caller sets hdr and total, so more can follow. */
 kdloss_status tk_dense_carve(const kdloss_fused_linear_topk_distill_params *p, int64_t bt,
                              int64_t hs, int64_t v, int64_t k, kdloss_dtype sdt, int want_grad,
                              kd_carver *c, tk_plan *P);
 
+/* The dense row kernel over a fused chunk's rows a.row0 + [0, a.rows) (topk.cu's tk_row_kernel:
+ * fp32 chunk logits, bias and dz in the student's dtype ds). */
+kdloss_status tk_row_launch_fused(kdloss_dtype ds, const tk_row_args &a, const tk_scratch &sc,
+                                  cudaStream_t st);
+
 /* Global bitmap slices start zeroed; the row kernel clears what it sets. */
 kdloss_status tk_zero_slices(const tk_plan &P, cudaStream_t st);
 
-/* The teacher's and the labels' fields of the check kernel (v: the range of labels and ids). */
-tk_check_args tk_check_of(const kdloss_topk_teacher &t, const kd_topk_geom &g,
-                          kdloss_labels labels, int64_t ignore, int64_t bt, int64_t v,
-                          const tk_plan &P);
+/* The teacher's and the labels' fields of the check kernel (v: the range of labels and ids;
+ * ld_ids: the ids' effective ld, as the argument checks resolved it). */
+tk_check_args tk_check_of(const kdloss_topk_teacher &t, int64_t ld_ids, kdloss_labels labels,
+                          int64_t ignore, int64_t bt, int64_t v, const tk_plan &P);
 
-/* The row kernel's teacher, label and workspace fields (v from c: set it for a block). */
-void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, const kd_topk_geom &g,
+/* The row kernel's teacher, label and workspace fields (the ids' ld and v from c: set v for a
+ * block; ld_lp: the log-probs' effective ld). */
+void tk_row_common(tk_row_args *a, const kdloss_topk_teacher &t, int64_t ld_lp,
                    const tk_check_args &c, const tk_plan &P);
 
-/* dx rows [0, rows) of a chunk (ld_dx, fp32 or bf16: dx_bf) = the sum over each row's used slots,
- * in slot order, of dz[c] ws[c] for the ids this rank holds (c = id - v_lo in [0, v)); zeros on
- * rows that do not count. renorm_both without the cross-entropy's gradient, where dz is 0
+/* dx rows [0, rows) of a chunk (fld_topk.cu; ld_dx, fp32 or bf16: dx_bf) = the sum over each
+ * row's used slots, in slot order, of dz[c] ws[c] for the ids this rank holds (c = id - v_lo in
+ * [0, v)); zeros on rows that do not count. renorm_both without the cross-entropy's gradient, where dz is 0
  * outside S: the CPU's topk_dx (src/cpu/fld.c), K axpys a row instead of the V-wide GEMM, and a
  * weight row outside S, which the loss never reads, is not read here either. dz: the chunk's
  * (in place over its logits, pitch zs_pitch in elements of the student's dtype sdt); ws (v x hs,
@@ -391,11 +426,12 @@ static inline int tk_gh_zero(const kdloss_fused_linear_topk_distill_params *p) {
     return !(p->weight_hard_loss > 0.0) || p->grad_scale == 0.0;
 }
 
-/* The zero-gradient rows of a chunk for fld_mask_rows (topk.cu): rows that do not count, and with
- * gh0 (tk_gh_zero) rows without a used slot. */
+/* The zero-gradient rows of a chunk for fld_mask_rows (fld_topk.cu): rows that do not count,
+ * and with gh0 (tk_gh_zero) rows without a used slot. */
 fld_mask tk_mask_of(const tk_row_args &a, int gh0);
 
-/* The row-kernel fields of the dense fused loss (dz in place over the chunk's logits). */
+/* The row-kernel fields of the dense fused loss (fld_topk.cu; dz in place over the chunk's
+ * logits). */
 void tk_row_fused(tk_row_args *a, const kdloss_fused_linear_topk_distill_params *p,
                   const kdloss_fused_linear_distill_out *out, int has_labels, const void *bs,
                   const tk_plan &P, int want_grad);

@@ -1,5 +1,5 @@
 /* The vocabulary-parallel fused loss against a sparse top-k teacher on the GPU (kdloss.h,
- * kdloss_cuda_fused_linear_topk_distill_vp; docs/MATH.md sections 8 and 9): topk.cu's dense
+ * kdloss_cuda_fused_linear_topk_distill_vp; docs/MATH.md sections 8 and 9): fld_topk.cu's dense
  * path on this rank's rows of the head, its row kernel split into phases with the statistics
  * all-reduced in between. */
 #include "tk_rows.cuh"
@@ -25,7 +25,7 @@
  * or TK_SLICES slices of the workspace, the grid then at most TK_SLICES blocks). Nothing in this
  * file has run on a GPU yet.
  *
- * Workspace: topk.cu's dense plan (for this rank's v), then st: 7 + K doubles a chunk row
+ * Workspace: fld_topk.cu's dense plan (for this rank's v), then st: 7 + K doubles a chunk row
  * (stat_max, stat_sum; the entropy's counted whether or not it is asked for), and with gradients
  * part: (C x Hs) fp32, the chunk's dxs partial. */
 
@@ -298,7 +298,7 @@ static kdloss_status tkvp_launch(int phase, kdloss_dtype ds, const tkvp_args &a,
     return kd_launch_status();
 }
 
-/* The plan: topk.cu's dense regions for this rank's v, the statistics, the dxs partial. */
+/* The plan: fld_topk.cu's dense regions for this rank's v, the statistics, the dxs partial. */
 typedef struct tkvp_plan {
     tk_plan tk;
     double *st;  /* (7 + K) doubles a chunk row */
@@ -323,7 +323,7 @@ typedef struct tkvp_call {
     fld_gemms gm;             /* ctx, stream, xs / ws_r with their lds, the chunk's zs */
     const kdloss_comm *comm;
     fld_grad_out G;           /* the gradients' outputs, zero_g */
-    const kd_topk_geom *g;
+    const kd_fld_checked *g;
     const tkvp_plan *P;
     int gh0, sdx;            /* tk_gh_zero; renorm_both with it: dxs from S (tk_dx_s_launch) */
 } tkvp_call;
@@ -364,12 +364,12 @@ static kdloss_status tkvp_run(const tkvp_call &k, const kdloss_fused_linear_topk
                               const kdloss_vocab_shard *sh, const void *bs,
                               const kdloss_topk_teacher &t, kdloss_labels labels, int64_t bt) {
     const tk_plan &P = k.P->tk;
-    const kd_topk_geom &g = *k.g;
+    const kd_fld_checked &g = *k.g;
     const cudaStream_t st = k.gm.st;
-    tk_check_args c = tk_check_of(t, g, labels, p->ignore_index, bt, sh->v_total, P);
+    tk_check_args c = tk_check_of(t, g.ld_ids, labels, p->ignore_index, bt, sh->v_total, P);
     c.w = p->row_weights; /* checked on the host (kd_cuda_vp_weights): 0 ignores a row */
     tkvp_args a;
-    tk_row_common(&a.r, t, g, c, P);
+    tk_row_common(&a.r, t, g.ld_lp, c, P);
     tk_row_fused(&a.r, p, k.G.out, labels.data != NULL, bs, P, g.want_grad && !k.G.zero_g);
     a.r.v = k.gm.v; /* tk_row_common gave the ids' range, v_total */
     a.v_lo = sh->v_begin;
@@ -414,15 +414,17 @@ kdloss_status kdloss_cuda_fused_linear_topk_distill_vp(
     kd_detail_clear(); /* this call's own detail or none (kdloss.h) */
     kdloss_status s = kd_cuda_vp_enter(ctx, shard);
     if (s != KDLOSS_OK) return s; /* this rank cannot take part */
-    kd_topk_geom g;
+    kd_fld_checked g;
     kd_spanset spans;
     tkvp_plan P;
     s = kd_vp_check_shard(shard, v);
     if (s == KDLOSS_OK)
-        s = kd_args_fltk(params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g, &spans);
+        s = kd_check_fltk(&kd_cuda_rules, params, bt, hs, v, xs, ws, bs, teacher, labels, out, &g,
+                          &spans);
     if (s == KDLOSS_OK)
         s = tkvp_plan_make(params, bt, hs, v, teacher.k, xs.dtype, g.want_grad, NULL, &P);
-    if (s == KDLOSS_OK) s = kd_args_fld_workspace(workspace, workspace_bytes, P.tk.total, &spans);
+    if (s == KDLOSS_OK)
+        s = kd_check_fld_workspace(&kd_cuda_rules, workspace, workspace_bytes, P.tk.total, &spans);
     /* the call's fingerprints (vp.h), as src/cpu/fld_vp.c forms them, once this rank's own checks
      * passed: the teacher's dtypes are the ids' and the log-probs', no teacher bias; n_valid -1:
      * the device counts it after the agreement */

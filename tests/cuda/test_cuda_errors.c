@@ -243,13 +243,14 @@ typedef struct fl_call {
     int row_off; /* distill: row_soft at AR_ROW + row_off (with loss) */
     size_t lab_off; /* labels at AR_LAB + lab_off */
     int rw, ent;    /* distill: row_weights at AR_RW, row_entropy at AR_ENT */
+    size_t xs_off;  /* xs at AR_IN + xs_off */
 } fl_call;
 
 /* operands: xs @AR_IN, xt @AR_T, ws @AR_W1, wt @AR_W2, student bias just before AR_WS */
 static kdloss_status run_fl(const void *arg, int cpu) {
     const fl_call *c = arg;
     char *ar = cpu ? g_har : g_ar;
-    kdloss_cmat xs = {ar + AR_IN, c->dxs, 0}, ws = {ar + AR_W1, c->dws, 0};
+    kdloss_cmat xs = {ar + AR_IN + c->xs_off, c->dxs, 0}, ws = {ar + AR_W1, c->dws, 0};
     kdloss_cmat xt = {ar + AR_T, c->dxt, 0}, wt = {ar + AR_W2, c->dwt, 0};
     kdloss_labels L = {c->labels ? ar + AR_LAB + c->lab_off : NULL, c->dl};
     kdloss_fljsd_out o;
@@ -332,6 +333,10 @@ static void test_errors_fl(void) {
     c = b; c.ht = 0; fl_err("fld_jsd ht 0", &c, KDLOSS_ERR_INVALID_SIZE, 1);
     c = b; c.dxs = c.dws = c.ddxs = KDLOSS_F16; fl_err("fld_jsd f16 student", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
     c = b; c.dwt = KDLOSS_F32; fl_err("fld_jsd xt/wt dtypes differ", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
+    /* the student's views before the teacher pair's dtypes, on every backend (args.h, step 2) */
+    c = b; c.xs_off = 1; fl_err("fld_jsd xs misaligned", &c, KDLOSS_ERR_MISALIGNED, 1);
+    c = b; c.dwt = KDLOSS_F32; c.xs_off = 1;
+    fl_err("fld_jsd xs misaligned and xt/wt dtypes differ", &c, KDLOSS_ERR_MISALIGNED, 1);
     c = b; c.labels = 0; fl_err("fld_jsd no labels", &c, KDLOSS_ERR_NULL_POINTER, 1);
     c = b; c.dl = KDLOSS_BF16; fl_err("fld_jsd float labels", &c, KDLOSS_ERR_INVALID_DTYPE, 1);
     c = b; c.loss = c.dx = 0; fl_err("fld_jsd no output", &c, KDLOSS_ERR_NO_OUTPUT, 1);
@@ -398,6 +403,8 @@ static void test_errors_fldistill(void) {
     e = f; e.pd.weight_soft_loss = -1; fl_err("fldistill weight < 0", &e, KDLOSS_ERR_INVALID_PARAM, 1);
     e = f; e.row_off = 2; fl_err("fldistill row_soft misaligned", &e, KDLOSS_ERR_MISALIGNED, 1);
     e = f; e.lab_off = 4; fl_err("fldistill int64 labels misaligned", &e, KDLOSS_ERR_MISALIGNED, 1);
+    e = f; e.dxt = KDLOSS_F32; e.xs_off = 1;
+    fl_err("fldistill xs misaligned and xt/wt dtypes differ", &e, KDLOSS_ERR_MISALIGNED, 1);
     e = f; e.dx_off = AR_ROW - 16; fl_err("fldistill dxs overlaps row_soft", &e, KDLOSS_ERR_ALIASING, 1);
     e = f; e.labels = 0; fl_err("fldistill no labels", &e, KDLOSS_ERR_NULL_POINTER, 1);
     e = f; e.ws_bytes -= 256; fl_err("fldistill workspace small", &e, KDLOSS_ERR_WORKSPACE_TOO_SMALL, 0);
