@@ -10,7 +10,7 @@ Every loss is returned in float32; dtypes, batchmean and the rest: functional's 
 """
 
 from . import adapters, functional, liger
-from ._backend import register_backend, set_cuda_status_check
+from ._backend import register_backend, release_output_buffers, set_cuda_status_check
 from .functional import (FusedLinearJSDFunction, FusedLinearJSDLossFunction, JSDFunction,
                          KLDivFunction, distill_loss, fused_linear_distill_loss, fused_linear_jsd,
                          fused_linear_jsd_loss, fused_linear_topk_distill_loss, jsd, kl_div,
@@ -19,7 +19,7 @@ from .modules import (JSD, DistillLoss, FusedLinearDistillLoss, FusedLinearJSD,
                       FusedLinearJSDLoss, FusedLinearTopKDistillLoss, KLDivLoss, TopKDistillLoss)
 
 __all__ = ["KLDivLoss", "JSD", "FusedLinearJSD", "FusedLinearJSDLoss", "functional", "kl_div",
-           "adapters", "set_cuda_status_check",
+           "adapters", "set_cuda_status_check", "release_output_buffers",
            "jsd", "fused_linear_jsd", "fused_linear_jsd_loss", "register_backend", "DistillLoss",
            "FusedLinearDistillLoss", "distill_loss", "fused_linear_distill_loss",
            "TopKDistillLoss", "FusedLinearTopKDistillLoss", "topk_distill_loss",

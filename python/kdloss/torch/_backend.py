@@ -230,36 +230,71 @@ def same_device(what_tensors):
     return device
 
 
-_HUGE = 2 << 20  # a transparent huge page on x86-64 and arm64 Linux
-_MADV_HUGEPAGE = 14
-_libc = None
+class _OutputPool:
+    """Host memory for large fresh outputs, reused once nothing references it. First-touching a
+    fresh multi-megabyte allocation maps it page by page, and on a virtual machine those faults
+    can cost several times the kernel that fills it (docs/ARCHITECTURE.md, "Output buffers").
+    The pool keeps the storages of the outputs it handed out (at most SLOTS); one whose only
+    reference is the pool's (torch's storage use count is 1: every tensor, view or .grad on it
+    is gone) backs the next output of the same size, its pages already mapped. Each output is a
+    new tensor on the storage, so autograd still takes a saved gradient as the leaf's .grad
+    without a copy. Thread-safe; release() returns the free storages to torch's allocator."""
+
+    MIN_BYTES = 4 << 20
+    SLOTS = 8
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._slots = []  # UntypedStorage, least recently handed out first
+
+    @staticmethod
+    def _free(st):
+        return torch._C._storage_Use_Count(st._cdata) == 1
+
+    def take(self, nbytes):
+        """A storage of exactly nbytes that nothing else references: a free pooled one, or a
+        fresh one (pooled when a slot is free or a free one can be evicted)."""
+        with self._lock:
+            for i, st in enumerate(self._slots):
+                if st.nbytes() == nbytes and self._free(st):
+                    self._slots.append(self._slots.pop(i))
+                    return st
+            st = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
+            if len(self._slots) >= self.SLOTS:
+                free = [i for i, old in enumerate(self._slots) if self._free(old)]
+                if not free:
+                    return st  # every slot in use: this one is not pooled
+                self._slots.pop(free[0])
+            self._slots.append(st)
+            return st
+
+    def release(self):
+        """Drops the pool's free storages (torch's allocator frees them); in-use ones stay."""
+        with self._lock:
+            self._slots = [st for st in self._slots if not self._free(st)]
 
 
-def _advise_huge(t):
-    """Asks Linux to back a fresh host tensor's whole 2 MiB pages with huge pages before the
-    first write. First-touching a large fresh output page by page costs more than the kernel
-    that fills it (docs/ARCHITECTURE.md, "Output buffers"); with the advice, one fault maps
-    2 MiB. Advice only: a kernel whose huge pages are off ignores it, and the contents and
-    the tensor's ownership (torch's allocator frees it) are unchanged."""
-    global _libc
-    if not sys.platform.startswith("linux"):
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    start = -(-t.data_ptr() // _HUGE) * _HUGE
-    end = (t.data_ptr() + t.numel() * t.element_size()) // _HUGE * _HUGE
-    if end > start:
-        _libc.madvise(start, end - start, _MADV_HUGEPAGE)  # a refusal leaves small pages
+_POOL = _OutputPool()
+
+
+def release_output_buffers():
+    """Returns the host memory kdloss keeps for reuse as outputs (_OutputPool) to torch."""
+    _POOL.release()
 
 
 def out_empty(shape, dtype, device):
     """A fresh contiguous output tensor of `shape` for a C call to fill; in host memory one of
-    4 MiB or more carries the huge-page advice (_advise_huge)."""
-    t = torch.empty(shape, dtype=dtype, device=device)
-    if t.device.type == "cpu" and t.numel() * t.element_size() >= 2 * _HUGE:
-        _advise_huge(t)
-    return t
+    _OutputPool.MIN_BYTES or more sits on a pooled storage."""
+    device = torch.device(device)
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or nbytes < _OutputPool.MIN_BYTES:
+        return torch.empty(shape, dtype=dtype, device=device)
+    st = _POOL.take(nbytes)
+    stride = torch.empty(shape, dtype=dtype, device="meta").stride()
+    return torch.empty(0, dtype=dtype).set_(st, 0, shape, stride)
 
 
 def scalar_out(device):
