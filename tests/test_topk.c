@@ -564,15 +564,24 @@ static void check_finite_differences(kt_rng *rng) {
                     double mag = ref_topk_row(&d, p.tail, zd + r * v, v, ids, lpr, K, t, dz, dzm, dzc).mag;
                     for (int c = 0; c < v; c++) {
                         int e = r * (int)v + c;
-                        double h = 1e-5, keep = zd[e];
+                        double h = 1e-3, keep = zd[e];
                         zd[e] = keep + h;
                         double fp = ref_topk_row(&d, p.tail, zd + r * v, v, ids, lpr, K, t, dd, NULL, NULL).loss;
                         zd[e] = keep - h;
                         double fm = ref_topk_row(&d, p.tail, zd + r * v, v, ids, lpr, K, t, dd, NULL, NULL).loss;
+                        zd[e] = keep + 2 * h;
+                        double fp2 = ref_topk_row(&d, p.tail, zd + r * v, v, ids, lpr, K, t, dd, NULL, NULL).loss;
+                        zd[e] = keep - 2 * h;
+                        double fm2 = ref_topk_row(&d, p.tail, zd + r * v, v, ids, lpr, K, t, dd, NULL, NULL).loss;
                         zd[e] = keep;
-                        /* + the double rounding of the loss (a few 2^-53 of its terms' size mag)
-                         * over 2h: rows far below exp's range have terms of size 1e4 */
-                        kt_close(dz[c], (fp - fm) / (2 * h), 1e-8 + 8 * 0x1p-53 * mag / (2 * h), 1e-6,
+                        /* Richardson's fourth-order difference, so the step can be 1e-3: at 1e-5
+                         * the double rounding of a row far below exp's range (logits near -2000,
+                         * terms of size 1e4) exceeded the bound's estimate of it. Bound: that
+                         * rounding (a few 2^-53 of the terms' size mag) times the stencil's
+                         * 18 / 12h; the truncation (h^4 / 30 times the fifth derivative) is
+                         * below 1e-11 at these temperatures */
+                        double fd = (8 * (fp - fm) - (fp2 - fm2)) / (12 * h);
+                        kt_close(dz[c], fd, 1e-8 + 8 * 0x1p-53 * mag * 1.5 / h, 1e-6,
                                  "reference FD %s [%d,%d]", tag, r, c);
                         /* the library on a fresh copy of the logits for each evaluation (its
                          * inputs must stay untouched; the grid checks that separately) */

@@ -177,13 +177,9 @@ static int dnnl_has(dnnl_cpu_isa_t want) {
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t round_up(int64_t a, int64_t q) { return cdiv(a, q) * q; }
 
-void kd_gemm_grid(int64_t m, int64_t n, int64_t k, int procs, int64_t *tm, int64_t *tn) {
-    double flops = 2.0 * (double)m * (double)n * (double)k;
-    int64_t want = (int64_t)procs * KD_TILES_PER_PROC;
-    if (flops / KD_TILE_MIN_FLOPS < (double)want) want = (int64_t)(flops / KD_TILE_MIN_FLOPS);
-    if (want < 1) want = 1;
-    /* pm x pn >= want tiles with the least re-read traffic pn * m + pm * n (times k); tiles are
-     * at least 16 rows and 64 columns (whole kernel blocks, 256-byte rows). */
+/* The pm x pn >= want tiles of an m x n C with the least re-read traffic pn * m + pm * n (times
+ * k); tiles are at least 16 rows and 64 columns (whole kernel blocks, 256-byte rows). */
+static void grid_cuts(int64_t m, int64_t n, int64_t want, int64_t *pm_out, int64_t *pn_out) {
     int64_t best_pm = 1, best_pn = 1;
     double best = -1.0;
     for (int64_t pm = 1; pm <= want; pm++) {
@@ -196,8 +192,22 @@ void kd_gemm_grid(int64_t m, int64_t n, int64_t k, int procs, int64_t *tm, int64
             best_pn = pn;
         }
     }
-    *tm = m > 16 ? round_up(cdiv(m, best_pm), 16) : m;
-    *tn = n > 64 ? round_up(cdiv(n, best_pn), 64) : n;
+    *pm_out = best_pm;
+    *pn_out = best_pn;
+}
+
+void kd_gemm_grid(int64_t m, int64_t n, int64_t k, int procs, int64_t *tm, int64_t *tn) {
+    double flops = 2.0 * (double)m * (double)n * (double)k;
+    int64_t want = (int64_t)procs * KD_TILES_PER_PROC, pm, pn;
+    if (flops / KD_TILE_MIN_FLOPS < (double)want) want = (int64_t)(flops / KD_TILE_MIN_FLOPS);
+    if (want < 1) want = 1;
+    grid_cuts(m, n, want, &pm, &pn);
+    /* A grid that cuts both dimensions (the fused losses' dX = dZ W, n x Hs over k = V, is the
+     * one such product) ran 1.6x slower than one tile per processor on the AVX2 path and no
+     * faster on AVX-512 (BENCHMARKS.md, "The AVX2 overhead: the dX product's tiles"). */
+    if (pm > 1 && pn > 1 && want > procs) grid_cuts(m, n, procs, &pm, &pn);
+    *tm = m > 16 ? round_up(cdiv(m, pm), 16) : m;
+    *tn = n > 64 ? round_up(cdiv(n, pn), 64) : n;
     if (*tm > m) *tm = m;
     if (*tn > n) *tn = n;
 }
