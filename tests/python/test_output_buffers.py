@@ -3,6 +3,8 @@ gradient for an op's non-differentiable outputs, and large host outputs reuse fr
 memory, never memory something still references. The first fails on a binding without it (the
 profiler's operator list shows a fill_ of the saved gradient's shape)."""
 
+import sys
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -94,10 +96,14 @@ def test_pool_is_bounded_and_threads_get_distinct_storages():
         with lock:
             got.append(t)
     ths = [threading.Thread(target=grab) for _ in range(12)]
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show
     for t in ths:
         t.start()
-    for t in ths:
-        t.join()
+    try:
+        for t in ths:
+            t.join()
+    finally:
+        sys.setswitchinterval(0.005)
     assert len({t.data_ptr() for t in got}) == 12  # all alive: no two share memory
     assert len(_backend._POOL._slots) <= _backend._OutputPool.SLOTS
     del got

@@ -251,22 +251,25 @@ class _OutputPool:
     def _free(st):
         return torch._C._storage_Use_Count(st._cdata) == 1
 
-    def take(self, nbytes):
-        """A storage of exactly nbytes that nothing else references: a free pooled one, or a
-        fresh one (pooled when a slot is free or a free one can be evicted)."""
+    def take(self, shape, dtype, nbytes):
+        """A contiguous tensor of `shape` on a storage of exactly nbytes that nothing else
+        references: a free pooled one, or a fresh one (pooled when a slot is free or a free one
+        can be evicted). The tensor is made under the lock: until it exists, a storage handed
+        out would still look free to another thread."""
+        stride = torch.empty(shape, dtype=dtype, device="meta").stride()
         with self._lock:
-            for i, st in enumerate(self._slots):
-                if st.nbytes() == nbytes and self._free(st):
-                    self._slots.append(self._slots.pop(i))
-                    return st
-            st = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
-            if len(self._slots) >= self.SLOTS:
+            at = next((i for i, old in enumerate(self._slots)
+                       if old.nbytes() == nbytes and self._free(old)), None)
+            if at is not None:
+                st = self._slots.pop(at)
+            else:
+                st = torch.empty(nbytes, dtype=torch.uint8).untyped_storage()
                 free = [i for i, old in enumerate(self._slots) if self._free(old)]
-                if not free:
-                    return st  # every slot in use: this one is not pooled
-                self._slots.pop(free[0])
-            self._slots.append(st)
-            return st
+                if len(self._slots) >= self.SLOTS and free:
+                    self._slots.pop(free[0])
+            if len(self._slots) < self.SLOTS:
+                self._slots.append(st)
+            return torch.empty(0, dtype=dtype).set_(st, 0, shape, stride)
 
     def release(self):
         """Drops the pool's free storages (torch's allocator frees them); in-use ones stay."""
@@ -292,9 +295,7 @@ def out_empty(shape, dtype, device):
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     if device.type != "cpu" or nbytes < _OutputPool.MIN_BYTES:
         return torch.empty(shape, dtype=dtype, device=device)
-    st = _POOL.take(nbytes)
-    stride = torch.empty(shape, dtype=dtype, device="meta").stride()
-    return torch.empty(0, dtype=dtype).set_(st, 0, shape, stride)
+    return _POOL.take(shape, dtype, nbytes)
 
 
 def scalar_out(device):
