@@ -24,6 +24,7 @@ forward or backward reads the device (docs/ARCHITECTURE.md, "Host synchronizatio
 
 import contextlib
 import ctypes
+import math
 import sys
 import threading
 
@@ -289,10 +290,7 @@ def out_empty(shape, dtype, device):
     """A fresh contiguous output tensor of `shape` for a C call to fill; in host memory one of
     _OutputPool.MIN_BYTES or more sits on a pooled storage."""
     device = torch.device(device)
-    numel = 1
-    for d in shape:
-        numel *= d
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if device.type != "cpu" or nbytes < _OutputPool.MIN_BYTES:
         return torch.empty(shape, dtype=dtype, device=device)
     return _POOL.take(shape, dtype, nbytes)
